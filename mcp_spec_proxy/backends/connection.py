@@ -1,0 +1,250 @@
+"""One supervised connection to one wrapped MCP server.
+
+`Backend.run()` connects (in whichever protocol era the server speaks: `mode="auto"`), lists
+its tools, prompts and resources, publishes them through `on_listing`, and then waits for the
+connection to end. When it ends (the process exited, the HTTP session died, the handshake timed
+out) the backend's listing is withdrawn, calls in flight fail with `BackendUnavailable`, and it
+reconnects with exponential backoff. A backend never raises into its siblings: every failure is
+logged with the fix and turned into "unavailable".
+
+Shutdown contract: cancelling `run()` closes the client, which closes the child's stdin, waits,
+terminates and kills its process tree, all bounded and shielded inside the SDK's stdio
+transport, so no child outlives the proxy.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import anyio
+import mcp_types as types
+from mcp import Client, MCPError
+from mcp.client.session import IncomingMessage
+from mcp.server import Server
+from mcp.shared.dispatcher import ProgressFnT
+from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+
+from mcp_spec_proxy.backends.transports import WatchedTransport, open_transport
+from mcp_spec_proxy.config import ServerConfig
+from mcp_spec_proxy.errors import BackendError, BackendTimeout, BackendUnavailable
+
+logger = logging.getLogger(__name__)
+
+BACKOFF_START = 0.5
+BACKOFF_MAX = 30.0
+_PAGE_CAP = 50
+
+
+@dataclass
+class Listing:
+    tools: list[types.Tool] = field(default_factory=list)
+    prompts: list[types.Prompt] = field(default_factory=list)
+    resources: list[types.Resource] = field(default_factory=list)
+    templates: list[types.ResourceTemplate] = field(default_factory=list)
+
+
+OnListing = Callable[[str, Listing | None], Awaitable[None]]
+"""Called with a backend's name and its fresh listing, or None when it goes away."""
+
+
+class Backend:
+    """A wrapped server, kept connected. Build with `Backend(name, config, ...)`, then `run()`."""
+
+    def __init__(
+        self,
+        name: str,
+        config: ServerConfig,
+        on_listing: OnListing,
+        *,
+        log_dir: Path | None = None,
+        in_process: Server[Any] | None = None,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self._on_listing = on_listing
+        self._log_dir = log_dir
+        self._in_process = in_process  # the in-memory twin: tests hand a Server instead of a command
+        self._client: Client | None = None
+        self._wake = anyio.Event()  # set by a list_changed notification or the end of the stream
+        self.connected = anyio.Event()
+        self.first_attempt = anyio.Event()  # set once the first connect has succeeded or failed
+        self.status = "starting"
+        self.last_error: str | None = None
+        self.restarts = 0
+
+    # -- calls -------------------------------------------------------------------------------
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            raise BackendUnavailable(self.name, f"is unavailable ({self.last_error or self.status})")
+        return self._client
+
+    async def call_tool(
+        self, tool: str, arguments: dict[str, Any], progress: ProgressFnT | None = None
+    ) -> types.CallToolResult:
+        client = self.client
+        try:
+            return await client.call_tool(
+                tool, arguments, read_timeout_seconds=self.config.timeout, progress_callback=progress
+            )
+        except MCPError as exc:
+            raise self._translate(exc, f"tools/call {tool}") from exc
+
+    async def get_prompt(self, name: str, arguments: dict[str, str] | None) -> types.GetPromptResult:
+        try:
+            return await self.client.get_prompt(name, arguments)
+        except MCPError as exc:
+            raise self._translate(exc, f"prompts/get {name}") from exc
+
+    async def read_resource(self, uri: str) -> types.ReadResourceResult:
+        try:
+            return await self.client.read_resource(uri)
+        except MCPError as exc:
+            raise self._translate(exc, f"resources/read {uri}") from exc
+
+    def _translate(self, exc: MCPError, what: str) -> Exception:
+        if exc.code == REQUEST_TIMEOUT:
+            return BackendTimeout(self.name, f"did not answer {what} within {self.config.timeout:g}s (timeout)")
+        if exc.code == CONNECTION_CLOSED or self._client is None:
+            return BackendUnavailable(self.name, f"went away during {what}; it is being restarted")
+        return exc
+
+    # -- supervision -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Keep the backend connected until cancelled."""
+        failures = 0
+        while True:
+            try:
+                await self._session()
+                failures = 0  # it ran; a later crash starts the backoff afresh
+            except BackendError as exc:
+                self._down(str(exc))
+            except Exception as exc:  # boundary: any failure of one backend stays with that backend
+                self._down(f"backend '{self.name}' failed: {type(exc).__name__}: {exc}{self._log_hint()}")
+            delay = min(BACKOFF_MAX, BACKOFF_START * math.pow(2, failures))
+            failures += 1
+            self.restarts += 1
+            logger.info("backend %r: reconnecting in %.1fs", self.name, delay)
+            await anyio.sleep(delay)
+
+    def request_refresh(self) -> None:
+        self._wake.set()
+
+    async def _session(self) -> None:
+        async with AsyncExitStack() as stack:
+            transport: WatchedTransport | None = None
+            errlog = self._errlog(stack)
+            if self._in_process is not None:
+                target: Any = self._in_process
+            else:
+                transport = open_transport(self.name, self.config, errlog, on_end=lambda: self._wake.set())
+                target = transport
+            client = Client(target, mode="auto", message_handler=self._on_message)
+            try:
+                with anyio.fail_after(self.config.startup_timeout):
+                    await stack.enter_async_context(client)
+                    listing = await self._list(client)
+            except TimeoutError:
+                raise BackendError(
+                    self.name,
+                    f"did not finish its handshake within {self.config.startup_timeout:g}s"
+                    f" — check it starts by hand, or raise `startup_timeout`{self._log_hint()}",
+                ) from None
+            except OSError as exc:
+                raise BackendError(self.name, f"failed to start: {exc.strerror or exc}{self._log_hint()}") from None
+            self._client = client
+            self.status = "connected"
+            self.last_error = None
+            self.connected.set()
+            self.first_attempt.set()
+            logger.info(
+                "backend %r connected (%s, protocol %s, %d tools)",
+                self.name,
+                self.config.transport,
+                client.protocol_version,
+                len(listing.tools),
+            )
+            try:
+                await self._on_listing(self.name, listing)
+                while True:
+                    await self._wake.wait()
+                    self._wake = anyio.Event()
+                    if transport is not None and transport.ended.is_set():
+                        raise BackendError(self.name, f"exited or closed its connection{self._log_hint()}")
+                    with anyio.fail_after(self.config.timeout):
+                        listing = await self._list(client, refresh=True)
+                    await self._on_listing(self.name, listing)
+            finally:
+                self._client = None
+                self.connected = anyio.Event()
+                with anyio.CancelScope(shield=True):
+                    await self._on_listing(self.name, None)
+
+    async def _list(self, client: Client, *, refresh: bool = False) -> Listing:
+        mode: Any = "refresh" if refresh else "use"
+        caps = client.server_capabilities
+        listing = Listing()
+        if caps.tools is not None:
+            listing.tools = await _all_pages(lambda c: client.list_tools(cursor=c, cache_mode=mode), "tools")
+        if caps.prompts is not None:
+            listing.prompts = await _all_pages(lambda c: client.list_prompts(cursor=c, cache_mode=mode), "prompts")
+        if caps.resources is not None:
+            listing.resources = await _all_pages(
+                lambda c: client.list_resources(cursor=c, cache_mode=mode), "resources"
+            )
+            listing.templates = await _all_pages(
+                lambda c: client.list_resource_templates(cursor=c, cache_mode=mode), "resource_templates"
+            )
+        return listing
+
+    async def _on_message(self, message: IncomingMessage) -> None:
+        if isinstance(
+            message,
+            types.ToolListChangedNotification
+            | types.PromptListChangedNotification
+            | types.ResourceListChangedNotification,
+        ):
+            logger.info("backend %r: %s", self.name, message.method)
+            self._wake.set()
+        await anyio.lowlevel.checkpoint()
+
+    def _down(self, message: str) -> None:
+        self.first_attempt.set()
+        self.status = "unavailable"
+        self.last_error = message
+        logger.warning("%s — its tools are unavailable until it reconnects", message)
+
+    def _errlog(self, stack: AsyncExitStack) -> TextIO:
+        if self._log_dir is None:
+            return sys.stderr
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        handle: TextIO = stack.enter_context((self._log_dir / f"{self.name}.log").open("a", encoding="utf-8"))
+        return handle
+
+    @property
+    def _log_path(self) -> Path | None:
+        return self._log_dir / f"{self.name}.log" if self._log_dir is not None else None
+
+    def _log_hint(self) -> str:
+        return f" (its stderr is in {self._log_path})" if self._log_path is not None else ""
+
+
+async def _all_pages(fetch: Callable[[str | None], Awaitable[Any]], attribute: str) -> list[Any]:
+    items: list[Any] = []
+    cursor: str | None = None
+    for _ in range(_PAGE_CAP):
+        page = await fetch(cursor)
+        items.extend(getattr(page, attribute))
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    return items

@@ -1,0 +1,158 @@
+"""How a backend is reached: the `mcp.Client` target for each transport, and EOF detection.
+
+`client_target(name, config, errlog)` turns a `ServerConfig` into what `mcp.Client` connects
+to: stdio parameters, a streamable HTTP transport with the configured headers, or an SSE
+transport. The read side is wrapped so the supervisor learns the moment a backend's stream
+ends (a stdio server that exited, an HTTP session that was dropped) instead of discovering it
+on the next call.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self, TextIO
+
+import anyio
+from mcp import StdioServerParameters
+from mcp.client._transport import Transport, TransportStreams
+from mcp.client.sse import sse_client
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared._stream_protocols import ReadStream
+from mcp.shared.message import SessionMessage
+
+from mcp_spec_proxy.config import ServerConfig
+from mcp_spec_proxy.errors import BackendError
+
+
+def resolve_command(name: str, command: str) -> str:
+    """The executable to spawn: as given if it has a path, else from PATH, else beside our Python.
+
+    The last rule lets a server installed into the proxy's own virtual environment (for example
+    `mcp-server-git`) be named bare even when the client (Claude Desktop) starts the proxy
+    with a PATH that does not include that environment.
+    """
+    if "/" in command:
+        if not Path(command).exists():
+            raise BackendError(name, f"failed to start: command {command!r} does not exist — fix `command`")
+        return command
+    found = shutil.which(command) or shutil.which(command, path=str(Path(sys.executable).parent))
+    if found is None:
+        hint = {
+            "npx": "install Node.js (npm ships npx)",
+            "uvx": "install uv, or pip-install the server and name its command",
+            "node": "install Node.js",
+            "docker": "install Docker",
+        }.get(command, "install it or set `command` to its full path")
+        raise BackendError(name, f"failed to start: command {command!r} not found — {hint}")
+    return found
+
+
+class _WatchedReadStream:
+    """Passes messages through and sets `ended` when the backend's stream ends."""
+
+    def __init__(self, inner: ReadStream[SessionMessage | Exception], ended: _EndSignal) -> None:
+        self._inner = inner
+        self._ended = ended
+
+    def __getattr__(self, name: str) -> Any:
+        # `last_context` and friends: whatever the dispatcher looks for on the real stream.
+        return getattr(self._inner, name)
+
+    async def receive(self) -> SessionMessage | Exception:
+        try:
+            return await self._inner.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._ended.set()
+            raise
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> SessionMessage | Exception:
+        try:
+            return await self.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        self._ended.set()
+        await self._inner.aclose()
+        return None
+
+
+class WatchedTransport:
+    """A `Transport` whose `ended` event fires when the backend stops talking."""
+
+    def __init__(self, inner: Transport, on_end: Callable[[], None]) -> None:
+        self._inner = inner
+        self.ended = _EndSignal(on_end)
+
+    async def __aenter__(self) -> TransportStreams:
+        read, write = await self._inner.__aenter__()
+        return _WatchedReadStream(read, self.ended), write
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        self.ended.set()
+        return await self._inner.__aexit__(exc_type, exc, tb)
+
+
+class _EndSignal:
+    """A one-way flag that also wakes the supervisor."""
+
+    def __init__(self, on_end: Callable[[], None]) -> None:
+        self._set = False
+        self._on_end = on_end
+
+    def set(self) -> None:
+        if not self._set:
+            self._set = True
+            self._on_end()
+
+    def is_set(self) -> bool:
+        return self._set
+
+
+@asynccontextmanager
+async def _http(url: str, headers: dict[str, str]) -> AsyncIterator[TransportStreams]:
+    async with (
+        create_mcp_http_client(headers=headers or None) as http,
+        streamable_http_client(url, http_client=http) as streams,
+    ):
+        yield streams
+
+
+def open_transport(name: str, config: ServerConfig, errlog: TextIO, on_end: Callable[[], None]) -> WatchedTransport:
+    """The transport for one backend; raises `BackendError` if a stdio command cannot be found."""
+    if config.transport == "stdio":
+        assert config.command is not None  # the config validator guarantees command or url
+        params = StdioServerParameters(
+            command=resolve_command(name, config.command),
+            args=config.args,
+            env=config.env or None,
+            cwd=config.cwd,
+        )
+        return WatchedTransport(stdio_client(params, errlog=errlog), on_end)
+    assert config.url is not None
+    if config.transport == "sse":
+        return WatchedTransport(sse_client(config.url, headers=config.headers or None), on_end)
+    return WatchedTransport(_http(config.url, config.headers), on_end)
+
+
+__all__ = ["WatchedTransport", "open_transport", "resolve_command"]

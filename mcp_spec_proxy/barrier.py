@@ -1,0 +1,207 @@
+"""The per-session write barrier: run reads at once, hold writes until a verdict.
+
+`Barrier.call()` is the only path from a client's `tools/call` to a backend:
+
+    look up → validate arguments → read?  forward now, record the step
+                                  → write? hold: audit, review (progress while waiting),
+                                           audit the verdict (fsynced), forward only if accepted
+
+Promises: no write reaches a backend without an accepting verdict on disk first; a call whose
+client goes away while it is held is abandoned and audited as such, never forwarded later; a
+reviewer that fails or times out fails closed unless `review.on_error: allow`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp.shared.dispatcher import ProgressFnT
+
+from mcp_spec_proxy.audit import AuditLog
+from mcp_spec_proxy.backends import BackendPool
+from mcp_spec_proxy.catalog import Catalog, CatalogTool, digest, strip_intent
+from mcp_spec_proxy.config import ProxyConfig, ReviewMode
+from mcp_spec_proxy.errors import BackendError, InvalidArguments
+from mcp_spec_proxy.reviewers import InputNeeded, Reviewer, ReviewRequest, UserChannel, Verdict
+from mcp_spec_proxy.trajectory import History, Step, observation_text
+
+logger = logging.getLogger(__name__)
+
+Report = ProgressFnT
+"""Sends a progress notification to the calling client: `await report(progress, total, message)`."""
+
+HEARTBEAT_S = 5.0
+
+
+@dataclass
+class Session:
+    """One client session's trajectory."""
+
+    id: str
+    history: History = field(default_factory=History)
+
+
+class Barrier:
+    def __init__(
+        self,
+        config: ProxyConfig,
+        catalog: Catalog,
+        backends: BackendPool,
+        reviewers: dict[ReviewMode, Reviewer],
+        audit: AuditLog,
+    ) -> None:
+        self._config = config
+        self._catalog = catalog
+        self._backends = backends
+        self._reviewers = reviewers
+        self._audit = audit
+
+    def new_session(self, session_id: str | None = None) -> Session:
+        commit_every = int(self._config.speculation.get("draft_steps", 8))
+        return Session(session_id or uuid.uuid4().hex[:12], History(commit_every=commit_every))
+
+    async def call(
+        self,
+        session: Session,
+        name: str,
+        arguments: dict[str, Any],
+        user: UserChannel,
+        report: Report | None = None,
+    ) -> types.CallToolResult:
+        tool = self._catalog.lookup(name)  # ToolNotFound is a protocol error, raised to the front
+        try:
+            self._catalog.validate(tool, arguments)
+        except InvalidArguments as exc:
+            return error_result(str(exc))
+        forwarded, intent = strip_intent(tool, arguments)
+        if tool.effect == "read":
+            step = Step(tool.name, forwarded, "read")
+            result = await self._forward(tool, forwarded, step, report)
+            session.history.record_read(step)
+            return result
+        return await self._hold(session, tool, forwarded, intent, user, report)
+
+    async def _hold(
+        self,
+        session: Session,
+        tool: CatalogTool,
+        arguments: dict[str, Any],
+        intent: str | None,
+        user: UserChannel,
+        report: Report | None,
+    ) -> types.CallToolResult:
+        call_id = uuid.uuid4().hex[:12]
+        held = Step(tool.name, arguments, "write", intent=intent)
+        segment = session.history.segment(held)
+        mode: ReviewMode = tool.review or self._config.review.default
+        reviewer = self._reviewers[mode]
+        common = {
+            "call": call_id,
+            "session": session.id,
+            "tool": tool.name,
+            "server": tool.server,
+            "arguments_digest": digest(arguments),
+            "effect": tool.effect,
+            "why": tool.why,
+            "reviewer": reviewer.name,
+        }
+        await self._audit.record("held", **common, segment_length=len(segment))
+        started = time.perf_counter()
+        verdict: Verdict | None = None
+        try:
+            request = ReviewRequest(session.id, tool, arguments, intent, segment, session.history)
+            verdict = await self._review(reviewer, request, user, report)
+        except InputNeeded:
+            await self._audit.record("awaiting-input", **common)
+            raise
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                await self._audit.record("abandoned", **common, reason="the client cancelled or disconnected")
+            raise
+        latency_ms = round((time.perf_counter() - started) * 1000, 3)
+        await self._audit.record(
+            "verdict",
+            **common,
+            accepted=verdict.accepted,
+            reason=verdict.reason,
+            accepted_steps=verdict.accepted_steps,
+            decided_by=verdict.reviewer,
+            latency_ms=latency_ms,
+        )
+        if not verdict.accepted:
+            session.history.settle(segment, min(verdict.accepted_steps, len(segment) - 1))
+            return blocked_result(tool, verdict)
+        result = await self._forward(tool, arguments, held, report)
+        session.history.settle(segment, len(segment))
+        await self._audit.record("forwarded", call=call_id, session=session.id, is_error=bool(result.is_error))
+        return result
+
+    async def _review(
+        self, reviewer: Reviewer, request: ReviewRequest, user: UserChannel, report: Report | None
+    ) -> Verdict:
+        held = len(request.segment)
+        try:
+            with anyio.fail_after(self._config.review.timeout):
+                if report is None:
+                    return await reviewer.review(request, user)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_heartbeat, report, f"held for review ({reviewer.name})")
+                    verdict = await reviewer.review(request, user)
+                    tg.cancel_scope.cancel()
+                return verdict
+        except TimeoutError:
+            problem = f"review by {reviewer.name} timed out after {self._config.review.timeout:g}s"
+        except InputNeeded:
+            raise
+        except Exception as exc:  # boundary: a reviewer failure must become a verdict, never a forward
+            logger.exception("reviewer %s failed", reviewer.name)
+            problem = f"review by {reviewer.name} failed: {type(exc).__name__}: {exc}"
+        if self._config.review.on_error == "allow":
+            return Verdict(True, f"{problem}; allowed because review.on_error is allow", held, reviewer="on_error")
+        return Verdict(False, f"{problem}; failing closed", held - 1, reviewer="on_error")
+
+    async def _forward(
+        self, tool: CatalogTool, arguments: dict[str, Any], step: Step, report: Report | None
+    ) -> types.CallToolResult:
+        started = time.perf_counter()
+        try:
+            backend = self._backends.get(tool.server)
+            result = await backend.call_tool(tool.original, arguments, report)
+        except BackendError as exc:
+            result = error_result(str(exc))
+        step.duration_s = time.perf_counter() - started
+        step.is_error = bool(result.is_error)
+        step.observation = observation_text([block.model_dump(mode="json") for block in result.content])
+        return result
+
+
+async def _heartbeat(report: Report, message: str) -> None:
+    started = time.monotonic()
+    tick = 0
+    while True:
+        waited = time.monotonic() - started
+        await report(float(tick), None, f"{message}: waiting {waited:.0f}s")
+        tick += 1
+        await anyio.sleep(HEARTBEAT_S)
+
+
+def error_result(text: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
+
+
+def blocked_result(tool: CatalogTool, verdict: Verdict) -> types.CallToolResult:
+    text = f"Blocked at the write barrier: {tool.name} was not executed. Reviewer {verdict.reviewer}: {verdict.reason}"
+    if verdict.replacement_action:
+        text += "\nSuggested instead: " + json.dumps(verdict.replacement_action, ensure_ascii=False)
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=text)],
+        is_error=True,
+        structured_content=None,
+    )

@@ -1,0 +1,198 @@
+"""The command line: the only place that reads the environment and files into config.
+
+mcp-spec-proxy --config servers.yaml                 serve on stdio (Claude Desktop, IDEs)
+mcp-spec-proxy --config servers.yaml --http :8765    serve streamable HTTP on 127.0.0.1:8765
+mcp-spec-proxy tools                                 every tool with its effect and why
+mcp-spec-proxy tools accept NAME                     accept a tool's changed definition
+mcp-spec-proxy check                                 validate the config and exit
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import click
+
+from mcp_spec_proxy import __version__
+from mcp_spec_proxy.config import ProxyConfig, load_config
+from mcp_spec_proxy.errors import ProxyError
+from mcp_spec_proxy.fingerprints import FingerprintStore
+from mcp_spec_proxy.fronts.mcp import McpFront, serve_http, serve_stdio
+from mcp_spec_proxy.proxy import StatePaths, running_proxy
+
+logger = logging.getLogger("mcp_spec_proxy")
+
+
+def _state_dir(option: str | None, config: ProxyConfig) -> Path:
+    chosen = option or config.state_dir
+    if chosen:
+        return Path(os.path.expanduser(chosen))
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return Path(base) / "mcp-spec-proxy"
+
+
+def _load(path: str) -> ProxyConfig:
+    try:
+        return load_config(Path(path), os.environ)
+    except ProxyError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _parse_http(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    if not port.isdigit():
+        raise click.BadParameter(f"{value!r}: use HOST:PORT or :PORT, e.g. 127.0.0.1:8765", param_hint="--http")
+    return host, int(port)
+
+
+config_option = click.option(
+    "--config",
+    "-c",
+    "config_path",
+    default="servers.yaml",
+    show_default=True,
+    type=click.Path(dir_okay=False),
+    help="servers.yaml, or a Claude Desktop style JSON file with mcpServers.",
+)
+state_option = click.option(
+    "--state-dir", type=click.Path(file_okay=False), help="Fingerprints, audit log and backend logs."
+)
+
+
+@click.group(invoke_without_command=True)
+@config_option
+@state_option
+@click.option("--http", "http", metavar="HOST:PORT", help="Serve streamable HTTP instead of stdio.")
+@click.option("--token-env", metavar="VAR", help="Require `Authorization: Bearer $VAR` on the HTTP front.")
+@click.option("--allow-host", multiple=True, help="Extra Host header value the HTTP front accepts.")
+@click.option("--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING"]))
+@click.version_option(__version__, prog_name="mcp-spec-proxy")
+@click.pass_context
+def main(
+    ctx: click.Context,
+    config_path: str,
+    state_dir: str | None,
+    http: str | None,
+    token_env: str | None,
+    allow_host: tuple[str, ...],
+    log_level: str,
+) -> None:
+    """An MCP server in front of your MCP servers: reads pass, writes wait for a verdict."""
+    logging.basicConfig(level=log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    ctx.ensure_object(dict)
+    ctx.obj.update(config_path=config_path, state_dir=state_dir)
+    if ctx.invoked_subcommand is not None:
+        return
+    config = _load(config_path)
+    token = None
+    if token_env:
+        token = os.environ.get(token_env)
+        if not token:
+            raise click.ClickException(f"--token-env {token_env}: that environment variable is empty or not set")
+    address = _parse_http(http) if http else None
+    state = StatePaths(_state_dir(state_dir, config))
+
+    async def serve() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_stop_on_signal, tg.cancel_scope)
+            async with running_proxy(config, state, source=config_path) as proxy:
+                front = McpFront(proxy, version=__version__)
+                if address is None:
+                    await serve_stdio(front)
+                else:
+                    await tg.start(
+                        lambda task_status: serve_http(
+                            front, *address, token=token, allowed_hosts=list(allow_host), task_status=task_status
+                        )
+                    )
+                    await anyio.sleep_forever()
+            tg.cancel_scope.cancel()
+
+    try:
+        anyio.run(serve)
+    except ProxyError as exc:
+        raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:
+        pass
+
+
+async def _stop_on_signal(scope: anyio.CancelScope) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for _ in signals:
+            logger.info("stopping: closing backends")
+            scope.cancel()
+            return
+
+
+@main.group(invoke_without_command=True)
+@click.pass_context
+def tools(ctx: click.Context) -> None:
+    """List every tool with its effect (read/write) and why."""
+    if ctx.invoked_subcommand is not None:
+        return
+    config = _load(ctx.obj["config_path"])
+    state = StatePaths(_state_dir(ctx.obj["state_dir"], config))
+
+    async def listing() -> list[Any]:
+        async with running_proxy(config, state, source=ctx.obj["config_path"]) as proxy:
+            unavailable = [
+                f"{b.name}: {b.last_error}" for b in proxy.backends.backends.values() if b.status != "connected"
+            ]
+            return [proxy.catalog.tools(), unavailable]
+
+    try:
+        found, unavailable = anyio.run(listing)
+    except ProxyError as exc:
+        raise click.ClickException(str(exc)) from None
+    width = max((len(t.name) for t in found), default=10)
+    for tool in sorted(found, key=lambda t: t.name):
+        click.echo(f"{tool.name:<{width}}  {tool.effect:<5}  {tool.reason}: {tool.why}")
+    for line in unavailable:
+        click.echo(f"unavailable  {line}", err=True)
+
+
+@tools.command("accept")
+@click.argument("names", nargs=-1)
+@click.option("--all", "accept_all", is_flag=True, help="Accept every changed definition.")
+@click.pass_context
+def tools_accept(ctx: click.Context, names: tuple[str, ...], accept_all: bool) -> None:
+    """Accept the changed definition of NAME (server__tool or server/tool)."""
+    config = _load(ctx.obj["config_path"])
+    store = FingerprintStore(StatePaths(_state_dir(ctx.obj["state_dir"], config)).fingerprints)
+    pending = store.pending()
+    targets = pending if accept_all else [_store_key(name, config) for name in names]
+    if not targets:
+        raise click.ClickException("name a tool to accept, or pass --all; changed: " + (", ".join(pending) or "none"))
+    for key in targets:
+        if store.accept(key):
+            click.echo(f"accepted the new definition of {key}")
+        else:
+            raise click.ClickException(
+                f"{key} has no changed definition to accept; changed: {', '.join(pending) or 'none'}"
+            )
+    click.echo("a running proxy picks this up when the backend next lists its tools, or on restart")
+
+
+def _store_key(name: str, config: ProxyConfig) -> str:
+    if "/" in name:
+        return name
+    for server in config.servers:
+        prefix = f"{server}{config.separator}"
+        if name.startswith(prefix):
+            return f"{server}/{name[len(prefix) :]}"
+    raise click.ClickException(f"{name!r} does not start with a configured server name and {config.separator!r}")
+
+
+@main.command()
+@click.pass_context
+def check(ctx: click.Context) -> None:
+    """Validate the config file and exit."""
+    config = _load(ctx.obj["config_path"])
+    click.echo(f"{ctx.obj['config_path']}: ok ({len(config.active_servers())} servers enabled)")

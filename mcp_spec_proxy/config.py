@@ -1,0 +1,280 @@
+"""The configuration users write: `servers.yaml`, or a Claude Desktop style JSON file.
+
+`load_config(path, environ)` is the one way in. It parses YAML or JSON, expands `${VAR}` and
+`${VAR:-default}` from the `environ` the CLI hands it (this module never reads the process
+environment itself), validates with the pydantic models below and raises `ConfigError` naming
+the file, the line where it can, the key and what to change. The names are the product's
+interface (see DESIGN.md, "The configuration users write"): keep them stable.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from mcp_spec_proxy.errors import ConfigError
+
+ReviewMode = Literal["strong", "human", "strong_then_human", "deny", "allow", "leash"]
+OnReject = Literal["block", "replace", "repair"]
+OnError = Literal["deny", "allow"]
+TransportKind = Literal["stdio", "http", "sse"]
+
+_SERVER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ToolOverride(_Strict):
+    """Per-tool rule, keyed by a glob over the backend's own tool name."""
+
+    read_only: bool | None = None
+    hold: bool = False
+    review: ReviewMode | None = None
+    on_reject: OnReject | None = None
+
+
+class ToolsConfig(_Strict):
+    include: list[str] = Field(default_factory=lambda: ["*"])
+    exclude: list[str] = Field(default_factory=list)
+    overrides: dict[str, ToolOverride] = Field(default_factory=dict)
+
+
+class ServerConfig(_Strict):
+    """One wrapped MCP server: stdio (`command`) or remote (`url`)."""
+
+    # Claude Desktop and other clients write `type`; we accept their spellings.
+    type: Literal["stdio", "http", "sse", "streamable-http", "streamableHttp"] | None = None
+    command: str | None = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    url: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    enabled: bool = True
+    disabled: bool = False  # Claude Desktop's spelling of `enabled: false`
+    timeout: float = Field(default=60.0, gt=0)
+    startup_timeout: float = Field(default=30.0, gt=0)
+    trust_annotations: bool = True
+    tools: ToolsConfig = Field(default_factory=ToolsConfig)
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> ServerConfig:
+        if self.command is None and self.url is None:
+            raise ValueError("needs either `command` (a stdio server) or `url` (a streamable HTTP or SSE server)")
+        if self.command is not None and self.url is not None:
+            raise ValueError("has both `command` and `url`; keep the one that reaches this server")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url {self.url!r} must start with http:// or https://")
+        return self
+
+    @property
+    def transport(self) -> TransportKind:
+        if self.command is not None:
+            return "stdio"
+        if self.type == "sse" or (self.type is None and (self.url or "").rstrip("/").endswith("/sse")):
+            return "sse"
+        return "http"
+
+    @property
+    def active(self) -> bool:
+        return self.enabled and not self.disabled
+
+
+class ReviewConfig(_Strict):
+    default: ReviewMode = "human"
+    on_reject: OnReject = "block"
+    on_error: OnError = "deny"
+    # What `human` does when the client can neither elicit nor take `input_required`.
+    fallback: Literal["deny", "allow"] = "deny"
+    intent: bool = True
+    timeout: float = Field(default=300.0, gt=0)
+
+
+class ProxyConfig(_Strict):
+    """The whole file."""
+
+    servers: dict[str, ServerConfig] = Field(default_factory=dict)
+    models: dict[str, Any] = Field(default_factory=dict)
+    review: ReviewConfig = Field(default_factory=ReviewConfig)
+    speculation: dict[str, Any] = Field(default_factory=dict)
+    leash: dict[str, Any] = Field(default_factory=dict)
+    telemetry: str | None = None
+    state_dir: str | None = None
+    separator: str = "__"
+    max_name_length: int = Field(default=64, ge=16, le=128)
+
+    @field_validator("servers")
+    @classmethod
+    def _names(cls, servers: dict[str, ServerConfig]) -> dict[str, ServerConfig]:
+        for name in servers:
+            if not _SERVER_NAME.match(name):
+                raise ValueError(
+                    f"server name {name!r} may use only letters, digits, '_' and '-' (1-40 characters),"
+                    " because it prefixes every tool name"
+                )
+        return servers
+
+    @model_validator(mode="after")
+    def _separator_not_in_names(self) -> ProxyConfig:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,4}", self.separator):
+            raise ValueError("separator must be 1-4 of letters, digits, '_', '.' or '-'")
+        for name in self.servers:
+            if self.separator in name:
+                raise ValueError(f"server name {name!r} contains the separator {self.separator!r}; rename it")
+        return self
+
+    def active_servers(self) -> dict[str, ServerConfig]:
+        return {name: server for name, server in self.servers.items() if server.active}
+
+
+def load_config(path: Path, environ: Mapping[str, str]) -> ProxyConfig:
+    """Read, expand and validate a config file; every failure is a `ConfigError`."""
+    file = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(file, "", "file not found", "pass --config with the path of your servers.yaml") from None
+    except OSError as exc:
+        raise ConfigError(file, "", f"cannot read: {exc.strerror}") from None
+    data = _parse(file, text, json_file=path.suffix.lower() == ".json")
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(file, "", "the top level must be a mapping", "start with `servers:`")
+    if "mcpServers" in data:
+        if "servers" in data:
+            raise ConfigError(file, "mcpServers", "both `servers` and `mcpServers` are given", "keep one of them")
+        data["servers"] = data.pop("mcpServers")
+    data = _expand(file, data, environ, ())
+    try:
+        return ProxyConfig.model_validate(data)
+    except ValidationError as exc:
+        raise _config_error(file, text, exc) from None
+
+
+def parse_config_text(text: str, environ: Mapping[str, str], *, file: str = "<config>") -> ProxyConfig:
+    """Validate config given as text (tests and embedding); same rules as `load_config`."""
+    data = _parse(file, text, json_file=False) or {}
+    if isinstance(data, dict) and "mcpServers" in data and "servers" not in data:
+        data["servers"] = data.pop("mcpServers")
+    data = _expand(file, data, environ, ())
+    try:
+        return ProxyConfig.model_validate(data)
+    except ValidationError as exc:
+        raise _config_error(file, text, exc) from None
+
+
+def _parse(file: str, text: str, *, json_file: bool) -> Any:
+    if json_file:
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{file}:{exc.lineno}", "", f"invalid JSON: {exc.msg}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        line = exc.problem_mark.line + 1 if exc.problem_mark is not None else 0
+        raise ConfigError(f"{file}:{line}", "", f"invalid YAML: {exc.problem}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(file, "", f"invalid YAML: {exc}") from None
+
+
+def _expand(file: str, value: Any, environ: Mapping[str, str], loc: tuple[str, ...]) -> Any:
+    if isinstance(value, str):
+
+        def substitute(match: re.Match[str]) -> str:
+            name, default = match.group(1), match.group(2)
+            if name in environ:
+                return environ[name]
+            if default is not None:
+                return default
+            raise ConfigError(
+                file,
+                ".".join(loc),
+                f"environment variable {name} is not set",
+                f"export {name}, or write ${{{name}:-default}}",
+            )
+
+        return _ENV_REF.sub(substitute, value)
+    if isinstance(value, dict):
+        return {key: _expand(file, item, environ, (*loc, str(key))) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_expand(file, item, environ, (*loc, str(index))) for index, item in enumerate(value)]
+    return value
+
+
+def _config_error(file: str, text: str, exc: ValidationError) -> ConfigError:
+    error = exc.errors()[0]
+    loc = tuple(str(part) for part in error["loc"])
+    # Servers arrive under `mcpServers` in Claude Desktop files; name the key the user wrote.
+    if loc and loc[0] == "servers" and "mcpServers" in text and "servers:" not in text:
+        loc = ("mcpServers", *loc[1:])
+    key = ".".join(loc)
+    line = _line_of(text, loc)
+    where = f"{file}:{line}" if line else file
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return ConfigError(where, key, "unknown key", _suggest(loc[-1]))
+    if kind == "missing":
+        return ConfigError(where, key, "required key is missing")
+    message = str(error["msg"]).removeprefix("Value error, ")
+    fix = ""
+    if kind == "literal_error":
+        fix = "use " + str(error.get("ctx", {}).get("expected", "one of the allowed values"))
+    return ConfigError(where, key, message, fix)
+
+
+def _suggest(key: str) -> str:
+    candidates: list[str] = []
+    for model in (ProxyConfig, ServerConfig, ReviewConfig, ToolsConfig, ToolOverride):
+        candidates.extend(model.model_fields)
+    close = [name for name in dict.fromkeys(candidates) if _similar(key, name)]
+    if close:
+        return f"did you mean `{close[0]}`?"
+    return "remove it or check its spelling against the README's servers.yaml reference"
+
+
+def _similar(a: str, b: str) -> bool:
+    if a == b:
+        return False
+    a, b = a.lower(), b.lower()
+    if a.replace("-", "_") == b or a in b or b in a:
+        return True
+    # One edit apart is a typo worth naming.
+    if abs(len(a) - len(b)) > 1:
+        return False
+    mismatches = sum(1 for x, y in zip(a, b, strict=False) if x != y)
+    return mismatches + abs(len(a) - len(b)) <= 1
+
+
+def _line_of(text: str, loc: tuple[str, ...]) -> int | None:
+    """The 1-based line of a key path in YAML/JSON text, or None where it cannot be found."""
+    try:
+        node = yaml.compose(text)
+    except yaml.YAMLError:
+        return None
+    line: int | None = None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                if key_node.value == part or (part == "servers" and key_node.value == "mcpServers"):
+                    line = key_node.start_mark.line + 1
+                    node = value_node
+                    break
+            else:
+                return line
+        elif isinstance(node, yaml.SequenceNode) and part.isdigit() and int(part) < len(node.value):
+            node = node.value[int(part)]
+            line = node.start_mark.line + 1
+        else:
+            return line
+    return line

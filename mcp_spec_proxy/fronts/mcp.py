@@ -1,0 +1,307 @@
+"""The MCP front: the proxy as an MCP server, over stdio and streamable HTTP, in both eras.
+
+`build_server(proxy)` makes a low-level `mcp.server.Server` whose handlers serve the catalog:
+tools (through the write barrier), and the backends' prompts and resources, namespaced. This is
+the one place where proxy exceptions become wire errors (`_wire_error`).
+
+Sessions: each client connection gets its own trajectory, kept in the SDK's per-connection
+state. On the 2026-07-28 era over stateless HTTP every request is its own connection, so the
+trajectory there is the single call.
+
+Human review reaches the user by elicitation (`elicitation/create`, handshake era) or by
+returning `input_required` (2026-07-28 era); the retry's `request_state` is sealed with an HMAC
+over the tool name and arguments, so an approval can never be replayed onto a different call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import secrets
+import socket
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+import anyio.abc
+import mcp_types as types
+import uvicorn
+from mcp import MCPError
+from mcp.server import Server
+from mcp.server.connection import Connection
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel.server import NotificationOptions
+from mcp.server.models import InitializationOptions
+from mcp.server.stdio import stdio_server
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.exceptions import NoBackChannelError
+from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from mcp_spec_proxy.barrier import Report, Session
+from mcp_spec_proxy.catalog import digest
+from mcp_spec_proxy.errors import ProxyError, ToolNotFound
+from mcp_spec_proxy.proxy import Proxy
+from mcp_spec_proxy.reviewers import InputNeeded
+
+logger = logging.getLogger(__name__)
+
+_SESSION_KEY = "mcp_spec_proxy.session"
+_APPROVAL_KEY = "mcp-spec-proxy/approval"
+
+Ctx = ServerRequestContext[Any, Any]
+
+
+class ProxyServer(Server[Any]):
+    """Announces list_changed for tools, prompts and resources on every transport."""
+
+    def create_initialization_options(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+    ) -> InitializationOptions:
+        options = notification_options or NotificationOptions(True, True, True)
+        return super().create_initialization_options(options, experimental_capabilities, extensions)
+
+
+def _connection(ctx: Ctx) -> Connection:
+    # The SDK hands handlers the connection only through the session; `Context.connection`
+    # exists but is not what the runner builds yet.
+    return ctx.session._connection  # pyright: ignore[reportPrivateUsage]
+
+
+class McpFront:
+    def __init__(self, proxy: Proxy, *, name: str = "mcp-spec-proxy", version: str = "") -> None:
+        self.proxy = proxy
+        self._connections: weakref.WeakSet[Connection] = weakref.WeakSet()
+        self._seal_key = secrets.token_bytes(32)
+        proxy.listeners.append(self._broadcast)
+        self.server = ProxyServer(
+            name,
+            version=version,
+            instructions=(
+                "Tools of several MCP servers, named <server>__<tool>. Read-only tools run at once; tools that may"
+                " change state are reviewed before they run. Write tools take an `intent` argument: say what the"
+                " user asked for and why this call serves it."
+            ),
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+            on_list_prompts=self._list_prompts,
+            on_get_prompt=self._get_prompt,
+            on_list_resources=self._list_resources,
+            on_list_resource_templates=self._list_templates,
+            on_read_resource=self._read_resource,
+        )
+
+    # -- sessions and notifications ----------------------------------------------------------
+
+    def session_for(self, ctx: Ctx) -> Session:
+        connection = _connection(ctx)
+        session = connection.state.get(_SESSION_KEY)
+        if not isinstance(session, Session):
+            session = self.proxy.barrier.new_session(connection.session_id)
+            connection.state[_SESSION_KEY] = session
+            self._connections.add(connection)
+        return session
+
+    async def _broadcast(self, what: str) -> None:
+        method = f"notifications/{what}/list_changed"
+        for connection in list(self._connections):
+            if connection.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                continue  # that era learns of changes through subscriptions/listen, not pushed notifications
+            try:
+                with anyio.move_on_after(2):
+                    await connection.outbound.notify(method, None)
+            except Exception:  # boundary: a client that went away must not stop the others hearing
+                logger.debug("could not notify a client of %s", method, exc_info=True)
+                self._connections.discard(connection)
+
+    # -- tools -------------------------------------------------------------------------------
+
+    async def _list_tools(self, ctx: Ctx, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        self.session_for(ctx)
+        return types.ListToolsResult(tools=[tool.definition for tool in self.proxy.catalog.tools()])
+
+    async def _call_tool(
+        self, ctx: Ctx, params: types.CallToolRequestParams
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        session = self.session_for(ctx)
+        arguments = dict(params.arguments or {})
+        user = _UserChannel(ctx, params, self._seal(params.name, arguments))
+        try:
+            return await self.proxy.barrier.call(session, params.name, arguments, user, _reporter(ctx))
+        except InputNeeded as need:
+            request = types.ElicitRequest(
+                params=types.ElicitRequestFormParams(message=need.message, requested_schema=need.schema)
+            )
+            return types.InputRequiredResult(
+                input_requests={need.key: request}, request_state=self._seal(params.name, arguments)
+            )
+        except ProxyError as exc:
+            raise _wire_error(exc) from exc
+
+    def _seal(self, name: str, arguments: Mapping[str, Any]) -> str:
+        return hmac.new(self._seal_key, f"{name}\0{digest(dict(arguments))}".encode(), hashlib.sha256).hexdigest()
+
+    # -- prompts and resources ---------------------------------------------------------------
+
+    async def _list_prompts(self, ctx: Ctx, params: types.PaginatedRequestParams | None) -> types.ListPromptsResult:
+        return types.ListPromptsResult(
+            prompts=[prompt.model_copy(update={"name": entry.name}) for entry, prompt in self.proxy.catalog.prompts()]
+        )
+
+    async def _get_prompt(self, ctx: Ctx, params: types.GetPromptRequestParams) -> types.GetPromptResult:
+        try:
+            entry = self.proxy.catalog.prompt(params.name)
+            return await self.proxy.backends.get(entry.server).get_prompt(entry.original, params.arguments)
+        except ProxyError as exc:
+            raise _wire_error(exc) from exc
+
+    async def _list_resources(self, ctx: Ctx, params: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
+        sep = self.proxy.config.separator
+        return types.ListResourcesResult(
+            resources=[r.model_copy(update={"name": f"{s}{sep}{r.name}"}) for s, r in self.proxy.catalog.resources()]
+        )
+
+    async def _list_templates(
+        self, ctx: Ctx, params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        sep = self.proxy.config.separator
+        return types.ListResourceTemplatesResult(
+            resource_templates=[
+                t.model_copy(update={"name": f"{s}{sep}{t.name}"}) for s, t in self.proxy.catalog.resource_templates()
+            ]
+        )
+
+    async def _read_resource(self, ctx: Ctx, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+        try:
+            owner = self.proxy.catalog.resource_owner(params.uri)
+            return await self.proxy.backends.get(owner).read_resource(params.uri)
+        except ProxyError as exc:
+            raise _wire_error(exc) from exc
+
+
+class _UserChannel:
+    """Asks the person behind this call's client, in whichever way its era allows."""
+
+    def __init__(self, ctx: Ctx, params: types.CallToolRequestParams, seal: str) -> None:
+        self._ctx = ctx
+        self._params = params
+        self._seal = seal
+
+    async def confirm(self, message: str, schema: dict[str, Any]) -> dict[str, Any] | None:
+        ctx = self._ctx
+        capabilities = ctx.session.client_capabilities
+        if capabilities is None or capabilities.elicitation is None:
+            return None
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            responses = self._params.input_responses or {}
+            answer = responses.get(_APPROVAL_KEY)
+            # An answer counts only on a retry of this very call (same tool, same arguments).
+            if isinstance(answer, types.ElicitResult) and hmac.compare_digest(
+                self._params.request_state or "", self._seal
+            ):
+                return answer.model_dump(mode="json", exclude_none=True)
+            raise InputNeeded(_APPROVAL_KEY, message, schema)
+        try:
+            result = await ctx.session.elicit_form(message, schema, related_request_id=ctx.request_id)
+        except NoBackChannelError:
+            return None
+        return result.model_dump(mode="json", exclude_none=True)
+
+
+def _reporter(ctx: Ctx) -> Report | None:
+    meta = ctx.meta or {}
+    if meta.get("progress_token") is None and meta.get("progressToken") is None:
+        return None
+    session = ctx.session
+
+    async def report(progress: float, total: float | None, message: str | None) -> None:
+        await session.report_progress(progress, total, message)
+
+    return report
+
+
+def _wire_error(exc: ProxyError) -> MCPError:
+    """The one place proxy errors become JSON-RPC errors."""
+    code = INVALID_PARAMS if isinstance(exc, ToolNotFound) else INTERNAL_ERROR
+    return MCPError(code=code, message=str(exc))
+
+
+# -- transports ------------------------------------------------------------------------------
+
+
+async def serve_stdio(front: McpFront) -> None:
+    """Serve one client on this process's stdin/stdout until it closes them."""
+    async with stdio_server() as (read, write):
+        await front.server.run(read, write, front.server.create_initialization_options())
+
+
+class _BearerToken:
+    """Refuses every request that does not carry `Authorization: Bearer <token>`."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self._app = app
+        self._expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            given = dict(scope.get("headers") or []).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self._expected):
+                response = JSONResponse(
+                    {"error": "unauthorized: send Authorization: Bearer <token> as configured with --token"},
+                    status_code=401,
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+                await response(scope, receive, send)
+                return
+        await self._app(scope, receive, send)
+
+
+def http_app(front: McpFront, *, host: str, token: str | None, allowed_hosts: list[str] | None = None) -> ASGIApp:
+    """The streamable HTTP app at `/mcp`, with DNS-rebinding protection always on."""
+    hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*", *(f"{h}:*" for h in allowed_hosts or [])]
+    if host not in ("127.0.0.1", "localhost", "::1", "0.0.0.0", "::"):
+        hosts.append(f"{host}:*")
+    security = TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=hosts,
+        allowed_origins=[f"http://{h}" for h in hosts] + [f"https://{h}" for h in hosts],
+    )
+    app: ASGIApp = front.server.streamable_http_app(host=host, transport_security=security)
+    return _BearerToken(app, token) if token else app
+
+
+async def serve_http(
+    front: McpFront,
+    host: str,
+    port: int,
+    *,
+    token: str | None = None,
+    allowed_hosts: list[str] | None = None,
+    task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve streamable HTTP until cancelled; `task_status.started(port)` once listening."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(128)
+    sock.setblocking(False)
+    bound = sock.getsockname()[1]
+    config = uvicorn.Config(
+        http_app(front, host=host, token=token, allowed_hosts=allowed_hosts),
+        log_level="warning",
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(server.serve, [sock])
+        # The socket already listens: clients that connect now wait in its backlog until uvicorn accepts.
+        logger.info("serving streamable HTTP on http://%s:%d/mcp", host, bound)
+        task_status.started(bound)

