@@ -29,7 +29,7 @@ from mcp import Client, MCPError
 from mcp.client.session import IncomingMessage
 from mcp.server import Server
 from mcp.shared.dispatcher import ProgressFnT
-from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+from mcp_types import CONNECTION_CLOSED, METHOD_NOT_FOUND, REQUEST_TIMEOUT
 
 from mcp_spec_proxy.backends.transports import WatchedTransport, open_transport
 from mcp_spec_proxy.config import ServerConfig
@@ -126,10 +126,8 @@ class Backend:
             try:
                 await self._session()
                 failures = 0  # it ran; a later crash starts the backoff afresh
-            except BackendError as exc:
-                self._down(str(exc))
             except Exception as exc:  # boundary: any failure of one backend stays with that backend
-                self._down(f"backend '{self.name}' failed: {type(exc).__name__}: {exc}{self._log_hint()}")
+                self._down(self._explain(exc))
             delay = min(BACKOFF_MAX, BACKOFF_START * math.pow(2, failures))
             failures += 1
             self.restarts += 1
@@ -140,54 +138,58 @@ class Backend:
         self._wake.set()
 
     async def _session(self) -> None:
-        async with AsyncExitStack() as stack:
-            transport: WatchedTransport | None = None
-            errlog = self._errlog(stack)
-            if self._in_process is not None:
-                target: Any = self._in_process
-            else:
-                transport = open_transport(self.name, self.config, errlog, on_end=lambda: self._wake.set())
-                target = transport
-            client = Client(target, mode="auto", message_handler=self._on_message)
-            try:
-                with anyio.fail_after(self.config.startup_timeout):
-                    await stack.enter_async_context(client)
-                    listing = await self._list(client)
-            except TimeoutError:
-                raise BackendError(
-                    self.name,
-                    f"did not finish its handshake within {self.config.startup_timeout:g}s"
-                    f" — check it starts by hand, or raise `startup_timeout`{self._log_hint()}",
-                ) from None
-            except OSError as exc:
-                raise BackendError(self.name, f"failed to start: {exc.strerror or exc}{self._log_hint()}") from None
-            self._client = client
-            self.status = "connected"
-            self.last_error = None
-            self.connected.set()
-            self.first_attempt.set()
-            logger.info(
-                "backend %r connected (%s, protocol %s, %d tools)",
+        # The handshake's deadline lives on a scope around the whole connection (lifted once
+        # connected), because the client's own task groups must nest inside it.
+        with anyio.CancelScope(deadline=anyio.current_time() + self.config.startup_timeout) as startup:
+            async with AsyncExitStack() as stack:
+                transport: WatchedTransport | None = None
+                if self._in_process is not None:
+                    target: Any = self._in_process
+                else:
+                    errlog = self._errlog(stack)
+                    transport = open_transport(self.name, self.config, errlog, on_end=lambda: self._wake.set())
+                    target = transport
+                client = Client(target, mode="auto", message_handler=self._on_message)
+                await stack.enter_async_context(client)
+                listing = await self._list(client)
+                startup.deadline = math.inf
+                await self._serve(client, transport, listing)
+        if startup.cancelled_caught:
+            raise BackendError(
                 self.name,
-                self.config.transport,
-                client.protocol_version,
-                len(listing.tools),
+                f"did not finish its handshake within {self.config.startup_timeout:g}s"
+                f" — check that it starts by hand, or raise `startup_timeout`{self._log_hint()}",
             )
-            try:
+
+    async def _serve(self, client: Client, transport: WatchedTransport | None, listing: Listing) -> None:
+        """Publish the listing, then keep it fresh until the connection ends."""
+        self._client = client
+        self.status = "connected"
+        self.last_error = None
+        self.connected.set()
+        self.first_attempt.set()
+        logger.info(
+            "backend %r connected (%s, protocol %s, %d tools)",
+            self.name,
+            self.config.transport,
+            client.protocol_version,
+            len(listing.tools),
+        )
+        try:
+            await self._on_listing(self.name, listing)
+            while True:
+                await self._wake.wait()
+                self._wake = anyio.Event()
+                if transport is not None and transport.ended.is_set():
+                    raise BackendError(self.name, f"exited or closed its connection{self._log_hint()}")
+                with anyio.fail_after(self.config.timeout):
+                    listing = await self._list(client, refresh=True)
                 await self._on_listing(self.name, listing)
-                while True:
-                    await self._wake.wait()
-                    self._wake = anyio.Event()
-                    if transport is not None and transport.ended.is_set():
-                        raise BackendError(self.name, f"exited or closed its connection{self._log_hint()}")
-                    with anyio.fail_after(self.config.timeout):
-                        listing = await self._list(client, refresh=True)
-                    await self._on_listing(self.name, listing)
-            finally:
-                self._client = None
-                self.connected = anyio.Event()
-                with anyio.CancelScope(shield=True):
-                    await self._on_listing(self.name, None)
+        finally:
+            self._client = None
+            self.connected = anyio.Event()
+            with anyio.CancelScope(shield=True):
+                await self._on_listing(self.name, None)
 
     async def _list(self, client: Client, *, refresh: bool = False) -> Listing:
         mode: Any = "refresh" if refresh else "use"
@@ -217,6 +219,17 @@ class Backend:
             self._wake.set()
         await anyio.lowlevel.checkpoint()
 
+    def _explain(self, exc: BaseException) -> str:
+        while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+            exc = exc.exceptions[0]  # the SDK's task groups wrap the one failure that matters
+        if isinstance(exc, BackendError):
+            return str(exc)
+        if isinstance(exc, OSError):
+            return f"backend '{self.name}' failed to start: {exc.strerror or exc}{self._log_hint()}"
+        if isinstance(exc, MCPError):
+            return f"backend '{self.name}' refused the connection: {exc}{self._log_hint()}"
+        return f"backend '{self.name}' failed: {type(exc).__name__}: {exc}{self._log_hint()}"
+
     def _down(self, message: str) -> None:
         self.first_attempt.set()
         self.status = "unavailable"
@@ -241,10 +254,16 @@ class Backend:
 async def _all_pages(fetch: Callable[[str | None], Awaitable[Any]], attribute: str) -> list[Any]:
     items: list[Any] = []
     cursor: str | None = None
-    for _ in range(_PAGE_CAP):
-        page = await fetch(cursor)
-        items.extend(getattr(page, attribute))
-        cursor = page.next_cursor
-        if cursor is None:
-            break
+    try:
+        for _ in range(_PAGE_CAP):
+            page = await fetch(cursor)
+            items.extend(getattr(page, attribute))
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+    except MCPError as exc:
+        # Servers announce capabilities they only half implement (resources without templates).
+        if exc.code != METHOD_NOT_FOUND:
+            raise
+        logger.debug("%s/list not implemented; treating as empty", attribute)
     return items
