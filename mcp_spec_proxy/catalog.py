@@ -158,7 +158,9 @@ class Catalog:
         self._prompts = {}
         for name, listing in sorted(self._prompt_listings.items()):
             for prompt in listing:
-                public = self._unique(public_name(name, prompt.name, self._separator, self._limit), self._prompts)
+                public = self._unique(
+                    public_name(name, prompt.name, self._separator, self._limit), self._prompts, self._limit
+                )
                 self._prompts[public] = CatalogEntry(public, name, prompt.name)
 
     def set_resources(
@@ -256,11 +258,11 @@ class Catalog:
         return included(self._config.servers[server], tool)
 
     @staticmethod
-    def _unique(name: str, taken: Mapping[str, object]) -> str:
+    def _unique(name: str, taken: Mapping[str, object], limit: int) -> str:
         candidate, n = name, 1
         while candidate in taken:
             n += 1
-            candidate = _with_suffix(name, f"{name}#{n}", len(name) + 7)
+            candidate = _with_suffix(name, f"{name}#{n}", min(len(name) + 7, limit))
         return candidate
 
     def _rebuild(self) -> None:
@@ -273,7 +275,7 @@ class Catalog:
                 key = f"{server}/{tool.name}"
                 print_ = fingerprint(tool)
                 effect, reason, why, rule = classify(config, tool, changed=self._fingerprints.changed(key, print_))
-                name = self._unique(public_name(server, tool.name, self._separator, self._limit), tools)
+                name = self._unique(public_name(server, tool.name, self._separator, self._limit), tools, self._limit)
                 wants_intent = (
                     effect == "write"
                     and self._config.review.intent

@@ -252,8 +252,11 @@ def _similar(a: str, b: str) -> bool:
     # One edit apart is a typo worth naming.
     if abs(len(a) - len(b)) > 1:
         return False
-    mismatches = sum(1 for x, y in zip(a, b, strict=False) if x != y)
-    return mismatches + abs(len(a) - len(b)) <= 1
+    if len(a) == len(b):
+        return sum(1 for x, y in zip(a, b, strict=True) if x != y) <= 1
+    # A letter dropped or added anywhere (`timout`, `commmand`), not only at the end.
+    short, long = sorted((a, b), key=len)
+    return any(long[:i] + long[i + 1 :] == short for i in range(len(long)))
 
 
 def _line_of(text: str, loc: tuple[str, ...]) -> int | None:

@@ -27,9 +27,11 @@ import anyio
 import mcp_types as types
 from mcp import Client, MCPError
 from mcp.client.session import IncomingMessage
+from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
 from mcp.server import Server
 from mcp.shared.dispatcher import ProgressFnT
 from mcp_types import CONNECTION_CLOSED, METHOD_NOT_FOUND, REQUEST_TIMEOUT
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from mcp_spec_proxy.backends.transports import WatchedTransport, open_transport
 from mcp_spec_proxy.config import ServerConfig
@@ -177,14 +179,17 @@ class Backend:
         )
         try:
             await self._on_listing(self.name, listing)
-            while True:
-                await self._wake.wait()
-                self._wake = anyio.Event()
-                if transport is not None and transport.ended.is_set():
-                    raise BackendError(self.name, f"exited or closed its connection{self._log_hint()}")
-                with anyio.fail_after(self.config.timeout):
-                    listing = await self._list(client, refresh=True)
-                await self._on_listing(self.name, listing)
+            async with anyio.create_task_group() as tg:
+                if _announces_changes(client):
+                    tg.start_soon(self._listen, client)
+                while True:
+                    await self._wake.wait()
+                    self._wake = anyio.Event()
+                    if transport is not None and transport.ended.is_set():
+                        raise BackendError(self.name, f"exited or closed its connection{self._log_hint()}")
+                    with anyio.fail_after(self.config.timeout):
+                        listing = await self._list(client, refresh=True)
+                    await self._on_listing(self.name, listing)
         finally:
             self._client = None
             self.connected = anyio.Event()
@@ -207,6 +212,17 @@ class Backend:
                 lambda c: client.list_resource_templates(cursor=c, cache_mode=mode), "resource_templates"
             )
         return listing
+
+    async def _listen(self, client: Client) -> None:
+        """2026-07-28 servers announce list changes on a listen stream instead of notifications."""
+        try:
+            async with client.listen(
+                tools_list_changed=True, prompts_list_changed=True, resources_list_changed=True
+            ) as subscription:
+                async for _event in subscription:
+                    self._wake.set()
+        except (MCPError, SubscriptionLost, ListenNotSupportedError, TimeoutError) as exc:
+            logger.info("backend %r: no change subscription (%s); its lists refresh on reconnect", self.name, exc)
 
     async def _on_message(self, message: IncomingMessage) -> None:
         if isinstance(
@@ -249,6 +265,13 @@ class Backend:
 
     def _log_hint(self) -> str:
         return f" (its stderr is in {self._log_path})" if self._log_path is not None else ""
+
+
+def _announces_changes(client: Client) -> bool:
+    caps = client.server_capabilities
+    return client.protocol_version in MODERN_PROTOCOL_VERSIONS and any(
+        cap is not None and cap.list_changed for cap in (caps.tools, caps.prompts, caps.resources)
+    )
 
 
 async def _all_pages(fetch: Callable[[str | None], Awaitable[Any]], attribute: str) -> list[Any]:

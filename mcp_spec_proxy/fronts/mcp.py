@@ -35,8 +35,10 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.models import InitializationOptions
 from mcp.server.stdio import stdio_server
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import NoBackChannelError
+from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, ServerEvent, ToolsListChanged
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.responses import JSONResponse
@@ -54,6 +56,12 @@ _SESSION_KEY = "mcp_spec_proxy.session"
 _APPROVAL_KEY = "mcp-spec-proxy/approval"
 
 Ctx = ServerRequestContext[Any, Any]
+
+_EVENTS: dict[str, ServerEvent] = {
+    "tools": ToolsListChanged(),
+    "prompts": PromptsListChanged(),
+    "resources": ResourcesListChanged(),
+}
 
 
 class ProxyServer(Server[Any]):
@@ -80,6 +88,7 @@ class McpFront:
         self.proxy = proxy
         self._connections: weakref.WeakSet[Connection] = weakref.WeakSet()
         self._seal_key = secrets.token_bytes(32)
+        self._bus = InMemorySubscriptionBus()  # 2026-07-28 clients hear of changes on subscriptions/listen
         proxy.listeners.append(self._broadcast)
         self.server = ProxyServer(
             name,
@@ -96,6 +105,7 @@ class McpFront:
             on_list_resources=self._list_resources,
             on_list_resource_templates=self._list_templates,
             on_read_resource=self._read_resource,
+            on_subscriptions_listen=ListenHandler(self._bus),
         )
 
     # -- sessions and notifications ----------------------------------------------------------
@@ -110,6 +120,7 @@ class McpFront:
         return session
 
     async def _broadcast(self, what: str) -> None:
+        await self._bus.publish(_EVENTS[what])
         method = f"notifications/{what}/list_changed"
         for connection in list(self._connections):
             if connection.protocol_version in MODERN_PROTOCOL_VERSIONS:

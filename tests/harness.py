@@ -1,0 +1,105 @@
+"""Shared test plumbing: configs for the toy and reference backends, and proxied clients.
+
+`proxied(...)` runs the proxy in this process (real backends, real stdio to them) and connects
+an `mcp.Client` to its front in-process, so tests can look at the proxy's state; `spawned(...)`
+runs the real `mcp-spec-proxy` command and talks to it over stdio, as Claude Desktop would.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import yaml
+from mcp import Client, StdioServerParameters
+from mcp.client.session import ElicitationFnT, MessageHandlerFnT
+
+from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.fronts.mcp import McpFront
+from mcp_spec_proxy.proxy import Proxy, StatePaths, running_proxy
+from tests.backends import BackendCommand
+
+TOY = Path(__file__).parent / "fixtures" / "toy_server.py"
+PROXY_COMMAND = str(Path(sys.executable).parent / "mcp-spec-proxy")
+ERAS = ["legacy", "2026-07-28"]
+
+
+def toy(record_file: Path, *flags: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "command": sys.executable,
+        "args": [str(TOY), *flags],
+        "env": {"TOY_RECORD_FILE": str(record_file)},
+        **extra,
+    }
+
+
+def stdio(backend: BackendCommand, **extra: Any) -> dict[str, Any]:
+    return {"command": backend.command, "args": backend.args, "env": backend.env, **extra}
+
+
+def recorded(record_file: Path) -> list[str]:
+    return record_file.read_text().splitlines() if record_file.exists() else []
+
+
+def text_of(result: types.CallToolResult) -> str:
+    return "\n".join(block.text for block in result.content if isinstance(block, types.TextContent))
+
+
+@dataclass
+class Proxied:
+    client: Client
+    proxy: Proxy
+    state: StatePaths
+
+
+@asynccontextmanager
+async def proxied(
+    config: dict[str, Any],
+    state_dir: Path,
+    *,
+    mode: str = "legacy",
+    elicitation: ElicitationFnT | None = None,
+    messages: MessageHandlerFnT | None = None,
+) -> AsyncIterator[Proxied]:
+    parsed = ProxyConfig.model_validate(config)
+    state = StatePaths(state_dir)
+    with anyio.fail_after(60):
+        async with running_proxy(parsed, state) as proxy:
+            front = McpFront(proxy)
+            async with Client(
+                front.server, mode=mode, elicitation_callback=elicitation, message_handler=messages
+            ) as client:
+                yield Proxied(client, proxy, state)
+
+
+@asynccontextmanager
+async def spawned(
+    config: dict[str, Any],
+    tmp: Path,
+    *,
+    mode: str = "legacy",
+    elicitation: ElicitationFnT | None = None,
+    messages: MessageHandlerFnT | None = None,
+) -> AsyncIterator[Client]:
+    config_file = tmp / "servers.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+    params = StdioServerParameters(
+        command=PROXY_COMMAND,
+        args=["--config", str(config_file), "--state-dir", str(tmp / "state"), "--log-level", "WARNING"],
+    )
+    with anyio.fail_after(90):
+        async with Client(params, mode=mode, elicitation_callback=elicitation, message_handler=messages) as client:
+            yield client
+
+
+def approve(answer: bool, note: str = "") -> ElicitationFnT:
+    async def callback(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        return types.ElicitResult(action="accept", content={"approve": answer, "note": note})
+
+    return callback
