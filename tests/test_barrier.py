@@ -169,9 +169,7 @@ async def test_held_call_sends_progress_to_a_client_that_asked(tmp_path: Path) -
         return types.ElicitResult(action="accept", content={"approve": True})
 
     async with proxied(config(record), tmp_path / "state", elicitation=approve_after_progress) as p:
-        result = await p.client.call_tool(
-            "toy__record", {"value": "v", "intent": "x"}, progress_callback=on_progress
-        )
+        result = await p.client.call_tool("toy__record", {"value": "v", "intent": "x"}, progress_callback=on_progress)
     assert not result.is_error
     assert messages and "held for review (human)" in str(messages[0])
 

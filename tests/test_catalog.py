@@ -516,9 +516,7 @@ def resource_catalog() -> Catalog:
         [types.Resource(name="readme", uri="repo://proxy/README.md")],
         [types.ResourceTemplate(name="file", uri_template="repo://{name}/{path}")],
     )
-    catalog.set_resources(
-        "gh", [], [types.ResourceTemplate(name="issue", uri_template="repo://proxy/issues/{number}")]
-    )
+    catalog.set_resources("gh", [], [types.ResourceTemplate(name="issue", uri_template="repo://proxy/issues/{number}")])
     return catalog
 
 
@@ -596,7 +594,7 @@ def test_unknown_key_is_not_changed(tmp_path: Path) -> None:
 )
 def test_changed_definition_is_detected_and_survives_a_new_store(tmp_path: Path, later: types.Tool) -> None:
     path = tmp_path / "fp.json"
-    first = tool("search", description="Search.") if later.description is None else tool("search")
+    first = tool("search")  # each `later` differs from it in exactly one part
     FingerprintStore(path).observe({"fs/search": fingerprint(first)})
 
     FingerprintStore(path).observe({"fs/search": fingerprint(later)})
