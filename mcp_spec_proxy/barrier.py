@@ -119,9 +119,11 @@ class Barrier:
             request = ReviewRequest(session.id, tool, arguments, intent, segment, session.history)
             verdict = await self._review(reviewer, request, user, report)
         except InputNeeded:
+            session.history.release(segment)
             await self._audit.record("awaiting-input", **common)
             raise
         except anyio.get_cancelled_exc_class():
+            session.history.release(segment)
             with anyio.CancelScope(shield=True):
                 await self._audit.record("abandoned", **common, reason="the client cancelled or disconnected")
             raise

@@ -72,6 +72,10 @@ class ServerConfig(_Strict):
             raise ValueError("needs either `command` (a stdio server) or `url` (a streamable HTTP or SSE server)")
         if self.command is not None and self.url is not None:
             raise ValueError("has both `command` and `url`; keep the one that reaches this server")
+        if self.type == "stdio" and self.url is not None:
+            raise ValueError("says `type: stdio` but gives a `url`; use `command` for stdio or drop `type`")
+        if self.type not in (None, "stdio") and self.command is not None:
+            raise ValueError(f"says `type: {self.type}` but gives a `command`; use `url` for a remote server")
         if self.url is not None and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"url {self.url!r} must start with http:// or https://")
         return self
@@ -226,11 +230,10 @@ def _config_error(file: str, text: str, exc: ValidationError) -> ConfigError:
         return ConfigError(where, key, "unknown key", _suggest(loc[-1]))
     if kind == "missing":
         return ConfigError(where, key, "required key is missing")
-    message = str(error["msg"]).removeprefix("Value error, ")
-    fix = ""
     if kind == "literal_error":
-        fix = "use " + str(error.get("ctx", {}).get("expected", "one of the allowed values"))
-    return ConfigError(where, key, message, fix)
+        expected = str(error.get("ctx", {}).get("expected", "one of the allowed values"))
+        return ConfigError(where, key, f"{error['input']!r} is not allowed", f"use {expected}")
+    return ConfigError(where, key, str(error["msg"]).removeprefix("Value error, "))
 
 
 def _suggest(key: str) -> str:

@@ -60,16 +60,22 @@ class History:
     committed: list[Step] = field(default_factory=list)
     open: list[Step] = field(default_factory=list)
     discarded: int = 0
+    held: int = 0  # segments out for review; while any is, no read commits behind a reviewer's back
 
     def record_read(self, step: Step) -> None:
         self.open.append(step)
         # A run of K reads with no write commits without review.
-        if len(self.open) >= self.commit_every:
+        if len(self.open) >= self.commit_every and self.held == 0:
             self.committed.extend(self.open)
             self.open.clear()
 
     def segment(self, held: Step) -> Segment:
+        self.held += 1
         return Segment((*self.open, held))
+
+    def release(self, segment: Segment) -> None:
+        """The held call went nowhere (abandoned, or waiting for the client): its reads stay open."""
+        self.held = max(0, self.held - 1)
 
     def settle(self, segment: Segment, accepted_steps: int, executed: Step | None = None) -> None:
         """Commit the first `accepted_steps` of the segment, drop the rest, then append `executed`.
@@ -77,6 +83,7 @@ class History:
         `executed` is the step that actually ran in place of the segment's tail (the held call
         itself when it was accepted, or a replacement); the rejected suffix never returns.
         """
+        self.held = max(0, self.held - 1)
         accepted_steps = max(0, min(accepted_steps, len(segment)))
         self.committed.extend(segment.steps[:accepted_steps])
         self.discarded += len(segment) - accepted_steps

@@ -348,7 +348,7 @@ def rich_tool(read_only: bool) -> types.Tool:
         annotations=types.ToolAnnotations(
             title="Write", read_only_hint=read_only, destructive_hint=True, idempotent_hint=False
         ),
-        meta={"vendor/tag": {"tier": 2}},
+        _meta={"vendor/tag": {"tier": 2}},
     )
 
 

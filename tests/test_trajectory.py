@@ -261,3 +261,28 @@ def test_long_observation_is_truncated_with_a_count_of_what_was_cut() -> None:
 
 def test_empty_content_is_an_empty_observation() -> None:
     assert observation_text([]) == ""
+
+
+def test_reads_during_a_held_write_never_commit_steps_the_reviewer_rejects() -> None:
+    history = History(commit_every=3)
+    r0, r1, r2, w = read(0), read(1), read(2), write()
+    history.record_read(r0)
+    history.record_read(r1)
+    segment = history.segment(w)
+    history.record_read(r2)  # the K-th read arrives while w is out for review
+    assert history.committed == []
+    history.settle(segment, 0)
+    assert history.committed == []
+    assert history.open == [r2]
+    assert history.discarded == 3
+
+
+def test_released_segment_lets_reads_commit_again() -> None:
+    history = History(commit_every=2)
+    segment = history.segment(write())
+    history.record_read(read(0))
+    history.record_read(read(1))
+    assert history.committed == []
+    history.release(segment)
+    history.record_read(read(2))
+    assert [s.arguments["n"] for s in history.committed] == [0, 1, 2]
