@@ -66,6 +66,32 @@ state_option = click.option(
 )
 
 
+def _file_options(command: Any) -> Any:
+    """--config and --state-dir after a subcommand too (`mcp-spec-proxy tools --config x.yaml`)."""
+
+    def remember(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+        if value is not None:
+            ctx.ensure_object(dict)[param.name or ""] = value
+
+    command = click.option(
+        "--state-dir",
+        "state_dir",
+        expose_value=False,
+        callback=remember,
+        type=click.Path(file_okay=False),
+        help="As for the main command.",
+    )(command)
+    return click.option(
+        "--config",
+        "-c",
+        "config_path",
+        expose_value=False,
+        callback=remember,
+        type=click.Path(dir_okay=False),
+        help="As for the main command.",
+    )(command)
+
+
 @click.group(invoke_without_command=True)
 @config_option
 @state_option
@@ -132,6 +158,7 @@ async def _stop_on_signal(scope: anyio.CancelScope) -> None:
 
 
 @main.group(invoke_without_command=True)
+@_file_options
 @click.pass_context
 def tools(ctx: click.Context) -> None:
     """List every tool with its effect (read/write) and why."""
@@ -153,12 +180,14 @@ def tools(ctx: click.Context) -> None:
         raise click.ClickException(str(exc)) from None
     width = max((len(t.name) for t in found), default=10)
     for tool in sorted(found, key=lambda t: t.name):
-        click.echo(f"{tool.name:<{width}}  {tool.effect:<5}  {tool.reason}: {tool.why}")
+        review = f"  [review: {tool.review or config.review.default}]" if tool.effect == "write" else ""
+        click.echo(f"{tool.name:<{width}}  {tool.effect:<5}  {tool.reason}: {tool.why}{review}")
     for line in unavailable:
         click.echo(f"unavailable  {line}", err=True)
 
 
 @tools.command("accept")
+@_file_options
 @click.argument("names", nargs=-1)
 @click.option("--all", "accept_all", is_flag=True, help="Accept every changed definition.")
 @click.pass_context
@@ -191,6 +220,7 @@ def _store_key(name: str, config: ProxyConfig) -> str:
 
 
 @main.command()
+@_file_options
 @click.pass_context
 def check(ctx: click.Context) -> None:
     """Validate the config file and exit."""

@@ -1,0 +1,91 @@
+"""The streamable HTTP front: both client eras, the bearer token, DNS-rebinding protection."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import httpx
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.fronts.mcp import McpFront, serve_http
+from mcp_spec_proxy.proxy import StatePaths, running_proxy
+from tests.harness import ERAS, recorded, text_of, toy
+
+pytestmark = pytest.mark.anyio
+
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}},
+}
+HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+@asynccontextmanager
+async def http_proxy(tmp_path: Path, token: str | None = None, review: str = "allow") -> AsyncIterator[str]:
+    config = ProxyConfig.model_validate({"servers": {"toy": toy(tmp_path / "rec")}, "review": {"default": review}})
+    with anyio.fail_after(60):
+        async with running_proxy(config, StatePaths(tmp_path / "state")) as proxy, anyio.create_task_group() as tg:
+            front = McpFront(proxy)
+            port = await tg.start(
+                lambda task_status: serve_http(front, "127.0.0.1", 0, token=token, task_status=task_status)
+            )
+            yield f"http://127.0.0.1:{port}/mcp"
+            tg.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_both_eras_list_and_call_over_http(tmp_path: Path, mode: str) -> None:
+    async with http_proxy(tmp_path) as url, Client(url, mode=mode) as client:
+        names = [tool.name for tool in (await client.list_tools()).tools]
+        echoed = await client.call_tool("toy__echo", {"text": "over http"})
+        written = await client.call_tool("toy__record", {"value": "v", "intent": "x"})
+    assert "toy__echo" in names and "toy__record" in names
+    assert text_of(echoed) == "over http"
+    assert not written.is_error
+    assert len(recorded(tmp_path / "rec")) == 1
+
+
+async def test_requests_without_the_token_are_refused(tmp_path: Path) -> None:
+    async with http_proxy(tmp_path, token="s3cret") as url:
+        async with httpx.AsyncClient() as http:
+            bare = await http.post(url, json=INITIALIZE, headers=HEADERS)
+            wrong = await http.post(url, json=INITIALIZE, headers={**HEADERS, "Authorization": "Bearer nope"})
+            right = await http.post(url, json=INITIALIZE, headers={**HEADERS, "Authorization": "Bearer s3cret"})
+        assert bare.status_code == 401 and "Bearer" in bare.headers["www-authenticate"]
+        assert wrong.status_code == 401
+        assert right.status_code == 200
+        async with (
+            httpx2.AsyncClient(headers={"Authorization": "Bearer s3cret"}) as authed,
+            Client(streamable_http_client(url, http_client=authed), mode="legacy") as client,
+        ):
+            assert text_of(await client.call_tool("toy__echo", {"text": "ok"})) == "ok"
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{"Host": "evil.example.com"}, {"Origin": "http://evil.example.com"}],
+    ids=["foreign-host", "foreign-origin"],
+)
+async def test_foreign_host_or_origin_is_refused(tmp_path: Path, headers: dict[str, str]) -> None:
+    async with http_proxy(tmp_path) as url, httpx.AsyncClient() as http:
+        refused = await http.post(url, json=INITIALIZE, headers={**HEADERS, **headers})
+        accepted = await http.post(url, json=INITIALIZE, headers=HEADERS)
+    assert refused.status_code in (403, 421)
+    assert accepted.status_code == 200
+
+
+def test_http_address_defaults_to_loopback() -> None:
+    from mcp_spec_proxy.cli import _parse_http
+
+    assert _parse_http(":8765") == ("127.0.0.1", 8765)
+    assert _parse_http("0.0.0.0:9000") == ("0.0.0.0", 9000)
+    assert _parse_http("[::1]:9000") == ("::1", 9000)
