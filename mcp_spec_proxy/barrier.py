@@ -76,6 +76,10 @@ class Barrier:
         report: Report | None = None,
     ) -> types.CallToolResult:
         tool = self._catalog.lookup(name)  # ToolNotFound is a protocol error, raised to the front
+        if tool.reason == "changed-definition":
+            # `tools accept` may have run since: a small file, read only for tools under suspicion.
+            self._catalog.refresh_fingerprints()
+            tool = self._catalog.lookup(name)
         try:
             self._catalog.validate(tool, arguments)
         except InvalidArguments as exc:

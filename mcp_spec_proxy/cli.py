@@ -206,7 +206,7 @@ def tools_accept(ctx: click.Context, names: tuple[str, ...], accept_all: bool) -
             raise click.ClickException(
                 f"{key} has no changed definition to accept; changed: {', '.join(pending) or 'none'}"
             )
-    click.echo("a running proxy picks this up when the backend next lists its tools, or on restart")
+    click.echo("a running proxy applies this at the tool's next call")
 
 
 def _store_key(name: str, config: ProxyConfig) -> str:

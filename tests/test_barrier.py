@@ -229,3 +229,13 @@ async def test_per_tool_override_routes_review(tmp_path: Path) -> None:
         result = await p.client.call_tool("toy__record", {"value": "v", "intent": "x"})
     assert not result.is_error
     assert len(recorded(record)) == 1
+
+
+@pytest.mark.parametrize("backend_era", ["--legacy-only", "--modern"])
+async def test_client_cancellation_reaches_the_backend(tmp_path: Path, backend_era: str) -> None:
+    flags = [backend_era] if backend_era == "--legacy-only" else []
+    cfg = {"servers": {"toy": toy(tmp_path / "rec", *flags)}}
+    async with proxied(cfg, tmp_path / "state") as p:
+        with anyio.move_on_after(0.5):
+            await p.client.call_tool("toy__hang", {})
+        assert text_of(await p.client.call_tool("toy__was_cancelled", {})) == "true"
