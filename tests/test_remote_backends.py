@@ -49,11 +49,10 @@ async def everything_over(transport: str) -> AsyncIterator[str]:
 
 @pytest.mark.parametrize("transport", ["streamableHttp", "sse"])
 async def test_remote_backend_is_proxied(tmp_path: Path, transport: str) -> None:
-    async with everything_over(transport) as url:
-        async with proxied({"servers": {"remote": {"url": url}}}, tmp_path / "state") as p:
-            assert p.proxy.backends.get("remote").config.transport == ("sse" if transport == "sse" else "http")
-            names = [tool.name for tool in (await p.client.list_tools()).tools]
-            echoed = await p.client.call_tool("remote__echo", {"message": "far away"})
+    async with everything_over(transport) as url, proxied({"servers": {"remote": {"url": url}}}, tmp_path) as p:
+        assert p.proxy.backends.get("remote").config.transport == ("sse" if transport == "sse" else "http")
+        names = [tool.name for tool in (await p.client.list_tools()).tools]
+        echoed = await p.client.call_tool("remote__echo", {"message": "far away"})
     assert "remote__get-sum" in names
     assert "far away" in text_of(echoed)
 
