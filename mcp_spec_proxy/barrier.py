@@ -29,8 +29,11 @@ from mcp_spec_proxy.backends import BackendPool
 from mcp_spec_proxy.catalog import Catalog, CatalogTool, digest, strip_intent
 from mcp_spec_proxy.config import ProxyConfig, ReviewMode
 from mcp_spec_proxy.errors import BackendError, InvalidArguments
+from mcp_spec_proxy.models import ModelCall
+from mcp_spec_proxy.review import ProposedStep, Repairer, ReviewFailed, check_step, step_json
 from mcp_spec_proxy.reviewers import InputNeeded, Reviewer, ReviewRequest, UserChannel, Verdict
-from mcp_spec_proxy.trajectory import History, Step, observation_text
+from mcp_spec_proxy.telemetry import Telemetry
+from mcp_spec_proxy.trajectory import History, Segment, Step, observation_text
 
 logger = logging.getLogger(__name__)
 
@@ -56,12 +59,16 @@ class Barrier:
         backends: BackendPool,
         reviewers: dict[ReviewMode, Reviewer],
         audit: AuditLog,
+        telemetry: Telemetry | None = None,
+        repairer: Repairer | None = None,
     ) -> None:
         self._config = config
         self._catalog = catalog
         self._backends = backends
         self._reviewers = reviewers
         self._audit = audit
+        self._telemetry = telemetry or Telemetry(None)
+        self._repairer = repairer
 
     def new_session(self, session_id: str | None = None) -> Session:
         commit_every = int(self._config.speculation.get("draft_steps", 8))
@@ -118,9 +125,8 @@ class Barrier:
         }
         await self._audit.record("held", **common, segment_length=len(segment))
         started = time.perf_counter()
-        verdict: Verdict | None = None
+        request = ReviewRequest(session.id, tool, arguments, intent, segment, session.history)
         try:
-            request = ReviewRequest(session.id, tool, arguments, intent, segment, session.history)
             verdict = await self._review(reviewer, request, user, report)
         except InputNeeded:
             session.history.release(segment)
@@ -141,18 +147,98 @@ class Barrier:
             decided_by=verdict.reviewer,
             latency_ms=latency_ms,
         )
-        if not verdict.accepted:
-            session.history.settle(segment, min(verdict.accepted_steps, len(segment) - 1))
-            return blocked_result(tool, verdict)
-        result = await self._forward(tool, arguments, held, report)
-        session.history.settle(segment, len(segment))
-        await self._audit.record("forwarded", call=call_id, session=session.id, is_error=bool(result.is_error))
+        model_calls = list(verdict.model_calls)
+        if verdict.accepted:
+            result = await self._forward(tool, arguments, held, report)
+            session.history.settle(segment, len(segment))
+            await self._audit.record("forwarded", call=call_id, session=session.id, is_error=bool(result.is_error))
+            action = "forwarded"
+        else:
+            alternative = await self._alternative(tool, request, verdict, model_calls)
+            if isinstance(alternative, ProposedStep):
+                action = "replaced" if alternative.source == "replacement" else "repaired"
+                result = await self._substitute(session, segment, verdict, alternative, common, report)
+            else:
+                session.history.settle(segment, min(verdict.accepted_steps, len(segment) - 1))
+                result = blocked_result(tool, verdict, alternative)
+                action = "blocked"
+        await self._telemetry.record(
+            "decision",
+            session=session.id,
+            call=call_id,
+            tool=tool.name,
+            segment=[step_json(step, n) for n, step in enumerate(segment.steps, 1)],
+            verdict={
+                "accepted": verdict.accepted,
+                "reason": verdict.reason,
+                "accepted_steps": verdict.accepted_steps,
+                "replacement_action": verdict.replacement_action,
+                "reviewer": verdict.reviewer,
+            },
+            action=action,
+            review_latency_ms=latency_ms,
+            model_calls=[call.as_json() for call in model_calls],
+        )
         return result
+
+    async def _alternative(
+        self, tool: CatalogTool, request: ReviewRequest, verdict: Verdict, model_calls: list[ModelCall]
+    ) -> ProposedStep | str:
+        """The step to run instead of a rejected call, or why there is none."""
+        on_reject = tool.on_reject or self._config.review.on_reject
+        if on_reject == "block":
+            return ""
+        if verdict.accepted_steps < len(request.segment) - 1:
+            return "the first rejected step is an earlier call that already ran, so nothing was run instead"
+        checked = check_step(self._catalog, verdict.replacement_action)
+        if isinstance(checked, ProposedStep) or on_reject == "replace" or self._repairer is None:
+            return checked
+        repaired, call = await self._repairer.repair(request, verdict)
+        if call is not None:
+            model_calls.append(call)
+        return repaired
+
+    async def _substitute(
+        self,
+        session: Session,
+        segment: Segment,
+        verdict: Verdict,
+        step: ProposedStep,
+        common: dict[str, Any],
+        report: Report | None,
+    ) -> types.CallToolResult:
+        """Run the reviewed replacement (or repair) in place of the rejected call."""
+        arguments, intent = strip_intent(step.tool, step.arguments)
+        executed = Step(step.tool.name, arguments, step.tool.effect, intent=intent)
+        # The reviewer's own step needs no second verdict, but it is on disk before it runs.
+        await self._audit.record(
+            step.source,
+            call=common["call"],
+            session=session.id,
+            tool=step.tool.name,
+            server=step.tool.server,
+            arguments_digest=digest(arguments),
+            effect=step.tool.effect,
+        )
+        inner = await self._forward(step.tool, arguments, executed, report)
+        session.history.settle(segment, verdict.accepted_steps, executed)
+        await self._audit.record("forwarded", call=common["call"], session=session.id, is_error=bool(inner.is_error))
+        how = "replaced it with" if step.source == "replacement" else "repaired it as"
+        note = (
+            f"[mcp-spec-proxy] {common['tool']} was rejected by the reviewer ({verdict.reason}); the reviewer "
+            f"{how} {step.tool.name} {json.dumps(arguments, ensure_ascii=False)}, which ran. Its result follows."
+        )
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text=note), *inner.content],
+            is_error=inner.is_error,
+            structured_content=inner.structured_content if step.tool.name == common["tool"] else None,
+        )
 
     async def _review(
         self, reviewer: Reviewer, request: ReviewRequest, user: UserChannel, report: Report | None
     ) -> Verdict:
         held = len(request.segment)
+        calls: tuple[ModelCall, ...] = ()
         try:
             with anyio.fail_after(self._config.review.timeout):
                 if report is None:
@@ -166,12 +252,15 @@ class Barrier:
             problem = f"review by {reviewer.name} timed out after {self._config.review.timeout:g}s"
         except InputNeeded:
             raise
+        except ReviewFailed as exc:
+            problem, calls = f"review by {reviewer.name} failed: {exc}", exc.calls
         except Exception as exc:  # boundary: a reviewer failure must become a verdict, never a forward
             logger.exception("reviewer %s failed", reviewer.name)
             problem = f"review by {reviewer.name} failed: {type(exc).__name__}: {exc}"
         if self._config.review.on_error == "allow":
-            return Verdict(True, f"{problem}; allowed because review.on_error is allow", held, reviewer="on_error")
-        return Verdict(False, f"{problem}; failing closed", held - 1, reviewer="on_error")
+            reason = f"{problem}; allowed because review.on_error is allow"
+            return Verdict(True, reason, held, reviewer="on_error", model_calls=calls)
+        return Verdict(False, f"{problem}; failing closed", held - 1, reviewer="on_error", model_calls=calls)
 
     async def _forward(
         self, tool: CatalogTool, arguments: dict[str, Any], step: Step, report: Report | None
@@ -202,10 +291,12 @@ def error_result(text: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
 
 
-def blocked_result(tool: CatalogTool, verdict: Verdict) -> types.CallToolResult:
+def blocked_result(tool: CatalogTool, verdict: Verdict, why_not_replaced: str = "") -> types.CallToolResult:
     text = f"Blocked at the write barrier: {tool.name} was not executed. Reviewer {verdict.reviewer}: {verdict.reason}"
     if verdict.replacement_action:
         text += "\nSuggested instead: " + json.dumps(verdict.replacement_action, ensure_ascii=False)
+    if why_not_replaced:
+        text += f"\n(Nothing was run in its place: {why_not_replaced}.)"
     return types.CallToolResult(
         content=[types.TextContent(type="text", text=text)],
         is_error=True,

@@ -13,8 +13,9 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import click
@@ -24,9 +25,11 @@ from mcp_spec_proxy.config import ProxyConfig, load_config
 from mcp_spec_proxy.errors import ProxyError
 from mcp_spec_proxy.fingerprints import FingerprintStore
 from mcp_spec_proxy.fronts.mcp import McpFront, serve_http, serve_stdio
+from mcp_spec_proxy.models import ChatModel
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
 
 logger = logging.getLogger("mcp_spec_proxy")
+T = TypeVar("T")
 
 
 def _state_dir(option: str | None, config: ProxyConfig) -> Path:
@@ -98,6 +101,7 @@ def _file_options(command: Any) -> Any:
 @click.option("--http", "http", metavar="HOST:PORT", help="Serve streamable HTTP instead of stdio.")
 @click.option("--token-env", metavar="VAR", help="Require `Authorization: Bearer $VAR` on the HTTP front.")
 @click.option("--allow-host", multiple=True, help="Extra Host header value the HTTP front accepts.")
+@click.option("--telemetry", type=click.Path(dir_okay=False), help="Append one JSON line per decision to FILE.")
 @click.option("--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING"]))
 @click.version_option(__version__, prog_name="mcp-spec-proxy")
 @click.pass_context
@@ -108,6 +112,7 @@ def main(
     http: str | None,
     token_env: str | None,
     allow_host: tuple[str, ...],
+    telemetry: str | None,
     log_level: str,
 ) -> None:
     """An MCP server in front of your MCP servers: reads pass, writes wait for a verdict."""
@@ -124,11 +129,16 @@ def main(
             raise click.ClickException(f"--token-env {token_env}: that environment variable is empty or not set")
     address = _parse_http(http) if http else None
     state = StatePaths(_state_dir(state_dir, config))
+    telemetry_file = telemetry or config.telemetry
+    telemetry_path = Path(os.path.expanduser(telemetry_file)) if telemetry_file else None
+    models = _models(config)
 
     async def serve() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_stop_on_signal, tg.cancel_scope)
-            async with running_proxy(config, state, source=config_path) as proxy:
+            async with running_proxy(
+                config, state, source=config_path, models=models, telemetry=telemetry_path
+            ) as proxy:
                 front = McpFront(proxy, version=__version__)
                 if address is None:
                     await serve_stdio(front)
@@ -141,12 +151,46 @@ def main(
                     await anyio.sleep_forever()
             tg.cancel_scope.cancel()
 
+    _run(serve)
+
+
+def _run(main: Callable[[], Awaitable[T]]) -> T:
+    """Run the event loop; a ProxyError, however deep in task groups, becomes a clean CLI error."""
     try:
-        anyio.run(serve)
-    except ProxyError as exc:
-        raise click.ClickException(str(exc)) from None
+        return anyio.run(main)
     except KeyboardInterrupt:
-        pass
+        raise SystemExit(130) from None
+    except BaseException as exc:
+        found = _proxy_error(exc)
+        if found is None:
+            raise
+        raise click.ClickException(str(found)) from None
+
+
+def _proxy_error(exc: BaseException) -> ProxyError | None:
+    if isinstance(exc, ProxyError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            if (found := _proxy_error(inner)) is not None:
+                return found
+    return None
+
+
+def _models(config: ProxyConfig) -> dict[str, ChatModel]:
+    """The configured endpoints, with API keys read from the environment here, at the edge."""
+    models = {}
+    for name, endpoint in config.models.items():
+        key = None
+        if endpoint.api_key_env:
+            key = os.environ.get(endpoint.api_key_env)
+            if not key:
+                raise click.ClickException(
+                    f"models.{name}.api_key_env: environment variable {endpoint.api_key_env} is not set"
+                    f" — export it, or remove api_key_env for a server that needs no key"
+                )
+        models[name] = ChatModel(name, endpoint, api_key=key)
+    return models
 
 
 async def _stop_on_signal(scope: anyio.CancelScope) -> None:
@@ -168,16 +212,13 @@ def tools(ctx: click.Context) -> None:
     state = StatePaths(_state_dir(ctx.obj["state_dir"], config))
 
     async def listing() -> list[Any]:
-        async with running_proxy(config, state, source=ctx.obj["config_path"]) as proxy:
+        async with running_proxy(config, state, source=ctx.obj["config_path"], models=_models(config)) as proxy:
             unavailable = [
                 f"{b.name}: {b.last_error}" for b in proxy.backends.backends.values() if b.status != "connected"
             ]
             return [proxy.catalog.tools(), unavailable]
 
-    try:
-        found, unavailable = anyio.run(listing)
-    except ProxyError as exc:
-        raise click.ClickException(str(exc)) from None
+    found, unavailable = _run(listing)
     width = max((len(t.name) for t in found), default=10)
     for tool in sorted(found, key=lambda t: t.name):
         review = f"  [review: {tool.review or config.review.default}]" if tool.effect == "write" else ""

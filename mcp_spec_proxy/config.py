@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mcp_spec_proxy.errors import ConfigError
+from mcp_spec_proxy.models import ModelConfig
 
 ReviewMode = Literal["strong", "human", "strong_then_human", "deny", "allow", "leash"]
 OnReject = Literal["block", "replace", "repair"]
@@ -97,6 +98,8 @@ class ReviewConfig(_Strict):
     default: ReviewMode = "human"
     on_reject: OnReject = "block"
     on_error: OnError = "deny"
+    model: str = "strong"  # which entry of `models:` reviews
+    policy: str = ""  # rules the reviewer holds every call to, in plain words
     # What `human` does when the client can neither elicit nor take `input_required`.
     fallback: Literal["deny", "allow"] = "deny"
     intent: bool = True
@@ -107,7 +110,7 @@ class ProxyConfig(_Strict):
     """The whole file."""
 
     servers: dict[str, ServerConfig] = Field(default_factory=dict)
-    models: dict[str, Any] = Field(default_factory=dict)
+    models: dict[str, ModelConfig] = Field(default_factory=dict)
     review: ReviewConfig = Field(default_factory=ReviewConfig)
     speculation: dict[str, Any] = Field(default_factory=dict)
     leash: dict[str, Any] = Field(default_factory=dict)
@@ -238,7 +241,7 @@ def _config_error(file: str, text: str, exc: ValidationError) -> ConfigError:
 
 def _suggest(key: str) -> str:
     candidates: list[str] = []
-    for model in (ProxyConfig, ServerConfig, ReviewConfig, ToolsConfig, ToolOverride):
+    for model in (ProxyConfig, ServerConfig, ReviewConfig, ToolsConfig, ToolOverride, ModelConfig):
         candidates.extend(model.model_fields)
     close = [name for name in dict.fromkeys(candidates) if _similar(key, name)]
     if close:

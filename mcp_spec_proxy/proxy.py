@@ -24,7 +24,9 @@ from mcp_spec_proxy.barrier import Barrier
 from mcp_spec_proxy.catalog import Catalog
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.fingerprints import FingerprintStore
-from mcp_spec_proxy.reviewers import build_reviewers
+from mcp_spec_proxy.models import ChatModel
+from mcp_spec_proxy.review import build_reviewers
+from mcp_spec_proxy.telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
 
@@ -69,12 +71,17 @@ async def running_proxy(
     state: StatePaths | None,
     *,
     source: str = "config",
+    models: dict[str, ChatModel] | None = None,
+    telemetry: Path | None = None,
     in_process: dict[str, Server[Any]] | None = None,
 ) -> AsyncIterator[Proxy]:
-    reviewers = build_reviewers(config, source)
+    """Start the proxy. `models` are the configured endpoints with their keys (the CLI reads them)."""
+    models = models if models is not None else {name: ChatModel(name, cfg) for name, cfg in config.models.items()}
     fingerprints = FingerprintStore(state.fingerprints if state else None)
     catalog = Catalog(config, fingerprints)
+    reviewers, repairer = build_reviewers(config, catalog, models, source)
     audit = AuditLog(state.audit if state else None)
+    events = Telemetry(telemetry)
     proxy: Proxy | None = None
 
     async def on_listing(server: str, listing: Listing | None) -> None:
@@ -88,7 +95,7 @@ async def running_proxy(
     backends = BackendPool(
         config.active_servers(), on_listing, log_dir=state.logs if state else None, in_process=in_process
     )
-    barrier = Barrier(config, catalog, backends, reviewers, audit)
+    barrier = Barrier(config, catalog, backends, reviewers, audit, events, repairer)
     proxy = Proxy(config, catalog, backends, barrier, audit)
     try:
         async with anyio.create_task_group() as tg:
@@ -98,3 +105,7 @@ async def running_proxy(
             tg.cancel_scope.cancel()
     finally:
         audit.close()
+        events.close()
+        for model in models.values():
+            with anyio.CancelScope(shield=True):
+                await model.aclose()

@@ -10,7 +10,7 @@ Reviewers here: `allow` (audit only), `deny`, and `human`, which asks the person
 through a `UserChannel` the front provides: elicitation on the handshake era, `input_required`
 on the 2026-07-28 era. When the client can do neither, `human` falls back to the configured
 policy (deny unless told otherwise) — it never forwards silently. Model-backed reviewers
-(`strong`, `strong_then_human`, `leash`) plug into `build_reviewers` when they exist.
+(`strong`, `strong_then_human`) live in `review.py`, which also builds the set a config uses.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from mcp_spec_proxy.catalog import CatalogTool
-from mcp_spec_proxy.config import ProxyConfig, ReviewMode
-from mcp_spec_proxy.errors import ConfigError, ProxyError
+from mcp_spec_proxy.errors import ProxyError
+from mcp_spec_proxy.models import ModelCall
 from mcp_spec_proxy.trajectory import History, Segment
 
 
@@ -32,6 +32,7 @@ class Verdict:
     accepted_steps: int
     replacement_action: dict[str, Any] | None = None
     reviewer: str = ""
+    model_calls: tuple[ModelCall, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -106,8 +107,9 @@ class HumanReviewer:
     def __init__(self, fallback: Reviewer) -> None:
         self._fallback = fallback
 
-    async def review(self, request: ReviewRequest, user: UserChannel) -> Verdict:
-        answer = await user.confirm(approval_message(request), APPROVAL_SCHEMA)
+    async def review(self, request: ReviewRequest, user: UserChannel, context: str = "") -> Verdict:
+        message = approval_message(request) + (f"\n\nNote: {context}" if context else "")
+        answer = await user.confirm(message, APPROVAL_SCHEMA)
         held = len(request.segment)
         if answer is None:
             verdict = await self._fallback.review(request, user)
@@ -135,28 +137,3 @@ def approval_message(request: ReviewRequest) -> str:
     if earlier:
         lines += ["", "Steps just before it: " + ", ".join(step.tool for step in earlier[-8:])]
     return "\n".join(lines)
-
-
-def build_reviewers(config: ProxyConfig, source: str = "config") -> dict[ReviewMode, Reviewer]:
-    """A reviewer for every mode the config uses; a mode that cannot be built is a `ConfigError`."""
-    deny = DenyReviewer()
-    fallback: Reviewer = AllowReviewer() if config.review.fallback == "allow" else deny
-    reviewers: dict[ReviewMode, Reviewer] = {
-        "allow": AllowReviewer(),
-        "deny": deny,
-        "human": HumanReviewer(fallback),
-    }
-    used: dict[str, str] = {"review.default": config.review.default}
-    for server_name, server in config.servers.items():
-        for pattern, rule in server.tools.overrides.items():
-            if rule.review is not None:
-                used[f"servers.{server_name}.tools.overrides.{pattern}.review"] = rule.review
-    for key, mode in used.items():
-        if mode not in reviewers:
-            raise ConfigError(
-                source,
-                key,
-                f"review mode {mode!r} needs a model reviewer, which this build does not provide",
-                "use human, deny or allow",
-            )
-    return reviewers

@@ -85,12 +85,10 @@ def test_full_design_yaml_loads_every_section(tmp_path: Path) -> None:
     assert tracker.timeout == 60.0
     assert tracker.trust_annotations is True
 
-    assert config.models["weak"] == {
-        "base_url": "http://127.0.0.1:30000/v1",
-        "model": "Qwen3.5-4B",
-        "api_key_env": "WEAK_KEY",
-    }
-    assert config.models["strong"]["model"] == "big-model"
+    weak = config.models["weak"]
+    assert (weak.base_url, weak.model, weak.api_key_env) == ("http://127.0.0.1:30000/v1", "Qwen3.5-4B", "WEAK_KEY")
+    assert weak.thinking_off == {"chat_template_kwargs": {"enable_thinking": False}}
+    assert config.models["strong"].model == "big-model"
     assert config.review.default == "strong"
     assert config.review.on_reject == "replace"
     assert config.review.on_error == "allow"
