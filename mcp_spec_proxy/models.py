@@ -147,7 +147,7 @@ class ChatModel:
         except (openai.APIResponseValidationError, ValueError) as exc:
             raise self._failed(purpose, started, f"answered something that is not a chat completion: {exc}") from None
         latency = time.perf_counter() - started
-        if not response.choices:
+        if not getattr(response, "choices", None):  # a non-JSON body can come back as a bare str
             raise self._failed(purpose, started, "answered with no choices")
         message = response.choices[0].message
         usage = response.usage

@@ -66,11 +66,12 @@ async def proxied(
     mode: str = "legacy",
     elicitation: ElicitationFnT | None = None,
     messages: MessageHandlerFnT | None = None,
+    telemetry: Path | None = None,
 ) -> AsyncIterator[Proxied]:
     parsed = ProxyConfig.model_validate(config)
     state = StatePaths(state_dir)
     with anyio.fail_after(60):
-        async with running_proxy(parsed, state) as proxy:
+        async with running_proxy(parsed, state, telemetry=telemetry) as proxy:
             front = McpFront(proxy)
             async with Client(
                 front.server, mode=mode, elicitation_callback=elicitation, message_handler=messages
