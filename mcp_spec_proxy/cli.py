@@ -238,6 +238,9 @@ def tools_accept(ctx: click.Context, names: tuple[str, ...], accept_all: bool) -
     store = FingerprintStore(StatePaths(_state_dir(ctx.obj["state_dir"], config)).fingerprints)
     pending = store.pending()
     targets = pending if accept_all else [_store_key(name, config) for name in names]
+    if accept_all and not pending:
+        click.echo("no changed definitions to accept")
+        return
     if not targets:
         raise click.ClickException("name a tool to accept, or pass --all; changed: " + (", ".join(pending) or "none"))
     for key in targets:
