@@ -152,7 +152,14 @@ def load_config(path: Path, environ: Mapping[str, str]) -> ProxyConfig:
         raise ConfigError(file, "", "file not found", "pass --config with the path of your servers.yaml") from None
     except OSError as exc:
         raise ConfigError(file, "", f"cannot read: {exc.strerror}") from None
-    data = _parse(file, text, json_file=path.suffix.lower() == ".json")
+    return parse_config_text(text, environ, file=file, json_file=path.suffix.lower() == ".json")
+
+
+def parse_config_text(
+    text: str, environ: Mapping[str, str], *, file: str = "<config>", json_file: bool = False
+) -> ProxyConfig:
+    """Validate config given as text; `load_config` reads a file and comes here."""
+    data = _parse(file, text, json_file=json_file)
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -160,18 +167,6 @@ def load_config(path: Path, environ: Mapping[str, str]) -> ProxyConfig:
     if "mcpServers" in data:
         if "servers" in data:
             raise ConfigError(file, "mcpServers", "both `servers` and `mcpServers` are given", "keep one of them")
-        data["servers"] = data.pop("mcpServers")
-    data = _expand(file, data, environ, ())
-    try:
-        return ProxyConfig.model_validate(data)
-    except ValidationError as exc:
-        raise _config_error(file, text, exc) from None
-
-
-def parse_config_text(text: str, environ: Mapping[str, str], *, file: str = "<config>") -> ProxyConfig:
-    """Validate config given as text (tests and embedding); same rules as `load_config`."""
-    data = _parse(file, text, json_file=False) or {}
-    if isinstance(data, dict) and "mcpServers" in data and "servers" not in data:
         data["servers"] = data.pop("mcpServers")
     data = _expand(file, data, environ, ())
     try:
