@@ -71,7 +71,7 @@ class Barrier:
         self._repairer = repairer
 
     def new_session(self, session_id: str | None = None) -> Session:
-        commit_every = int(self._config.speculation.get("draft_steps", 8))
+        commit_every = self._config.speculation.draft_steps
         return Session(session_id or uuid.uuid4().hex[:12], History(commit_every=commit_every))
 
     async def call(
@@ -94,7 +94,7 @@ class Barrier:
         forwarded, intent = strip_intent(tool, arguments)
         if tool.effect == "read":
             step = Step(tool.name, forwarded, "read")
-            result = await self._forward(tool, forwarded, step, report)
+            result = await self.forward(tool, forwarded, step, report)
             session.history.record_read(step)
             return result
         return await self._hold(session, tool, forwarded, intent, user, report)
@@ -149,7 +149,7 @@ class Barrier:
         )
         model_calls = list(verdict.model_calls)
         if verdict.accepted:
-            result = await self._forward(tool, arguments, held, report)
+            result = await self.forward(tool, arguments, held, report)
             session.history.settle(segment, len(segment))
             await self._audit.record("forwarded", call=call_id, session=session.id, is_error=bool(result.is_error))
             action = "forwarded"
@@ -191,12 +191,13 @@ class Barrier:
         if verdict.accepted_steps < len(request.segment) - 1:
             return "the first rejected step is an earlier call that already ran, so nothing was run instead"
         checked = check_step(self._catalog, verdict.replacement_action)
-        if isinstance(checked, ProposedStep) or on_reject == "replace" or self._repairer is None:
-            return checked
-        repaired, call = await self._repairer.repair(request, verdict)
-        if call is not None:
-            model_calls.append(call)
-        return repaired
+        if not isinstance(checked, ProposedStep) and on_reject == "repair" and self._repairer is not None:
+            repaired, call = await self._repairer.repair(request, verdict)
+            if call is not None:
+                model_calls.append(call)
+            checked = repaired
+        # Answers are the engine's business: at the MCP front there is no answer to give.
+        return checked if isinstance(checked, ProposedStep | str) else "the reviewer proposed an answer, not a call"
 
     async def _substitute(
         self,
@@ -220,7 +221,7 @@ class Barrier:
             arguments_digest=digest(arguments),
             effect=step.tool.effect,
         )
-        inner = await self._forward(step.tool, arguments, executed, report)
+        inner = await self.forward(step.tool, arguments, executed, report)
         session.history.settle(segment, verdict.accepted_steps, executed)
         await self._audit.record("forwarded", call=common["call"], session=session.id, is_error=bool(inner.is_error))
         how = "replaced it with" if step.source == "replacement" else "repaired it as"
@@ -262,7 +263,7 @@ class Barrier:
             return Verdict(True, reason, held, reviewer="on_error", model_calls=calls)
         return Verdict(False, f"{problem}; failing closed", held - 1, reviewer="on_error", model_calls=calls)
 
-    async def _forward(
+    async def forward(
         self, tool: CatalogTool, arguments: dict[str, Any], step: Step, report: Report | None
     ) -> types.CallToolResult:
         started = time.perf_counter()

@@ -106,13 +106,23 @@ class ReviewConfig(_Strict):
     timeout: float = Field(default=300.0, gt=0)
 
 
+class SpeculationConfig(_Strict):
+    """The SpecAgent loop's limits (`delegate`, `run`, the gateway)."""
+
+    draft_steps: int = Field(default=8, ge=1, le=64)  # K: steps the weak model drafts per segment
+    max_steps: int = Field(default=40, ge=1)
+    max_segments: int = Field(default=20, ge=1)
+    max_wall_s: float = Field(default=600.0, gt=0)
+    answer_graded: bool = False  # verify the final answer too, like a write
+
+
 class ProxyConfig(_Strict):
     """The whole file."""
 
     servers: dict[str, ServerConfig] = Field(default_factory=dict)
     models: dict[str, ModelConfig] = Field(default_factory=dict)
     review: ReviewConfig = Field(default_factory=ReviewConfig)
-    speculation: dict[str, Any] = Field(default_factory=dict)
+    speculation: SpeculationConfig = Field(default_factory=lambda: SpeculationConfig())
     leash: dict[str, Any] = Field(default_factory=dict)
     telemetry: str | None = None
     state_dir: str | None = None
@@ -236,7 +246,7 @@ def _config_error(file: str, text: str, exc: ValidationError) -> ConfigError:
 
 def _suggest(key: str) -> str:
     candidates: list[str] = []
-    for model in (ProxyConfig, ServerConfig, ReviewConfig, ToolsConfig, ToolOverride, ModelConfig):
+    for model in (ProxyConfig, ServerConfig, ReviewConfig, ToolsConfig, ToolOverride, ModelConfig, SpeculationConfig):
         candidates.extend(model.model_fields)
     close = [name for name in dict.fromkeys(candidates) if _similar(key, name)]
     if close:

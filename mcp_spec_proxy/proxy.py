@@ -23,6 +23,7 @@ from mcp_spec_proxy.backends import BackendPool, Listing
 from mcp_spec_proxy.barrier import Barrier
 from mcp_spec_proxy.catalog import Catalog
 from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.engine import Engine, Limits
 from mcp_spec_proxy.fingerprints import FingerprintStore
 from mcp_spec_proxy.models import ChatModel
 from mcp_spec_proxy.review import build_reviewers
@@ -58,6 +59,7 @@ class Proxy:
     backends: BackendPool
     barrier: Barrier
     audit: AuditLog
+    engine: Engine | None = None  # when a strong model is configured: `delegate`, `run`, the gateway
     listeners: list[ChangeListener] = field(default_factory=list)
 
     async def changed(self, what: str) -> None:
@@ -96,7 +98,21 @@ async def running_proxy(
         config.active_servers(), on_listing, log_dir=state.logs if state else None, in_process=in_process
     )
     barrier = Barrier(config, catalog, backends, reviewers, audit, events, repairer)
-    proxy = Proxy(config, catalog, backends, barrier, audit)
+    engine = None
+    strong = models.get(config.review.model)
+    if strong is not None:
+        limits = Limits(**config.speculation.model_dump())
+        engine = Engine(
+            catalog,
+            barrier,
+            audit,
+            events,
+            weak=models.get("weak"),
+            strong=strong,
+            policy=config.review.policy,
+            limits=limits,
+        )
+    proxy = Proxy(config, catalog, backends, barrier, audit, engine)
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(backends.run)

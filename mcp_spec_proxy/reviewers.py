@@ -38,11 +38,12 @@ class Verdict:
 @dataclass(frozen=True)
 class ReviewRequest:
     session: str
-    tool: CatalogTool
+    tool: CatalogTool | None  # None when the held step is the engine's final answer
     arguments: dict[str, Any]
     intent: str | None
     segment: Segment
     history: History = field(repr=False)
+    task: str = ""  # the user's request, when the proxy drives the agent (engine)
 
 
 class InputNeeded(ProxyError):
@@ -124,9 +125,11 @@ class HumanReviewer:
 
 
 def approval_message(request: ReviewRequest) -> str:
-    lines = [
-        f"A tool call is waiting for your approval: {request.tool.name}",
-        f"(server '{request.tool.server}', {request.tool.why})",
+    tool = request.tool
+    lines = [f"A tool call is waiting for your approval: {request.segment.held.tool}"]
+    if tool is not None:
+        lines.append(f"(server '{tool.server}', {tool.why})")
+    lines += [
         "",
         "Arguments:",
         json.dumps(request.arguments, indent=2, ensure_ascii=False)[:2000],

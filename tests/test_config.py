@@ -93,7 +93,7 @@ def test_full_design_yaml_loads_every_section(tmp_path: Path) -> None:
     assert config.review.on_reject == "replace"
     assert config.review.on_error == "allow"
     assert config.review.intent is False
-    assert config.speculation == {"draft_steps": 4}
+    assert config.speculation.draft_steps == 4
     assert config.telemetry == "~/telemetry.jsonl"
 
 

@@ -1,0 +1,462 @@
+"""The SpecAgent loop: a weak model drafts, reads run live, the strong model verifies a segment.
+
+    draft   the weak model drafts up to K steps; reads execute at once (several reads of one
+            turn concurrently), so every drafted step is grounded in real observations; the
+            first write — or the final answer, when the answer is the graded deliverable — is
+            held, not executed. A chunk of K reads commits without review.
+    verify  the strong model, thinking off, reviews the drafted segment in ONE request
+            (`review.StrongReviewer`, the same verifier the MCP front uses).
+    commit  the longest accepted prefix commits; a valid replacement executes directly;
+            otherwise the strong model takes one repair turn, thinking on, and its step commits
+            without a second review. The rejected suffix is discarded from the history both
+            models see afterwards.
+
+The baselines are policies of the same loop: `weak-only` (the weak model authors and executes
+every step) and `strong-only` (the strong model does). Every write the engine executes is
+audited like the barrier's (held → verdict → forwarded), and every model call goes to telemetry
+with its prefill/cached/decode split; each task ends with a summary line.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anyio
+import mcp_types as types
+
+from mcp_spec_proxy.audit import AuditLog
+from mcp_spec_proxy.barrier import Barrier
+from mcp_spec_proxy.catalog import Catalog, CatalogTool, digest, strip_intent
+from mcp_spec_proxy.errors import InvalidArguments, ToolNotFound
+from mcp_spec_proxy.models import ChatModel, ModelCall, ModelError
+from mcp_spec_proxy.review import (
+    FINAL_ANSWER,
+    ProposedAnswer,
+    ProposedStep,
+    Repairer,
+    ReviewFailed,
+    StrongReviewer,
+    check_step,
+    fence,
+    openai_tool,
+)
+from mcp_spec_proxy.reviewers import ReviewRequest, Verdict
+from mcp_spec_proxy.telemetry import Telemetry
+from mcp_spec_proxy.trajectory import History, Segment, Step
+
+Mode = Literal["spec", "weak-only", "strong-only"]
+MODES: tuple[Mode, ...] = ("spec", "weak-only", "strong-only")
+Status = Literal["answered", "max_steps", "max_segments", "timeout", "model_error"]
+Progress = Callable[[str], Awaitable[None]]
+
+AGENT_INSTRUCTIONS = """\
+You are an agent working for a user through the tools provided. Call tools to find out what you \
+need and to act. Make one step at a time; you may call several read-only tools at once. When \
+the task is done, reply with your final answer to the user as plain text, without a tool call."""
+
+
+@dataclass
+class Limits:
+    draft_steps: int = 8
+    max_steps: int = 40
+    max_segments: int = 20
+    max_wall_s: float = 600.0
+    answer_graded: bool = False  # hold the final answer for verification, like a write
+
+
+@dataclass
+class RunResult:
+    task_id: str
+    mode: Mode
+    status: Status
+    answer: str | None
+    steps: list[Step]
+    segments: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    repairs: int = 0
+    replacements: int = 0
+    calls: list[ModelCall] = field(default_factory=list)
+    wall_s: float = 0.0
+    error: str | None = None
+
+    def summary(self) -> dict[str, Any]:
+        strong = [c for c in self.calls if c.role == "strong"]
+        weak = [c for c in self.calls if c.role == "weak"]
+        return {
+            "task": self.task_id,
+            "mode": self.mode,
+            "status": self.status,
+            "steps": len(self.steps),
+            "segments": self.segments,
+            "drafted_steps": self.drafted,
+            "accepted_steps": self.accepted,
+            "acceptance": round(self.accepted / self.drafted, 4) if self.drafted else None,
+            "replacements": self.replacements,
+            "repairs": self.repairs,
+            "strong_calls": len(strong),
+            "strong_prefill_tokens": sum(c.prompt_tokens - c.cached_tokens for c in strong),
+            "strong_cached_tokens": sum(c.cached_tokens for c in strong),
+            "strong_decode_tokens": sum(c.completion_tokens for c in strong),
+            "weak_calls": len(weak),
+            "weak_prefill_tokens": sum(c.prompt_tokens - c.cached_tokens for c in weak),
+            "weak_decode_tokens": sum(c.completion_tokens for c in weak),
+            "wall_s": round(self.wall_s, 4),
+        }
+
+    def trace(self) -> str:
+        """A compact, human-readable account of what ran."""
+        lines = [
+            f"{n}. {step.tool} {json.dumps(step.arguments, ensure_ascii=False)[:120]}"
+            + (" [error]" if step.is_error else "")
+            for n, step in enumerate(self.steps, 1)
+        ]
+        s = self.summary()
+        lines.append(
+            f"status {self.status}; {s['steps']} steps, {s['segments']} verified segments, "
+            f"{s['strong_calls']} strong calls, {s['weak_calls']} weak calls"
+        )
+        return "\n".join(lines)
+
+
+class _NoUser:
+    """The engine has no person to ask: verification is the strong model's alone."""
+
+    async def confirm(self, message: str, schema: dict[str, Any]) -> dict[str, Any] | None:
+        return None
+
+
+class _Stop(Exception):
+    def __init__(self, status: Status, error: str | None = None) -> None:
+        super().__init__(status)
+        self.status: Status = status
+        self.error = error
+
+
+class Engine:
+    """Runs tasks over the catalog's tools with a weak and a strong model."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        barrier: Barrier,
+        audit: AuditLog,
+        telemetry: Telemetry,
+        *,
+        weak: ChatModel | None,
+        strong: ChatModel,
+        policy: str = "",
+        limits: Limits | None = None,
+    ) -> None:
+        self._catalog = catalog
+        self._barrier = barrier
+        self._audit = audit
+        self._telemetry = telemetry
+        self.weak = weak
+        self.strong = strong
+        self._reviewer = StrongReviewer(strong, catalog, policy)
+        self._repairer = Repairer(strong, catalog, policy)
+        self.limits = limits or Limits()
+
+    async def run(self, task: str, mode: Mode = "spec", *, progress: Progress | None = None) -> RunResult:
+        if mode != "strong-only" and self.weak is None:
+            raise InvalidArguments(f"mode {mode!r} needs a weak model: configure models.weak")
+        run = _Run(self, task, mode, progress)
+        started = time.perf_counter()
+        with anyio.move_on_after(self.limits.max_wall_s) as deadline:
+            try:
+                await run.loop()
+            except _Stop as stop:
+                run.result.status = stop.status
+                run.result.error = stop.error
+        if deadline.cancelled_caught:
+            run.result.status = "timeout"
+        run.result.wall_s = time.perf_counter() - started
+        run.result.steps = list(run.history.committed)
+        await self._telemetry.record("task", **run.result.summary(), error=run.result.error)
+        return run.result
+
+
+class _Run:
+    """One task's state: its history, its counters, and the steps of the loop."""
+
+    def __init__(self, engine: Engine, task: str, mode: Mode, progress: Progress | None) -> None:
+        self.engine = engine
+        self.task = task
+        self.mode = mode
+        self.progress = progress
+        self.history = History(commit_every=10**9)  # the engine decides commit points itself
+        self.result = RunResult(uuid.uuid4().hex[:12], mode, "max_steps", None, [])
+        self.tools = [openai_tool(t, with_intent=False) for t in sorted(engine._catalog.tools(), key=lambda t: t.name)]
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    async def loop(self) -> None:
+        limits = self.engine.limits
+        while len(self.history.committed) < limits.max_steps:
+            if self.mode == "spec":
+                if self.result.segments >= limits.max_segments:
+                    raise _Stop("max_segments")
+                done = await self.speculate()
+            else:
+                done = await self.act_directly()
+            if done:
+                self.result.status = "answered"
+                return
+        raise _Stop("max_steps")
+
+    async def act_directly(self) -> bool:
+        """Baselines: the author model's step executes at once, reads and writes alike."""
+        model = self.engine.strong if self.mode == "strong-only" else self.engine.weak
+        assert model is not None
+        reads, write, answer = await self.draft_turn(model, [], thinking=self.mode == "strong-only")
+        for step in [*reads, *([write] if write else [])]:
+            if step.observation is None:
+                await self.execute(step, reviewer=f"{self.mode} baseline (unreviewed)")
+            self.history.committed.append(step)
+        if answer is not None:
+            self.result.answer = answer
+            return True
+        return False
+
+    async def speculate(self) -> bool:
+        """One segment: draft up to K steps, hold the first write (or graded answer), verify."""
+        assert self.engine.weak is not None
+        segment: list[Step] = []
+        held: Step | None = None
+        answer: str | None = None
+        while len(segment) < self.engine.limits.draft_steps and held is None:
+            reads, write, answer = await self.draft_turn(self.engine.weak, segment, thinking=False)
+            segment.extend(reads)
+            self.result.drafted += len(reads)
+            if write is not None:
+                held = write
+            elif answer is not None:
+                if self.engine.limits.answer_graded:
+                    held = Step(FINAL_ANSWER, {"answer": answer}, "write")
+                else:
+                    break
+        if held is None:
+            # A chunk of reads (or reads then an ungraded answer) commits without review.
+            self.history.committed.extend(segment)
+            self.result.accepted += len(segment)
+            await self.say(f"committed {len(segment)} reads without review")
+            if answer is not None:
+                self.result.answer = answer
+                return True
+            return False
+        self.result.drafted += 1
+        return await self.verify(segment, held)
+
+    async def verify(self, drafted: list[Step], held: Step) -> bool:
+        self.result.segments += 1
+        segment = Segment((*drafted, held))
+        tool = self.lookup(held.tool)
+        request = ReviewRequest(self.result.task_id, tool, held.arguments, None, segment, self.history, self.task)
+        await self.say(f"verifying a segment of {len(segment)} steps")
+        try:
+            verdict = await self.engine._reviewer.review(request, _NoUser())
+        except ReviewFailed as exc:
+            self.result.calls.extend(exc.calls)
+            await self.log_calls(exc.calls)
+            raise _Stop("model_error", str(exc)) from None
+        self.result.calls.extend(verdict.model_calls)
+        await self.log_calls(verdict.model_calls)
+        await self.audit_verdict(held, tool, verdict)
+        accepted = verdict.accepted_steps
+        self.result.accepted += accepted
+        self.history.committed.extend(segment.steps[: min(accepted, len(drafted))])
+        if verdict.accepted:
+            if held.tool == FINAL_ANSWER:
+                self.history.committed.append(held)
+                self.result.answer = str(held.arguments["answer"])
+                return True
+            await self.execute(held, reviewer="strong")
+            self.history.committed.append(held)
+            return False
+        await self.say(f"rejected at step {accepted + 1}: {verdict.reason}")
+        return await self.substitute(request, verdict)
+
+    async def substitute(self, request: ReviewRequest, verdict: Verdict) -> bool:
+        """Run the valid replacement, or else one repair turn; the rest of the segment is gone."""
+        proposal = check_step(self.engine._catalog, verdict.replacement_action, answers=True, task=self.task)
+        if isinstance(proposal, str):
+            self.result.repairs += 1
+            proposal, call = await self.engine._repairer.repair(request, verdict, answers=True)
+            if call is not None:
+                self.result.calls.append(call)
+                await self.log_calls((call,))
+            if isinstance(proposal, str):
+                raise _Stop("model_error", f"repair failed: {proposal}")
+        else:
+            self.result.replacements += 1
+        if isinstance(proposal, ProposedAnswer):
+            self.history.committed.append(Step(FINAL_ANSWER, {"answer": proposal.answer}, "write"))
+            self.result.answer = proposal.answer
+            return True
+        step = self.step_for(proposal)
+        await self.execute(step, reviewer=f"strong ({proposal.source})")
+        self.history.committed.append(step)
+        return False
+
+    # -- drafting ----------------------------------------------------------------------------
+
+    async def draft_turn(
+        self, model: ChatModel, segment: list[Step], *, thinking: bool
+    ) -> tuple[list[Step], Step | None, str | None]:
+        """One model turn: the reads it made (executed), the first write (not executed), or an answer."""
+        messages = agent_messages(self.task, [*self.history.committed, *segment])
+        try:
+            completion = await model.complete(
+                messages,
+                purpose="draft" if model is self.engine.weak else "answer",
+                thinking=thinking,
+                tools=self.tools,
+            )
+        except ModelError as exc:
+            if exc.call is not None:
+                self.result.calls.append(exc.call)
+            raise _Stop("model_error", str(exc)) from None
+        self.result.calls.append(completion.call)
+        await self.log_calls((completion.call,))
+        if not completion.tool_calls:
+            return [], None, completion.content or ""
+        reads: list[Step] = []
+        write: Step | None = None
+        for call in completion.tool_calls:
+            step = self.parse_call(call.name, call.arguments)
+            if step.effect == "read":
+                reads.append(step)
+            else:
+                write = step  # the first write ends the turn; later calls of the turn are dropped
+                break
+        async with anyio.create_task_group() as tg:
+            for step in reads:
+                if step.observation is None:
+                    tg.start_soon(self.execute, step, "read")
+        for step in reads:
+            await self.say(f"read {step.tool}")
+        return reads, write, None
+
+    def parse_call(self, name: str, arguments: str) -> Step:
+        """A drafted call as a step; an unknown tool or bad arguments is a failed read the model sees."""
+        try:
+            args = json.loads(arguments or "{}")
+        except json.JSONDecodeError as exc:
+            return Step(
+                name, {"raw": arguments}, "read", observation=f"error: arguments are not JSON: {exc}", is_error=True
+            )
+        checked = check_step(self.engine._catalog, {"tool": name, "arguments": args}, task=self.task)
+        if isinstance(checked, ProposedStep):
+            return self.step_for(checked)
+        problem = checked if isinstance(checked, str) else "final_answer is not a tool"
+        return Step(
+            name,
+            args if isinstance(args, dict) else {"raw": arguments},
+            "read",
+            observation=f"error: {problem.replace('the replacement', 'the call')}",
+            is_error=True,
+        )
+
+    def lookup(self, name: str) -> CatalogTool | None:
+        try:
+            return self.engine._catalog.lookup(name)
+        except ToolNotFound:
+            return None
+
+    def step_for(self, proposal: ProposedStep) -> Step:
+        arguments, _ = strip_intent(proposal.tool, proposal.arguments)
+        return Step(proposal.tool.name, arguments, proposal.tool.effect)
+
+    # -- execution, audit, telemetry ---------------------------------------------------------
+
+    async def execute(self, step: Step, reviewer: str) -> None:
+        tool = self.engine._catalog.lookup(step.tool)
+        if tool.effect == "write":
+            call = uuid.uuid4().hex[:12]
+            fields = {
+                "call": call,
+                "session": self.result.task_id,
+                "tool": tool.name,
+                "server": tool.server,
+                "arguments_digest": digest(step.arguments),
+                "effect": "write",
+                "reviewer": reviewer,
+            }
+            if reviewer != "strong":  # the strong verdict was audited with the segment
+                await self.engine._audit.record("verdict", **fields, accepted=True, reason=reviewer)
+            result = await self.engine._barrier.forward(tool, step.arguments, step, None)
+            await self.engine._audit.record(
+                "forwarded", call=call, session=self.result.task_id, is_error=bool(result.is_error)
+            )
+        else:
+            await self.engine._barrier.forward(tool, step.arguments, step, None)
+
+    async def audit_verdict(self, held: Step, tool: CatalogTool | None, verdict: Verdict) -> None:
+        await self.engine._audit.record(
+            "verdict",
+            session=self.result.task_id,
+            tool=held.tool,
+            server=tool.server if tool else None,
+            arguments_digest=digest(held.arguments),
+            effect="write",
+            reviewer="strong",
+            accepted=verdict.accepted,
+            accepted_steps=verdict.accepted_steps,
+            reason=verdict.reason,
+        )
+
+    async def log_calls(self, calls: tuple[ModelCall, ...] | list[ModelCall]) -> None:
+        for call in calls:
+            await self.engine._telemetry.record(
+                "model_call",
+                task=self.result.task_id,
+                mode=self.mode,
+                **call.as_json(),
+                prefill_tokens=call.prompt_tokens - call.cached_tokens,
+                decode_tokens=call.completion_tokens,
+            )
+
+    async def say(self, message: str) -> None:
+        if self.progress is not None:
+            await self.progress(message)
+
+
+def agent_messages(task: str, steps: list[Step]) -> list[dict[str, Any]]:
+    """The conversation a drafting model sees: the task, then each step as a call and its result."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": AGENT_INSTRUCTIONS},
+        {"role": "user", "content": task},
+    ]
+    for n, step in enumerate(steps, 1):
+        if step.tool == FINAL_ANSWER:
+            messages.append({"role": "assistant", "content": str(step.arguments.get("answer", ""))})
+            continue
+        call_id = f"call_{n}"
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": step.tool, "arguments": json.dumps(step.arguments, ensure_ascii=False)},
+                    }
+                ],
+            }
+        )
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": fence(step.observation or "")})
+    return messages
+
+
+def result_text(result: types.CallToolResult) -> str:
+    return "\n".join(block.text for block in result.content if isinstance(block, types.TextContent))
+
+
+__all__ = ["MODES", "Engine", "Limits", "Mode", "RunResult", "agent_messages", "result_text"]
