@@ -22,6 +22,7 @@ import click
 
 from mcp_spec_proxy import __version__
 from mcp_spec_proxy.config import ProxyConfig, load_config
+from mcp_spec_proxy.engine import MODES, Mode, RunResult
 from mcp_spec_proxy.errors import ProxyError
 from mcp_spec_proxy.fingerprints import FingerprintStore
 from mcp_spec_proxy.fronts.mcp import McpFront, serve_http, serve_stdio
@@ -261,6 +262,69 @@ def _store_key(name: str, config: ProxyConfig) -> str:
         if name.startswith(prefix):
             return f"{server}/{name[len(prefix) :]}"
     raise click.ClickException(f"{name!r} does not start with a configured server name and {config.separator!r}")
+
+
+@main.command()
+@_file_options
+@click.argument("task")
+@click.option("--mode", type=click.Choice(MODES), default="spec", show_default=True)
+@click.option("--max-steps", type=click.IntRange(min=1), help="Override speculation.max_steps for this task.")
+@click.option("--telemetry", type=click.Path(dir_okay=False), help="Append model calls and the summary to FILE.")
+@click.pass_context
+def run(ctx: click.Context, task: str, mode: Mode, max_steps: int | None, telemetry: str | None) -> None:
+    """Run TASK with the SpecAgent engine over the configured servers; print the answer and a summary."""
+    config = _load(ctx.obj["config_path"])
+    state = StatePaths(_state_dir(ctx.obj["state_dir"], config))
+    models = _models(config)
+    if config.review.model not in models:
+        raise click.ClickException(
+            f"run needs models.{config.review.model} (and models.weak for spec and weak-only) in the config"
+        )
+    telemetry_file = telemetry or config.telemetry
+    telemetry_path = Path(os.path.expanduser(telemetry_file)) if telemetry_file else None
+    on_terminal = sys.stderr.isatty()
+
+    async def progress(message: str) -> None:
+        if on_terminal:
+            click.echo(f"\r\033[K… {message}"[:200], nl=False, err=True)
+        else:
+            click.echo(f"… {message}", err=True)
+
+    async def execute() -> RunResult:
+        async with running_proxy(
+            config, state, source=ctx.obj["config_path"], models=models, telemetry=telemetry_path
+        ) as proxy:
+            assert proxy.engine is not None
+            return await proxy.engine.run(task, mode, progress=progress, max_steps=max_steps)
+
+    result = _run(execute)
+    if on_terminal:
+        click.echo("\r\033[K", nl=False, err=True)
+    click.echo(result.answer if result.answer is not None else f"(no answer: {result.status})")
+    summary = result.summary()
+    click.echo(
+        "\n"
+        + "  ".join(
+            f"{key}={summary[key]}"
+            for key in (
+                "status",
+                "mode",
+                "steps",
+                "segments",
+                "acceptance",
+                "strong_calls",
+                "strong_decode_tokens",
+                "strong_prefill_tokens",
+                "weak_decode_tokens",
+                "wall_s",
+            )
+        ),
+        err=True,
+    )
+    if result.error:
+        click.echo(f"error: {result.error}", err=True)
+    if result.status != "answered":
+        raise SystemExit(1)
 
 
 @main.command()

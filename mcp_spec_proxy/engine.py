@@ -23,7 +23,7 @@ import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import anyio
@@ -163,12 +163,15 @@ class Engine:
         self._repairer = Repairer(strong, catalog, policy)
         self.limits = limits or Limits()
 
-    async def run(self, task: str, mode: Mode = "spec", *, progress: Progress | None = None) -> RunResult:
+    async def run(
+        self, task: str, mode: Mode = "spec", *, progress: Progress | None = None, max_steps: int | None = None
+    ) -> RunResult:
         if mode != "strong-only" and self.weak is None:
             raise InvalidArguments(f"mode {mode!r} needs a weak model: configure models.weak")
-        run = _Run(self, task, mode, progress)
+        limits = self.limits if max_steps is None else replace(self.limits, max_steps=max_steps)
+        run = _Run(self, task, mode, progress, limits)
         started = time.perf_counter()
-        with anyio.move_on_after(self.limits.max_wall_s) as deadline:
+        with anyio.move_on_after(limits.max_wall_s) as deadline:
             try:
                 await run.loop()
             except _Stop as stop:
@@ -185,8 +188,9 @@ class Engine:
 class _Run:
     """One task's state: its history, its counters, and the steps of the loop."""
 
-    def __init__(self, engine: Engine, task: str, mode: Mode, progress: Progress | None) -> None:
+    def __init__(self, engine: Engine, task: str, mode: Mode, progress: Progress | None, limits: Limits) -> None:
         self.engine = engine
+        self.limits = limits
         self.task = task
         self.mode = mode
         self.progress = progress
@@ -197,7 +201,7 @@ class _Run:
     # -- the loop ----------------------------------------------------------------------------
 
     async def loop(self) -> None:
-        limits = self.engine.limits
+        limits = self.limits
         while len(self.history.committed) < limits.max_steps:
             if self.mode == "spec":
                 if self.result.segments >= limits.max_segments:
@@ -230,14 +234,14 @@ class _Run:
         segment: list[Step] = []
         held: Step | None = None
         answer: str | None = None
-        while len(segment) < self.engine.limits.draft_steps and held is None:
+        while len(segment) < self.limits.draft_steps and held is None:
             reads, write, answer = await self.draft_turn(self.engine.weak, segment, thinking=False)
             segment.extend(reads)
             self.result.drafted += len(reads)
             if write is not None:
                 held = write
             elif answer is not None:
-                if self.engine.limits.answer_graded:
+                if self.limits.answer_graded:
                     held = Step(FINAL_ANSWER, {"answer": answer}, "write")
                 else:
                     break

@@ -9,12 +9,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
+import yaml
 
 from mcp_spec_proxy.bench.scripted_model import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
 from mcp_spec_proxy.engine import Engine, RunResult
 from tests import backends
-from tests.harness import Proxied, proxied, stdio
+from tests.harness import PROXY_COMMAND, Proxied, proxied, stdio
 
 pytestmark = pytest.mark.anyio
 
@@ -232,3 +234,71 @@ async def test_each_task_ends_with_a_summary_line_and_every_model_call_is_logged
     assert all(c["prefill_tokens"] == c["prompt_tokens"] - c["cached_tokens"] for c in calls)
     assert task["status"] == "answered" and task["steps"] == 1 and task["weak_calls"] == 2
     assert task["strong_calls"] == 0 and task["wall_s"] > 0
+
+
+async def test_delegate_tool_runs_a_task_and_reports_progress(tmp_path: Path) -> None:
+    notes = str(tmp_path / "files" / "notes.txt")
+    weak: list[Reply | str] = [call("fs__read_text_file", path=notes), "You need milk."]
+    messages: list[str | None] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        messages.append(message)
+
+    async with world(tmp_path, weak, lambda r: verdict(0)) as w:
+        listed = {tool.name: tool for tool in (await w.p.client.list_tools()).tools}
+        result = await w.p.client.call_tool("delegate", {"task": "What do I need?"}, progress_callback=on_progress)
+        bad = await w.p.client.call_tool("delegate", {"task": "x", "mode": "fastest"})
+    assert listed["delegate"].input_schema["required"] == ["task"]
+    assert not result.is_error
+    texts = [block.text for block in result.content if hasattr(block, "text")]
+    assert texts[0] == "You need milk."
+    assert "1. fs__read_text_file" in texts[1] and "status answered" in texts[1]
+    assert "read fs__read_text_file" in messages
+    assert bad.is_error and "mode must be one of spec, weak-only, strong-only" in str(bad.content[0])
+
+
+async def test_delegate_is_cancelled_with_its_call(tmp_path: Path) -> None:
+    weak: list[Reply | str] = [Reply(content="too late", delay_s=30)]
+    async with world(tmp_path, weak, lambda r: verdict(0)) as w:
+        with anyio.move_on_after(1) as scope:
+            await w.p.client.call_tool("delegate", {"task": "slow"})
+        assert scope.cancelled_caught
+        # The proxy keeps serving after the cancelled run.
+        listed = await w.p.client.list_tools()
+    assert any(tool.name == "fs__read_text_file" for tool in listed.tools)
+
+
+async def test_cli_run_prints_the_answer_and_a_summary(tmp_path: Path) -> None:
+    root = tmp_path / "files"
+    root.mkdir()
+    (root / "notes.txt").write_text("buy milk\n")
+    drafts = iter([call("fs__read_text_file", path=str(root / "notes.txt")), "You need milk."])
+
+    def answer(request: ChatRequest) -> Reply | str:
+        return next(drafts) if request.model == "weak-model" else verdict(0)
+
+    async with ScriptedModelServer(Respond(answer)) as server:
+        endpoint = {"base_url": server.base_url, "max_retries": 0}
+        config = {
+            "servers": {"fs": stdio(backends.filesystem(root))},
+            "models": {"weak": {**endpoint, "model": "weak-model"}, "strong": {**endpoint, "model": "strong-model"}},
+        }
+        (tmp_path / "servers.yaml").write_text(yaml.safe_dump(config))
+        with anyio.fail_after(60):
+            done = await anyio.run_process(
+                [
+                    PROXY_COMMAND,
+                    "run",
+                    "What do I need?",
+                    "--config",
+                    str(tmp_path / "servers.yaml"),
+                    "--state-dir",
+                    str(tmp_path / "state"),
+                ],
+                check=False,
+            )
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode().strip() == "You need milk."
+    stderr = done.stderr.decode()
+    assert "… read fs__read_text_file" in stderr
+    assert "status=answered  mode=spec  steps=1" in stderr and "strong_calls=0" in stderr

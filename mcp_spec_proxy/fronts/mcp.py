@@ -44,8 +44,9 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from mcp_spec_proxy.barrier import Report, Session
+from mcp_spec_proxy.barrier import Report, Session, error_result
 from mcp_spec_proxy.catalog import digest
+from mcp_spec_proxy.engine import MODES
 from mcp_spec_proxy.errors import ProxyError, ToolNotFound
 from mcp_spec_proxy.proxy import Proxy
 from mcp_spec_proxy.reviewers import InputNeeded
@@ -56,6 +57,27 @@ _SESSION_KEY = "mcp_spec_proxy.session"
 _APPROVAL_KEY = "mcp-spec-proxy/approval"
 
 Ctx = ServerRequestContext[Any, Any]
+
+DELEGATE = "delegate"
+DELEGATE_TOOL = types.Tool(
+    name=DELEGATE,
+    title="Delegate a task to the proxy's agent",
+    description=(
+        "Run a whole task with the proxy's own agent over these tools: a weak model drafts the steps, reads"
+        " run at once, and a strong model verifies every segment before anything changes. Returns the final"
+        " answer and a compact trace."
+    ),
+    input_schema={
+        "type": "object",
+        "properties": {
+            "task": {"type": "string", "description": "The user's request, in words."},
+            "mode": {"type": "string", "enum": list(MODES), "default": "spec"},
+            "max_steps": {"type": "integer", "minimum": 1},
+        },
+        "required": ["task"],
+    },
+    annotations=types.ToolAnnotations(read_only_hint=False, open_world_hint=True),
+)
 
 _EVENTS: dict[str, ServerEvent] = {
     "tools": ToolsListChanged(),
@@ -136,11 +158,16 @@ class McpFront:
 
     async def _list_tools(self, ctx: Ctx, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         self.session_for(ctx)
-        return types.ListToolsResult(tools=[tool.definition for tool in self.proxy.catalog.tools()])
+        tools = [tool.definition for tool in self.proxy.catalog.tools()]
+        if self.proxy.engine is not None:
+            tools.append(DELEGATE_TOOL)
+        return types.ListToolsResult(tools=tools)
 
     async def _call_tool(
         self, ctx: Ctx, params: types.CallToolRequestParams
     ) -> types.CallToolResult | types.InputRequiredResult:
+        if params.name == DELEGATE and self.proxy.engine is not None:
+            return await self._delegate(ctx, params)
         session = self.session_for(ctx)
         arguments = dict(params.arguments or {})
         user = _UserChannel(ctx, params, self._seal(params.name, arguments))
@@ -155,6 +182,40 @@ class McpFront:
             )
         except ProxyError as exc:
             raise _wire_error(exc) from exc
+
+    async def _delegate(self, ctx: Ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
+        """Run a whole task with the SpecAgent engine; progress per step, cancellation honoured."""
+        engine = self.proxy.engine
+        assert engine is not None
+        arguments = params.arguments or {}
+        task, mode, max_steps = arguments.get("task"), arguments.get("mode", "spec"), arguments.get("max_steps")
+        if not isinstance(task, str) or not task.strip():
+            return error_result("delegate needs `task`: the user's request, in words")
+        if mode not in MODES:
+            return error_result(f"delegate: mode must be one of {', '.join(MODES)}")
+        if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
+            return error_result("delegate: max_steps must be a positive integer")
+        report = _reporter(ctx)
+        count = 0
+
+        async def progress(message: str) -> None:
+            nonlocal count
+            count += 1
+            if report is not None:
+                await report(float(count), None, message)
+
+        try:
+            result = await engine.run(task, mode, progress=progress, max_steps=max_steps)
+        except ProxyError as exc:
+            return error_result(str(exc))
+        text = result.answer or f"(no answer: {result.status}{': ' + result.error if result.error else ''})"
+        return types.CallToolResult(
+            content=[
+                types.TextContent(type="text", text=text),
+                types.TextContent(type="text", text="Trace:\n" + result.trace()),
+            ],
+            is_error=result.status != "answered",
+        )
 
     def _seal(self, name: str, arguments: Mapping[str, Any]) -> str:
         return hmac.new(self._seal_key, f"{name}\0{digest(dict(arguments))}".encode(), hashlib.sha256).hexdigest()
