@@ -24,14 +24,13 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import anyio
-import mcp_types as types
 
 from mcp_spec_proxy.audit import AuditLog
 from mcp_spec_proxy.barrier import Barrier
-from mcp_spec_proxy.catalog import Catalog, CatalogTool, digest, strip_intent
+from mcp_spec_proxy.catalog import CLIENT, Catalog, CatalogTool, ToolSource, digest, strip_intent
 from mcp_spec_proxy.errors import InvalidArguments, ToolNotFound
 from mcp_spec_proxy.models import ChatModel, ModelCall, ModelError
 from mcp_spec_proxy.review import (
@@ -53,6 +52,15 @@ Mode = Literal["spec", "weak-only", "strong-only"]
 MODES: tuple[Mode, ...] = ("spec", "weak-only", "strong-only")
 Status = Literal["answered", "max_steps", "max_segments", "timeout", "model_error"]
 Progress = Callable[[str], Awaitable[None]]
+
+
+class ClientExecutor(Protocol):
+    """Runs a tool that lives in the client (the gateway's OpenAI-style clients)."""
+
+    async def call(self, step: Step) -> tuple[str, bool]:
+        """The observation text and whether it is an error, once the client has run `step`."""
+        ...
+
 
 AGENT_INSTRUCTIONS = """\
 You are an agent working for a user through the tools provided. Call tools to find out what you \
@@ -159,17 +167,30 @@ class Engine:
         self._telemetry = telemetry
         self.weak = weak
         self.strong = strong
+        self._policy = policy
         self._reviewer = StrongReviewer(strong, catalog, policy)
         self._repairer = Repairer(strong, catalog, policy)
         self.limits = limits or Limits()
 
     async def run(
-        self, task: str, mode: Mode = "spec", *, progress: Progress | None = None, max_steps: int | None = None
+        self,
+        task: str | list[dict[str, Any]],
+        mode: Mode = "spec",
+        *,
+        progress: Progress | None = None,
+        max_steps: int | None = None,
+        tools: ToolSource | None = None,
+        client: ClientExecutor | None = None,
     ) -> RunResult:
+        """Run one task: a request in words, or a conversation (chat messages) whose last turn asks.
+
+        `tools` replaces the catalog for this run (the gateway's view with the client's own tools);
+        `client` executes the tools whose server is the client.
+        """
         if mode != "strong-only" and self.weak is None:
             raise InvalidArguments(f"mode {mode!r} needs a weak model: configure models.weak")
         limits = self.limits if max_steps is None else replace(self.limits, max_steps=max_steps)
-        run = _Run(self, task, mode, progress, limits)
+        run = _Run(self, task, mode, progress, limits, tools or self._catalog, client)
         started = time.perf_counter()
         with anyio.move_on_after(limits.max_wall_s) as deadline:
             try:
@@ -188,15 +209,32 @@ class Engine:
 class _Run:
     """One task's state: its history, its counters, and the steps of the loop."""
 
-    def __init__(self, engine: Engine, task: str, mode: Mode, progress: Progress | None, limits: Limits) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        task: str | list[dict[str, Any]],
+        mode: Mode,
+        progress: Progress | None,
+        limits: Limits,
+        source: ToolSource,
+        client: ClientExecutor | None,
+    ) -> None:
         self.engine = engine
         self.limits = limits
-        self.task = task
+        self.conversation = conversation(task)
+        self.task = task if isinstance(task, str) else user_request(self.conversation)
         self.mode = mode
         self.progress = progress
+        self.source = source
+        self.client = client
+        if source is engine._catalog:
+            self.reviewer, self.repairer = engine._reviewer, engine._repairer
+        else:
+            self.reviewer = StrongReviewer(engine.strong, source, engine._policy)
+            self.repairer = Repairer(engine.strong, source, engine._policy)
         self.history = History(commit_every=10**9)  # the engine decides commit points itself
         self.result = RunResult(uuid.uuid4().hex[:12], mode, "max_steps", None, [])
-        self.tools = [openai_tool(t, with_intent=False) for t in sorted(engine._catalog.tools(), key=lambda t: t.name)]
+        self.tools = [openai_tool(t, with_intent=False) for t in sorted(source.tools(), key=lambda t: t.name)]
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -264,7 +302,7 @@ class _Run:
         request = ReviewRequest(self.result.task_id, tool, held.arguments, None, segment, self.history, self.task)
         await self.say(f"verifying a segment of {len(segment)} steps")
         try:
-            verdict = await self.engine._reviewer.review(request, _NoUser())
+            verdict = await self.reviewer.review(request, _NoUser())
         except ReviewFailed as exc:
             self.result.calls.extend(exc.calls)
             await self.log_calls(exc.calls)
@@ -288,10 +326,10 @@ class _Run:
 
     async def substitute(self, request: ReviewRequest, verdict: Verdict) -> bool:
         """Run the valid replacement, or else one repair turn; the rest of the segment is gone."""
-        proposal = check_step(self.engine._catalog, verdict.replacement_action, answers=True, task=self.task)
+        proposal = check_step(self.source, verdict.replacement_action, answers=True, task=self.task)
         if isinstance(proposal, str):
             self.result.repairs += 1
-            proposal, call = await self.engine._repairer.repair(request, verdict, answers=True)
+            proposal, call = await self.repairer.repair(request, verdict, answers=True)
             if call is not None:
                 self.result.calls.append(call)
                 await self.log_calls((call,))
@@ -314,7 +352,7 @@ class _Run:
         self, model: ChatModel, segment: list[Step], *, thinking: bool
     ) -> tuple[list[Step], Step | None, str | None]:
         """One model turn: the reads it made (executed), the first write (not executed), or an answer."""
-        messages = agent_messages(self.task, [*self.history.committed, *segment])
+        messages = agent_messages(self.conversation, [*self.history.committed, *segment])
         try:
             completion = await model.complete(
                 messages,
@@ -355,7 +393,7 @@ class _Run:
             return Step(
                 name, {"raw": arguments}, "read", observation=f"error: arguments are not JSON: {exc}", is_error=True
             )
-        checked = check_step(self.engine._catalog, {"tool": name, "arguments": args}, task=self.task)
+        checked = check_step(self.source, {"tool": name, "arguments": args}, task=self.task)
         if isinstance(checked, ProposedStep):
             return self.step_for(checked)
         problem = checked if isinstance(checked, str) else "final_answer is not a tool"
@@ -369,7 +407,7 @@ class _Run:
 
     def lookup(self, name: str) -> CatalogTool | None:
         try:
-            return self.engine._catalog.lookup(name)
+            return self.source.lookup(name)
         except ToolNotFound:
             return None
 
@@ -380,7 +418,24 @@ class _Run:
     # -- execution, audit, telemetry ---------------------------------------------------------
 
     async def execute(self, step: Step, reviewer: str) -> None:
-        tool = self.engine._catalog.lookup(step.tool)
+        tool = self.source.lookup(step.tool)
+        if tool.server == CLIENT:
+            if self.client is None:
+                raise _Stop("model_error", f"{tool.name} is a client tool but no client can run it")
+            if tool.effect == "write":
+                await self.engine._audit.record(
+                    "verdict",
+                    session=self.result.task_id,
+                    tool=tool.name,
+                    server=CLIENT,
+                    arguments_digest=digest(step.arguments),
+                    effect="write",
+                    reviewer=reviewer,
+                    accepted=True,
+                    reason="returned to the client to execute",
+                )
+            step.observation, step.is_error = await self.client.call(step)
+            return
         if tool.effect == "write":
             call = uuid.uuid4().hex[:12]
             fields = {
@@ -431,12 +486,32 @@ class _Run:
             await self.progress(message)
 
 
-def agent_messages(task: str, steps: list[Step]) -> list[dict[str, Any]]:
-    """The conversation a drafting model sees: the task, then each step as a call and its result."""
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": AGENT_INSTRUCTIONS},
-        {"role": "user", "content": task},
-    ]
+def conversation(task: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages a run starts from: ours around a bare task, or the client's own conversation."""
+    if isinstance(task, str):
+        return [{"role": "system", "content": AGENT_INSTRUCTIONS}, {"role": "user", "content": task}]
+    if any(message.get("role") == "system" for message in task):
+        return list(task)
+    return [{"role": "system", "content": AGENT_INSTRUCTIONS}, *task]
+
+
+def user_request(messages: list[dict[str, Any]]) -> str:
+    """What the user asked, for the reviewer: the user turns of the conversation, in order."""
+    turns = [content_text(m.get("content")) for m in messages if m.get("role") == "user"]
+    return "\n\n".join(turn for turn in turns if turn)
+
+
+def content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts
+        return "\n".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return ""
+
+
+def agent_messages(base: list[dict[str, Any]], steps: list[Step]) -> list[dict[str, Any]]:
+    """The conversation a drafting model sees: the base conversation, then each step as a call and its result."""
+    messages = list(base)
     for n, step in enumerate(steps, 1):
         if step.tool == FINAL_ANSWER:
             messages.append({"role": "assistant", "content": str(step.arguments.get("answer", ""))})
@@ -459,8 +534,4 @@ def agent_messages(task: str, steps: list[Step]) -> list[dict[str, Any]]:
     return messages
 
 
-def result_text(result: types.CallToolResult) -> str:
-    return "\n".join(block.text for block in result.content if isinstance(block, types.TextContent))
-
-
-__all__ = ["MODES", "Engine", "Limits", "Mode", "RunResult", "agent_messages", "result_text"]
+__all__ = ["MODES", "ClientExecutor", "Engine", "Limits", "Mode", "RunResult", "agent_messages"]

@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from mcp_spec_proxy.catalog import INTENT_ARGUMENT, Catalog, CatalogTool
+from mcp_spec_proxy.catalog import INTENT_ARGUMENT, Catalog, CatalogTool, ToolSource
 from mcp_spec_proxy.config import ProxyConfig, ReviewMode
 from mcp_spec_proxy.errors import ConfigError, InvalidArguments, ProxyError, ToolNotFound
 from mcp_spec_proxy.models import ChatModel, ModelCall, ModelError
@@ -163,7 +163,7 @@ FINAL_ANSWER_TOOL: dict[str, Any] = {
 
 
 def stable_prefix(
-    catalog: Catalog, policy: str, committed: list[Step], instructions: str, task: str = ""
+    catalog: ToolSource, policy: str, committed: list[Step], instructions: str, task: str = ""
 ) -> list[dict[str, Any]]:
     """The part of a review prompt that only grows: identical bytes across reviews of a session."""
     tools = json.dumps([tool_json(t) for t in sorted(catalog.tools(), key=lambda t: t.name)], ensure_ascii=False)
@@ -212,7 +212,7 @@ def parse_verdict(content: str | None, segment_length: int) -> _Verdict:
 class StrongReviewer:
     name = "strong"
 
-    def __init__(self, model: ChatModel, catalog: Catalog, policy: str = "") -> None:
+    def __init__(self, model: ChatModel, catalog: ToolSource, policy: str = "") -> None:
         self.model = model
         self._catalog = catalog
         self._policy = policy
@@ -280,7 +280,7 @@ class ProposedAnswer:
 
 
 def check_step(
-    catalog: Catalog, action: dict[str, Any] | None, *, answers: bool = False, task: str = ""
+    catalog: ToolSource, action: dict[str, Any] | None, *, answers: bool = False, task: str = ""
 ) -> ProposedStep | ProposedAnswer | str:
     """A replacement the proxy may run, or why it may not: it must name a catalog tool and validate.
 
@@ -308,7 +308,7 @@ def check_step(
 class Repairer:
     """One strong-model turn, thinking on, that produces the step to take instead."""
 
-    def __init__(self, model: ChatModel, catalog: Catalog, policy: str = "") -> None:
+    def __init__(self, model: ChatModel, catalog: ToolSource, policy: str = "") -> None:
         self.model = model
         self._catalog = catalog
         self._policy = policy
