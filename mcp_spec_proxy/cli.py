@@ -25,6 +25,7 @@ from mcp_spec_proxy.config import ProxyConfig, load_config
 from mcp_spec_proxy.engine import MODES, Mode, RunResult
 from mcp_spec_proxy.errors import ProxyError
 from mcp_spec_proxy.fingerprints import FingerprintStore
+from mcp_spec_proxy.fronts.gateway import Gateway, serve_gateway
 from mcp_spec_proxy.fronts.mcp import McpFront, serve_http, serve_stdio
 from mcp_spec_proxy.models import ChatModel
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
@@ -325,6 +326,34 @@ def run(ctx: click.Context, task: str, mode: Mode, max_steps: int | None, teleme
         click.echo(f"error: {result.error}", err=True)
     if result.status != "answered":
         raise SystemExit(1)
+
+
+@main.command()
+@_file_options
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback unless told).")
+@click.option("--port", default=18081, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--telemetry", type=click.Path(dir_okay=False), help="One JSON line per request to FILE.")
+@click.pass_context
+def gateway(ctx: click.Context, host: str, port: int, telemetry: str | None) -> None:
+    """Serve an OpenAI-compatible /v1/chat/completions backed by the SpecAgent engine."""
+    config = _load(ctx.obj["config_path"])
+    state = StatePaths(_state_dir(ctx.obj["state_dir"], config))
+    models = _models(config)
+    telemetry_file = telemetry or config.telemetry
+    telemetry_path = Path(os.path.expanduser(telemetry_file)) if telemetry_file else None
+
+    async def serve() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_stop_on_signal, tg.cancel_scope)
+            async with running_proxy(
+                config, state, source=ctx.obj["config_path"], models=models, telemetry=telemetry_path
+            ) as proxy:
+                front = Gateway(proxy)
+                bound = await tg.start(lambda task_status: serve_gateway(front, host, port, task_status=task_status))
+                click.echo(f"OpenAI-compatible gateway on http://{host}:{bound}/v1", err=True)
+                await anyio.sleep_forever()
+
+    _run(serve)
 
 
 @main.command()

@@ -116,6 +116,16 @@ class SpeculationConfig(_Strict):
     answer_graded: bool = False  # verify the final answer too, like a write
 
 
+class GatewayConfig(_Strict):
+    """The OpenAI-compatible gateway (`mcp-spec-proxy gateway`)."""
+
+    backend_tools: bool = True  # offer the backends' tools besides the client's own
+    # Client tools whose names match are reads (run at once); all others are held like writes.
+    client_read_only: list[str] = Field(
+        default_factory=lambda: ["get_*", "read_*", "list_*", "search_*", "find_*", "lookup_*", "fetch_*"]
+    )
+
+
 class ProxyConfig(_Strict):
     """The whole file."""
 
@@ -123,6 +133,7 @@ class ProxyConfig(_Strict):
     models: dict[str, ModelConfig] = Field(default_factory=dict)
     review: ReviewConfig = Field(default_factory=ReviewConfig)
     speculation: SpeculationConfig = Field(default_factory=lambda: SpeculationConfig())
+    gateway: GatewayConfig = Field(default_factory=lambda: GatewayConfig())
     leash: dict[str, Any] = Field(default_factory=dict)
     telemetry: str | None = None
     state_dir: str | None = None
@@ -246,7 +257,16 @@ def _config_error(file: str, text: str, exc: ValidationError) -> ConfigError:
 
 def _suggest(key: str) -> str:
     candidates: list[str] = []
-    for model in (ProxyConfig, ServerConfig, ReviewConfig, ToolsConfig, ToolOverride, ModelConfig, SpeculationConfig):
+    for model in (
+        ProxyConfig,
+        ServerConfig,
+        ReviewConfig,
+        ToolsConfig,
+        ToolOverride,
+        ModelConfig,
+        SpeculationConfig,
+        GatewayConfig,
+    ):
         candidates.extend(model.model_fields)
     close = [name for name in dict.fromkeys(candidates) if _similar(key, name)]
     if close:

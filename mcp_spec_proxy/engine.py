@@ -52,6 +52,7 @@ Mode = Literal["spec", "weak-only", "strong-only"]
 MODES: tuple[Mode, ...] = ("spec", "weak-only", "strong-only")
 Status = Literal["answered", "max_steps", "max_segments", "timeout", "model_error"]
 Progress = Callable[[str], Awaitable[None]]
+Observer = Callable[[str, dict[str, Any]], None]
 
 
 class ClientExecutor(Protocol):
@@ -181,16 +182,19 @@ class Engine:
         max_steps: int | None = None,
         tools: ToolSource | None = None,
         client: ClientExecutor | None = None,
+        observe: Observer | None = None,
     ) -> RunResult:
         """Run one task: a request in words, or a conversation (chat messages) whose last turn asks.
 
         `tools` replaces the catalog for this run (the gateway's view with the client's own tools);
-        `client` executes the tools whose server is the client.
+        `client` executes the tools whose server is the client; `observe` hears of every model
+        call and verdict as it happens.
         """
         if mode != "strong-only" and self.weak is None:
             raise InvalidArguments(f"mode {mode!r} needs a weak model: configure models.weak")
         limits = self.limits if max_steps is None else replace(self.limits, max_steps=max_steps)
         run = _Run(self, task, mode, progress, limits, tools or self._catalog, client)
+        run.observe = observe
         started = time.perf_counter()
         with anyio.move_on_after(limits.max_wall_s) as deadline:
             try:
@@ -232,6 +236,7 @@ class _Run:
         else:
             self.reviewer = StrongReviewer(engine.strong, source, engine._policy)
             self.repairer = Repairer(engine.strong, source, engine._policy)
+        self.observe: Observer | None = None
         self.history = History(commit_every=10**9)  # the engine decides commit points itself
         self.result = RunResult(uuid.uuid4().hex[:12], mode, "max_steps", None, [])
         self.tools = [openai_tool(t, with_intent=False) for t in sorted(source.tools(), key=lambda t: t.name)]
@@ -457,6 +462,17 @@ class _Run:
             await self.engine._barrier.forward(tool, step.arguments, step, None)
 
     async def audit_verdict(self, held: Step, tool: CatalogTool | None, verdict: Verdict) -> None:
+        if self.observe is not None:
+            self.observe(
+                "verdict",
+                {
+                    "accepted": verdict.accepted,
+                    "accepted_steps": verdict.accepted_steps,
+                    "reason": verdict.reason,
+                    "replacement_action": verdict.replacement_action,
+                    "held": held.tool,
+                },
+            )
         await self.engine._audit.record(
             "verdict",
             session=self.result.task_id,
@@ -472,6 +488,8 @@ class _Run:
 
     async def log_calls(self, calls: tuple[ModelCall, ...] | list[ModelCall]) -> None:
         for call in calls:
+            if self.observe is not None:
+                self.observe("model_call", call.as_json())
             await self.engine._telemetry.record(
                 "model_call",
                 task=self.result.task_id,

@@ -59,6 +59,7 @@ class Proxy:
     backends: BackendPool
     barrier: Barrier
     audit: AuditLog
+    telemetry: Telemetry
     engine: Engine | None = None  # when a strong model is configured: `delegate`, `run`, the gateway
     listeners: list[ChangeListener] = field(default_factory=list)
 
@@ -112,7 +113,7 @@ async def running_proxy(
             policy=config.review.policy,
             limits=limits,
         )
-    proxy = Proxy(config, catalog, backends, barrier, audit, engine)
+    proxy = Proxy(config, catalog, backends, barrier, audit, events, engine)
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(backends.run)

@@ -19,7 +19,6 @@ import hashlib
 import hmac
 import logging
 import secrets
-import socket
 import weakref
 from collections.abc import Mapping
 from typing import Any
@@ -27,7 +26,6 @@ from typing import Any
 import anyio
 import anyio.abc
 import mcp_types as types
-import uvicorn
 from mcp import MCPError
 from mcp.server import Server
 from mcp.server.connection import Connection
@@ -48,6 +46,7 @@ from mcp_spec_proxy.barrier import Report, Session, error_result
 from mcp_spec_proxy.catalog import digest
 from mcp_spec_proxy.engine import MODES
 from mcp_spec_proxy.errors import ProxyError, ToolNotFound
+from mcp_spec_proxy.fronts.asgi import serve_asgi
 from mcp_spec_proxy.proxy import Proxy
 from mcp_spec_proxy.reviewers import InputNeeded
 
@@ -359,21 +358,8 @@ async def serve_http(
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve streamable HTTP until cancelled; `task_status.started(port)` once listening."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(128)
-    sock.setblocking(False)
-    bound = sock.getsockname()[1]
-    config = uvicorn.Config(
-        http_app(front, host=host, token=token, allowed_hosts=allowed_hosts),
-        log_level="warning",
-        lifespan="on",
-    )
-    server = uvicorn.Server(config)
+    app = http_app(front, host=host, token=token, allowed_hosts=allowed_hosts)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(server.serve, [sock])
-        # The socket already listens: clients that connect now wait in its backlog until uvicorn accepts.
+        bound = await tg.start(lambda task_status: serve_asgi(app, host, port, task_status=task_status))
         logger.info("serving streamable HTTP on http://%s:%d/mcp", host, bound)
         task_status.started(bound)

@@ -1,0 +1,394 @@
+"""The OpenAI-compatible gateway: point any chat-completions agent at the SpecAgent engine.
+
+`POST /v1/chat/completions` (plain and streaming) and `GET /v1/models`. The `model` field picks
+the mode: `spec` (the default, also `mcp-spec-proxy`), `weak-only` or `strong-only`.
+
+Each client session keeps its own state: the `X-Session-Id` header names it, or else the
+conversation's opening (system and first user message, and the tool names) does. A session runs
+the engine in a background task and talks to it through a bridge:
+
+* tools the client sent in the request are the client's: when the engine needs one run, the
+  gateway answers the HTTP request with an ordinary `tool_calls` message, and the engine goes on
+  when the client's next request brings the `tool` result. Which client tools are read-only is
+  configured by name patterns (`gateway.client_read_only`); the others are writes, held for
+  verification like any write before they are handed to the client;
+* the backends' tools (unless `gateway.backend_tools: false`) are run by the gateway itself.
+
+The models see the session's own transcript, not the client's: a rejected step the client
+already ran stays in the client's transcript but is gone from the history the models see.
+`--telemetry FILE` gets one line per request with the decision, verdicts and model calls.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.abc
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from mcp_spec_proxy.catalog import ClientToolView
+from mcp_spec_proxy.engine import MODES, Engine, Mode, RunResult
+from mcp_spec_proxy.errors import ProxyError
+from mcp_spec_proxy.fronts.asgi import serve_asgi
+from mcp_spec_proxy.proxy import Proxy
+from mcp_spec_proxy.review import FINAL_ANSWER, fence
+from mcp_spec_proxy.telemetry import Telemetry
+from mcp_spec_proxy.trajectory import Step
+
+logger = logging.getLogger(__name__)
+
+SESSION_HEADERS = ("x-session-id", "mcp-spec-proxy-session")
+MODEL_ALIASES: dict[str, Mode] = {"mcp-spec-proxy": "spec", **{mode: mode for mode in MODES}}
+
+
+@dataclass
+class _ToolCall:
+    step: Step
+    call_id: str
+
+
+@dataclass
+class _Answer:
+    text: str
+    result: RunResult
+
+
+@dataclass
+class _Failure:
+    message: str
+
+
+_Action = _ToolCall | _Answer | _Failure
+
+
+@dataclass
+class _Pending:
+    step: Step
+    done: anyio.Event = field(default_factory=anyio.Event)
+    observation: str = ""
+    is_error: bool = False
+
+
+class GatewaySession:
+    """One client conversation: the models' transcript, the running task, the calls out to the client."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.transcript: list[dict[str, Any]] = []  # what the models see
+        self.consumed = 0  # client messages already taken in
+        self.pending: dict[str, _Pending] = {}
+        self.running = False
+        self.lock = anyio.Lock()
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        send, receive = anyio.create_memory_object_stream[_Action](16)
+        self.actions_in: MemoryObjectSendStream[_Action] = send
+        self.actions_out: MemoryObjectReceiveStream[_Action] = receive
+
+    async def call(self, step: Step) -> tuple[str, bool]:
+        """The engine's way to run a client tool: hand it to the client, wait for its result."""
+        call_id = f"call_{uuid.uuid4().hex[:16]}"
+        pending = self.pending[call_id] = _Pending(step)
+        await self.actions_in.send(_ToolCall(step, call_id))
+        await pending.done.wait()
+        del self.pending[call_id]
+        return pending.observation, pending.is_error
+
+    def observe(self, kind: str, data: dict[str, Any]) -> None:
+        self.events.append((kind, data))
+
+    def drain(self) -> list[tuple[str, dict[str, Any]]]:
+        events, self.events = self.events, []
+        return events
+
+
+class BadRequest(ProxyError):
+    def __init__(self, message: str, status: int = 400, code: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+class Gateway:
+    def __init__(self, proxy: Proxy) -> None:
+        if proxy.engine is None:
+            raise ProxyError(
+                f"the gateway needs models.{proxy.config.review.model} (and models.weak for spec and weak-only)"
+            )
+        self.engine: Engine = proxy.engine
+        self.proxy = proxy
+        self.telemetry: Telemetry = proxy.telemetry
+        self.sessions: dict[str, GatewaySession] = {}
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    def app(self) -> Starlette:
+        @asynccontextmanager
+        async def lifespan(app: Starlette) -> AsyncIterator[None]:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                yield
+                tg.cancel_scope.cancel()
+
+        return Starlette(
+            routes=[
+                Route("/v1/models", self.models, methods=["GET"]),
+                Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            ],
+            lifespan=lifespan,
+        )
+
+    async def models(self, request: Request) -> Response:
+        created = int(time.time())
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {"id": name, "object": "model", "created": created, "owned_by": "mcp-spec-proxy"}
+                    for name in MODEL_ALIASES
+                ],
+            }
+        )
+
+    async def chat(self, request: Request) -> Response:
+        try:
+            body = await _json(request)
+            mode, messages, tools, stream, include_usage = _parse(body)
+            session = self._session(request, messages, tools)
+            async with session.lock:
+                action = await self._advance(session, mode, messages, tools)
+                events = session.drain()
+        except BadRequest as exc:
+            return _error(exc.status, str(exc), exc.code)
+        response = _completion(action, events, str(body.get("model") or "spec"))
+        await self.telemetry.record(
+            "gateway_request",
+            session=session.key,
+            decision=type(action).__name__.strip("_").lower(),
+            verdicts=[data for kind, data in events if kind == "verdict"],
+            model_calls=[data for kind, data in events if kind == "model_call"],
+        )
+        if isinstance(action, _Failure):
+            return _error(502, action.message, "upstream_error")
+        if stream:
+            return StreamingResponse(_chunks(response, include_usage), media_type="text/event-stream")
+        return JSONResponse(response)
+
+    def _session(self, request: Request, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> GatewaySession:
+        key = next((request.headers[h] for h in SESSION_HEADERS if h in request.headers), None)
+        if key is None:
+            opening = [m for m in messages if m.get("role") in ("system", "developer")][:1]
+            opening += [m for m in messages if m.get("role") == "user"][:1]
+            names = sorted(str((t.get("function") or {}).get("name")) for t in tools)
+            key = "prefix-" + hashlib.sha256(json.dumps([opening, names], sort_keys=True).encode()).hexdigest()[:16]
+        session = self.sessions.get(key)
+        if session is None or len(messages) < session.consumed:  # a new conversation under an old name
+            session = self.sessions[key] = GatewaySession(key)
+        return session
+
+    async def _advance(
+        self, session: GatewaySession, mode: Mode, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> _Action:
+        new = messages[session.consumed :]
+        session.consumed = len(messages)
+        started_run = False
+        for message in new:
+            role = message.get("role")
+            if role == "tool":
+                pending = session.pending.get(str(message.get("tool_call_id")))
+                if pending is not None:
+                    pending.observation = _text(message.get("content"))
+                    pending.is_error = False
+                    pending.done.set()
+            elif role in ("user", "system", "developer") and not session.running:
+                session.transcript.append({"role": role, "content": message.get("content")})
+                started_run = role == "user"
+            elif role == "user":
+                raise BadRequest(
+                    "a new user message arrived while the previous turn still waits for a tool result", 409
+                )
+        if started_run:
+            self._start(session, mode, tools)
+        elif not session.running:
+            raise BadRequest("nothing to do: end the conversation with a user message or the pending tool results")
+        with anyio.fail_after(self.engine.limits.max_wall_s + 5):
+            return await session.actions_out.receive()
+
+    def _start(self, session: GatewaySession, mode: Mode, tools: list[dict[str, Any]]) -> None:
+        assert self._tg is not None
+        gateway = self.proxy.config.gateway
+        view = ClientToolView(self.proxy.catalog if gateway.backend_tools else None, tools, gateway.client_read_only)
+        session.running = True
+        transcript = list(session.transcript)
+
+        async def run() -> None:
+            action: _Action
+            try:
+                result = await self.engine.run(transcript, mode, tools=view, client=session, observe=session.observe)
+            except ProxyError as exc:
+                action = _Failure(str(exc))
+            else:
+                session.transcript.extend(_rendered(result))
+                if result.answer is None:
+                    action = _Failure(f"the task ended without an answer: {result.status} {result.error or ''}".strip())
+                else:
+                    action = _Answer(result.answer, result)
+            finally:
+                session.running = False
+            await session.actions_in.send(action)
+
+        self._tg.start_soon(run, name=f"gateway:{session.key}")
+
+
+def _rendered(result: RunResult) -> list[dict[str, Any]]:
+    """A finished run's committed steps and answer, as the models will see them next turn."""
+    messages: list[dict[str, Any]] = []
+    for step in result.steps:
+        if step.tool == FINAL_ANSWER:
+            continue
+        call_id = f"call_{uuid.uuid4().hex[:12]}"
+        arguments = json.dumps(step.arguments, ensure_ascii=False)
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": call_id, "type": "function", "function": {"name": step.tool, "arguments": arguments}}
+                ],
+            }
+        )
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": fence(step.observation or "")})
+    if result.answer is not None:
+        messages.append({"role": "assistant", "content": result.answer})
+    return messages
+
+
+async def _json(request: Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise BadRequest("the request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
+
+
+def _parse(body: dict[str, Any]) -> tuple[Mode, list[dict[str, Any]], list[dict[str, Any]], bool, bool]:
+    model = body.get("model") or "spec"
+    if model not in MODEL_ALIASES:
+        raise BadRequest(
+            f"the model {model!r} does not exist; use one of {', '.join(MODEL_ALIASES)}", 404, "model_not_found"
+        )
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) and "role" in m for m in messages):
+        raise BadRequest("'messages' must be a non-empty list of {role, content} objects")
+    tools = body.get("tools") or []
+    if not isinstance(tools, list) or not all(isinstance(t, dict) and t.get("type") == "function" for t in tools):
+        raise BadRequest("'tools' must be a list of {type: function, function: {...}} objects")
+    options = body.get("stream_options") or {}
+    return MODEL_ALIASES[model], messages, tools, bool(body.get("stream")), bool(options.get("include_usage"))
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return ""
+
+
+def _completion(action: _Action, events: list[tuple[str, dict[str, Any]]], model: str) -> dict[str, Any]:
+    calls = [data for kind, data in events if kind == "model_call"]
+    usage = {
+        "prompt_tokens": sum(c["prompt_tokens"] for c in calls),
+        "completion_tokens": sum(c["completion_tokens"] for c in calls),
+        "total_tokens": sum(c["prompt_tokens"] + c["completion_tokens"] for c in calls),
+        "prompt_tokens_details": {"cached_tokens": sum(c["cached_tokens"] for c in calls)},
+    }
+    message: dict[str, Any] = {"role": "assistant", "content": None}
+    finish = "stop"
+    if isinstance(action, _ToolCall):
+        arguments = json.dumps(action.step.arguments, ensure_ascii=False)
+        message["tool_calls"] = [
+            {"id": action.call_id, "type": "function", "function": {"name": action.step.tool, "arguments": arguments}}
+        ]
+        finish = "tool_calls"
+    elif isinstance(action, _Answer):
+        message["content"] = action.text
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": usage,
+    }
+
+
+async def _chunks(response: dict[str, Any], include_usage: bool) -> AsyncIterator[str]:
+    base = {
+        "id": response["id"],
+        "object": "chat.completion.chunk",
+        "created": response["created"],
+        "model": response["model"],
+    }
+    choice = response["choices"][0]
+    message = choice["message"]
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+        payload = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+    yield chunk({"role": "assistant", "content": ""})
+    if message.get("tool_calls"):
+        for index, call in enumerate(message["tool_calls"]):
+            head = {
+                "index": index,
+                "id": call["id"],
+                "type": "function",
+                "function": {"name": call["function"]["name"], "arguments": ""},
+            }
+            yield chunk({"tool_calls": [head]})
+            arguments = call["function"]["arguments"]
+            for start in range(0, len(arguments), 64):
+                yield chunk(
+                    {"tool_calls": [{"index": index, "function": {"arguments": arguments[start : start + 64]}}]}
+                )
+    else:
+        text = message.get("content") or ""
+        for start in range(0, len(text), 64):
+            yield chunk({"content": text[start : start + 64]})
+    yield chunk({}, choice["finish_reason"])
+    if include_usage:
+        yield f"data: {json.dumps({**base, 'choices': [], 'usage': response['usage']})}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+def _error(status: int, message: str, code: str) -> JSONResponse:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": code}}, status_code=status)
+
+
+async def serve_gateway(
+    gateway: Gateway,
+    host: str,
+    port: int,
+    *,
+    task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve until cancelled; `task_status.started(port)` once the socket listens."""
+    async with anyio.create_task_group() as tg:
+        bound = await tg.start(lambda task_status: serve_asgi(gateway.app(), host, port, task_status=task_status))
+        logger.info("gateway: OpenAI-compatible API on http://%s:%d/v1", host, bound)
+        task_status.started(bound)
