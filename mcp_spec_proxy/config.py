@@ -64,6 +64,7 @@ class ServerConfig(_Strict):
     disabled: bool = False  # Claude Desktop's spelling of `enabled: false`
     timeout: float = Field(default=60.0, gt=0)
     startup_timeout: float = Field(default=30.0, gt=0)
+    max_result_bytes: int = Field(default=20_000_000, gt=0)  # larger results are withheld with an error
     trust_annotations: bool = True
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
 

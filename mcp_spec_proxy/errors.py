@@ -4,7 +4,8 @@
     ├── ConfigError               servers.yaml / mcpServers JSON is wrong: names file, key and fix
     ├── BackendError              a wrapped server failed us
     │   ├── BackendUnavailable    not connected (never started, crashed, restarting)
-    │   └── BackendTimeout        a call ran past the server's `timeout`
+    │   ├── BackendTimeout        a call ran past the server's `timeout`
+    │   └── ResultTooLarge        a result past the server's `max_result_bytes`
     ├── ToolNotFound              the client named a tool the catalog does not have
     ├── InvalidArguments          arguments fail the tool's input schema
     └── StateError                the state directory (fingerprints, audit log) cannot be used
@@ -49,6 +50,10 @@ class BackendUnavailable(BackendError):
 
 class BackendTimeout(BackendError):
     """A call to the backend ran past its configured timeout."""
+
+
+class ResultTooLarge(BackendError):
+    """A result was larger than the server's `max_result_bytes`; it is not passed on."""
 
 
 class ToolNotFound(ProxyError):

@@ -33,13 +33,15 @@ from mcp.shared.dispatcher import ProgressFnT
 from mcp_types import CONNECTION_CLOSED, METHOD_NOT_FOUND, REQUEST_TIMEOUT
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from mcp_spec_proxy.backends.stdio import RESULT_TOO_LARGE
 from mcp_spec_proxy.backends.transports import WatchedTransport, open_transport
 from mcp_spec_proxy.config import ServerConfig
-from mcp_spec_proxy.errors import BackendError, BackendTimeout, BackendUnavailable
+from mcp_spec_proxy.errors import BackendError, BackendTimeout, BackendUnavailable, ResultTooLarge
 
 logger = logging.getLogger(__name__)
 
 BACKOFF_START = 0.5
+REFRESH_INTERVAL_S = 0.25
 BACKOFF_MAX = 30.0
 _PAGE_CAP = 50
 
@@ -94,11 +96,23 @@ class Backend:
     ) -> types.CallToolResult:
         client = self.client
         try:
-            return await client.call_tool(
+            result = await client.call_tool(
                 tool, arguments, read_timeout_seconds=self.config.timeout, progress_callback=progress
             )
         except MCPError as exc:
             raise self._translate(exc, f"tools/call {tool}") from exc
+        size = result_size(result)
+        if size > self.config.max_result_bytes:
+            raise self._too_large(tool, f"{size / 1e6:.1f} MB")
+        return result
+
+    def _too_large(self, tool: str, size: str) -> ResultTooLarge:
+        return ResultTooLarge(
+            self.name,
+            f"returned too much from {tool} ({size}), more than max_result_bytes"
+            f" ({self.config.max_result_bytes / 1e6:.1f} MB); the result was withheld — ask for less,"
+            " or raise max_result_bytes for this server",
+        )
 
     async def get_prompt(self, name: str, arguments: dict[str, str] | None) -> types.GetPromptResult:
         try:
@@ -113,6 +127,8 @@ class Backend:
             raise self._translate(exc, f"resources/read {uri}") from exc
 
     def _translate(self, exc: MCPError, what: str) -> Exception:
+        if exc.code == RESULT_TOO_LARGE:
+            return self._too_large(what.removeprefix("tools/call "), exc.message)
         if exc.code == REQUEST_TIMEOUT:
             return BackendTimeout(self.name, f"did not answer {what} within {self.config.timeout:g}s (timeout)")
         if exc.code == CONNECTION_CLOSED or self._client is None:
@@ -182,11 +198,20 @@ class Backend:
             async with anyio.create_task_group() as tg:
                 if _announces_changes(client):
                     tg.start_soon(self._listen, client)
+                last_refresh = -math.inf
                 while True:
                     await self._wake.wait()
+                    if transport is not None and transport.ended.is_set():
+                        raise BackendError(self.name, f"exited or closed its connection{self._log_hint()}")
+                    # A flood of list_changed notifications becomes at most a few refreshes a second.
+                    pause = last_refresh + REFRESH_INTERVAL_S - anyio.current_time()
+                    if pause > 0:
+                        with anyio.move_on_after(pause):
+                            await (transport.ended.wait() if transport is not None else anyio.sleep_forever())
                     self._wake = anyio.Event()
                     if transport is not None and transport.ended.is_set():
                         raise BackendError(self.name, f"exited or closed its connection{self._log_hint()}")
+                    last_refresh = anyio.current_time()
                     with anyio.fail_after(self.config.timeout):
                         listing = await self._list(client, refresh=True)
                     await self._on_listing(self.name, listing)
@@ -265,6 +290,22 @@ class Backend:
 
     def _log_hint(self) -> str:
         return f" (its stderr is in {self._log_path})" if self._log_path is not None else ""
+
+
+def result_size(result: types.CallToolResult) -> int:
+    """Roughly how many bytes a result carries: its text, binary payloads and structured content."""
+    size = 0
+    for block in result.content:
+        if isinstance(block, types.TextContent):
+            size += len(block.text)
+        elif isinstance(block, types.ImageContent | types.AudioContent):
+            size += len(block.data)
+        elif isinstance(block, types.EmbeddedResource):
+            resource = block.resource
+            size += len(getattr(resource, "text", "") or getattr(resource, "blob", "") or "")
+    if result.structured_content is not None:
+        size += len(str(result.structured_content))
+    return size
 
 
 def _announces_changes(client: Client) -> bool:

@@ -21,12 +21,12 @@ import anyio
 from mcp import StdioServerParameters
 from mcp.client._transport import Transport, TransportStreams
 from mcp.client.sse import sse_client
-from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared._stream_protocols import ReadStream
 from mcp.shared.message import SessionMessage
 
+from mcp_spec_proxy.backends.stdio import bounded_stdio_client
 from mcp_spec_proxy.config import ServerConfig
 from mcp_spec_proxy.errors import BackendError
 
@@ -117,16 +117,19 @@ class _EndSignal:
     """A one-way flag that also wakes the supervisor."""
 
     def __init__(self, on_end: Callable[[], None]) -> None:
-        self._set = False
+        self._event = anyio.Event()
         self._on_end = on_end
 
     def set(self) -> None:
-        if not self._set:
-            self._set = True
+        if not self._event.is_set():
+            self._event.set()
             self._on_end()
 
     def is_set(self) -> bool:
-        return self._set
+        return self._event.is_set()
+
+    async def wait(self) -> None:
+        await self._event.wait()
 
 
 @asynccontextmanager
@@ -148,7 +151,9 @@ def open_transport(name: str, config: ServerConfig, errlog: TextIO, on_end: Call
             env=config.env or None,
             cwd=config.cwd,
         )
-        return WatchedTransport(stdio_client(params, errlog=errlog), on_end)
+        # A margin over the result cap for the JSON-RPC envelope and escaping.
+        bound = int(config.max_result_bytes * 1.5) + 65_536
+        return WatchedTransport(bounded_stdio_client(params, errlog, bound), on_end)
     assert config.url is not None
     if config.transport == "sse":
         return WatchedTransport(sse_client(config.url, headers=config.headers or None), on_end)

@@ -115,7 +115,8 @@ class McpFront:
             name,
             version=version,
             instructions=(
-                "Tools of several MCP servers, named <server>__<tool>. Read-only tools run at once; tools that may"
+                f"Tools of several MCP servers, named <server>{proxy.config.separator}<tool>. Read-only tools run at"
+                " once; tools that may"
                 " change state are reviewed before they run. Write tools take an `intent` argument: say what the"
                 " user asked for and why this call serves it."
             ),

@@ -1,0 +1,128 @@
+"""The stdio transport to a backend, with a bound on the size of any one message.
+
+It is the SDK's `stdio_client` (same spawn in its own process group, same bounded and shielded
+shutdown: close stdin, wait, terminate the tree, kill), with its own stdout reader: lines are
+split in linear time, and a line longer than `max_line_bytes` is never held in memory. It is
+skipped to its end, and if its first bytes name a request id, that request is answered with a
+`RESULT_TOO_LARGE` error so the caller learns why instead of waiting out its timeout.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncGenerator
+from contextlib import asynccontextmanager
+from typing import TextIO
+
+import anyio
+import mcp_types as types
+from mcp import StdioServerParameters
+from mcp.client._transport import TransportStreams
+from mcp.client.stdio import (  # the SDK's own spawn and shutdown, so both behave the same
+    _create_platform_compatible_process,
+    _drain_stdout,
+    _parse_line,
+    _stop_server_process,
+    get_default_environment,
+)
+from mcp.shared.message import SessionMessage
+
+RESULT_TOO_LARGE = -32099
+"""Error code of the synthetic answer to a request whose response line was over the bound."""
+
+_ID = re.compile(rb'"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.){0,200}")')
+_WRITER_FLUSH_TIMEOUT = 0.5
+
+
+@asynccontextmanager
+async def bounded_stdio_client(
+    server: StdioServerParameters, errlog: TextIO, max_line_bytes: int
+) -> AsyncGenerator[TransportStreams, None]:
+    process = await _create_platform_compatible_process(
+        command=server.command,
+        args=server.args,
+        env=get_default_environment() | (server.env or {}),
+        errlog=errlog,
+        cwd=server.cwd,
+    )
+    read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
+    writer_done = anyio.Event()
+
+    async def deliver(line: bytes) -> None:
+        if line.strip():
+            await read_writer.send(_parse_line(line.decode(server.encoding, server.encoding_error_handler)))
+
+    async def refuse(head: bytes, size: int) -> None:
+        found = _ID.search(head)
+        if found is None:
+            return  # a notification, or no id in sight: dropping it is all we can do
+        raw = found.group(1)
+        request_id: int | str = int(raw) if raw[:1] != b'"' else raw[1:-1].decode(errors="replace")
+        error = types.JSONRPCError(
+            jsonrpc="2.0",
+            id=request_id,
+            error=types.ErrorData(
+                code=RESULT_TOO_LARGE, message=f"response of {size} bytes is over the {max_line_bytes}-byte bound"
+            ),
+        )
+        await read_writer.send(SessionMessage(error))
+
+    async def stdout_reader() -> None:
+        assert process.stdout is not None
+        buffer = bytearray()
+        skipping: tuple[bytes, int] | None = None  # (first bytes, size so far) of an oversized line
+        try:
+            async with read_writer:
+                try:
+                    async for chunk in process.stdout:
+                        if skipping is not None:
+                            end = chunk.find(b"\n")
+                            if end < 0:
+                                skipping = (skipping[0], skipping[1] + len(chunk))
+                                continue
+                            await refuse(skipping[0], skipping[1] + end)
+                            skipping = None
+                            chunk = chunk[end + 1 :]
+                        start = len(buffer)
+                        buffer += chunk
+                        while (end := buffer.find(b"\n", start)) >= 0:
+                            line = bytes(buffer[:end])
+                            del buffer[: end + 1]
+                            start = 0
+                            await deliver(line)
+                        if len(buffer) > max_line_bytes:
+                            skipping = (bytes(buffer[:512]), len(buffer))
+                            buffer.clear()
+                finally:
+                    await _drain_stdout(process)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError):
+            pass  # the session or the process went away; the read stream's end tells the session
+
+    async def stdin_writer() -> None:
+        assert process.stdin is not None
+        try:
+            async with write_reader:
+                async for message in write_reader:
+                    data = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
+                    await process.stdin.send(data.encode(server.encoding, server.encoding_error_handler))
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            await read_writer.aclose()
+        finally:
+            writer_done.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(stdout_reader)
+        tg.start_soon(stdin_writer)
+        try:
+            yield read_stream, write_stream
+        finally:
+            with anyio.CancelScope(shield=True):
+                read_stream.close()
+                write_stream.close()
+                with anyio.move_on_after(_WRITER_FLUSH_TIMEOUT):
+                    await writer_done.wait()
+                await _stop_server_process(process)
+                for stream in (read_stream, write_stream, read_writer, write_reader):
+                    await stream.aclose()
+            tg.cancel_scope.cancel()
