@@ -74,9 +74,16 @@ class CatalogEntry:
 
 
 def public_name(server: str, tool: str, separator: str, limit: int) -> str:
-    """`<server><sep><tool>`, legal characters only, at most `limit` long (hash-suffixed if cut)."""
-    name = _ILLEGAL.sub("_", f"{server}{separator}{tool}")
-    if len(name) <= limit and name == f"{server}{separator}{tool}":
+    """`<server><sep><tool>`, legal characters only, at most `limit` long.
+
+    A name that had to be changed (illegal characters, too long) or that does not split back at
+    its first separator into this very server and tool (`a_` + `x` and `a` + `_x` both spell
+    `a___x`) gets a short hash of its identity: a name never depends on which other tools exist,
+    so it never moves to another server's tool when a backend comes or goes.
+    """
+    plain = f"{server}{separator}{tool}"
+    name = _ILLEGAL.sub("_", plain)
+    if len(name) <= limit and name == plain and plain.split(separator, 1) == [server, tool]:
         return name
     return _with_suffix(name, f"{server}/{tool}", limit)
 

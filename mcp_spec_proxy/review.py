@@ -114,7 +114,12 @@ class _Verdict(BaseModel):
 
 
 def fence(text: str) -> str:
-    """Mark tool output as data for the reviewer (see the instructions)."""
+    """Mark tool output as data for the reviewer (see the instructions).
+
+    Markers inside the output are defused the same way every time, so output cannot close its own
+    fence, and the same output always renders the same bytes (the prefix cache keeps working).
+    """
+    text = text.replace("<<<tool-output", "<< <tool-output").replace("tool-output>>>", "tool-output> >>")
     return f"<<<tool-output\n{text}\ntool-output>>>"
 
 
