@@ -304,7 +304,10 @@ class _Run:
         self.result.segments += 1
         segment = Segment((*drafted, held))
         tool = self.lookup(held.tool)
-        request = ReviewRequest(self.result.task_id, tool, held.arguments, None, segment, self.history, self.task)
+        # The request keeps the history as it was before this verdict: the repair turn adds the
+        # accepted prefix itself, so committing it below must not show it twice.
+        before = History(commit_every=self.history.commit_every, committed=list(self.history.committed))
+        request = ReviewRequest(self.result.task_id, tool, held.arguments, None, segment, before, self.task)
         await self.say(f"verifying a segment of {len(segment)} steps")
         try:
             verdict = await self.reviewer.review(request, _NoUser())

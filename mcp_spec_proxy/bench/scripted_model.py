@@ -293,27 +293,41 @@ def _render_prompt(request: ChatRequest) -> str:
     return "".join(json.dumps(part, ensure_ascii=False, separators=(",", ":")) for part in parts)
 
 
-def _common_prefix(a: list[str], b: list[str]) -> int:
-    # Largest k with a[:k] == b[:k], by bisection: slice comparisons run in C, so long prompts stay cheap.
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
 class _PrefixCache:
-    """The last `capacity` prompts, per model; a lookup also remembers the prompt."""
+    """The last `capacity` prompts per model, in a token trie (a radix cache without the compression).
+
+    A lookup walks the prompt once, so it costs the prompt's length, not the cache's size; past
+    `capacity` prompts the trie is rebuilt from the newer half.
+    """
 
     def __init__(self, capacity: int) -> None:
-        self._prompts: deque[tuple[str, list[str]]] = deque(maxlen=capacity)
+        self._capacity = max(1, capacity)
+        self._recent: deque[tuple[str, list[str]]] = deque()
+        self._roots: dict[str, dict[str, Any]] = {}
 
     def lookup_and_add(self, model: str, tokens: list[str]) -> int:
-        cached = max((_common_prefix(tokens, seen) for m, seen in self._prompts if m == model), default=0)
-        self._prompts.append((model, tokens))
+        cached = self._insert(model, tokens)
+        self._recent.append((model, tokens))
+        if len(self._recent) > self._capacity:
+            while len(self._recent) > self._capacity // 2:
+                self._recent.popleft()
+            self._roots = {}
+            for kept_model, kept in self._recent:
+                self._insert(kept_model, kept)
+        return cached
+
+    def _insert(self, model: str, tokens: list[str]) -> int:
+        node = self._roots.setdefault(model, {})
+        cached = 0
+        fresh = False
+        for token in tokens:
+            child = node.get(token)
+            if child is None:
+                child = node[token] = {}
+                fresh = True
+            elif not fresh:
+                cached += 1
+            node = child
         return cached
 
 
@@ -438,7 +452,9 @@ class ScriptedModelServer:
         self._closing = anyio.Event()
         stopped = anyio.Event()
         async with AsyncExitStack() as stack:
-            sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
+            sock = socket.socket(
+                socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP
+            )
             stack.callback(sock.close)
             sock.bind((self.host, 0))
             sock.listen(128)

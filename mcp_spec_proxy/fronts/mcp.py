@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import logging
+import re
 import secrets
+import sys
 import weakref
-from collections.abc import Mapping
-from typing import Any
+from collections import deque
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, cast
 
 import anyio
 import anyio.abc
@@ -32,12 +36,19 @@ from mcp.server.connection import Connection
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.models import InitializationOptions
-from mcp.server.stdio import stdio_server
+from mcp.server.stdio import (  # the SDK's stdio claim, so fd 0/1 behave as in its own server
+    _claim_fd,
+    _open_stdin_diversion,
+    _open_stdout_diversion,
+    _UnownedTextWrapper,
+    stdio_server,
+)
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import NoBackChannelError
+from mcp.shared.message import SessionMessage
 from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, ServerEvent, ToolsListChanged
-from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
+from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -309,9 +320,116 @@ def _wire_error(exc: ProxyError) -> MCPError:
 
 
 async def serve_stdio(front: McpFront) -> None:
-    """Serve one client on this process's stdin/stdout until it closes them."""
-    async with stdio_server() as (read, write):
-        await front.server.run(read, write, front.server.create_initialization_options())
+    """Serve one client on this process's stdin/stdout until it closes them.
+
+    As the SDK's stdio server does, fd 0 and 1 point elsewhere while serving (stray prints and
+    children cannot touch the wire). Unlike it, a line that is not a valid message is answered
+    (JSON-RPC 2.0: -32700 or -32600, with the request's id where one can be read) instead of
+    leaving the client to wait forever on that id.
+    """
+    wire_in, release_in = _claim_fd(0, sys.stdin, "rb", _open_stdin_diversion)
+    wire_out, release_out = _claim_fd(1, sys.stdout, "wb", _open_stdout_diversion)
+    try:
+        lines = _RecordedLines(anyio.wrap_file(_UnownedTextWrapper(wire_in, encoding="utf-8", errors="replace")))
+        stdout = anyio.wrap_file(_UnownedTextWrapper(wire_out, encoding="utf-8"))
+        async with stdio_server(stdin=cast(Any, lines), stdout=stdout) as (read, write):
+            answering = _AnswerMalformed(read, write, lines.taken)
+            await front.server.run(answering, write, front.server.create_initialization_options())
+    finally:
+        for release in (release_out, release_in):
+            if release is not None:
+                release()
+
+
+class _RecordedLines:
+    """Lines of stdin as the SDK reads them, kept until the matching message is taken."""
+
+    def __init__(self, file: anyio.AsyncFile[str]) -> None:
+        self._file = file
+        self.taken: deque[str] = deque()
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self._lines()
+
+    async def _lines(self) -> AsyncIterator[str]:
+        async for line in self._file:
+            self.taken.append(line)
+            yield line
+
+
+class _AnswerMalformed:
+    """The server's read stream; a line that failed to parse gets its JSON-RPC error answered."""
+
+    def __init__(self, inner: Any, write: Any, lines: deque[str]) -> None:
+        self._inner = inner
+        self._write = write
+        self._lines = lines
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def receive(self) -> Any:
+        while True:
+            item = await self._inner.receive()
+            line = self._lines.popleft() if self._lines else ""
+            if not isinstance(item, Exception):
+                return item
+            error = malformed_answer(line)
+            if error is not None:
+                await self._write.send(SessionMessage(error))
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    def __aiter__(self) -> _AnswerMalformed:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> _AnswerMalformed:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._inner.aclose()
+
+
+_ANY_ID = re.compile(r'"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.){0,200}")')
+
+
+def malformed_answer(line: str) -> types.JSONRPCError | None:
+    """The JSON-RPC error a line that is not a valid message deserves, or None (a notification)."""
+    if not line.strip():
+        return None
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError:
+        # JSON-RPC 2.0: when the id cannot be detected (a parse error), the answer's id is null.
+        return types.JSONRPCError(
+            jsonrpc="2.0", id=None, error=types.ErrorData(code=PARSE_ERROR, message="Parse error")
+        )
+    except RecursionError:
+        found = _ANY_ID.search(line[:4096])  # nested too deep to parse: the id may still be legible
+        request_id = json.loads(found.group(1)) if found else None
+        return types.JSONRPCError(
+            jsonrpc="2.0",
+            id=request_id,
+            error=types.ErrorData(code=INVALID_REQUEST, message="Invalid Request: nested too deep"),
+        )
+    if isinstance(data, dict) and "method" in data and "id" not in data:
+        return None  # a malformed notification: nobody waits for an answer
+    raw_id = data.get("id") if isinstance(data, dict) else None
+    request_id = (
+        raw_id if isinstance(raw_id, str) or (isinstance(raw_id, int) and not isinstance(raw_id, bool)) else None
+    )
+    return types.JSONRPCError(
+        jsonrpc="2.0",
+        id=request_id,
+        error=types.ErrorData(code=INVALID_REQUEST, message="Invalid Request: not a valid JSON-RPC 2.0 message"),
+    )
 
 
 class _BearerToken:
