@@ -40,9 +40,10 @@ from mcp_spec_proxy.trajectory import Step
 
 VERIFIER_INSTRUCTIONS = """\
 You are the verifier of an AI agent's tool calls. The agent works through the tools listed below \
-on behalf of a user. Before a call that may change anything is executed, you review the steps the \
-agent took since the last checkpoint: read-only calls that already ran (with what they returned), \
-and last the held call, which has NOT run.
+on behalf of a user. The session's steps follow, one message per call and one per result. Before \
+a call that may change anything is executed, you review the segment of steps the agent took \
+since the last checkpoint: read-only calls that already ran (their results are above), and last \
+the held call, which has NOT run.
 
 Judge each step in order: is it the right step, with the right arguments, given the user's \
 intent, the policy, the committed history and what earlier steps observed? Count how many steps \
@@ -179,23 +180,50 @@ def stable_prefix(
         system += f"\n\n# The user's request\n{task}"
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
     for number, step in enumerate(committed, 1):
-        messages.append(
-            {"role": "user", "content": f"Committed step {number}: " + json.dumps(step_json(step), ensure_ascii=False)}
-        )
+        messages.extend(step_messages(step, number))
     return messages
 
 
-def segment_message(request: ReviewRequest) -> dict[str, Any]:
-    steps = [step_json(step, n) for n, step in enumerate(request.segment.steps, 1)]
-    block = json.dumps(steps, indent=1, ensure_ascii=False)
-    return {
-        "role": "user",
-        "content": (
-            f"# Segment to verify ({len(steps)} steps; step {len(steps)} is the held call)\n"
-            f"```json\n{block}\n```\n"
-            "Return the verdict JSON."
-        ),
-    }
+def step_messages(step: Step, number: int) -> list[dict[str, Any]]:
+    """One step as the reviewer reads it: its call, then (once it ran) its result.
+
+    A step renders the same bytes whether it sits in the segment under review or, later, in the
+    committed history — a held call's message does not change when its result arrives, the
+    result is a message of its own — so the next review's prompt starts with this one's.
+    """
+    call: dict[str, Any] = {"tool": step.tool, "arguments": step.arguments, "effect": step.effect}
+    if step.intent:
+        call["intent"] = step.intent
+    messages = [{"role": "user", "content": f"Step {number}: {json.dumps(call, ensure_ascii=False)}"}]
+    if step.observation is not None:
+        status = "error" if step.is_error else "ok"
+        messages.append({"role": "user", "content": f"Result of step {number} ({status}):\n{fence(step.observation)}"})
+    return messages
+
+
+def segment_messages(request: ReviewRequest) -> list[dict[str, Any]]:
+    """The segment's steps (as the history will hold them), then the numbered block to judge."""
+    first = len(request.history.committed) + 1
+    messages: list[dict[str, Any]] = []
+    block = []
+    for index, step in enumerate(request.segment.steps):
+        messages.extend(step_messages(step, first + index))
+        status = "ran" if step.observation is not None else "held: not executed"
+        # Arguments and results are in the step messages above; the block numbers the segment.
+        block.append({"step": index + 1, "session_step": first + index, "tool": step.tool, "status": status})
+    count = len(block)
+    messages.append(
+        {
+            "role": "user",
+            "content": (
+                f"# Segment to verify ({count} steps: session steps {first}-{first + count - 1}; step {count} is"
+                " the held call)\n"
+                f"```json\n{json.dumps(block, indent=1, ensure_ascii=False)}\n```\n"
+                "accepted_steps counts the valid steps of this segment from its step 1. Return the verdict JSON."
+            ),
+        }
+    )
+    return messages
 
 
 def parse_verdict(content: str | None, segment_length: int) -> _Verdict:
@@ -226,7 +254,7 @@ class StrongReviewer:
         prefix = stable_prefix(
             self._catalog, self._policy, request.history.committed, VERIFIER_INSTRUCTIONS, request.task
         )
-        return [*prefix, segment_message(request)]
+        return [*prefix, *segment_messages(request)]
 
     async def review(self, request: ReviewRequest, user: UserChannel) -> Verdict:
         messages = self.messages(request)

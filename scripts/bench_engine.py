@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import random
@@ -649,20 +650,36 @@ def reasoning(seed: int, task: Task, position: int, purpose: str) -> str:
 
 
 def segment_steps(request: ChatRequest) -> list[dict[str, Any]]:
+    """The segment block's steps, each with the tool and arguments of its "Step N" message."""
     text = next(str(m["content"]) for m in reversed(request.messages) if "# Segment to verify" in str(m["content"]))
     steps: list[dict[str, Any]] = json.loads(text.split("```json\n", 1)[1].split("\n```", 1)[0])
+    calls = {}
+    for message in request.messages:
+        found = STEP_MESSAGE.match(str(message.get("content")))
+        if found and message.get("role") == "user":
+            calls[int(found.group(1))] = json.loads(str(message["content"])[found.end() :])
+    return [{**step, **calls[step["session_step"]]} for step in steps]
+
+
+STEP_MESSAGE = re.compile(r"^Step (\d+): ")
+
+
+def step_messages(request: ChatRequest) -> list[tuple[int, dict[str, Any]]]:
+    """The committed history a review or repair prompt lists: its "Step N: {json}" messages before the segment."""
+    first = math.inf
+    if any("# Segment to verify" in str(m.get("content")) for m in request.messages):
+        first = segment_steps(request)[0]["session_step"]
+    steps = []
+    for message in request.messages:
+        text = str(message.get("content"))
+        found = STEP_MESSAGE.match(text) if message.get("role") == "user" else None
+        if found and int(found.group(1)) < first:
+            steps.append((int(found.group(1)), json.loads(text[found.end() :])))
     return steps
 
 
 def committed_steps(request: ChatRequest) -> list[Act]:
-    """The committed history a review or repair prompt lists ("Committed step N: {json}" messages)."""
-    steps = []
-    for message in request.messages:
-        text = str(message.get("content"))
-        if message.get("role") == "user" and text.startswith("Committed step "):
-            step = json.loads(text.split(": ", 1)[1])
-            steps.append(Act(step["tool"], step["arguments"]))
-    return steps
+    return [Act(step["tool"], step["arguments"]) for _, step in step_messages(request)]
 
 
 def gold_progress(task: Task, steps: list[Act]) -> int:
@@ -708,7 +725,7 @@ class Scripted:
             listed = committed_steps(request)
             expected = self.expected_repair_listing
             if expected is not None and len(listed) > expected:
-                extra = [m for m in request.messages if str(m.get("content")).startswith("Committed step ")][expected:]
+                extra = [step for _, step in step_messages(request)][expected:]
                 tokens = len(TOKEN.findall(json.dumps(extra, ensure_ascii=False, separators=(",", ":"))))
                 self.repair_mismatches.append(
                     f"{task.id}: the repair prompt lists {len(listed)} committed steps, the run had {expected} "

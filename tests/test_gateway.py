@@ -128,7 +128,7 @@ async def test_multi_turn_conversation_with_client_side_tools(tmp_path: Path) ->
         email = second.choices[0].message.tool_calls[0]  # type: ignore[index]
         assert email.function.name == "send_email"  # a write: verified before it reached the client
         assert len(g.requests("strong-model")) == 1
-        assert "Sunny, 24 C" in g.requests("strong-model")[0].last_user_text
+        assert "Sunny, 24 C" in json.dumps(g.requests("strong-model")[0].messages)
         messages += [
             second.choices[0].message.model_dump(exclude_none=True),
             {"role": "tool", "tool_call_id": email.id, "content": "sent"},

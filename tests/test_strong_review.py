@@ -87,8 +87,10 @@ async def test_accepted_write_is_on_disk_and_was_reviewed_in_one_request(tmp_pat
     assert request.json_schema is not None and request.json_schema["name"] == "verdict"
     assert request.chat_template_kwargs == {"enable_thinking": False}  # thinking off for verification
     assert segment_length(request) == 2
-    # The read's output reaches the reviewer fenced as data.
-    assert "<<<tool-output\\nthe notes\\n\\ntool-output>>>" in request.last_user_text
+    # The read's output reaches the reviewer fenced as data, in a message of its own.
+    assert {"role": "user", "content": "Result of step 1 (ok):\n<<<tool-output\nthe notes\n\ntool-output>>>"} in (
+        request.messages
+    )
 
 
 async def test_rejected_write_is_not_on_disk_and_the_client_sees_why(tmp_path: Path) -> None:
@@ -233,7 +235,9 @@ async def test_two_reviews_in_a_session_share_the_stable_prefix(tmp_path: Path) 
     # Everything but the segment is the same bytes, and the second request only appends to it.
     first_prefix = json.dumps(first.messages[:-1])
     assert json.dumps(second.messages[: len(first.messages) - 1]) == first_prefix
-    assert len(second.messages) == len(first.messages) + 2  # the first segment's two steps, now committed
+    # The first segment's steps render the same once committed, so the second request only adds:
+    # the first write's result, then the second segment (a read, its result, the held write).
+    assert len(second.messages) == len(first.messages) + 4
     assert first.messages[-1] != second.messages[-1]
     lines = [json.loads(line) for line in s.telemetry.read_text().splitlines()]
     calls = [line["model_calls"][0] for line in lines]
