@@ -127,6 +127,35 @@ class GatewayConfig(_Strict):
     )
 
 
+class EmbeddingEndpoint(_Strict):
+    base_url: str
+    model: str
+    api_key_env: str | None = None
+
+
+class LeashConfig(_Strict):
+    """LEASH: nearest-neighbour escalation against banks of past successes and failures."""
+
+    encoder: Literal["hashing", "embedding", "hidden"] = "hashing"
+    dim: int = Field(default=1024, ge=16, le=16384)  # the hashing encoder's dimension (hidden: the model's)
+    embedding: EmbeddingEndpoint | None = None  # for encoder: embedding
+    bank_dir: str = "~/.local/state/mcp-spec-proxy/banks"
+    k: int = Field(default=10, ge=1, le=100)
+    min_neighbours: int = Field(default=5, ge=1)  # fewer labelled neighbours: no opinion
+    route_threshold: float = Field(default=0.5, ge=0, le=1)  # task failure score at or above: strong-led
+    escalate_threshold: float = Field(default=0.6, ge=0, le=1)  # drafted step: end the draft, verify now
+    observe_threshold: float = Field(default=0.6, ge=0, le=1)  # unreviewed step: review it after all
+    # `review: leash` forwards a write without a strong call only at or below this failure score;
+    # unset (the default) means every write is reviewed.
+    accept_threshold: float | None = Field(default=None, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _endpoint(self) -> LeashConfig:
+        if self.encoder == "embedding" and self.embedding is None:
+            raise ValueError("encoder: embedding needs `embedding: {base_url, model}`")
+        return self
+
+
 class ProxyConfig(_Strict):
     """The whole file."""
 
@@ -135,7 +164,7 @@ class ProxyConfig(_Strict):
     review: ReviewConfig = Field(default_factory=ReviewConfig)
     speculation: SpeculationConfig = Field(default_factory=lambda: SpeculationConfig())
     gateway: GatewayConfig = Field(default_factory=lambda: GatewayConfig())
-    leash: dict[str, Any] = Field(default_factory=dict)
+    leash: LeashConfig | None = None
     telemetry: str | None = None
     state_dir: str | None = None
     separator: str = "__"

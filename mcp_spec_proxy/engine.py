@@ -48,11 +48,35 @@ from mcp_spec_proxy.reviewers import ReviewRequest, Verdict
 from mcp_spec_proxy.telemetry import Telemetry
 from mcp_spec_proxy.trajectory import History, Segment, Step
 
-Mode = Literal["spec", "weak-only", "strong-only"]
-MODES: tuple[Mode, ...] = ("spec", "weak-only", "strong-only")
+Mode = Literal["spec", "weak-only", "strong-only", "spec+leash"]
+MODES: tuple[Mode, ...] = ("spec", "weak-only", "strong-only", "spec+leash")
 Status = Literal["answered", "max_steps", "max_segments", "timeout", "model_error"]
 Progress = Callable[[str], Awaitable[None]]
 Observer = Callable[[str, dict[str, Any]], None]
+
+
+class Watch(Protocol):
+    """What LEASH contributes to a run (`spec+leash`); `leash/layers.py` implements it."""
+
+    async def route(self, task: str) -> bool:
+        """True: the task's neighbours mostly failed under the weak model — let the strong model lead."""
+        ...
+
+    async def drafted(self, step: Step, hidden: Any) -> bool:
+        """True: this drafted read looks like past rejected steps — hold it and verify now."""
+        ...
+
+    async def unreviewed(self, step: Step, hidden: Any) -> bool:
+        """True: a step no one would review looks like past failures — review it after all."""
+        ...
+
+    async def verdict(self, steps: tuple[Step, ...], accepted_steps: int) -> None:
+        """Labels for free: the accepted prefix succeeded, the first rejected step failed."""
+        ...
+
+    async def finished(self, result: RunResult, task: str) -> None:
+        """Remember the run, so a later outcome report can label it."""
+        ...
 
 
 class ClientExecutor(Protocol):
@@ -161,7 +185,9 @@ class Engine:
         strong: ChatModel,
         policy: str = "",
         limits: Limits | None = None,
+        watch: Watch | None = None,
     ) -> None:
+        self.watch = watch
         self._catalog = catalog
         self._barrier = barrier
         self._audit = audit
@@ -192,12 +218,19 @@ class Engine:
         """
         if mode != "strong-only" and self.weak is None:
             raise InvalidArguments(f"mode {mode!r} needs a weak model: configure models.weak")
+        if mode == "spec+leash" and self.watch is None:
+            raise InvalidArguments("mode 'spec+leash' needs LEASH: add a `leash:` section to the config")
         limits = self.limits if max_steps is None else replace(self.limits, max_steps=max_steps)
         run = _Run(self, task, mode, progress, limits, tools or self._catalog, client)
         run.observe = observe
         started = time.perf_counter()
         with anyio.move_on_after(limits.max_wall_s) as deadline:
             try:
+                if mode == "spec+leash":
+                    assert self.watch is not None
+                    run.watch = self.watch
+                    run.strong_led = await self.watch.route(run.task)
+                    await run.say("LEASH routes this task to the strong model" if run.strong_led else "weak-led")
                 await run.loop()
             except _Stop as stop:
                 run.result.status = stop.status
@@ -206,6 +239,8 @@ class Engine:
             run.result.status = "timeout"
         run.result.wall_s = time.perf_counter() - started
         run.result.steps = list(run.history.committed)
+        if run.watch is not None:
+            await run.watch.finished(run.result, run.task)
         await self._telemetry.record("task", **run.result.summary(), error=run.result.error)
         return run.result
 
@@ -237,6 +272,8 @@ class _Run:
             self.reviewer = StrongReviewer(engine.strong, source, engine._policy)
             self.repairer = Repairer(engine.strong, source, engine._policy)
         self.observe: Observer | None = None
+        self.watch: Watch | None = None
+        self.strong_led = False
         self.history = History(commit_every=10**9)  # the engine decides commit points itself
         self.result = RunResult(uuid.uuid4().hex[:12], mode, "max_steps", None, [])
         self.tools = [openai_tool(t, with_intent=False) for t in sorted(source.tools(), key=lambda t: t.name)]
@@ -246,7 +283,7 @@ class _Run:
     async def loop(self) -> None:
         limits = self.limits
         while len(self.history.committed) < limits.max_steps:
-            if self.mode == "spec":
+            if self.mode in ("spec", "spec+leash") and not self.strong_led:
                 if self.result.segments >= limits.max_segments:
                     raise _Stop("max_segments")
                 done = await self.speculate()
@@ -259,12 +296,19 @@ class _Run:
 
     async def act_directly(self) -> bool:
         """Baselines: the author model's step executes at once, reads and writes alike."""
-        model = self.engine.strong if self.mode == "strong-only" else self.engine.weak
+        strong = self.mode == "strong-only" or self.strong_led
+        model = self.engine.strong if strong else self.engine.weak
         assert model is not None
-        reads, write, answer = await self.draft_turn(model, [], thinking=self.mode == "strong-only")
+        reads, write, answer = await self.draft_turn(model, [], thinking=strong)
         for step in [*reads, *([write] if write else [])]:
             if step.observation is None:
-                await self.execute(step, reviewer=f"{self.mode} baseline (unreviewed)")
+                if self.watch is not None and await self.watch.unreviewed(step, None):
+                    # The shadow observer: a strong-led step that looks like past failures is reviewed.
+                    await self.say(f"LEASH flags {step.tool}: verifying it")
+                    if not await self.verify([], step):
+                        continue
+                    return self.result.answer is not None
+                await self.execute(step, reviewer=f"{self.mode} (unreviewed)")
             self.history.committed.append(step)
         if answer is not None:
             self.result.answer = answer
@@ -278,7 +322,7 @@ class _Run:
         held: Step | None = None
         answer: str | None = None
         while len(segment) < self.limits.draft_steps and held is None:
-            reads, write, answer = await self.draft_turn(self.engine.weak, segment, thinking=False)
+            reads, write, answer = await self.draft_turn(self.engine.weak, segment, thinking=False, screen=True)
             segment.extend(reads)
             self.result.drafted += len(reads)
             if write is not None:
@@ -318,6 +362,8 @@ class _Run:
         self.result.calls.extend(verdict.model_calls)
         await self.log_calls(verdict.model_calls)
         await self.audit_verdict(held, tool, verdict)
+        if self.watch is not None:
+            await self.watch.verdict(segment.steps, verdict.accepted_steps)
         accepted = verdict.accepted_steps
         self.result.accepted += accepted
         self.history.committed.extend(segment.steps[: min(accepted, len(drafted))])
@@ -357,9 +403,13 @@ class _Run:
     # -- drafting ----------------------------------------------------------------------------
 
     async def draft_turn(
-        self, model: ChatModel, segment: list[Step], *, thinking: bool
+        self, model: ChatModel, segment: list[Step], *, thinking: bool, screen: bool = False
     ) -> tuple[list[Step], Step | None, str | None]:
-        """One model turn: the reads it made (executed), the first write (not executed), or an answer."""
+        """One model turn: the reads it made (executed), the first write (not executed), or an answer.
+
+        With `screen` (weak drafts under LEASH), a read that looks like past rejected steps is held
+        like a write: the draft ends there and goes to verification.
+        """
         messages = agent_messages(self.conversation, [*self.history.committed, *segment])
         try:
             completion = await model.complete(
@@ -380,10 +430,19 @@ class _Run:
         write: Step | None = None
         for call in completion.tool_calls:
             step = self.parse_call(call.name, call.arguments)
-            if step.effect == "read":
+            risky = (
+                screen
+                and self.watch is not None
+                and step.effect == "read"
+                and step.observation is None
+                and await self.watch.drafted(step, completion.hidden_state)
+            )
+            if step.effect == "read" and not risky:
                 reads.append(step)
             else:
-                write = step  # the first write ends the turn; later calls of the turn are dropped
+                if risky:
+                    await self.say(f"LEASH flags {step.tool}: ending the draft for verification")
+                write = step  # the first write (or flagged read) ends the turn; later calls are dropped
                 break
         async with anyio.create_task_group() as tg:
             for step in reads:

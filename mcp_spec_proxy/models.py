@@ -91,6 +91,7 @@ class Completion:
     tool_calls: tuple[ToolCall, ...]
     call: ModelCall
     reasoning: str | None = None
+    hidden_state: Any = None  # SGLang `choices[0].hidden_states` when asked for (LEASH's `hidden` encoder)
 
 
 @dataclass
@@ -168,7 +169,9 @@ class ChatModel:
             if tc.type == "function"
         )
         reasoning = getattr(message, "reasoning_content", None)
-        return Completion(message.content, tool_calls, call, reasoning if isinstance(reasoning, str) else None)
+        choice = response.choices[0]
+        hidden = (choice.model_extra or {}).get("hidden_states") if hasattr(choice, "model_extra") else None
+        return Completion(message.content, tool_calls, call, reasoning if isinstance(reasoning, str) else None, hidden)
 
     def _failed(self, purpose: Purpose, started: float, problem: str) -> ModelError:
         call = ModelCall(
