@@ -29,6 +29,7 @@ from mcp_spec_proxy.backends import BackendPool
 from mcp_spec_proxy.catalog import Catalog, CatalogTool, digest, strip_intent
 from mcp_spec_proxy.config import ProxyConfig, ReviewMode
 from mcp_spec_proxy.errors import BackendError, InvalidArguments
+from mcp_spec_proxy.leash.layers import Leash
 from mcp_spec_proxy.models import ModelCall
 from mcp_spec_proxy.review import ProposedStep, Repairer, ReviewFailed, check_step, step_json
 from mcp_spec_proxy.reviewers import InputNeeded, Reviewer, ReviewRequest, UserChannel, Verdict
@@ -41,6 +42,8 @@ Report = ProgressFnT
 """Sends a progress notification to the calling client: `await report(progress, total, message)`."""
 
 HEARTBEAT_S = 5.0
+LABELLING_REVIEWERS = {"strong", "human", "strong→human"}
+"""Verdicts that are judgements (not policy, not LEASH's own) and so label their steps for LEASH."""
 
 
 @dataclass
@@ -61,6 +64,7 @@ class Barrier:
         audit: AuditLog,
         telemetry: Telemetry | None = None,
         repairer: Repairer | None = None,
+        leash: Leash | None = None,
     ) -> None:
         self._config = config
         self._catalog = catalog
@@ -69,6 +73,7 @@ class Barrier:
         self._audit = audit
         self._telemetry = telemetry or Telemetry(None)
         self._repairer = repairer
+        self._leash = leash
 
     def new_session(self, session_id: str | None = None) -> Session:
         commit_every = self._config.speculation.draft_steps
@@ -112,6 +117,13 @@ class Barrier:
         held = Step(tool.name, arguments, "write", intent=intent)
         segment = session.history.segment(held)
         mode: ReviewMode = tool.review or self._config.review.default
+        flagged = None
+        if mode == "allow" and self._leash is not None:
+            # The shadow observer: a write nobody would review that looks like past failures is reviewed.
+            score = await self._leash.step_score(held)
+            if self._leash.at_least(score, self._leash.config.observe_threshold):
+                mode = "strong" if "strong" in self._reviewers else "human"
+                flagged = score.as_json()
         reviewer = self._reviewers[mode]
         common = {
             "call": call_id,
@@ -124,6 +136,8 @@ class Barrier:
             "reviewer": reviewer.name,
         }
         await self._audit.record("held", **common, segment_length=len(segment))
+        if flagged is not None:
+            await self._audit.record("leash-escalated", call=call_id, session=session.id, to=reviewer.name, **flagged)
         started = time.perf_counter()
         request = ReviewRequest(session.id, tool, arguments, intent, segment, session.history)
         try:
@@ -146,7 +160,10 @@ class Barrier:
             accepted_steps=verdict.accepted_steps,
             decided_by=verdict.reviewer,
             latency_ms=latency_ms,
+            **({"evidence": verdict.evidence} if verdict.evidence else {}),
         )
+        if self._leash is not None and verdict.reviewer in LABELLING_REVIEWERS:
+            await self._leash.label_verdict(segment.steps, verdict.accepted_steps)
         model_calls = list(verdict.model_calls)
         if verdict.accepted:
             result = await self.forward(tool, arguments, held, report)

@@ -9,6 +9,7 @@ mcp-spec-proxy check                                 validate the config and exi
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -27,8 +28,12 @@ from mcp_spec_proxy.errors import ProxyError
 from mcp_spec_proxy.fingerprints import FingerprintStore
 from mcp_spec_proxy.fronts.gateway import Gateway, serve_gateway
 from mcp_spec_proxy.fronts.mcp import McpFront, serve_http, serve_stdio
+from mcp_spec_proxy.leash.bank import Label
+from mcp_spec_proxy.leash.calibrate import curve, pick, table
+from mcp_spec_proxy.leash.layers import Leash
 from mcp_spec_proxy.models import ChatModel
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
+from mcp_spec_proxy.trajectory import Step
 
 logger = logging.getLogger("mcp_spec_proxy")
 T = TypeVar("T")
@@ -134,12 +139,13 @@ def main(
     telemetry_file = telemetry or config.telemetry
     telemetry_path = Path(os.path.expanduser(telemetry_file)) if telemetry_file else None
     models = _models(config)
+    leash = _leash(config) if config.leash else None
 
     async def serve() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_stop_on_signal, tg.cancel_scope)
             async with running_proxy(
-                config, state, source=config_path, models=models, telemetry=telemetry_path
+                config, state, source=config_path, models=models, telemetry=telemetry_path, leash=leash
             ) as proxy:
                 front = McpFront(proxy, version=__version__)
                 if address is None:
@@ -277,6 +283,7 @@ def run(ctx: click.Context, task: str, mode: Mode, max_steps: int | None, teleme
     config = _load(ctx.obj["config_path"])
     state = StatePaths(_state_dir(ctx.obj["state_dir"], config))
     models = _models(config)
+    leash = _leash(config) if config.leash else None
     if config.review.model not in models:
         raise click.ClickException(
             f"run needs models.{config.review.model} (and models.weak for spec and weak-only) in the config"
@@ -293,7 +300,7 @@ def run(ctx: click.Context, task: str, mode: Mode, max_steps: int | None, teleme
 
     async def execute() -> RunResult:
         async with running_proxy(
-            config, state, source=ctx.obj["config_path"], models=models, telemetry=telemetry_path
+            config, state, source=ctx.obj["config_path"], models=models, telemetry=telemetry_path, leash=leash
         ) as proxy:
             assert proxy.engine is not None
             return await proxy.engine.run(task, mode, progress=progress, max_steps=max_steps)
@@ -339,6 +346,7 @@ def gateway(ctx: click.Context, host: str, port: int, telemetry: str | None) -> 
     config = _load(ctx.obj["config_path"])
     state = StatePaths(_state_dir(ctx.obj["state_dir"], config))
     models = _models(config)
+    leash = _leash(config) if config.leash else None
     telemetry_file = telemetry or config.telemetry
     telemetry_path = Path(os.path.expanduser(telemetry_file)) if telemetry_file else None
 
@@ -346,7 +354,7 @@ def gateway(ctx: click.Context, host: str, port: int, telemetry: str | None) -> 
         async with anyio.create_task_group() as tg:
             tg.start_soon(_stop_on_signal, tg.cancel_scope)
             async with running_proxy(
-                config, state, source=ctx.obj["config_path"], models=models, telemetry=telemetry_path
+                config, state, source=ctx.obj["config_path"], models=models, telemetry=telemetry_path, leash=leash
             ) as proxy:
                 front = Gateway(proxy)
                 bound = await tg.start(lambda task_status: serve_gateway(front, host, port, task_status=task_status))
@@ -354,6 +362,124 @@ def gateway(ctx: click.Context, host: str, port: int, telemetry: str | None) -> 
                 await anyio.sleep_forever()
 
     _run(serve)
+
+
+@main.command("report-outcome")
+@_file_options
+@click.argument("task_id")
+@click.option("--success/--failure", required=True, help="Whether the run did what the user asked.")
+@click.pass_context
+def report_outcome(ctx: click.Context, task_id: str, success: bool) -> None:
+    """Label a finished run (its task id is in the run's trace) for LEASH's task bank."""
+    leash = _leash(_load(ctx.obj["config_path"]))
+
+    async def label() -> bool:
+        return await leash.report_outcome(task_id, success)
+
+    if not _run(label):
+        raise click.ClickException(f"no run {task_id!r} is remembered in {leash.config.bank_dir}")
+    click.echo(f"recorded: run {task_id} {'succeeded' if success else 'failed'}")
+
+
+@main.group()
+def bank() -> None:
+    """LEASH's banks: stats, import, calibrate."""
+
+
+@bank.command("stats")
+@_file_options
+@click.pass_context
+def bank_stats(ctx: click.Context) -> None:
+    """Print what each bank holds."""
+    leash = _leash(_load(ctx.obj["config_path"]))
+    for name, store in (("task", leash.tasks), ("step", leash.steps)):
+        click.echo(f"{name}: " + json.dumps(store.stats(), default=str))
+
+
+@bank.command("import")
+@_file_options
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.pass_context
+def bank_import(ctx: click.Context, file: str) -> None:
+    """Add labelled examples from a JSONL FILE.
+
+    Each line: {"kind": "task", "text": "...", "label": "success"|"failure"} or
+    {"kind": "step", "tool": "...", "arguments": {...}, "observation": "...", "label": ...}.
+    """
+    leash = _leash(_load(ctx.obj["config_path"]))
+    tasks, steps = _examples(Path(file))
+
+    async def add() -> None:
+        for text, label in tasks:
+            await leash.label_task(text, label == "success", source="import")
+        if steps:
+            await leash.label_steps([s for s, _ in steps], [label for _, label in steps], source="import")
+
+    _run(add)
+    click.echo(f"imported {len(tasks)} tasks and {len(steps)} steps")
+
+
+@bank.command("calibrate")
+@_file_options
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--target-rate", type=click.FloatRange(0, 1), help="Escalate at most this share of steps.")
+@click.option("--target-precision", type=click.FloatRange(0, 1), help="Escalations must be failures this often.")
+@click.pass_context
+def bank_calibrate(ctx: click.Context, file: str, target_rate: float | None, target_precision: float | None) -> None:
+    """Pick a step threshold on labelled held-out steps (FILE, as for import); print the curve."""
+    if (target_rate is None) == (target_precision is None):
+        raise click.BadParameter("give one of --target-rate and --target-precision")
+    leash = _leash(_load(ctx.obj["config_path"]))
+    _, steps = _examples(Path(file))
+    if not steps:
+        raise click.ClickException(f"{file}: no step examples to calibrate on")
+
+    async def scores() -> list[float]:
+        found = [await leash.step_score(step) for step, _ in steps]
+        return [score.value if score.value is not None else 0.5 for score in found]
+
+    points = curve(_run(scores), [label == "failure" for _, label in steps])
+    click.echo(table(points))
+    chosen = pick(points, target_rate=target_rate, target_precision=target_precision)
+    click.echo(
+        f"\nthreshold {chosen.threshold:.2f}: escalates {chosen.escalation_rate:.1%}, precision"
+        f" {chosen.precision:.1%}, recall {chosen.recall:.1%} — set leash.escalate_threshold and"
+        " leash.observe_threshold to it"
+    )
+
+
+def _leash(config: ProxyConfig) -> Leash:
+    if config.leash is None:
+        raise click.ClickException("this config has no `leash:` section")
+    key = None
+    if config.leash.embedding and config.leash.embedding.api_key_env:
+        key = os.environ.get(config.leash.embedding.api_key_env)
+    weak = config.models.get("weak")
+    try:
+        return Leash.open(config.leash, api_key=key, hidden_model=weak.model if weak else "")
+    except ProxyError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _examples(path: Path) -> tuple[list[tuple[str, str]], list[tuple[Step, Label]]]:
+    tasks: list[tuple[str, str]] = []
+    steps: list[tuple[Step, Label]] = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+            label = item["label"]
+            if label not in ("success", "failure"):
+                raise ValueError("label must be success or failure")
+            if item.get("kind", "step") == "task":
+                tasks.append((str(item["text"]), label))
+            else:
+                step = Step(str(item["tool"]), dict(item.get("arguments") or {}), "read", item.get("observation"))
+                steps.append((step, label))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise click.ClickException(f"{path}:{number}: {exc} — see `mcp-spec-proxy bank import --help`") from None
+    return tasks, steps
 
 
 @main.command()

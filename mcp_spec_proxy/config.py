@@ -141,7 +141,8 @@ class LeashConfig(_Strict):
     embedding: EmbeddingEndpoint | None = None  # for encoder: embedding
     bank_dir: str = "~/.local/state/mcp-spec-proxy/banks"
     k: int = Field(default=10, ge=1, le=100)
-    min_neighbours: int = Field(default=5, ge=1)  # fewer labelled neighbours: no opinion
+    min_neighbours: int = Field(default=5, ge=1)  # fewer near labelled neighbours: no opinion
+    min_similarity: float = Field(default=0.5, ge=-1, le=1)  # a neighbour further away is no evidence
     route_threshold: float = Field(default=0.5, ge=0, le=1)  # task failure score at or above: strong-led
     escalate_threshold: float = Field(default=0.6, ge=0, le=1)  # drafted step: end the draft, verify now
     observe_threshold: float = Field(default=0.6, ge=0, le=1)  # unreviewed step: review it after all

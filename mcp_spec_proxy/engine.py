@@ -74,7 +74,7 @@ class Watch(Protocol):
         """Labels for free: the accepted prefix succeeded, the first rejected step failed."""
         ...
 
-    async def finished(self, result: RunResult, task: str) -> None:
+    async def finished(self, task_id: str, task: str, steps: list[Step]) -> None:
         """Remember the run, so a later outcome report can label it."""
         ...
 
@@ -152,7 +152,7 @@ class RunResult:
         s = self.summary()
         lines.append(
             f"status {self.status}; {s['steps']} steps, {s['segments']} verified segments, "
-            f"{s['strong_calls']} strong calls, {s['weak_calls']} weak calls"
+            f"{s['strong_calls']} strong calls, {s['weak_calls']} weak calls; task id {self.task_id}"
         )
         return "\n".join(lines)
 
@@ -240,7 +240,7 @@ class Engine:
         run.result.wall_s = time.perf_counter() - started
         run.result.steps = list(run.history.committed)
         if run.watch is not None:
-            await run.watch.finished(run.result, run.task)
+            await run.watch.finished(run.result.task_id, run.task, run.result.steps)
         await self._telemetry.record("task", **run.result.summary(), error=run.result.error)
         return run.result
 

@@ -25,6 +25,7 @@ from mcp_spec_proxy.catalog import Catalog
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.engine import Engine, Limits
 from mcp_spec_proxy.fingerprints import FingerprintStore
+from mcp_spec_proxy.leash.layers import Leash, LeashWatch
 from mcp_spec_proxy.models import ChatModel
 from mcp_spec_proxy.review import build_reviewers
 from mcp_spec_proxy.telemetry import Telemetry
@@ -61,6 +62,7 @@ class Proxy:
     audit: AuditLog
     telemetry: Telemetry
     engine: Engine | None = None  # when a strong model is configured: `delegate`, `run`, the gateway
+    leash: Leash | None = None
     listeners: list[ChangeListener] = field(default_factory=list)
 
     async def changed(self, what: str) -> None:
@@ -77,14 +79,19 @@ async def running_proxy(
     models: dict[str, ChatModel] | None = None,
     telemetry: Path | None = None,
     in_process: dict[str, Server[Any]] | None = None,
+    leash: Leash | None = None,
 ) -> AsyncIterator[Proxy]:
-    """Start the proxy. `models` are the configured endpoints with their keys (the CLI reads them)."""
+    """Start the proxy. `models` are the configured endpoints with their keys, `leash` the opened
+    banks (the CLI reads keys and opens banks; left out, both are built from the config)."""
     models = models if models is not None else {name: ChatModel(name, cfg) for name, cfg in config.models.items()}
+    events = Telemetry(telemetry)
+    if leash is None and config.leash is not None:
+        weak = models.get("weak")
+        leash = Leash.open(config.leash, hidden_model=weak.config.model if weak else "", telemetry=events)
     fingerprints = FingerprintStore(state.fingerprints if state else None)
     catalog = Catalog(config, fingerprints)
-    reviewers, repairer = build_reviewers(config, catalog, models, source)
+    reviewers, repairer = build_reviewers(config, catalog, models, source, leash)
     audit = AuditLog(state.audit if state else None)
-    events = Telemetry(telemetry)
     proxy: Proxy | None = None
 
     async def on_listing(server: str, listing: Listing | None) -> None:
@@ -98,7 +105,7 @@ async def running_proxy(
     backends = BackendPool(
         config.active_servers(), on_listing, log_dir=state.logs if state else None, in_process=in_process
     )
-    barrier = Barrier(config, catalog, backends, reviewers, audit, events, repairer)
+    barrier = Barrier(config, catalog, backends, reviewers, audit, events, repairer, leash)
     engine = None
     strong = models.get(config.review.model)
     if strong is not None:
@@ -112,8 +119,9 @@ async def running_proxy(
             strong=strong,
             policy=config.review.policy,
             limits=limits,
+            watch=LeashWatch(leash) if leash is not None else None,
         )
-    proxy = Proxy(config, catalog, backends, barrier, audit, events, engine)
+    proxy = Proxy(config, catalog, backends, barrier, audit, events, engine, leash)
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(backends.run)

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from mcp_spec_proxy.catalog import INTENT_ARGUMENT, Catalog, CatalogTool, ToolSource
 from mcp_spec_proxy.config import ProxyConfig, ReviewMode
 from mcp_spec_proxy.errors import ConfigError, InvalidArguments, ProxyError, ToolNotFound
+from mcp_spec_proxy.leash.layers import Leash, LeashReviewer
 from mcp_spec_proxy.models import ChatModel, ModelCall, ModelError
 from mcp_spec_proxy.reviewers import (
     AllowReviewer,
@@ -416,7 +417,11 @@ class EscalatingReviewer:
 
 
 def build_reviewers(
-    config: ProxyConfig, catalog: Catalog, models: dict[str, ChatModel], source: str = "config"
+    config: ProxyConfig,
+    catalog: Catalog,
+    models: dict[str, ChatModel],
+    source: str = "config",
+    leash: Leash | None = None,
 ) -> tuple[dict[ReviewMode, Reviewer], Repairer | None]:
     """A reviewer for every mode the config uses; a mode that cannot be built is a `ConfigError`."""
     deny = DenyReviewer()
@@ -429,6 +434,8 @@ def build_reviewers(
         reviewers["strong"] = strong
         reviewers["strong_then_human"] = EscalatingReviewer(strong, human)
         repairer = Repairer(model, catalog, config.review.policy)
+    if leash is not None:
+        reviewers["leash"] = LeashReviewer(leash, reviewers.get("strong", human))
     used: dict[str, str] = {"review.default": config.review.default}
     for server_name, server in config.servers.items():
         for pattern, rule in server.tools.overrides.items():
@@ -437,6 +444,8 @@ def build_reviewers(
     for key, mode in used.items():
         if mode in reviewers:
             continue
+        if mode == "leash":
+            raise ConfigError(source, key, "review mode 'leash' needs LEASH", "add a `leash:` section (see README)")
         if mode in ("strong", "strong_then_human"):
             raise ConfigError(
                 source,

@@ -33,6 +33,7 @@ class Verdict:
     replacement_action: dict[str, Any] | None = None
     reviewer: str = ""
     model_calls: tuple[ModelCall, ...] = ()
+    evidence: dict[str, Any] | None = None  # what a LEASH decision rested on: score and neighbours
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,26 @@ DELEGATE_TOOL = types.Tool(
     annotations=types.ToolAnnotations(read_only_hint=False, open_world_hint=True),
 )
 
+REPORT_OUTCOME = "report_outcome"
+REPORT_OUTCOME_TOOL = types.Tool(
+    name=REPORT_OUTCOME,
+    title="Report whether a task succeeded",
+    description=(
+        "Tell the proxy whether the user's task was done right, so it learns when to trust the weak model:"
+        " give `task_id` for a delegate run, or leave it out to label this session's work."
+    ),
+    input_schema={
+        "type": "object",
+        "properties": {
+            "success": {"type": "boolean"},
+            "task_id": {"type": "string", "description": "The run's id from a delegate trace."},
+            "task": {"type": "string", "description": "The task in words, when labelling this session."},
+        },
+        "required": ["success"],
+    },
+    annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False),
+)
+
 _EVENTS: dict[str, ServerEvent] = {
     "tools": ToolsListChanged(),
     "prompts": PromptsListChanged(),
@@ -172,6 +192,8 @@ class McpFront:
         tools = [tool.definition for tool in self.proxy.catalog.tools()]
         if self.proxy.engine is not None:
             tools.append(DELEGATE_TOOL)
+        if self.proxy.leash is not None:
+            tools.append(REPORT_OUTCOME_TOOL)
         return types.ListToolsResult(tools=tools)
 
     async def _call_tool(
@@ -179,6 +201,8 @@ class McpFront:
     ) -> types.CallToolResult | types.InputRequiredResult:
         if params.name == DELEGATE and self.proxy.engine is not None:
             return await self._delegate(ctx, params)
+        if params.name == REPORT_OUTCOME and self.proxy.leash is not None:
+            return await self._report_outcome(ctx, params)
         session = self.session_for(ctx)
         arguments = dict(params.arguments or {})
         user = _UserChannel(ctx, params, self._seal(params.name, arguments))
@@ -227,6 +251,30 @@ class McpFront:
             ],
             is_error=result.status != "answered",
         )
+
+    async def _report_outcome(self, ctx: Ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
+        """Label a task for LEASH: a `delegate` run by its task id, or else this session's own work."""
+        leash = self.proxy.leash
+        assert leash is not None
+        arguments = params.arguments or {}
+        success = arguments.get("success")
+        if not isinstance(success, bool):
+            return error_result("report_outcome needs `success`: true if the task was done right, else false")
+        task_id = arguments.get("task_id")
+        if isinstance(task_id, str) and task_id:
+            if not await leash.report_outcome(task_id, success):
+                return error_result(f"report_outcome: no run {task_id!r} is remembered (see the delegate trace)")
+            text = f"recorded: run {task_id} {'succeeded' if success else 'failed'}"
+        else:
+            session = self.session_for(ctx)
+            steps = session.history.committed + session.history.open
+            intents = [step.intent for step in steps if step.intent]
+            task = str(arguments.get("task") or (intents[0] if intents else f"session {session.id}"))
+            await leash.label_task(task, success, meta={"session": session.id})
+            if success and steps:
+                await leash.label_steps(steps, ["success"] * len(steps), source="outcome")
+            text = f"recorded: this session's task {'succeeded' if success else 'failed'}"
+        return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
 
     def _seal(self, name: str, arguments: Mapping[str, Any]) -> str:
         return hmac.new(self._seal_key, f"{name}\0{digest(dict(arguments))}".encode(), hashlib.sha256).hexdigest()

@@ -1,0 +1,802 @@
+"""A LEASH bank: labelled unit vectors of past tasks or steps, searched by inner product in FAISS.
+
+A bank answers "what are the k nearest past tasks (or steps), and did they succeed or fail?".
+Vectors are L2-normalised, so inner product is cosine similarity. Each vector has an id (its
+position, 0, 1, 2...), a label (`success` / `failure`), a source (`verdict`, `outcome`,
+`import`) and a JSON metadata object.
+
+Index. Up to `approximate_after` vectors the index is exact (`IndexIDMap2(IndexFlatIP)`); once the
+bank grows past it, an HNSW graph (`IndexHNSWFlat`, M=32, inner product) replaces it, built from
+the stored vectors, and its recall@10 against exact search is measured on a sample and kept in
+`stats()`. The raw vectors are always kept (in the index's own flat storage in memory, in
+`vectors-N.npy` on disk), so the index can be rebuilt either way.
+
+Threads. Every method is thread-safe (one lock). The `a*` methods run in a worker thread via
+`anyio.to_thread.run_sync`, so the event loop never waits on FAISS or disk. Searches pin OpenMP
+to one thread for the duration of the call and restore the previous count afterwards: OpenMP's
+thread count belongs to the calling thread, so this leaves adds and rebuilds (which use every
+core) and the rest of the process alone.
+
+Files (directory per bank): `bank.json` (the manifest: kind, encoder, count, generation, and the
+name, size and sha256 of each data file), `vectors-N.npy`, `meta-N.jsonl` (one
+`{"id", "label", "source", "metadata"}` per line) and, for an HNSW bank, `index-N.faiss`. `save()`
+writes generation N+1 under new names, each file to a temporary file that is fsynced and renamed,
+and the manifest LAST: a process killed at any moment leaves the manifest naming a complete
+earlier generation, which loads; files of an unfinished generation are reported by `stats()` and
+removed by the next successful save. A bank that does not load is an error naming the files,
+never silently replaced; a bank made by another encoder is `BankMismatch`. One process writes a
+bank at a time: `save()` refuses when another process saved since this one loaded.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import hashlib
+import json
+import logging
+import os
+import re
+import tempfile
+import threading
+import time
+from array import array
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Literal
+
+import anyio
+import faiss
+import numpy as np
+
+from mcp_spec_proxy.fingerprints import write_atomic
+from mcp_spec_proxy.leash.encoders import EncoderInfo, LeashError, normalise_rows
+
+logger = logging.getLogger(__name__)
+
+Label = Literal["success", "failure"]
+Kind = Literal["task", "step"]
+Source = Literal["verdict", "outcome", "import"]
+LABELS: tuple[Label, ...] = ("success", "failure")
+SOURCES: tuple[Source, ...] = ("verdict", "outcome", "import")
+
+FORMAT = "mcp-spec-proxy-leash-bank"
+VERSION = 1
+MANIFEST = "bank.json"
+NO_EVIDENCE = 0.5
+"""`failure_score` when there is nothing to weigh (empty bank, or no neighbour with a positive
+similarity): neither side. Callers that need a minimum of evidence look at the neighbours too."""
+HNSW_M = 32
+EF_CONSTRUCTION = 80
+EF_SEARCH = 128
+RECALL_K = 10
+RECALL_SAMPLE = 200
+_ADD_CHUNK = 65_536
+_DATA_FILE = re.compile(r"^\.?(vectors|meta|index)-(\d{6,})\.(npy|jsonl|faiss)(\..*)?$")
+
+
+class BankError(LeashError):
+    """A bank cannot be loaded or saved; the message names the files and what to do."""
+
+
+class BankMismatch(BankError):
+    """The bank on disk was made by another encoder (or is of another kind) than the one configured."""
+
+
+@dataclass(frozen=True)
+class Neighbour:
+    """One stored vector near a query: `score` is the inner product (cosine similarity, in [-1, 1])."""
+
+    id: int
+    score: float
+    label: Label
+    source: Source
+    metadata: dict[str, Any]
+
+
+@contextmanager
+def _one_omp_thread() -> Iterator[None]:
+    previous = faiss.omp_get_max_threads()
+    if previous == 1:
+        yield
+        return
+    faiss.omp_set_num_threads(1)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(previous)
+
+
+class _HashingWriter:
+    """A write-only file wrapper that counts and hashes what goes through it."""
+
+    def __init__(self, handle: IO[bytes]) -> None:
+        self._handle = handle
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self.sha256.update(view)
+        self._handle.write(view)
+        self.size += view.nbytes
+        return view.nbytes
+
+
+def _write_file_atomic(path: Path, fill: Callable[[_HashingWriter], None]) -> dict[str, Any]:
+    """`write_atomic` for binary content streamed by `fill`: temp file, fsync, rename. Name, size, sha256."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            writer = _HashingWriter(handle)
+            fill(writer)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return {"name": path.name, "bytes": writer.size, "sha256": writer.sha256.hexdigest()}
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def _exclusive(directory: Path) -> Iterator[None]:
+    with (directory / ".lock").open("a") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _new_flat(dim: int) -> Any:
+    return faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
+
+
+def _new_hnsw(dim: int, ef_search: int) -> Any:
+    inner = faiss.IndexHNSWFlat(dim, HNSW_M, faiss.METRIC_INNER_PRODUCT)
+    inner.hnsw.efConstruction = EF_CONSTRUCTION
+    inner.hnsw.efSearch = ef_search
+    return faiss.IndexIDMap2(inner)
+
+
+def _storage(index: Any, dim: int) -> np.ndarray:
+    """A view (no copy) of the vectors inside `index`, row i = id i. Valid until the index changes."""
+    inner: Any = faiss.downcast_index(index.index)
+    flat: Any = faiss.downcast_index(inner.storage) if isinstance(inner, faiss.IndexHNSW) else inner
+    count = int(flat.ntotal)
+    if count == 0:
+        return np.zeros((0, dim), dtype=np.float32)
+    view: np.ndarray = faiss.rev_swig_ptr(flat.get_xb(), count * dim)
+    return view.reshape(count, dim)
+
+
+def _add_chunked(index: Any, vectors: np.ndarray, first_id: int) -> None:
+    for start in range(0, vectors.shape[0], _ADD_CHUNK):
+        chunk = np.ascontiguousarray(vectors[start : start + _ADD_CHUNK], dtype=np.float32)
+        index.add_with_ids(chunk, np.arange(first_id + start, first_id + start + chunk.shape[0], dtype=np.int64))
+
+
+def _recall(approximate: Any, vectors: np.ndarray, sample: int, k: int) -> tuple[float, int] | None:
+    """Mean recall@k of `approximate` against exact search over `vectors`, each query a stored vector
+    whose own id is left out of both answers (it would be a free hit)."""
+    count = vectors.shape[0]
+    if count <= k + 1:
+        return None
+    picks = np.sort(np.random.default_rng(0).choice(count, size=min(sample, count), replace=False))
+    queries = np.ascontiguousarray(vectors[picks])
+    _, exact = faiss.knn(queries, vectors, k + 1, metric=faiss.METRIC_INNER_PRODUCT)
+    _, found = approximate.search(queries, k + 1)
+    hits = 0
+    for own, truth, got in zip(picks.tolist(), exact.tolist(), found.tolist(), strict=True):
+        truth_set = set([i for i in truth if i != own][:k])
+        hits += len(truth_set & set([i for i in got if i != own][:k]))
+    return hits / (len(picks) * k), len(picks)
+
+
+class Bank:
+    """Labelled unit vectors of one kind (`task` or `step`) from one encoder; see the module docstring.
+
+    Make one with `Bank.open(directory, ...)` (on disk) or `Bank.in_memory(...)` (the twin for tests:
+    the same bank, `save()` does nothing).
+    """
+
+    def __init__(
+        self,
+        directory: Path | None,
+        *,
+        kind: Kind,
+        encoder: EncoderInfo,
+        approximate_after: int,
+        ef_search: int,
+        created: str | None = None,
+    ) -> None:
+        if kind not in ("task", "step"):
+            raise ValueError(f"bank kind must be 'task' or 'step', got {kind!r}")
+        if approximate_after < 0 or ef_search < 1:
+            raise ValueError("approximate_after must be >= 0 and ef_search >= 1")
+        self.directory = directory
+        self.kind: Kind = kind
+        self.approximate_after = approximate_after
+        self._encoder = encoder
+        self._ef_search = ef_search
+        self._created = created or _now()
+        self._lock = threading.Lock()
+        self._index: Any = _new_flat(encoder.dim) if encoder.dim else None
+        self._approximate = False
+        self._labels = array("b")  # index into LABELS
+        self._sources = array("b")  # index into SOURCES
+        self._metadata: list[dict[str, Any] | None] = []
+        self._recall: tuple[float, int] | None = None
+        self._generation = 0
+        self._dirty = True
+        self._abandoned: list[str] = []
+
+    # -- opening -------------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        directory: Path,
+        *,
+        kind: Kind,
+        encoder: EncoderInfo,
+        approximate_after: int = 50_000,
+        ef_search: int = EF_SEARCH,
+    ) -> Bank:
+        """Load the bank in `directory`, or create it (manifest written at once) if there is none.
+
+        Raises `BankMismatch` if it was made by another encoder or is of another kind, and
+        `BankError` if it cannot be read. Loading verifies every file's size and sha256, and
+        builds the HNSW graph if the bank is past `approximate_after` without one (seconds to
+        minutes for a large bank: call it from a worker thread, or use `aopen`).
+        """
+        directory = Path(directory).expanduser()
+        manifest_path = directory / MANIFEST
+        try:
+            present = manifest_path.exists()
+        except OSError as exc:
+            raise BankError(f"cannot look for a LEASH bank in {directory}: {exc}") from None
+        if present:
+            return cls._load(directory, kind, encoder, approximate_after, ef_search)
+        bank = cls(directory, kind=kind, encoder=encoder, approximate_after=approximate_after, ef_search=ef_search)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise BankError(f"cannot create LEASH bank directory {directory}: {exc.strerror or exc}") from None
+        bank.save()
+        return bank
+
+    @classmethod
+    async def aopen(
+        cls,
+        directory: Path,
+        *,
+        kind: Kind,
+        encoder: EncoderInfo,
+        approximate_after: int = 50_000,
+        ef_search: int = EF_SEARCH,
+    ) -> Bank:
+        """`open` in a worker thread."""
+        opener = functools.partial(
+            cls.open,
+            directory,
+            kind=kind,
+            encoder=encoder,
+            approximate_after=approximate_after,
+            ef_search=ef_search,
+        )
+        return await anyio.to_thread.run_sync(opener)
+
+    @classmethod
+    def in_memory(
+        cls, *, kind: Kind, encoder: EncoderInfo, approximate_after: int = 50_000, ef_search: int = EF_SEARCH
+    ) -> Bank:
+        """A bank that lives in memory only (tests, one-off runs); `save()` is a no-op."""
+        return cls(None, kind=kind, encoder=encoder, approximate_after=approximate_after, ef_search=ef_search)
+
+    @classmethod
+    def _load(cls, directory: Path, kind: Kind, encoder: EncoderInfo, approximate_after: int, ef_search: int) -> Bank:
+        manifest_path = directory / MANIFEST
+        names = [MANIFEST]
+
+        def broken(problem: str) -> BankError:
+            return BankError(
+                f"LEASH {kind} bank in {directory} cannot be loaded: {problem}. Files: {', '.join(names)}."
+                f" Move them aside (e.g. `mv {directory} {directory}.broken`) to start a new bank;"
+                " it is never replaced automatically"
+            )
+
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise broken(f"{MANIFEST} is unreadable ({exc})") from None
+        try:
+            if manifest.get("format") != FORMAT:
+                raise broken(f"{MANIFEST} is not a LEASH bank manifest")
+            if manifest["version"] > VERSION:
+                raise broken(f"format version {manifest['version']} is newer than this proxy reads ({VERSION})")
+            stored_kind = manifest["kind"]
+            stored = EncoderInfo(
+                manifest["encoder"]["name"], str(manifest["encoder"]["model"]), int(manifest["encoder"]["dim"])
+            )
+            generation = int(manifest["generation"])
+            count = int(manifest["count"])
+            files: dict[str, dict[str, Any]] = manifest["files"]
+            index_info: dict[str, Any] = manifest.get("index") or {"type": "flat"}
+            created = str(manifest.get("created") or _now())
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise broken(f"{MANIFEST} lacks or garbles a field ({exc!r})") from None
+        names += [str(entry.get("name")) for entry in files.values() if isinstance(entry, dict)]
+
+        if stored_kind != kind:
+            raise BankMismatch(
+                f"the bank in {directory} holds {stored_kind}s, not {kind}s — give each kind its own directory"
+            )
+        same_encoder = stored.name == encoder.name and stored.model == encoder.model
+        # A dimension of 0 is "not known yet" on either side (an embedding endpoint not asked yet).
+        if not same_encoder or (stored.dim and encoder.dim and stored.dim != encoder.dim):
+            raise BankMismatch(
+                f"the LEASH {kind} bank in {directory} was made by the {stored.describe()}, but the configured"
+                f" encoder is the {encoder.describe()}: vectors of different encoders cannot be compared —"
+                f" point leash.bank_dir elsewhere, or move {directory} aside to start a new bank"
+            )
+        dim = stored.dim or encoder.dim
+        info = EncoderInfo(encoder.name, encoder.model, dim)
+
+        paths: dict[str, Path] = {}
+        for role in ("vectors", "meta", *(("index",) if "index" in files else ())):
+            entry = files.get(role)
+            if not isinstance(entry, dict) or not _DATA_FILE.match(str(entry.get("name", ""))):
+                raise broken(f"{MANIFEST} names no valid {role} file")
+            path = directory / str(entry["name"])
+            try:
+                with path.open("rb") as handle:
+                    digest = hashlib.file_digest(handle, "sha256").hexdigest()
+                size = path.stat().st_size
+            except OSError as exc:
+                raise broken(f"{path.name} is unreadable ({exc.strerror or exc})") from None
+            if size != entry.get("bytes") or digest != entry.get("sha256"):
+                raise broken(f"{path.name} does not match the manifest (size or sha256 differs)")
+            paths[role] = path
+
+        bank = cls(
+            directory,
+            kind=kind,
+            encoder=info,
+            approximate_after=approximate_after,
+            ef_search=ef_search,
+            created=created,
+        )
+        bank._generation = generation
+        try:
+            bank._load_meta(paths["meta"], count)
+            want_hnsw = count > approximate_after
+            if want_hnsw and "index" in paths and index_info.get("type") == "hnsw":
+                bank._index = bank._read_hnsw(paths["index"], count, dim)
+                bank._approximate = True
+                recall = index_info.get("recall_at_10")
+                sample = index_info.get("recall_sample")
+                if isinstance(recall, (int, float)) and isinstance(sample, int):
+                    bank._recall = (float(recall), sample)
+                bank._dirty = False
+            else:
+                bank._load_vectors(paths["vectors"], count, dim)
+                bank._dirty = False
+                if want_hnsw:
+                    bank._go_approximate()
+                    bank._dirty = True
+        except (OSError, ValueError, RuntimeError, KeyError, TypeError) as exc:
+            raise broken(str(exc)) from None
+        bank._abandoned = bank._stray_files(keep={p.name for p in paths.values()})
+        later = [name for name in bank._abandoned if _generation_of(name) > generation]
+        if later:
+            logger.warning(
+                "LEASH %s bank in %s: an unfinished save of generation %d left %s; loaded generation %d",
+                kind,
+                directory,
+                generation + 1,
+                ", ".join(later),
+                generation,
+            )
+        return bank
+
+    def _load_meta(self, path: Path, count: int) -> None:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        if len(lines) != count:
+            raise ValueError(f"{path.name} has {len(lines)} entries, the manifest says {count}")
+        for position, line in enumerate(lines):
+            record = json.loads(line)
+            if record.get("id") != position:
+                raise ValueError(f"{path.name} line {position + 1}: id {record.get('id')!r}, expected {position}")
+            self._labels.append(LABELS.index(record["label"]))
+            self._sources.append(SOURCES.index(record["source"]))
+            metadata = record.get("metadata")
+            if metadata is not None and not isinstance(metadata, dict):
+                raise ValueError(f"{path.name} line {position + 1}: metadata is not an object")
+            self._metadata.append(metadata or None)
+
+    def _load_vectors(self, path: Path, count: int, dim: int) -> None:
+        # Mapped, not read: the index copies it in chunks, so a big bank is never in memory twice.
+        vectors = np.load(path, mmap_mode="r" if count else None, allow_pickle=False)
+        if vectors.dtype != np.float32 or vectors.shape != (count, dim):
+            raise ValueError(f"{path.name} holds {vectors.dtype} {vectors.shape}, expected float32 ({count}, {dim})")
+        if dim:
+            self._index = _new_flat(dim)
+            _add_chunked(self._index, vectors, 0)
+        del vectors
+
+    def _read_hnsw(self, path: Path, count: int, dim: int) -> Any:
+        index = faiss.read_index(str(path))
+        inner = faiss.downcast_index(index.index) if hasattr(index, "index") else None
+        if not isinstance(inner, faiss.IndexHNSW) or index.ntotal != count or index.d != dim:
+            raise ValueError(f"{path.name} is not an HNSW index of {count} vectors of {dim} dims")
+        inner.hnsw.efSearch = self._ef_search
+        return index
+
+    # -- reading -------------------------------------------------------------------------------
+
+    @property
+    def encoder(self) -> EncoderInfo:
+        """Who made the vectors; `dim` is 0 only while an empty bank waits for its first vectors."""
+        return self._encoder
+
+    @property
+    def count(self) -> int:
+        return len(self._labels)
+
+    def __len__(self) -> int:
+        return len(self._labels)
+
+    @property
+    def approximate(self) -> bool:
+        return self._approximate
+
+    @property
+    def ef_search(self) -> int:
+        return self._ef_search
+
+    @ef_search.setter
+    def ef_search(self, value: int) -> None:
+        if value < 1:
+            raise ValueError(f"ef_search must be at least 1, got {value}")
+        with self._lock:
+            self._ef_search = value
+            if self._approximate:
+                inner: Any = faiss.downcast_index(self._index.index)
+                inner.hnsw.efSearch = value
+
+    def search(self, vector: np.ndarray | Sequence[float], k: int = 10) -> list[Neighbour]:
+        """The up-to-k stored vectors nearest `vector` (normalised here), most similar first."""
+        if k < 1:
+            raise ValueError(f"k must be at least 1, got {k}")
+        query = self._query(vector)
+        with self._lock:
+            if self._index is None or not self._labels:
+                return []
+            with _one_omp_thread():
+                scores, ids = self._index.search(query, min(k, len(self._labels)))
+            return [self._neighbour(int(i), float(s)) for s, i in zip(scores[0], ids[0], strict=True) if i >= 0]
+
+    def failure_score(self, vector: np.ndarray | Sequence[float], k: int = 10) -> tuple[float, list[Neighbour]]:
+        """Similarity-weighted share of failures among the k nearest, and those neighbours.
+
+        Each neighbour weighs max(score, 0): dissimilar vectors carry no evidence. With nothing to
+        weigh (empty bank, or no positive similarity) the score is `NO_EVIDENCE` (0.5) — check
+        the neighbours before acting on it.
+        """
+        neighbours = self.search(vector, k)
+        weights = [max(n.score, 0.0) for n in neighbours]
+        total = sum(weights)
+        if total <= 0:
+            return NO_EVIDENCE, neighbours
+        failed = sum(w for w, n in zip(weights, neighbours, strict=True) if n.label == "failure")
+        return failed / total, neighbours
+
+    def get(self, id: int) -> tuple[np.ndarray, Neighbour]:
+        """The stored (normalised) vector of `id` and its entry (score 1.0)."""
+        with self._lock:
+            if not 0 <= id < len(self._labels):
+                raise KeyError(f"no vector {id} in this bank of {len(self._labels)}")
+            return _storage(self._index, self._encoder.dim)[id].copy(), self._neighbour(id, 1.0)
+
+    def measure_recall(self, sample: int = RECALL_SAMPLE, k: int = RECALL_K) -> float | None:
+        """Recall@k of the current index against exact search (1.0 when exact; None when too small)."""
+        with self._lock:
+            if not self._approximate:
+                return 1.0 if self._labels else None
+            measured = _recall(self._index, _storage(self._index, self._encoder.dim), sample, k)
+            if measured is not None and k == RECALL_K:
+                self._recall = measured
+            return None if measured is None else measured[0]
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            by_source = {source: self._sources.count(code) for code, source in enumerate(SOURCES)}
+            failures = self._labels.count(1)
+            stats: dict[str, Any] = {
+                "kind": self.kind,
+                "directory": None if self.directory is None else str(self.directory),
+                "encoder": self._encoder.as_json(),
+                "count": len(self._labels),
+                "successes": len(self._labels) - failures,
+                "failures": failures,
+                "by_source": by_source,
+                "index": "hnsw" if self._approximate else "flat",
+                "approximate_after": self.approximate_after,
+                "generation": self._generation,
+                "unsaved": self._dirty,
+            }
+            if self._approximate:
+                stats["hnsw"] = {"m": HNSW_M, "ef_construction": EF_CONSTRUCTION, "ef_search": self._ef_search}
+                stats["recall_at_10"] = None if self._recall is None else round(self._recall[0], 4)
+                stats["recall_sample"] = None if self._recall is None else self._recall[1]
+            if self._abandoned:
+                stats["abandoned_files"] = list(self._abandoned)
+            return stats
+
+    def _query(self, vector: np.ndarray | Sequence[float]) -> np.ndarray:
+        query = np.asarray(vector, dtype=np.float32)
+        if query.ndim == 2 and query.shape[0] == 1:
+            query = query[0]
+        if query.ndim != 1:
+            raise ValueError(f"search takes one vector, got shape {query.shape}")
+        if self._encoder.dim and query.shape[0] != self._encoder.dim:
+            raise ValueError(f"query has {query.shape[0]} dims, this bank holds {self._encoder.dim}")
+        if not np.isfinite(query).all():
+            raise ValueError("query contains NaN or infinity")
+        return normalise_rows(query)
+
+    def _neighbour(self, id: int, score: float) -> Neighbour:
+        metadata = self._metadata[id]
+        return Neighbour(id, score, LABELS[self._labels[id]], SOURCES[self._sources[id]], dict(metadata or {}))
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def add(
+        self,
+        vectors: np.ndarray | Sequence[Sequence[float]],
+        labels: Label | Sequence[Label],
+        *,
+        source: str,
+        metadata: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
+    ) -> list[int]:
+        """Store `vectors` (one row each, normalised here) with their labels; their new ids.
+
+        `labels` and `metadata` are one per row, or one for all. `source` is one of `SOURCES`.
+        Metadata must be JSON (it is stored as its JSON round trip). Memory only until `save()`.
+        Past `approximate_after` vectors, this call builds the HNSW graph (seconds to minutes).
+        """
+        matrix = np.asarray(vectors, dtype=np.float32)
+        if matrix.ndim == 1:
+            matrix = matrix[None, :]
+        if matrix.ndim != 2:
+            raise ValueError(f"add takes an (n, dim) array, got shape {matrix.shape}")
+        count = matrix.shape[0]
+        if count == 0:
+            return []
+        if self._encoder.dim and matrix.shape[1] != self._encoder.dim:
+            raise ValueError(f"vectors have {matrix.shape[1]} dims, this bank holds {self._encoder.dim}")
+        if matrix.shape[1] == 0 or not np.isfinite(matrix).all():
+            raise ValueError("vectors must be finite and non-empty")
+        label_list = [labels] * count if isinstance(labels, str) else list(labels)
+        if len(label_list) != count or any(label not in LABELS for label in label_list):
+            raise ValueError(f"labels must be {count} of {LABELS}, got {labels!r}")
+        if source not in SOURCES:
+            raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
+        if metadata is None or isinstance(metadata, Mapping):
+            metadata_list: list[Mapping[str, Any] | None] = [metadata] * count
+        else:
+            metadata_list = list(metadata)
+        if len(metadata_list) != count:
+            raise ValueError(f"metadata must be one mapping per vector ({count}), got {len(metadata_list)}")
+        try:
+            stored = [json.loads(json.dumps(dict(m), ensure_ascii=False)) if m else None for m in metadata_list]
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"metadata must be JSON-serialisable: {exc}") from None
+        normalised = normalise_rows(matrix)
+
+        with self._lock:
+            if self._index is None:
+                self._encoder = EncoderInfo(self._encoder.name, self._encoder.model, matrix.shape[1])
+                self._index = _new_flat(self._encoder.dim)
+            first = len(self._labels)
+            _add_chunked(self._index, normalised, first)
+            self._labels.extend(LABELS.index(label) for label in label_list)
+            self._sources.extend([SOURCES.index(source)] * count)
+            self._metadata.extend(stored)
+            self._dirty = True
+            if not self._approximate and len(self._labels) > self.approximate_after:
+                self._go_approximate()
+        return list(range(first, first + count))
+
+    def _go_approximate(self) -> None:
+        """Replace the exact index with HNSW built from the stored vectors; measure its recall."""
+        dim = self._encoder.dim
+        exact = self._index
+        vectors = _storage(exact, dim)
+        started = time.perf_counter()
+        hnsw = _new_hnsw(dim, self._ef_search)
+        _add_chunked(hnsw, vectors, 0)
+        self._recall = _recall(hnsw, vectors, RECALL_SAMPLE, RECALL_K)
+        self._index = hnsw
+        self._approximate = True
+        del vectors, exact
+        logger.info(
+            "LEASH %s bank: %d vectors, switched to HNSW in %.1fs, recall@%d %s",
+            self.kind,
+            len(self._labels),
+            time.perf_counter() - started,
+            RECALL_K,
+            "n/a" if self._recall is None else f"{self._recall[0]:.3f}",
+        )
+
+    async def aadd(
+        self,
+        vectors: np.ndarray | Sequence[Sequence[float]],
+        labels: Label | Sequence[Label],
+        *,
+        source: str,
+        metadata: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
+    ) -> list[int]:
+        """`add` in a worker thread."""
+        return await anyio.to_thread.run_sync(
+            functools.partial(self.add, vectors, labels, source=source, metadata=metadata)
+        )
+
+    async def asearch(self, vector: np.ndarray | Sequence[float], k: int = 10) -> list[Neighbour]:
+        """`search` in a worker thread."""
+        return await anyio.to_thread.run_sync(self.search, vector, k)
+
+    async def afailure_score(self, vector: np.ndarray | Sequence[float], k: int = 10) -> tuple[float, list[Neighbour]]:
+        """`failure_score` in a worker thread."""
+        return await anyio.to_thread.run_sync(self.failure_score, vector, k)
+
+    async def asave(self) -> None:
+        """`save` in a worker thread."""
+        await anyio.to_thread.run_sync(self.save)
+
+    # -- persistence ---------------------------------------------------------------------------
+
+    def save(self) -> None:
+        """Write a new generation crash-safely (see the module docstring); nothing to do if unchanged.
+
+        Raises `BankError` if the disk refuses, or if another process saved this bank since it was
+        loaded (reopen it to see that process's vectors). On any failure the previous generation
+        stays on disk and loads.
+        """
+        if self.directory is None:
+            return
+        with self._lock:
+            if not self._dirty:
+                return
+            directory = self.directory
+            try:
+                with _exclusive(directory):
+                    self._check_generation_on_disk()
+                    self._write_generation(directory, self._generation + 1)
+            except OSError as exc:
+                raise BankError(
+                    f"cannot save LEASH {self.kind} bank in {directory}: {exc.strerror or exc};"
+                    f" generation {self._generation} is still the one on disk"
+                ) from None
+            self._dirty = False
+            self._abandoned = []
+            for name in self._stray_files():
+                (directory / name).unlink(missing_ok=True)
+
+    def _check_generation_on_disk(self) -> None:
+        assert self.directory is not None
+        path = self.directory / MANIFEST
+        if not path.exists():
+            on_disk = 0
+        else:
+            try:
+                on_disk = int(json.loads(path.read_text(encoding="utf-8"))["generation"])
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise BankError(
+                    f"LEASH {self.kind} bank manifest {path} became unreadable ({exc}) after this bank was loaded;"
+                    " not overwriting it — move it aside and restart"
+                ) from None
+        if on_disk != self._generation:
+            raise BankError(
+                f"LEASH {self.kind} bank in {self.directory} was saved by another process (generation {on_disk},"
+                f" this one loaded {self._generation}); one process may write a bank — reopen it"
+            )
+
+    def _write_generation(self, directory: Path, generation: int) -> None:
+        dim = self._encoder.dim
+        vectors = _storage(self._index, dim) if self._index is not None else np.zeros((0, 0), dtype=np.float32)
+        files: dict[str, dict[str, Any]] = {}
+        files["vectors"] = _write_file_atomic(
+            directory / f"vectors-{generation:06d}.npy",
+            lambda out: np.lib.format.write_array(out, vectors, allow_pickle=False),
+        )
+        files["meta"] = _write_file_atomic(directory / f"meta-{generation:06d}.jsonl", self._write_meta)
+        index_info: dict[str, Any] = {"type": "flat"}
+        if self._approximate:
+            blob = faiss.serialize_index(self._index)
+            files["index"] = _write_file_atomic(
+                directory / f"index-{generation:06d}.faiss", lambda out: _put(out, blob)
+            )
+            index_info = {"type": "hnsw", "m": HNSW_M, "ef_construction": EF_CONSTRUCTION, "ef_search": self._ef_search}
+            if self._recall is not None:
+                index_info |= {"recall_at_10": self._recall[0], "recall_sample": self._recall[1]}
+        # The data files' names must be durable before a manifest can point at them.
+        _fsync_dir(directory)
+        manifest = {
+            "format": FORMAT,
+            "version": VERSION,
+            "kind": self.kind,
+            "encoder": self._encoder.as_json(),
+            "generation": generation,
+            "count": len(self._labels),
+            "created": self._created,
+            "saved": _now(),
+            "index": index_info,
+            "files": files,
+        }
+        write_atomic(directory / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+        _fsync_dir(directory)
+        self._generation = generation
+
+    def _write_meta(self, out: _HashingWriter) -> None:
+        lines: list[str] = []
+        for position, (label, source, metadata) in enumerate(
+            zip(self._labels, self._sources, self._metadata, strict=True)
+        ):
+            record = {"id": position, "label": LABELS[label], "source": SOURCES[source], "metadata": metadata or {}}
+            lines.append(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
+            if len(lines) >= 4096:
+                out.write("".join(lines).encode())
+                lines.clear()
+        out.write("".join(lines).encode())
+
+    def _stray_files(self, keep: set[str] | None = None) -> list[str]:
+        """Data and temporary files in the directory that the manifest does not name."""
+        if self.directory is None:
+            return []
+        if keep is None:
+            keep = self._current_names()
+        try:
+            names = sorted(entry.name for entry in os.scandir(self.directory) if entry.is_file())
+        except OSError:
+            return []
+        return [
+            name for name in names if (_DATA_FILE.match(name) or name.startswith(f".{MANIFEST}.")) and name not in keep
+        ]
+
+    def _current_names(self) -> set[str]:
+        assert self.directory is not None
+        try:
+            files = json.loads((self.directory / MANIFEST).read_text(encoding="utf-8"))["files"]
+            return {str(entry["name"]) for entry in files.values()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return set()
+
+    def __repr__(self) -> str:
+        index = "hnsw" if self._approximate else "flat"
+        return f"Bank({self.kind}, {self._encoder.describe()}, {len(self._labels)} vectors, {index}, {self.directory})"
+
+
+def _put(out: _HashingWriter, blob: Any) -> None:
+    out.write(blob)
+
+
+def _generation_of(name: str) -> int:
+    match = _DATA_FILE.match(name)
+    return int(match.group(2)) if match else -1

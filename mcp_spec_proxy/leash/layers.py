@@ -1,0 +1,283 @@
+"""LEASH's three layers over the banks: route the task, escalate a drafted step, observe the rest.
+
+`Leash` holds the encoder and the two banks (task-level: did the weak model succeed at a task
+like this; step-level: was a drafted step like this accepted by the verifier) and turns their
+nearest neighbours into decisions:
+
+* **routing** — before the first step, a task whose neighbours mostly failed goes strong-led;
+* **step escalation** — a drafted read whose neighbours are mostly rejected steps ends the
+  draft early and goes to verification, so the weak model stops drafting a doomed segment;
+* **shadow observer** — a step nobody would review (strong-led, or a write under `allow` at the
+  MCP front) that looks like past failures is reviewed after all, and the decision is logged.
+
+A score needs `min_neighbours` labelled neighbours; with fewer there is no opinion and the
+ordinary path runs. Labels come for free: every verdict labels its segment (the accepted prefix
+succeeded, the first rejected step failed), and `report_outcome` labels a whole task.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+
+from mcp_spec_proxy.config import LeashConfig
+from mcp_spec_proxy.leash.bank import Bank, Label, Neighbour
+from mcp_spec_proxy.leash.encoders import (
+    EmbeddingEncoder,
+    Encoder,
+    HashingEncoder,
+    HiddenStateEncoder,
+    StepView,
+)
+from mcp_spec_proxy.reviewers import Reviewer, ReviewRequest, UserChannel, Verdict
+from mcp_spec_proxy.telemetry import Telemetry
+from mcp_spec_proxy.trajectory import Step
+
+logger = logging.getLogger(__name__)
+
+RUNS_KEPT = 10_000
+
+
+@dataclass(frozen=True)
+class Score:
+    """A failure score in [0, 1] from the k nearest labelled neighbours, or None: too few to judge."""
+
+    value: float | None
+    neighbours: tuple[Neighbour, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "score": None if self.value is None else round(self.value, 4),
+            "neighbours": [
+                {"id": n.id, "similarity": round(float(n.score), 4), "label": n.label, "source": n.source}
+                for n in self.neighbours[:5]
+            ],
+        }
+
+
+def view(step: Step) -> StepView:
+    return StepView(step.tool, step.arguments, step.observation)
+
+
+class Leash:
+    def __init__(
+        self, config: LeashConfig, encoder: Encoder, tasks: Bank, steps: Bank, *, telemetry: Telemetry | None = None
+    ) -> None:
+        self.config = config
+        self.encoder = encoder
+        self.tasks = tasks
+        self.steps = steps
+        self.telemetry = telemetry or Telemetry(None)
+        self._runs = Path(config.bank_dir).expanduser() / "runs.jsonl"
+        self._lock = anyio.Lock()
+
+    @classmethod
+    def open(
+        cls,
+        config: LeashConfig,
+        *,
+        api_key: str | None = None,
+        hidden_model: str = "",
+        telemetry: Telemetry | None = None,
+    ) -> Leash:
+        """Build the configured encoder and open (or create) both banks; a bank that will not load is an error."""
+        encoder: Encoder
+        if config.encoder == "hashing":
+            encoder = HashingEncoder(dim=config.dim)
+        elif config.encoder == "embedding":
+            assert config.embedding is not None  # the config validator requires it
+            encoder = EmbeddingEncoder(config.embedding.base_url, config.embedding.model, api_key=api_key)
+        else:
+            encoder = HiddenStateEncoder(hidden_model, config.dim)
+        root = Path(config.bank_dir).expanduser()
+        tasks = Bank.open(root / "task", kind="task", encoder=encoder.info)
+        steps = Bank.open(root / "step", kind="step", encoder=encoder.info)
+        return cls(config, encoder, tasks, steps, telemetry=telemetry)
+
+    # -- scores --------------------------------------------------------------------------------
+
+    async def task_score(self, task: str) -> Score:
+        if isinstance(self.encoder, HiddenStateEncoder):
+            # A task has no drafting call of its own to read a hidden state from.
+            return Score(None, ())
+        vector = (await self.encoder.encode_texts([task]))[0]
+        return await self._score(self.tasks, vector)
+
+    async def step_score(self, step: Step, hidden: Any = None) -> Score:
+        vector = await self._vector(step, hidden)
+        if vector is None:
+            return Score(None, ())
+        return await self._score(self.steps, vector)
+
+    async def _vector(self, step: Step, hidden: Any) -> np.ndarray | None:
+        if isinstance(self.encoder, HiddenStateEncoder):
+            return None if hidden is None else self.encoder.from_hidden(hidden)
+        vectors: np.ndarray = await self.encoder.encode_steps([view(step)])
+        row: np.ndarray = vectors[0]
+        return row
+
+    async def _score(self, bank: Bank, vector: np.ndarray) -> Score:
+        """Similarity-weighted share of failures among the near neighbours; far ones are no evidence."""
+        if len(bank) < self.config.min_neighbours:
+            return Score(None, ())
+        found = await bank.asearch(vector, self.config.k)
+        near = tuple(n for n in found if n.score >= self.config.min_similarity)
+        if len(near) < self.config.min_neighbours:
+            return Score(None, near)
+        weights = [float(n.score) for n in near]
+        failed = sum(w for w, n in zip(weights, near, strict=True) if n.label == "failure")
+        return Score(failed / sum(weights), near)
+
+    def at_least(self, score: Score, threshold: float) -> bool:
+        return score.value is not None and score.value >= threshold
+
+    def confidently_successful(self, score: Score) -> bool:
+        threshold = self.config.accept_threshold
+        return threshold is not None and score.value is not None and score.value <= threshold
+
+    # -- labels --------------------------------------------------------------------------------
+
+    async def label_steps(
+        self, steps: Sequence[Step], labels: Sequence[Label], *, source: str, hidden: Sequence[Any] | None = None
+    ) -> None:
+        vectors = []
+        kept: list[tuple[Step, Label]] = []
+        for index, (step, label) in enumerate(zip(steps, labels, strict=True)):
+            vector = await self._vector(step, hidden[index] if hidden else None)
+            if vector is not None:
+                vectors.append(vector)
+                kept.append((step, label))
+        if not vectors:
+            return
+        metadata = [{"tool": step.tool, "at": time.time()} for step, _ in kept]
+        async with self._lock:
+            await self.steps.aadd(np.stack(vectors), [label for _, label in kept], source=source, metadata=metadata)
+            await anyio.to_thread.run_sync(self.steps.save)
+
+    async def label_verdict(self, steps: Sequence[Step], accepted_steps: int, *, source: str = "verdict") -> None:
+        """The accepted prefix succeeded; the first rejected step failed; what came after says nothing."""
+        labelled = list(steps[: accepted_steps + 1])
+        labels: list[Label] = ["success"] * min(accepted_steps, len(steps))
+        if accepted_steps < len(steps):
+            labels.append("failure")
+        await self.label_steps(labelled, labels, source=source)
+
+    async def label_task(
+        self, task: str, success: bool, *, source: str = "outcome", meta: dict[str, Any] | None = None
+    ) -> None:
+        if isinstance(self.encoder, HiddenStateEncoder):
+            return
+        vector = await self.encoder.encode_texts([task])
+        label: Label = "success" if success else "failure"
+        async with self._lock:
+            await self.tasks.aadd(vector, [label], source=source, metadata=[{"task": task[:500], **(meta or {})}])
+            await anyio.to_thread.run_sync(self.tasks.save)
+
+    # -- runs and outcomes ---------------------------------------------------------------------
+
+    async def remember(self, task_id: str, task: str, steps: Sequence[Step]) -> None:
+        record = {
+            "task_id": task_id,
+            "task": task,
+            "steps": [{"tool": s.tool, "arguments": s.arguments, "observation": s.observation} for s in steps],
+        }
+        line = json.dumps(record, ensure_ascii=False, default=str) + "\n"
+        await anyio.to_thread.run_sync(self._append_run, line)
+
+    def _append_run(self, line: str) -> None:
+        self._runs.parent.mkdir(parents=True, exist_ok=True)
+        with self._runs.open("a", encoding="utf-8") as handle:
+            handle.write(line)
+
+    async def report_outcome(self, task_id: str, success: bool) -> bool:
+        """Label a remembered run's task (and, on failure, nothing more: which step failed is unknown)."""
+        record = await anyio.to_thread.run_sync(self._find_run, task_id)
+        if record is None:
+            return False
+        await self.label_task(record["task"], success, meta={"task_id": task_id})
+        if success:
+            steps = [Step(s["tool"], s["arguments"], "read", observation=s.get("observation")) for s in record["steps"]]
+            if steps:
+                await self.label_steps(steps, ["success"] * len(steps), source="outcome")
+        return True
+
+    def _find_run(self, task_id: str) -> dict[str, Any] | None:
+        if not self._runs.exists():
+            return None
+        found = None
+        for line in self._runs.read_text(encoding="utf-8").splitlines()[-RUNS_KEPT:]:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if record.get("task_id") == task_id:
+                found = record
+        return found
+
+
+class LeashWatch:
+    """The engine's `Watch` (mode spec+leash), backed by a `Leash`."""
+
+    def __init__(self, leash: Leash) -> None:
+        self.leash = leash
+
+    async def route(self, task: str) -> bool:
+        score = await self.leash.task_score(task)
+        strong = self.leash.at_least(score, self.leash.config.route_threshold)
+        await self.leash.telemetry.record("leash", layer="route", strong_led=strong, **score.as_json())
+        return strong
+
+    async def drafted(self, step: Step, hidden: Any) -> bool:
+        score = await self.leash.step_score(step, hidden)
+        flagged = self.leash.at_least(score, self.leash.config.escalate_threshold)
+        if flagged:
+            await self.leash.telemetry.record("leash", layer="escalate", tool=step.tool, **score.as_json())
+        return flagged
+
+    async def unreviewed(self, step: Step, hidden: Any) -> bool:
+        score = await self.leash.step_score(step, hidden)
+        flagged = self.leash.at_least(score, self.leash.config.observe_threshold)
+        await self.leash.telemetry.record("leash", layer="observe", tool=step.tool, flagged=flagged, **score.as_json())
+        return flagged
+
+    async def verdict(self, steps: tuple[Step, ...], accepted_steps: int) -> None:
+        await self.leash.label_verdict(steps, accepted_steps)
+
+    async def finished(self, task_id: str, task: str, steps: list[Step]) -> None:
+        await self.leash.remember(task_id, task, steps)
+
+
+class LeashReviewer:
+    """`review: leash`: a held write confidently in the success region may pass without a model call.
+
+    Only when the operator set `leash.accept_threshold`; everything else goes to the fallback
+    reviewer (the strong model, or the user when no model is configured). Either way the verdict
+    carries the score and the nearest neighbours, and the audit log records them.
+    """
+
+    name = "leash"
+
+    def __init__(self, leash: Leash, fallback: Reviewer) -> None:
+        self._leash = leash
+        self._fallback = fallback
+
+    async def review(self, request: ReviewRequest, user: UserChannel) -> Verdict:
+        score = await self._leash.step_score(request.segment.held)
+        evidence = {"layer": "accept", **score.as_json()}
+        if self._leash.confidently_successful(score):
+            threshold = self._leash.config.accept_threshold
+            reason = (
+                f"LEASH: failure score {score.value:.3f} over {len(score.neighbours)} neighbours is at or below"
+                f" accept_threshold {threshold}; forwarded without a model call"
+            )
+            return Verdict(True, reason, len(request.segment), reviewer="leash", evidence=evidence)
+        verdict = await self._fallback.review(request, user)
+        return replace(verdict, evidence=evidence)
