@@ -9,6 +9,7 @@ mcp-spec-proxy check                                 validate the config and exi
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -480,6 +481,28 @@ def _examples(path: Path) -> tuple[list[tuple[str, str]], list[tuple[Step, Label
         except (ValueError, KeyError, TypeError) as exc:
             raise click.ClickException(f"{path}:{number}: {exc} — see `mcp-spec-proxy bank import --help`") from None
     return tasks, steps
+
+
+class _Benchmarks(click.Group):
+    """Benchmarks live in `mcp_spec_proxy.bench`, outside the product: loaded only when asked for."""
+
+    _commands = {"tau2-retail": ("mcp_spec_proxy.bench.tau2_retail.runner", "bench_tau2_retail")}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(self._commands)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self._commands:
+            return None
+        module, attribute = self._commands[cmd_name]
+        command = getattr(importlib.import_module(module), attribute)
+        assert isinstance(command, click.Command)
+        return command
+
+
+@main.group(cls=_Benchmarks)
+def bench() -> None:
+    """Benchmarks: `bench tau2-retail` runs τ²-bench retail's tasks through the engine."""
 
 
 @main.command()

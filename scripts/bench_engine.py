@@ -43,8 +43,6 @@ import argparse
 import datetime
 import json
 import math
-import os
-import platform
 import random
 import re
 import shutil
@@ -60,6 +58,7 @@ from typing import Any
 import anyio
 
 from mcp_spec_proxy.bench.cost_model import Cost, CostModel, load
+from mcp_spec_proxy.bench.measure import machine_line
 from mcp_spec_proxy.bench.scripted_model import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.engine import Mode, RunResult
@@ -832,20 +831,6 @@ async def run_all(args: argparse.Namespace, model: CostModel, tmp: Path) -> tupl
 
 
 # -- reporting --------------------------------------------------------------------------------
-
-
-def machine_line() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (
-        f"{cpu}, nproc {os.cpu_count()}, Python {platform.python_version()} ({platform.system()} {platform.release()})"
-    )
 
 
 def ratio(a: float, b: float) -> str:

@@ -36,10 +36,8 @@ import contextlib
 import itertools
 import json
 import os
-import platform
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -55,6 +53,7 @@ import yaml
 from mcp import Client
 
 from mcp_spec_proxy.audit import read_audit
+from mcp_spec_proxy.bench.measure import machine_line, percentile
 from mcp_spec_proxy.bench.scripted_model import ChatRequest, Reply, Respond, ScriptedModelServer
 from mcp_spec_proxy.catalog import digest
 
@@ -575,28 +574,6 @@ def memory_info(plans: list[Plan], memory_file: Path) -> str:
 
 
 # -- report ----------------------------------------------------------------------------------------
-
-
-def percentile(samples: list[float], q: int) -> float:
-    if not samples:
-        return float("nan")
-    if q == 50 or len(samples) == 1:
-        return statistics.median(samples) if q == 50 else samples[0]
-    return statistics.quantiles(samples, n=100, method="inclusive")[q - 1]
-
-
-def machine_line() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (
-        f"{cpu}, nproc {os.cpu_count()}, Python {platform.python_version()} ({platform.system()} {platform.release()})"
-    )
 
 
 def pair(values: list[float]) -> str:

@@ -21,9 +21,6 @@ ours/bare at p50, and a markdown table for docs/BENCHMARKS.md.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -36,6 +33,8 @@ from typing import IO, Any
 import anyio
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
+
+from mcp_spec_proxy.bench.measure import machine_line, percentile
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -77,26 +76,6 @@ class Row:
     def ratio(self) -> float:
         bare = self.overhead("bare", 50)
         return self.overhead("ours", 50) / bare if bare > 0 else float("inf")
-
-
-def percentile(samples: list[float], q: int) -> float:
-    if q == 50:
-        return statistics.median(samples)
-    return statistics.quantiles(samples, n=100, method="inclusive")[q - 1]
-
-
-def machine_line() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (
-        f"{cpu}, nproc {os.cpu_count()}, Python {platform.python_version()} ({platform.system()} {platform.release()})"
-    )
 
 
 def _first(*paths: Path) -> Path:

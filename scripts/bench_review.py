@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import socket
 import statistics
 import sys
@@ -56,6 +55,7 @@ from mcp.client.stdio import stdio_client
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from mcp_spec_proxy.bench.measure import machine_line, percentile
 from mcp_spec_proxy.bench.scripted_model import CHAT_PATH, ChatRequest, Reply, Respond, ScriptedModelServer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,26 +68,6 @@ TARGETS = ("direct", "allow", "strong")
 BLOCK = 25
 READS_PER_WRITE = 3
 MODEL = "scripted-strong"
-
-
-def percentile(samples: list[float], q: int) -> float:
-    if q == 50:
-        return statistics.median(samples)
-    return statistics.quantiles(samples, n=100, method="inclusive")[q - 1]
-
-
-def machine_line() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (
-        f"{cpu}, nproc {os.cpu_count()}, Python {platform.python_version()} ({platform.system()} {platform.release()})"
-    )
 
 
 def filesystem_argv(root: Path) -> list[str]:
