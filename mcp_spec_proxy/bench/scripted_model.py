@@ -8,18 +8,25 @@ that speaks the OpenAI chat-completions wire format, so the product's model clie
 Endpoints: `GET /v1/models`; `POST /v1/chat/completions`, plain or streamed (`"stream": true`:
 SSE `chat.completion.chunk` events, tool calls as indexed deltas with their arguments split over
 chunks, a usage chunk with empty choices when `stream_options.include_usage` is set, then
-`data: [DONE]`).
+`data: [DONE]`); `POST /v1/embeddings` (OpenAI format, `encoding_format` `float` or `base64`):
+deterministic vectors from `embed_text` — a bag of words, each word a unit-variance Gaussian
+vector seeded by the word's blake2b hash, normalised — so equal texts get equal vectors and texts
+sharing words are similar; `embedding_dim` (64) unless the request asks for `dimensions`.
 
 Promises:
 
 - Every request is recorded in `server.requests` (method, path, parsed JSON body) in arrival
   order before it is answered, malformed ones included; valid chat requests also appear, parsed,
-  in `server.chat_requests`. A `response_format` (e.g. `json_schema`) is recorded, never enforced:
-  a policy may answer with content that does not conform.
+  in `server.chat_requests`, valid embeddings requests in `server.embedding_requests`. A
+  `response_format` (e.g. `json_schema`) is recorded, never enforced: a policy may answer with
+  content that does not conform.
 - Every completion reports usage. Token counts are an APPROXIMATION, not any real tokenizer's: a
   deterministic regex (`\\w+|[^\\w\\s]`) over the rendered prompt — the JSON of tools, then
   messages, then response_format — and over the reply's reasoning, content and tool-call
-  arguments. Good for comparing prompts with each other, not for absolute numbers.
+  arguments. Good for comparing prompts with each other, not for absolute numbers. With a
+  `tokenizer` (a callable text -> token count, e.g. a real model's), the same texts are counted
+  with it instead, and the cached prefix is the text of the regex tokens the cache matched,
+  counted with it and rounded down to whole blocks.
 - `prompt_tokens_details.cached_tokens` simulates a prefix cache (SGLang's radix cache, vLLM's
   prefix caching): the longest common token prefix between this prompt and any of the last
   `PREFIX_CACHE_PROMPTS` prompts sent to the same model, rounded down to whole blocks of
@@ -43,6 +50,8 @@ tests that script errors should pass `max_retries=0`.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import inspect
 import itertools
 import json
@@ -59,6 +68,7 @@ from typing import Any, Protocol, Self
 
 import anyio
 import anyio.abc
+import numpy as np
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -71,8 +81,10 @@ SHUTDOWN_TIMEOUT_S = 5.0
 PREFIX_CACHE_PROMPTS = 256
 CHAT_PATH = "/v1/chat/completions"
 MODELS_PATH = "/v1/models"
+EMBEDDINGS_PATH = "/v1/embeddings"
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
+_WORDS = re.compile(r"\w+")
 # Streamed text goes out a word at a time, leading whitespace attached, so the pieces rejoin exactly.
 _WORD = re.compile(r"\s*\S+|\s+")
 _ARGUMENT_PIECES = 3
@@ -86,12 +98,17 @@ class ScriptedModelError(Exception):
 
     ScriptedModelError
     ├── InvalidChatRequest   the body is not a chat-completions request (answered 400)
+    ├── InvalidEmbeddingRequest  the body is not an embeddings request (answered 400)
     └── ScriptExhausted      a `Scripted` policy has no reply left (answered 500)
     """
 
 
 class InvalidChatRequest(ScriptedModelError):
     """The request body is not a chat-completions request."""
+
+
+class InvalidEmbeddingRequest(ScriptedModelError):
+    """The request body is not an embeddings request."""
 
 
 class ScriptExhausted(ScriptedModelError):
@@ -281,6 +298,60 @@ class ReceivedRequest:
     body: Any
 
 
+@dataclass(frozen=True)
+class EmbeddingRequest:
+    """A typed view of an embeddings request body; `input` is always a list of strings."""
+
+    model: str
+    input: list[str]
+    encoding_format: str = "float"
+    dimensions: int | None = None
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_body(cls, body: object) -> EmbeddingRequest:
+        """Validate a parsed JSON body; raises `InvalidEmbeddingRequest` saying what is wrong."""
+        if not isinstance(body, dict):
+            raise InvalidEmbeddingRequest(f"request body must be a JSON object, got {type(body).__name__}")
+        model = body.get("model")
+        if not isinstance(model, str):
+            raise InvalidEmbeddingRequest("'model' is required and must be a string")
+        value = body.get("input")
+        inputs = [value] if isinstance(value, str) else value
+        if not isinstance(inputs, list) or not inputs or not all(isinstance(item, str) for item in inputs):
+            raise InvalidEmbeddingRequest(
+                "'input' must be a string or a non-empty list of strings (token arrays are not supported here)"
+            )
+        if any(item == "" for item in inputs):
+            raise InvalidEmbeddingRequest("'input' cannot contain an empty string")
+        encoding_format = body.get("encoding_format") or "float"
+        if encoding_format not in ("float", "base64"):
+            raise InvalidEmbeddingRequest(f"'encoding_format' must be 'float' or 'base64', got {encoding_format!r}")
+        dimensions = body.get("dimensions")
+        if dimensions is not None and (
+            not isinstance(dimensions, int) or isinstance(dimensions, bool) or dimensions < 1
+        ):
+            raise InvalidEmbeddingRequest("'dimensions' must be a positive integer")
+        return cls(model, inputs, encoding_format, dimensions, body)
+
+
+EmbeddingFaults = Callable[[EmbeddingRequest], "Reply | None"]
+"""Decides whether an embeddings request fails: a `Reply` whose `status`, `error_body` or `raw_body`
+is answered instead (as for chat), or None for the ordinary answer."""
+
+
+def embed_text(text: str, dim: int) -> list[float]:
+    """The scripted server's embedding of `text`: deterministic, unit length, similar for shared words."""
+    words = _WORDS.findall(text.lower()) or [text]
+    total = np.zeros(dim, dtype=np.float64)
+    for word in words:
+        seed = int.from_bytes(hashlib.blake2b(word.encode(), digest_size=8).digest(), "little")
+        total += np.random.default_rng(seed).standard_normal(dim)
+    norm = float(np.linalg.norm(total))
+    unit = total / norm if norm > 0 else total
+    return [float(x) for x in unit.astype(np.float32)]
+
+
 def _tokens(text: str) -> list[str]:
     return _TOKEN.findall(text)
 
@@ -410,9 +481,18 @@ class ScriptedModelServer:
         models: Sequence[str] = ("scripted-model",),
         host: str = "127.0.0.1",
         cache_block: int = 16,
+        embedding_dim: int = 64,
+        embedding_faults: EmbeddingFaults | None = None,
+        tokenizer: Callable[[str], int] | None = None,
     ):
         if cache_block < 1:
             raise ValueError(f"cache_block must be at least 1 token, got {cache_block}")
+        if embedding_dim < 1:
+            raise ValueError(f"embedding_dim must be at least 1, got {embedding_dim}")
+        self.embedding_dim = embedding_dim
+        self.embedding_faults = embedding_faults
+        self.embedding_requests: list[EmbeddingRequest] = []
+        self.tokenizer = tokenizer
         self.models = tuple(models)
         self.cache_block = cache_block
         self.host = host
@@ -508,6 +588,7 @@ class ScriptedModelServer:
             routes=[
                 Route(MODELS_PATH, self._models, methods=["GET"]),
                 Route(CHAT_PATH, self._chat, methods=["POST"]),
+                Route(EMBEDDINGS_PATH, self._embeddings, methods=["POST"]),
                 Route("/{path:path}", self._unknown, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
             ]
         )
@@ -521,8 +602,8 @@ class ScriptedModelServer:
         self.requests.append(ReceivedRequest(request.method, request.url.path, await _json_or_none(request)))
         return _error(
             404,
-            f"no endpoint {request.method} {request.url.path}: the scripted model server serves GET {MODELS_PATH} "
-            f"and POST {CHAT_PATH} — does the client's base_url end in /v1?",
+            f"no endpoint {request.method} {request.url.path}: the scripted model server serves GET {MODELS_PATH}, "
+            f"POST {CHAT_PATH} and POST {EMBEDDINGS_PATH} — does the client's base_url end in /v1?",
             "invalid_request_error",
             "unknown_url",
         )
@@ -541,8 +622,14 @@ class ScriptedModelServer:
             return _error(400, str(exc), "invalid_request_error")
         self.chat_requests.append(chat)
         # Tokenized on the loop, not in a thread: prompts here are small, and cache order must follow arrival order.
-        prompt_tokens = _tokens(_render_prompt(chat))
-        cached = self._cache.lookup_and_add(chat.model, prompt_tokens) // self.cache_block * self.cache_block
+        prompt_text = _render_prompt(chat)
+        prompt_tokens = _tokens(prompt_text)
+        cached = self._cache.lookup_and_add(chat.model, prompt_tokens)
+        prompt_count = len(prompt_tokens)
+        if self.tokenizer is not None:
+            prompt_count = self.tokenizer(prompt_text)
+            cached = min(self.tokenizer(_prefix(prompt_text, cached)), prompt_count)
+        cached = cached // self.cache_block * self.cache_block
 
         policy = self._policy
         try:
@@ -582,21 +669,70 @@ class ScriptedModelServer:
             chat,
             reply,
             calls,
-            _usage(prompt_tokens, cached, reply, calls),
+            _usage(prompt_count, cached, reply, calls, self.tokenizer),
         )
         if chat.stream:
             return StreamingResponse(completion.chunks(), status_code=reply.status, media_type="text/event-stream")
         return JSONResponse(completion.body(), status_code=reply.status)
 
+    async def _embeddings(self, request: Request) -> Response:
+        try:
+            body = json.loads(await request.body())
+        except ValueError as exc:
+            self.requests.append(ReceivedRequest(request.method, request.url.path, None))
+            return _error(400, f"request body is not valid JSON ({exc}) — send a JSON object", "invalid_request_error")
+        self.requests.append(ReceivedRequest(request.method, request.url.path, body))
+        try:
+            embed = EmbeddingRequest.from_body(body)
+        except InvalidEmbeddingRequest as exc:
+            return _error(400, str(exc), "invalid_request_error")
+        self.embedding_requests.append(embed)
+        fault = self.embedding_faults(embed) if self.embedding_faults is not None else None
+        if fault is not None:
+            if fault.raw_body is not None:
+                return Response(fault.raw_body, status_code=fault.status, media_type="application/json")
+            if fault.error_body is not None:
+                return JSONResponse(fault.error_body, status_code=fault.status)
+            if fault.status >= 400:
+                return _error(fault.status, f"scripted HTTP {fault.status}", "server_error")
+        dim = embed.dimensions or self.embedding_dim
+        data = []
+        for index, text in enumerate(embed.input):
+            vector = embed_text(text, dim)
+            encoded: list[float] | str = vector
+            if embed.encoding_format == "base64":
+                encoded = base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode()
+            data.append({"object": "embedding", "index": index, "embedding": encoded})
+        tokens = sum(len(_tokens(text)) for text in embed.input)
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        return JSONResponse({"object": "list", "data": data, "model": embed.model, "usage": usage})
 
-def _usage(prompt_tokens: list[str], cached: int, reply: Reply, calls: list[dict[str, Any]]) -> dict[str, Any]:
-    reasoning = len(_tokens(reply.reasoning or ""))
-    completion = reasoning + len(_tokens(reply.content or ""))
-    completion += sum(len(_tokens(call["function"]["arguments"])) for call in calls)
+
+def _prefix(text: str, tokens: int) -> str:
+    """The text up to the end of its first `tokens` regex tokens."""
+    if tokens <= 0:
+        return ""
+    end = 0
+    for end_match in itertools.islice(_TOKEN.finditer(text), tokens):
+        end = end_match.end()
+    return text[:end]
+
+
+def _usage(
+    prompt: int,
+    cached: int,
+    reply: Reply,
+    calls: list[dict[str, Any]],
+    tokenizer: Callable[[str], int] | None = None,
+) -> dict[str, Any]:
+    count = tokenizer or (lambda text: len(_tokens(text)))
+    reasoning = count(reply.reasoning or "")
+    completion = reasoning + count(reply.content or "")
+    completion += sum(count(call["function"]["arguments"]) for call in calls)
     return {
-        "prompt_tokens": len(prompt_tokens),
+        "prompt_tokens": prompt,
         "completion_tokens": completion,
-        "total_tokens": len(prompt_tokens) + completion,
+        "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": cached},
         "completion_tokens_details": {"reasoning_tokens": reasoning},
     }

@@ -6,26 +6,33 @@ position, 0, 1, 2...), a label (`success` / `failure`), a source (`verdict`, `ou
 `import`) and a JSON metadata object.
 
 Index. Up to `approximate_after` vectors the index is exact (`IndexIDMap2(IndexFlatIP)`); once the
-bank grows past it, an HNSW graph (`IndexHNSWFlat`, M=32, inner product) replaces it, built from
-the stored vectors, and its recall@10 against exact search is measured on a sample and kept in
-`stats()`. The raw vectors are always kept (in the index's own flat storage in memory, in
-`vectors-N.npy` on disk), so the index can be rebuilt either way.
+bank grows past it, an HNSW graph (`IndexHNSWFlat`, M=32, efSearch 32, inner product) replaces it,
+built from the stored vectors, and its recall@10 against exact search is measured on a sample and
+kept in `stats()`. By default the switch comes when an exact lookup would cost more than about
+0.7 ms on one core (`EXACT_SCAN_FLOATS`: ~4k vectors of 1024 dims); measured on 2 cores, HNSW
+then answers in under 1 ms at p99 with recall@10 >= 0.98 up to 100k vectors (docs/BENCHMARKS.md).
+The raw vectors are always kept (in the index's own flat storage in memory, in `vectors-N.npy` on
+disk), so the index can be rebuilt either way.
 
 Threads. Every method is thread-safe (one lock). The `a*` methods run in a worker thread via
-`anyio.to_thread.run_sync`, so the event loop never waits on FAISS or disk. Searches pin OpenMP
+`anyio.to_thread.run_sync`, so the event loop never waits on FAISS or disk. The HNSW graph is
+built outside the lock, so lookups carry on against the exact index meanwhile. Searches pin OpenMP
 to one thread for the duration of the call and restore the previous count afterwards: OpenMP's
 thread count belongs to the calling thread, so this leaves adds and rebuilds (which use every
 core) and the rest of the process alone.
 
-Files (directory per bank): `bank.json` (the manifest: kind, encoder, count, generation, and the
-name, size and sha256 of each data file), `vectors-N.npy`, `meta-N.jsonl` (one
-`{"id", "label", "source", "metadata"}` per line) and, for an HNSW bank, `index-N.faiss`. `save()`
-writes generation N+1 under new names, each file to a temporary file that is fsynced and renamed,
-and the manifest LAST: a process killed at any moment leaves the manifest naming a complete
-earlier generation, which loads; files of an unfinished generation are reported by `stats()` and
-removed by the next successful save. A bank that does not load is an error naming the files,
-never silently replaced; a bank made by another encoder is `BankMismatch`. One process writes a
-bank at a time: `save()` refuses when another process saved since this one loaded.
+Files (directory per bank): `bank.json`, the manifest (kind, encoder, count, generation, and the
+name, size and sha256 of every data file); segments of rows, each a `vectors-G.npy` and a
+`meta-G.jsonl` (one `{"id", "label", "source", "metadata"}` per line) written by save number G;
+and, for an HNSW bank, `index-G.faiss`. A save writes only the rows added since the last one, as a
+new segment that absorbs the segments before it no longer than itself (a binary counter: O(log n)
+segments), and rewrites the HNSW graph only once an eighth of it is new (loading adds the rest).
+Every file goes to a temporary file that is fsynced and renamed, and the manifest goes LAST, so a
+process killed at any moment leaves the manifest naming a complete earlier generation, which
+loads; files of an unfinished save are reported by `stats()` and removed by the next successful
+one. A bank that does not load is an error naming the files, never silently replaced; a bank made
+by another encoder is `BankMismatch`. One process writes a bank at a time: `save()` refuses when
+another process saved since this one loaded.
 """
 
 from __future__ import annotations
@@ -35,8 +42,10 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import os
 import re
+import sys
 import tempfile
 import threading
 import time
@@ -68,9 +77,13 @@ MANIFEST = "bank.json"
 NO_EVIDENCE = 0.5
 """`failure_score` when there is nothing to weigh (empty bank, or no neighbour with a positive
 similarity): neither side. Callers that need a minimum of evidence look at the neighbours too."""
+EXACT_SCAN_FLOATS = 1 << 22
+"""With `approximate_after=None` (the default) a bank goes approximate once an exact lookup would
+read more floats than this (16 MiB): 4096 vectors of 1024 dims, 1638 of 2560. One core scans that
+in about 0.7 ms (docs/BENCHMARKS.md: 1.7 ms for 10k x 1024), the most an exact lookup may cost."""
 HNSW_M = 32
-EF_CONSTRUCTION = 80
-EF_SEARCH = 128
+EF_CONSTRUCTION = 40
+EF_SEARCH = 32
 RECALL_K = 10
 RECALL_SAMPLE = 200
 _ADD_CHUNK = 65_536
@@ -191,7 +204,17 @@ def _add_chunked(index: Any, vectors: np.ndarray, first_id: int) -> None:
         index.add_with_ids(chunk, np.arange(first_id + start, first_id + start + chunk.shape[0], dtype=np.int64))
 
 
-def _recall(approximate: Any, vectors: np.ndarray, sample: int, k: int) -> tuple[float, int] | None:
+@dataclass(frozen=True)
+class _Recall:
+    value: float  # mean recall@k
+    sample: int  # queries
+    count: int  # vectors in the bank when measured
+
+    def as_json(self) -> dict[str, Any]:
+        return {"recall_at_10": round(self.value, 4), "recall_sample": self.sample, "recall_measured_at": self.count}
+
+
+def _recall(approximate: Any, vectors: np.ndarray, sample: int, k: int) -> _Recall | None:
     """Mean recall@k of `approximate` against exact search over `vectors`, each query a stored vector
     whose own id is left out of both answers (it would be a free hit)."""
     count = vectors.shape[0]
@@ -205,7 +228,7 @@ def _recall(approximate: Any, vectors: np.ndarray, sample: int, k: int) -> tuple
     for own, truth, got in zip(picks.tolist(), exact.tolist(), found.tolist(), strict=True):
         truth_set = set([i for i in truth if i != own][:k])
         hits += len(truth_set & set([i for i in got if i != own][:k]))
-    return hits / (len(picks) * k), len(picks)
+    return _Recall(hits / (len(picks) * k), len(picks), count)
 
 
 class Bank:
@@ -221,30 +244,33 @@ class Bank:
         *,
         kind: Kind,
         encoder: EncoderInfo,
-        approximate_after: int,
+        approximate_after: int | None,
         ef_search: int,
         created: str | None = None,
     ) -> None:
         if kind not in ("task", "step"):
             raise ValueError(f"bank kind must be 'task' or 'step', got {kind!r}")
-        if approximate_after < 0 or ef_search < 1:
-            raise ValueError("approximate_after must be >= 0 and ef_search >= 1")
+        if (approximate_after is not None and approximate_after < 0) or ef_search < 1:
+            raise ValueError("approximate_after must be >= 0 (or None: automatic) and ef_search >= 1")
         self.directory = directory
         self.kind: Kind = kind
-        self.approximate_after = approximate_after
+        self._approximate_after = approximate_after
         self._encoder = encoder
         self._ef_search = ef_search
         self._created = created or _now()
         self._lock = threading.Lock()
         self._index: Any = _new_flat(encoder.dim) if encoder.dim else None
         self._approximate = False
+        self._building = False  # an HNSW graph is being built, outside the lock
         self._labels = array("b")  # index into LABELS
         self._sources = array("b")  # index into SOURCES
         self._metadata: list[dict[str, Any] | None] = []
-        self._recall: tuple[float, int] | None = None
+        self._recall: _Recall | None = None
         self._generation = 0
         self._dirty = True
         self._abandoned: list[str] = []
+        self._segments: list[dict[str, Any]] = []  # committed: {"start", "end", "vectors": file, "meta": file}
+        self._index_file: dict[str, Any] | None = None  # committed HNSW graph: file and the "count" it holds
 
     # -- opening -------------------------------------------------------------------------------
 
@@ -255,7 +281,7 @@ class Bank:
         *,
         kind: Kind,
         encoder: EncoderInfo,
-        approximate_after: int = 50_000,
+        approximate_after: int | None = None,
         ef_search: int = EF_SEARCH,
     ) -> Bank:
         """Load the bank in `directory`, or create it (manifest written at once) if there is none.
@@ -288,7 +314,7 @@ class Bank:
         *,
         kind: Kind,
         encoder: EncoderInfo,
-        approximate_after: int = 50_000,
+        approximate_after: int | None = None,
         ef_search: int = EF_SEARCH,
     ) -> Bank:
         """`open` in a worker thread."""
@@ -304,13 +330,15 @@ class Bank:
 
     @classmethod
     def in_memory(
-        cls, *, kind: Kind, encoder: EncoderInfo, approximate_after: int = 50_000, ef_search: int = EF_SEARCH
+        cls, *, kind: Kind, encoder: EncoderInfo, approximate_after: int | None = None, ef_search: int = EF_SEARCH
     ) -> Bank:
         """A bank that lives in memory only (tests, one-off runs); `save()` is a no-op."""
         return cls(None, kind=kind, encoder=encoder, approximate_after=approximate_after, ef_search=ef_search)
 
     @classmethod
-    def _load(cls, directory: Path, kind: Kind, encoder: EncoderInfo, approximate_after: int, ef_search: int) -> Bank:
+    def _load(
+        cls, directory: Path, kind: Kind, encoder: EncoderInfo, approximate_after: int | None, ef_search: int
+    ) -> Bank:
         manifest_path = directory / MANIFEST
         names = [MANIFEST]
 
@@ -336,12 +364,20 @@ class Bank:
             )
             generation = int(manifest["generation"])
             count = int(manifest["count"])
-            files: dict[str, dict[str, Any]] = manifest["files"]
+            segments: list[dict[str, Any]] = manifest["files"]["segments"]
+            index_file: dict[str, Any] | None = manifest["files"].get("index")
             index_info: dict[str, Any] = manifest.get("index") or {"type": "flat"}
             created = str(manifest.get("created") or _now())
+            entries = [entry for segment in segments for entry in (segment["vectors"], segment["meta"])]
+            entries += [index_file] if index_file else []
+            names += [str(entry["name"]) for entry in entries]
+            ends = [0] + [int(segment["end"]) for segment in segments]
+            if [int(segment["start"]) for segment in segments] != ends[:-1] or ends[-1] != count:
+                raise ValueError(f"segments {[(x['start'], x['end']) for x in segments]} do not cover 0..{count}")
+            if index_file is not None and not 0 < int(index_file["count"]) <= count:
+                raise ValueError(f"the index holds {index_file['count']} vectors of {count}")
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise broken(f"{MANIFEST} lacks or garbles a field ({exc!r})") from None
-        names += [str(entry.get("name")) for entry in files.values() if isinstance(entry, dict)]
 
         if stored_kind != kind:
             raise BankMismatch(
@@ -358,12 +394,10 @@ class Bank:
         dim = stored.dim or encoder.dim
         info = EncoderInfo(encoder.name, encoder.model, dim)
 
-        paths: dict[str, Path] = {}
-        for role in ("vectors", "meta", *(("index",) if "index" in files else ())):
-            entry = files.get(role)
-            if not isinstance(entry, dict) or not _DATA_FILE.match(str(entry.get("name", ""))):
-                raise broken(f"{MANIFEST} names no valid {role} file")
+        for entry in entries:
             path = directory / str(entry["name"])
+            if not _DATA_FILE.match(path.name):
+                raise broken(f"{MANIFEST} names a file it may not: {path.name!r}")
             try:
                 with path.open("rb") as handle:
                     digest = hashlib.file_digest(handle, "sha256").hexdigest()
@@ -372,7 +406,6 @@ class Bank:
                 raise broken(f"{path.name} is unreadable ({exc.strerror or exc})") from None
             if size != entry.get("bytes") or digest != entry.get("sha256"):
                 raise broken(f"{path.name} does not match the manifest (size or sha256 differs)")
-            paths[role] = path
 
         bank = cls(
             directory,
@@ -383,26 +416,30 @@ class Bank:
             created=created,
         )
         bank._generation = generation
+        bank._segments = segments
+        bank._index_file = index_file
         try:
-            bank._load_meta(paths["meta"], count)
-            want_hnsw = count > approximate_after
-            if want_hnsw and "index" in paths and index_info.get("type") == "hnsw":
-                bank._index = bank._read_hnsw(paths["index"], count, dim)
+            for segment in segments:
+                bank._load_meta(directory / segment["meta"]["name"], segment["start"], segment["end"])
+            want_hnsw = count > bank.approximate_after
+            if want_hnsw and index_file is not None and index_info.get("type") == "hnsw":
+                bank._index = bank._read_hnsw(directory / index_file["name"], index_file["count"], dim)
                 bank._approximate = True
-                recall = index_info.get("recall_at_10")
-                sample = index_info.get("recall_sample")
-                if isinstance(recall, (int, float)) and isinstance(sample, int):
-                    bank._recall = (float(recall), sample)
-                bank._dirty = False
+                if "recall_at_10" in index_info:
+                    recall = index_info["recall_at_10"], index_info["recall_sample"], index_info["recall_measured_at"]
+                    bank._recall = _Recall(float(recall[0]), int(recall[1]), int(recall[2]))
+                # The graph is saved only now and then; the vectors added since join it here.
+                bank._add_rows(directory, index_file["count"])
             else:
-                bank._load_vectors(paths["vectors"], count, dim)
-                bank._dirty = False
-                if want_hnsw:
-                    bank._go_approximate()
-                    bank._dirty = True
-        except (OSError, ValueError, RuntimeError, KeyError, TypeError) as exc:
-            raise broken(str(exc)) from None
-        bank._abandoned = bank._stray_files(keep={p.name for p in paths.values()})
+                if dim:
+                    bank._index = _new_flat(dim)
+                bank._add_rows(directory, 0)
+            bank._dirty = False
+            if want_hnsw and not bank._approximate:
+                bank._go_approximate(private=True)
+        except (OSError, ValueError, RuntimeError, KeyError, TypeError, AttributeError) as exc:
+            raise broken(str(exc) or repr(exc)) from None
+        bank._abandoned = bank._stray_files()
         later = [name for name in bank._abandoned if _generation_of(name) > generation]
         if later:
             logger.warning(
@@ -415,30 +452,38 @@ class Bank:
             )
         return bank
 
-    def _load_meta(self, path: Path, count: int) -> None:
+    def _load_meta(self, path: Path, start: int, end: int) -> None:
         lines = path.read_text(encoding="utf-8").splitlines()
-        if len(lines) != count:
-            raise ValueError(f"{path.name} has {len(lines)} entries, the manifest says {count}")
-        for position, line in enumerate(lines):
+        if len(lines) != end - start:
+            raise ValueError(f"{path.name} has {len(lines)} entries, the manifest says {end - start}")
+        for position, line in enumerate(lines, start):
             record = json.loads(line)
             if record.get("id") != position:
-                raise ValueError(f"{path.name} line {position + 1}: id {record.get('id')!r}, expected {position}")
+                raise ValueError(f"{path.name}: id {record.get('id')!r} where {position} belongs")
             self._labels.append(LABELS.index(record["label"]))
             self._sources.append(SOURCES.index(record["source"]))
             metadata = record.get("metadata")
             if metadata is not None and not isinstance(metadata, dict):
-                raise ValueError(f"{path.name} line {position + 1}: metadata is not an object")
+                raise ValueError(f"{path.name}: metadata of id {position} is not an object")
             self._metadata.append(metadata or None)
 
-    def _load_vectors(self, path: Path, count: int, dim: int) -> None:
-        # Mapped, not read: the index copies it in chunks, so a big bank is never in memory twice.
-        vectors = np.load(path, mmap_mode="r" if count else None, allow_pickle=False)
-        if vectors.dtype != np.float32 or vectors.shape != (count, dim):
-            raise ValueError(f"{path.name} holds {vectors.dtype} {vectors.shape}, expected float32 ({count}, {dim})")
-        if dim:
-            self._index = _new_flat(dim)
-            _add_chunked(self._index, vectors, 0)
-        del vectors
+    def _add_rows(self, directory: Path, first: int) -> None:
+        """Add the stored vectors from id `first` on to the index, segment by segment."""
+        dim = self._encoder.dim
+        for segment in self._segments:
+            start, end = segment["start"], segment["end"]
+            if end <= first:
+                continue
+            path = directory / segment["vectors"]["name"]
+            # Mapped, not read: the index copies it in chunks, so a big bank is never in memory twice.
+            vectors = np.load(path, mmap_mode="r", allow_pickle=False)
+            if vectors.dtype != np.float32 or vectors.shape != (end - start, dim):
+                raise ValueError(
+                    f"{path.name} holds {vectors.dtype} {vectors.shape}, expected float32 ({end - start}, {dim})"
+                )
+            skip = max(0, first - start)
+            _add_chunked(self._index, vectors[skip:], start + skip)
+            del vectors
 
     def _read_hnsw(self, path: Path, count: int, dim: int) -> Any:
         index = faiss.read_index(str(path))
@@ -461,6 +506,13 @@ class Bank:
 
     def __len__(self) -> int:
         return len(self._labels)
+
+    @property
+    def approximate_after(self) -> int:
+        """The size past which the index is HNSW; automatic (None) means `EXACT_SCAN_FLOATS // dim`."""
+        if self._approximate_after is not None:
+            return self._approximate_after
+        return EXACT_SCAN_FLOATS // self._encoder.dim if self._encoder.dim else sys.maxsize
 
     @property
     def approximate(self) -> bool:
@@ -490,7 +542,8 @@ class Bank:
                 return []
             with _one_omp_thread():
                 scores, ids = self._index.search(query, min(k, len(self._labels)))
-            return [self._neighbour(int(i), float(s)) for s, i in zip(scores[0], ids[0], strict=True) if i >= 0]
+            found = zip(scores[0].tolist(), ids[0].tolist(), strict=True)
+            return [self._neighbour(i, score) for score, i in found if i >= 0]
 
     def failure_score(self, vector: np.ndarray | Sequence[float], k: int = 10) -> tuple[float, list[Neighbour]]:
         """Similarity-weighted share of failures among the k nearest, and those neighbours.
@@ -507,22 +560,19 @@ class Bank:
         failed = sum(w for w, n in zip(weights, neighbours, strict=True) if n.label == "failure")
         return failed / total, neighbours
 
-    def get(self, id: int) -> tuple[np.ndarray, Neighbour]:
-        """The stored (normalised) vector of `id` and its entry (score 1.0)."""
-        with self._lock:
-            if not 0 <= id < len(self._labels):
-                raise KeyError(f"no vector {id} in this bank of {len(self._labels)}")
-            return _storage(self._index, self._encoder.dim)[id].copy(), self._neighbour(id, 1.0)
-
     def measure_recall(self, sample: int = RECALL_SAMPLE, k: int = RECALL_K) -> float | None:
-        """Recall@k of the current index against exact search (1.0 when exact; None when too small)."""
+        """Recall@k of the current index against exact search (1.0 when exact; None when too small).
+
+        Holds the lock for `sample` exact queries over the whole bank (seconds at a million vectors);
+        the result (for k=10) replaces the one in `stats()`, measured when the graph was built.
+        """
         with self._lock:
             if not self._approximate:
                 return 1.0 if self._labels else None
             measured = _recall(self._index, _storage(self._index, self._encoder.dim), sample, k)
             if measured is not None and k == RECALL_K:
                 self._recall = measured
-            return None if measured is None else measured[0]
+            return None if measured is None else measured.value
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
@@ -537,14 +587,13 @@ class Bank:
                 "failures": failures,
                 "by_source": by_source,
                 "index": "hnsw" if self._approximate else "flat",
-                "approximate_after": self.approximate_after,
+                "approximate_after": self.approximate_after if self._encoder.dim else None,
                 "generation": self._generation,
                 "unsaved": self._dirty,
             }
             if self._approximate:
                 stats["hnsw"] = {"m": HNSW_M, "ef_construction": EF_CONSTRUCTION, "ef_search": self._ef_search}
-                stats["recall_at_10"] = None if self._recall is None else round(self._recall[0], 4)
-                stats["recall_sample"] = None if self._recall is None else self._recall[1]
+                stats |= {"recall_at_10": None} if self._recall is None else self._recall.as_json()
             if self._abandoned:
                 stats["abandoned_files"] = list(self._abandoned)
             return stats
@@ -557,9 +606,11 @@ class Bank:
             raise ValueError(f"search takes one vector, got shape {query.shape}")
         if self._encoder.dim and query.shape[0] != self._encoder.dim:
             raise ValueError(f"query has {query.shape[0]} dims, this bank holds {self._encoder.dim}")
-        if not np.isfinite(query).all():
+        # Lean on purpose: this runs on every lookup, whose budget is a fraction of a millisecond.
+        norm = math.sqrt(float(np.dot(query, query)))
+        if not math.isfinite(norm):
             raise ValueError("query contains NaN or infinity")
-        return normalise_rows(query)
+        return (query / norm if norm > 0 else query.copy()).reshape(1, -1)
 
     def _neighbour(self, id: int, score: float) -> Neighbour:
         metadata = self._metadata[id]
@@ -579,7 +630,8 @@ class Bank:
 
         `labels` and `metadata` are one per row, or one for all. `source` is one of `SOURCES`.
         Metadata must be JSON (it is stored as its JSON round trip). Memory only until `save()`.
-        Past `approximate_after` vectors, this call builds the HNSW graph (seconds to minutes).
+        The call that takes the bank past `approximate_after` also builds the HNSW graph (seconds to
+        minutes); other threads' lookups and adds go on meanwhile.
         """
         matrix = np.asarray(vectors, dtype=np.float32)
         if matrix.ndim == 1:
@@ -620,29 +672,47 @@ class Bank:
             self._sources.extend([SOURCES.index(source)] * count)
             self._metadata.extend(stored)
             self._dirty = True
-            if not self._approximate and len(self._labels) > self.approximate_after:
+            switch = not self._approximate and not self._building and len(self._labels) > self.approximate_after
+            self._building |= switch
+        if switch:
+            try:
                 self._go_approximate()
+            finally:
+                self._building = False
         return list(range(first, first + count))
 
-    def _go_approximate(self) -> None:
-        """Replace the exact index with HNSW built from the stored vectors; measure its recall."""
+    def _go_approximate(self, *, private: bool = False) -> None:
+        """Replace the exact index with HNSW built from the stored vectors; measure its recall.
+
+        The graph is built outside the lock from a copy of the vectors, so lookups go on meanwhile
+        against the exact index; vectors added during the build join the graph at the swap.
+        `private`: nobody else holds this bank yet (loading), so no copy is needed.
+        """
         dim = self._encoder.dim
-        exact = self._index
-        vectors = _storage(exact, dim)
         started = time.perf_counter()
+        with self._lock:
+            built = len(self._labels)
+            vectors = _storage(self._index, dim)[:built]
+            if not private:
+                vectors = vectors.copy()
         hnsw = _new_hnsw(dim, self._ef_search)
         _add_chunked(hnsw, vectors, 0)
-        self._recall = _recall(hnsw, vectors, RECALL_SAMPLE, RECALL_K)
-        self._index = hnsw
-        self._approximate = True
-        del vectors, exact
+        recall = _recall(hnsw, vectors, RECALL_SAMPLE, RECALL_K)
+        del vectors
+        with self._lock:
+            if len(self._labels) > built:
+                _add_chunked(hnsw, _storage(self._index, dim)[built:], built)
+            self._index = hnsw
+            self._approximate = True
+            self._recall = recall
+            self._dirty = True
         logger.info(
-            "LEASH %s bank: %d vectors, switched to HNSW in %.1fs, recall@%d %s",
+            "LEASH %s bank: switched to HNSW at %d vectors in %.1fs, recall@%d %s",
             self.kind,
-            len(self._labels),
+            built,
             time.perf_counter() - started,
             RECALL_K,
-            "n/a" if self._recall is None else f"{self._recall[0]:.3f}",
+            "n/a" if recall is None else f"{recall.value:.3f}",
         )
 
     async def aadd(
@@ -719,23 +789,39 @@ class Bank:
             )
 
     def _write_generation(self, directory: Path, generation: int) -> None:
-        dim = self._encoder.dim
-        vectors = _storage(self._index, dim) if self._index is not None else np.zeros((0, 0), dtype=np.float32)
-        files: dict[str, dict[str, Any]] = {}
-        files["vectors"] = _write_file_atomic(
-            directory / f"vectors-{generation:06d}.npy",
-            lambda out: np.lib.format.write_array(out, vectors, allow_pickle=False),
-        )
-        files["meta"] = _write_file_atomic(directory / f"meta-{generation:06d}.jsonl", self._write_meta)
+        count = len(self._labels)
+        segments = list(self._segments)
+        saved = segments[-1]["end"] if segments else 0
+        if count > saved:
+            # The rows added since the last save go into one new segment file. Binary-counter merging:
+            # a new segment at least as long as the one before it absorbs it, so n rows lie in
+            # O(log n) segments and each row is rewritten O(log n) times, not at every save.
+            start = saved
+            while segments and count - start >= segments[-1]["end"] - segments[-1]["start"]:
+                start = segments.pop()["start"]
+            rows = _storage(self._index, self._encoder.dim)[start:count]
+            vectors = _write_file_atomic(
+                directory / f"vectors-{generation:06d}.npy",
+                lambda out: np.lib.format.write_array(out, rows, allow_pickle=False),
+            )
+            meta = _write_file_atomic(
+                directory / f"meta-{generation:06d}.jsonl", lambda out: self._write_meta(out, start, count)
+            )
+            segments.append({"start": start, "end": count, "vectors": vectors, "meta": meta})
+        index_file = None
         index_info: dict[str, Any] = {"type": "flat"}
         if self._approximate:
-            blob = faiss.serialize_index(self._index)
-            files["index"] = _write_file_atomic(
-                directory / f"index-{generation:06d}.faiss", lambda out: _put(out, blob)
-            )
+            index_file = self._index_file
+            # The graph is rewritten whole, so only when an eighth or more of it is new; loading adds the rest.
+            if index_file is None or (count - index_file["count"]) * 8 >= index_file["count"]:
+                blob = faiss.serialize_index(self._index)
+                index_file = _write_file_atomic(
+                    directory / f"index-{generation:06d}.faiss", lambda out: _put(out, blob)
+                )
+                index_file["count"] = count
             index_info = {"type": "hnsw", "m": HNSW_M, "ef_construction": EF_CONSTRUCTION, "ef_search": self._ef_search}
             if self._recall is not None:
-                index_info |= {"recall_at_10": self._recall[0], "recall_sample": self._recall[1]}
+                index_info |= self._recall.as_json()
         # The data files' names must be durable before a manifest can point at them.
         _fsync_dir(directory)
         manifest = {
@@ -744,49 +830,46 @@ class Bank:
             "kind": self.kind,
             "encoder": self._encoder.as_json(),
             "generation": generation,
-            "count": len(self._labels),
+            "count": count,
             "created": self._created,
             "saved": _now(),
             "index": index_info,
-            "files": files,
+            "files": {"segments": segments, **({"index": index_file} if index_file else {})},
         }
         write_atomic(directory / MANIFEST, json.dumps(manifest, indent=1) + "\n")
         _fsync_dir(directory)
         self._generation = generation
+        self._segments = segments
+        self._index_file = index_file
 
-    def _write_meta(self, out: _HashingWriter) -> None:
+    def _write_meta(self, out: _HashingWriter, start: int, end: int) -> None:
         lines: list[str] = []
-        for position, (label, source, metadata) in enumerate(
-            zip(self._labels, self._sources, self._metadata, strict=True)
-        ):
-            record = {"id": position, "label": LABELS[label], "source": SOURCES[source], "metadata": metadata or {}}
+        for position in range(start, end):
+            record = {
+                "id": position,
+                "label": LABELS[self._labels[position]],
+                "source": SOURCES[self._sources[position]],
+                "metadata": self._metadata[position] or {},
+            }
             lines.append(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
             if len(lines) >= 4096:
                 out.write("".join(lines).encode())
                 lines.clear()
         out.write("".join(lines).encode())
 
-    def _stray_files(self, keep: set[str] | None = None) -> list[str]:
-        """Data and temporary files in the directory that the manifest does not name."""
+    def _stray_files(self) -> list[str]:
+        """Data and temporary files in the directory that the committed manifest does not name."""
         if self.directory is None:
             return []
-        if keep is None:
-            keep = self._current_names()
+        keep = {entry["name"] for segment in self._segments for entry in (segment["vectors"], segment["meta"])}
+        if self._index_file is not None:
+            keep.add(self._index_file["name"])
         try:
             names = sorted(entry.name for entry in os.scandir(self.directory) if entry.is_file())
         except OSError:
             return []
-        return [
-            name for name in names if (_DATA_FILE.match(name) or name.startswith(f".{MANIFEST}.")) and name not in keep
-        ]
-
-    def _current_names(self) -> set[str]:
-        assert self.directory is not None
-        try:
-            files = json.loads((self.directory / MANIFEST).read_text(encoding="utf-8"))["files"]
-            return {str(entry["name"]) for entry in files.values()}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return set()
+        temporary = f".{MANIFEST}."
+        return [name for name in names if (_DATA_FILE.match(name) or name.startswith(temporary)) and name not in keep]
 
     def __repr__(self) -> str:
         index = "hnsw" if self._approximate else "flat"
