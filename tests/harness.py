@@ -7,6 +7,7 @@ runs the real `mcp-spec-proxy` command and talks to it over stdio, as Claude Des
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -104,3 +105,14 @@ def approve(answer: bool, note: str = "") -> ElicitationFnT:
         return types.ElicitResult(action="accept", content={"approve": answer, "note": note})
 
     return callback
+
+
+def verdict(accepted_steps: int, reason: str = "ok", replacement: dict[str, Any] | None = None) -> str:
+    """A scripted verifier's answer, as the strong model would write it."""
+    return json.dumps({"reason": reason, "accepted_steps": accepted_steps, "replacement_action": replacement})
+
+
+def segment_length(request: Any) -> int:
+    """How many steps the verification request's segment block holds."""
+    text = next(m["content"] for m in reversed(request.messages) if "# Segment to verify" in str(m["content"]))
+    return len(json.loads(text.split("```json\n", 1)[1].split("\n```", 1)[0]))

@@ -16,18 +16,9 @@ import yaml
 from mcp_spec_proxy.bench.scripted_model import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
 from mcp_spec_proxy.engine import Engine, RunResult
 from tests import backends
-from tests.harness import PROXY_COMMAND, Proxied, proxied, stdio
+from tests.harness import PROXY_COMMAND, Proxied, proxied, segment_length, stdio, verdict
 
 pytestmark = pytest.mark.anyio
-
-
-def segment_length(request: ChatRequest) -> int:
-    text = next(m["content"] for m in reversed(request.messages) if "# Segment to verify" in str(m["content"]))
-    return len(json.loads(text.split("```json\n", 1)[1].split("\n```", 1)[0]))
-
-
-def verdict(accepted_steps: int, reason: str = "ok", replacement: dict[str, Any] | None = None) -> str:
-    return json.dumps({"reason": reason, "accepted_steps": accepted_steps, "replacement_action": replacement})
 
 
 def call(name: str, **arguments: Any) -> Reply:

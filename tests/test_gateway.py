@@ -19,7 +19,7 @@ from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.fronts.gateway import Gateway, serve_gateway
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
 from tests import backends
-from tests.harness import stdio
+from tests.harness import segment_length, stdio, verdict
 
 pytestmark = pytest.mark.anyio
 
@@ -45,15 +45,6 @@ CLIENT_TOOLS: list[dict[str, Any]] = [
         },
     },
 ]
-
-
-def verdict(accepted_steps: int, reason: str = "ok", replacement: dict[str, Any] | None = None) -> str:
-    return json.dumps({"reason": reason, "accepted_steps": accepted_steps, "replacement_action": replacement})
-
-
-def segment_length(request: ChatRequest) -> int:
-    text = next(m["content"] for m in reversed(request.messages) if "# Segment to verify" in str(m["content"]))
-    return len(json.loads(text.split("```json\n", 1)[1].split("\n```", 1)[0]))
 
 
 @dataclass

@@ -17,18 +17,9 @@ from mcp_spec_proxy.config import LeashConfig
 from mcp_spec_proxy.leash.layers import Leash
 from mcp_spec_proxy.trajectory import Step
 from tests import backends
-from tests.harness import proxied, stdio, text_of
+from tests.harness import proxied, segment_length, stdio, text_of, verdict
 
 pytestmark = pytest.mark.anyio
-
-
-def verdict(accepted_steps: int, reason: str = "ok") -> str:
-    return json.dumps({"reason": reason, "accepted_steps": accepted_steps, "replacement_action": None})
-
-
-def segment_length(request: ChatRequest) -> int:
-    text = next(m["content"] for m in reversed(request.messages) if "# Segment to verify" in str(m["content"]))
-    return len(json.loads(text.split("```json\n", 1)[1].split("\n```", 1)[0]))
 
 
 def leash_config(tmp_path: Path, **thresholds: Any) -> dict[str, Any]:

@@ -16,19 +16,9 @@ import pytest
 
 from mcp_spec_proxy.bench.scripted_model import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
 from tests import backends
-from tests.harness import Proxied, proxied, stdio, text_of
+from tests.harness import Proxied, proxied, segment_length, stdio, text_of, verdict
 
 pytestmark = pytest.mark.anyio
-
-
-def verdict(accepted_steps: int, reason: str = "ok", replacement: dict[str, Any] | None = None) -> str:
-    return json.dumps({"reason": reason, "accepted_steps": accepted_steps, "replacement_action": replacement})
-
-
-def segment_length(request: ChatRequest) -> int:
-    """How many steps the verification request's segment block holds."""
-    text = next(m["content"] for m in reversed(request.messages) if "# Segment to verify" in str(m["content"]))
-    return len(json.loads(text.split("```json\n", 1)[1].split("\n```", 1)[0]))
 
 
 @dataclass

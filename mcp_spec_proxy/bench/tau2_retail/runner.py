@@ -32,7 +32,6 @@ import datetime
 import importlib
 import json
 import os
-import platform
 import re
 import shlex
 import shutil
@@ -51,6 +50,7 @@ import click
 
 from mcp_spec_proxy.bench.cost_model import CostModel
 from mcp_spec_proxy.bench.cost_model import load as load_cost_model
+from mcp_spec_proxy.bench.measure import machine_line
 from mcp_spec_proxy.bench.scripted_model import Respond, ScriptedModelServer
 from mcp_spec_proxy.bench.tau2_retail import report
 from mcp_spec_proxy.bench.tau2_retail.agents import STRONG_MODEL, WEAK_MODEL, Count, World
@@ -461,20 +461,6 @@ def qwen_counter() -> Count | None:
 # -- reporting --------------------------------------------------------------------------------
 
 
-def machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (
-        f"{cpu}, nproc {os.cpu_count()}, Python {platform.python_version()} ({platform.system()} {platform.release()})"
-    )
-
-
 class Bar:
     """Progress on stderr: one line rewritten in place on a terminal, else a line per tenth of the runs."""
 
@@ -505,7 +491,7 @@ def header(settings: Settings, command: str, elapsed: float, tokenizer: str) -> 
     source = "REAL endpoints" if settings.endpoints is not None else "scripted models (agents.py)"
     out = [
         f"command: {command}",
-        f"date: {datetime.date.today().isoformat()}; machine: {machine()}; {elapsed:.0f} s",
+        f"date: {datetime.date.today().isoformat()}; machine: {machine_line()}; {elapsed:.0f} s",
         f"models: {source}; tokens: {tokenizer}",
         f"tasks: {len(settings.tasks)} (ids {', '.join(str(t['id']) for t in settings.tasks[:12])}"
         + (" ..." if len(settings.tasks) > 12 else "")
@@ -571,7 +557,7 @@ def write_outputs(
         ]
     )
     (settings.out / "summary.md").write_text(text + "\n", encoding="utf-8")
-    meta = {"command": command, "elapsed_s": round(elapsed, 1), "tokenizer": tokenizer, "machine": machine()}
+    meta = {"command": command, "elapsed_s": round(elapsed, 1), "tokenizer": tokenizer, "machine": machine_line()}
     payload = {"meta": meta, "params": settings.params.model_dump(mode="json"), "modes": summary}
     (settings.out / "summary.json").write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
     return text
