@@ -190,18 +190,7 @@ class ClientToolView:
             assert self._catalog is not None
             self._catalog.validate(tool, arguments)
             return
-        validator = self._validators.get(tool.name)
-        if validator is None:
-            schema = dict(tool.input_schema)
-            cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-            try:
-                cls.check_schema(schema)
-            except jsonschema.SchemaError:
-                schema = {"type": "object"}
-            validator = self._validators[tool.name] = cls(schema)
-        errors = list(validator.iter_errors(dict(arguments)))
-        if errors:
-            raise InvalidArguments(f"invalid arguments for {tool.name}: " + "; ".join(_describe(e) for e in errors[:5]))
+        check_arguments(self._validators, tool, arguments)
 
 
 class Catalog:
@@ -280,22 +269,7 @@ class Catalog:
 
     def validate(self, tool: CatalogTool, arguments: Mapping[str, Any]) -> None:
         """Raise `InvalidArguments` naming every problem; nothing is forwarded or reviewed before this."""
-        validator = self._validators.get(tool.name)
-        if validator is None:
-            schema = dict(tool.input_schema)
-            cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-            try:
-                cls.check_schema(schema)
-            except jsonschema.SchemaError:
-                # A backend with a broken schema still gets its calls: it will judge them itself.
-                cls = jsonschema.Draft202012Validator
-                schema = {"type": "object"}
-            validator = cls(schema)
-            self._validators[tool.name] = validator
-        errors = sorted(validator.iter_errors(dict(arguments)), key=lambda e: list(e.absolute_path))
-        if errors:
-            problems = "; ".join(_describe(error) for error in errors[:5])
-            raise InvalidArguments(f"invalid arguments for {tool.name}: {problems}")
+        check_arguments(self._validators, tool, arguments)
 
     def prompts(self) -> list[tuple[CatalogEntry, types.Prompt]]:
         by_key = {(s, p.name): p for s, listing in self._prompt_listings.items() for p in listing}
@@ -389,6 +363,27 @@ def _public_definition(tool: types.Tool, name: str, wants_intent: bool) -> types
         schema.update(properties=properties, required=[*schema.get("required", []), INTENT_ARGUMENT])
         update["input_schema"] = schema
     return tool.model_copy(update=update)
+
+
+def check_arguments(
+    validators: dict[str, jsonschema.protocols.Validator], tool: CatalogTool, arguments: Mapping[str, Any]
+) -> None:
+    """Raise `InvalidArguments` naming every problem, with the tool's validator built once and cached."""
+    validator = validators.get(tool.name)
+    if validator is None:
+        schema = dict(tool.input_schema)
+        cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        try:
+            cls.check_schema(schema)
+        except jsonschema.SchemaError:
+            # A tool with a broken schema still gets its calls: its server will judge them itself.
+            cls = jsonschema.Draft202012Validator
+            schema = {"type": "object"}
+        validator = validators[tool.name] = cls(schema)
+    errors = sorted(validator.iter_errors(dict(arguments)), key=lambda e: list(e.absolute_path))
+    if errors:
+        problems = "; ".join(_describe(error) for error in errors[:5])
+        raise InvalidArguments(f"invalid arguments for {tool.name}: {problems}")
 
 
 def _describe(error: jsonschema.ValidationError) -> str:
