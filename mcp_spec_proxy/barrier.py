@@ -1,49 +1,39 @@
-"""The per-session write barrier: run reads at once, hold writes until a verdict.
+"""The MCP front's session: run reads at once, hold writes, hand every call to the gate.
 
-`Barrier.call()` is the only path from a client's `tools/call` to a backend:
+`Barrier.call()` is a client's `tools/call` on its way to a backend:
 
-    look up → validate arguments → read?  forward now, record the step
-                                  → write? hold: audit, review (progress while waiting),
-                                           audit the verdict (fsynced), forward only if accepted
+    look up → validate arguments → strip `intent` → the gate: a read runs now; a write is held
+    until its verdict (`gate.py`) → a rejected write may be replaced or repaired, and that
+    substitute meets the gate again, under its own tool's policy
 
-Promises: no write reaches a backend without an accepting verdict on disk first; a call whose
-client goes away while it is held is abandoned and audited as such, never forwarded later; a
-reviewer that fails or times out fails closed unless `review.on_error: allow`.
+The barrier owns the session's trajectory (what the reviewer sees: the reads that led to a
+write) and the client-facing texts of what happened; the gate owns policy, audit and forwarding.
+A call whose client goes away while it is held is abandoned, never forwarded later.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
 import mcp_types as types
-from mcp.shared.dispatcher import ProgressFnT
 
-from mcp_spec_proxy.audit import AuditLog
-from mcp_spec_proxy.backends import BackendPool
-from mcp_spec_proxy.catalog import Catalog, CatalogTool, digest, strip_intent
-from mcp_spec_proxy.config import ProxyConfig, ReviewMode
-from mcp_spec_proxy.errors import BackendError, InvalidArguments
-from mcp_spec_proxy.leash.layers import Leash
+from mcp_spec_proxy.catalog import Catalog, CatalogTool, strip_intent
+from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.errors import InvalidArguments
+from mcp_spec_proxy.gate import Author, Gate, GateCall, Outcome, Report, blocked_result, capped, error_result
 from mcp_spec_proxy.models import ModelCall
-from mcp_spec_proxy.review import ProposedStep, Repairer, ReviewFailed, check_step, step_json
-from mcp_spec_proxy.reviewers import InputNeeded, Reviewer, ReviewRequest, UserChannel, Verdict
+from mcp_spec_proxy.review import ProposedStep, Repairer, check_step, step_json
+from mcp_spec_proxy.reviewers import ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.telemetry import Telemetry
-from mcp_spec_proxy.trajectory import History, Segment, Step, observation_text
+from mcp_spec_proxy.trajectory import History, Segment, Step
 
 logger = logging.getLogger(__name__)
 
-Report = ProgressFnT
-"""Sends a progress notification to the calling client: `await report(progress, total, message)`."""
-
-HEARTBEAT_S = 5.0
-LABELLING_REVIEWERS = {"strong", "human", "strong→human"}
-"""Verdicts that are judgements (not policy, not LEASH's own) and so label their steps for LEASH."""
+__all__ = ["Barrier", "Report", "Session", "blocked_result", "error_result"]
 
 
 @dataclass
@@ -59,21 +49,15 @@ class Barrier:
         self,
         config: ProxyConfig,
         catalog: Catalog,
-        backends: BackendPool,
-        reviewers: dict[ReviewMode, Reviewer],
-        audit: AuditLog,
+        gate: Gate,
         telemetry: Telemetry | None = None,
         repairer: Repairer | None = None,
-        leash: Leash | None = None,
     ) -> None:
         self._config = config
         self._catalog = catalog
-        self._backends = backends
-        self._reviewers = reviewers
-        self._audit = audit
+        self.gate = gate
         self._telemetry = telemetry or Telemetry(None)
         self._repairer = repairer
-        self._leash = leash
 
     def new_session(self, session_id: str | None = None) -> Session:
         commit_every = self._config.speculation.draft_steps
@@ -88,7 +72,7 @@ class Barrier:
         report: Report | None = None,
     ) -> types.CallToolResult:
         tool = self._catalog.lookup(name)  # ToolNotFound is a protocol error, raised to the front
-        if tool.reason == "changed-definition":
+        if tool.reason in ("changed-definition", "new-tool"):
             # `tools accept` may have run since: a small file, read only for tools under suspicion.
             self._catalog.refresh_fingerprints()
             tool = self._catalog.lookup(name)
@@ -99,7 +83,7 @@ class Barrier:
         forwarded, intent = strip_intent(tool, arguments)
         if tool.effect == "read":
             step = Step(tool.name, forwarded, "read")
-            result = await self.forward(tool, forwarded, step, report)
+            result = await self.gate.read(session.id, tool, forwarded, step, "client", report)
             session.history.record_read(step)
             return result
         return await self._hold(session, tool, forwarded, intent, user, report)
@@ -113,87 +97,48 @@ class Barrier:
         user: UserChannel,
         report: Report | None,
     ) -> types.CallToolResult:
-        call_id = uuid.uuid4().hex[:12]
         held = Step(tool.name, arguments, "write", intent=intent)
         segment = session.history.segment(held)
-        mode: ReviewMode = tool.review or self._config.review.default
-        flagged = None
-        if mode == "allow" and self._leash is not None:
-            # The shadow observer: a write nobody would review that looks like past failures is reviewed.
-            score = await self._leash.step_score(held)
-            if self._leash.at_least(score, self._leash.config.observe_threshold):
-                mode = "strong" if "strong" in self._reviewers else "human"
-                flagged = score.as_json()
-        reviewer = self._reviewers[mode]
-        common = {
-            "call": call_id,
-            "session": session.id,
-            "tool": tool.name,
-            "server": tool.server,
-            "arguments_digest": digest(arguments),
-            "effect": tool.effect,
-            "why": tool.why,
-            "reviewer": reviewer.name,
-        }
-        await self._audit.record("held", **common, segment_length=len(segment))
-        if flagged is not None:
-            await self._audit.record("leash-escalated", call=call_id, session=session.id, to=reviewer.name, **flagged)
-        started = time.perf_counter()
         request = ReviewRequest(session.id, tool, arguments, intent, segment, session.history)
+        call = GateCall(session.id, tool, arguments, "client", request, intent=intent)
         try:
-            verdict = await self._review(reviewer, request, user, report)
-        except InputNeeded:
+            outcome = await self.gate.write(call, user, report, step=held)
+        except BaseException:  # waiting for the user's answer, or the client went away: not settled
             session.history.release(segment)
-            await self._audit.record("awaiting-input", **common)
             raise
-        except anyio.get_cancelled_exc_class():
-            session.history.release(segment)
-            with anyio.CancelScope(shield=True):
-                await self._audit.record("abandoned", **common, reason="the client cancelled or disconnected")
-            raise
-        latency_ms = round((time.perf_counter() - started) * 1000, 3)
-        await self._audit.record(
-            "verdict",
-            **common,
-            accepted=verdict.accepted,
-            reason=verdict.reason,
-            accepted_steps=verdict.accepted_steps,
-            decided_by=verdict.reviewer,
-            latency_ms=latency_ms,
-            **({"evidence": verdict.evidence} if verdict.evidence else {}),
-        )
-        if self._leash is not None and verdict.reviewer in LABELLING_REVIEWERS:
-            await self._leash.label_verdict(segment.steps, verdict.accepted_steps)
+        verdict = outcome.verdict
         model_calls = list(verdict.model_calls)
-        if verdict.accepted:
-            result = await self.forward(tool, arguments, held, report)
+        if outcome.result is not None:
             session.history.settle(segment, len(segment))
-            await self._audit.record("forwarded", call=call_id, session=session.id, is_error=bool(result.is_error))
-            action = "forwarded"
+            result, action = outcome.result, "forwarded"
         else:
-            alternative = await self._alternative(tool, request, verdict, model_calls)
-            if isinstance(alternative, ProposedStep):
-                action = "replaced" if alternative.source == "replacement" else "repaired"
-                result = await self._substitute(session, segment, verdict, alternative, common, report)
-            else:
+            try:
+                alternative = await self._alternative(tool, request, verdict, model_calls)
+                if isinstance(alternative, ProposedStep):
+                    action = "replaced" if alternative.source == "replacement" else "repaired"
+                    result = await self._substitute(session, segment, tool, outcome, alternative, user, report)
+                else:
+                    result, action = blocked_result(tool, verdict, alternative), "blocked"
+            except BaseException:  # the substitute waits for the user, or the client left: the call stays rejected
                 session.history.settle(segment, min(verdict.accepted_steps, len(segment) - 1))
-                result = blocked_result(tool, verdict, alternative)
-                action = "blocked"
+                raise
+            if action == "blocked":
+                session.history.settle(segment, min(verdict.accepted_steps, len(segment) - 1))
         await self._telemetry.record(
             "decision",
             session=session.id,
-            call=call_id,
+            call=outcome.call,
             tool=tool.name,
             segment=[step_json(step, n) for n, step in enumerate(segment.steps, 1)],
             verdict={
                 "accepted": verdict.accepted,
-                "reason": verdict.reason,
+                "reason": capped(verdict.reason),
                 "accepted_steps": verdict.accepted_steps,
                 "replacement_action": verdict.replacement_action,
                 "reviewer": verdict.reviewer,
             },
             action=action,
-            review_latency_ms=latency_ms,
+            review_latency_ms=outcome.latency_ms,
             model_calls=[call.as_json() for call in model_calls],
         )
         return result
@@ -205,6 +150,9 @@ class Barrier:
         on_reject = tool.on_reject or self._config.review.on_reject
         if on_reject == "block":
             return ""
+        if verdict.reviewer != "strong":
+            # Only a judgement can propose: policy (deny), the user and failures replace nothing.
+            return f"a {verdict.reviewer} verdict proposes no replacement"
         if verdict.accepted_steps < len(request.segment) - 1:
             return "the first rejected step is an earlier call that already ran, so nothing was run instead"
         checked = check_step(self._catalog, verdict.replacement_action)
@@ -220,103 +168,40 @@ class Barrier:
         self,
         session: Session,
         segment: Segment,
-        verdict: Verdict,
+        tool: CatalogTool,
+        rejected: Outcome,
         step: ProposedStep,
-        common: dict[str, Any],
+        user: UserChannel,
         report: Report | None,
     ) -> types.CallToolResult:
-        """Run the reviewed replacement (or repair) in place of the rejected call."""
+        """Run the reviewer's replacement (or repair) in place of the rejected call — through the
+        gate, under the substitute's own tool policy: a `deny` tool never runs, a `human` one asks."""
+        verdict = rejected.verdict
+        original = segment.held.tool
         arguments, intent = strip_intent(step.tool, step.arguments)
         executed = Step(step.tool.name, arguments, step.tool.effect, intent=intent)
-        # The reviewer's own step needs no second verdict, but it is on disk before it runs.
-        await self._audit.record(
-            step.source,
-            call=common["call"],
-            session=session.id,
-            tool=step.tool.name,
-            server=step.tool.server,
-            arguments_digest=digest(arguments),
-            effect=step.tool.effect,
-        )
-        inner = await self.forward(step.tool, arguments, executed, report)
+        prefix = segment.steps[: verdict.accepted_steps]
+        request = ReviewRequest(session.id, step.tool, arguments, intent, Segment((*prefix, executed)), session.history)
+        author: Author = "replacement" if step.source == "replacement" else "repair"
+        if step.tool.effect == "read":
+            inner = await self.gate.read(session.id, step.tool, arguments, executed, author, report)
+        else:
+            call = GateCall(session.id, step.tool, arguments, author, request, intent=intent, replaces=rejected.call)
+            outcome = await self.gate.write(call, user, report, step=executed)
+            if outcome.result is None:
+                session.history.settle(segment, min(verdict.accepted_steps, len(segment) - 1))
+                refusal = outcome.verdict
+                why = f"its {author} {step.tool.name} was refused too ({refusal.reviewer}: {refusal.reason})"
+                return blocked_result(tool, verdict, why)
+            inner = outcome.result
         session.history.settle(segment, verdict.accepted_steps, executed)
-        await self._audit.record("forwarded", call=common["call"], session=session.id, is_error=bool(inner.is_error))
         how = "replaced it with" if step.source == "replacement" else "repaired it as"
         note = (
-            f"[mcp-spec-proxy] {common['tool']} was rejected by the reviewer ({verdict.reason}); the reviewer "
+            f"[mcp-spec-proxy] {original} was rejected by the reviewer ({verdict.reason}); the reviewer "
             f"{how} {step.tool.name} {json.dumps(arguments, ensure_ascii=False)}, which ran. Its result follows."
         )
         return types.CallToolResult(
             content=[types.TextContent(type="text", text=note), *inner.content],
             is_error=inner.is_error,
-            structured_content=inner.structured_content if step.tool.name == common["tool"] else None,
+            structured_content=inner.structured_content if step.tool.name == original else None,
         )
-
-    async def _review(
-        self, reviewer: Reviewer, request: ReviewRequest, user: UserChannel, report: Report | None
-    ) -> Verdict:
-        held = len(request.segment)
-        calls: tuple[ModelCall, ...] = ()
-        try:
-            with anyio.fail_after(self._config.review.timeout):
-                if report is None:
-                    return await reviewer.review(request, user)
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(_heartbeat, report, f"held for review ({reviewer.name})")
-                    verdict = await reviewer.review(request, user)
-                    tg.cancel_scope.cancel()
-                return verdict
-        except TimeoutError:
-            problem = f"review by {reviewer.name} timed out after {self._config.review.timeout:g}s"
-        except InputNeeded:
-            raise
-        except ReviewFailed as exc:
-            problem, calls = f"review by {reviewer.name} failed: {exc}", exc.calls
-        except Exception as exc:  # boundary: a reviewer failure must become a verdict, never a forward
-            logger.exception("reviewer %s failed", reviewer.name)
-            problem = f"review by {reviewer.name} failed: {type(exc).__name__}: {exc}"
-        if self._config.review.on_error == "allow":
-            reason = f"{problem}; allowed because review.on_error is allow"
-            return Verdict(True, reason, held, reviewer="on_error", model_calls=calls)
-        return Verdict(False, f"{problem}; failing closed", held - 1, reviewer="on_error", model_calls=calls)
-
-    async def forward(
-        self, tool: CatalogTool, arguments: dict[str, Any], step: Step, report: Report | None
-    ) -> types.CallToolResult:
-        started = time.perf_counter()
-        try:
-            backend = self._backends.get(tool.server)
-            result = await backend.call_tool(tool.original, arguments, report)
-        except BackendError as exc:
-            result = error_result(str(exc))
-        step.duration_s = time.perf_counter() - started
-        step.is_error = bool(result.is_error)
-        step.observation = observation_text([block.model_dump(mode="json") for block in result.content])
-        return result
-
-
-async def _heartbeat(report: Report, message: str) -> None:
-    started = time.monotonic()
-    tick = 0
-    while True:
-        waited = time.monotonic() - started
-        await report(float(tick), None, f"{message}: waiting {waited:.0f}s")
-        tick += 1
-        await anyio.sleep(HEARTBEAT_S)
-
-
-def error_result(text: str) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
-
-
-def blocked_result(tool: CatalogTool, verdict: Verdict, why_not_replaced: str = "") -> types.CallToolResult:
-    text = f"Blocked at the write barrier: {tool.name} was not executed. Reviewer {verdict.reviewer}: {verdict.reason}"
-    if verdict.replacement_action:
-        text += "\nSuggested instead: " + json.dumps(verdict.replacement_action, ensure_ascii=False)
-    if why_not_replaced:
-        text += f"\n(Nothing was run in its place: {why_not_replaced}.)"
-    return types.CallToolResult(
-        content=[types.TextContent(type="text", text=text)],
-        is_error=True,
-        structured_content=None,
-    )

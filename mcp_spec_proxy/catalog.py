@@ -1,16 +1,29 @@
 """The aggregated tool list: namespacing, effect classification, argument validation.
 
-Every backend tool appears once, as `<server><separator><tool>`, cut to `max_name_length` with a
-short stable hash suffix where it would be longer or would collide. Annotations, titles, output
-schemas and `_meta` pass through unchanged; only the name (and, for writes, the optional
-`intent` argument) differ from what the backend listed.
+Every backend tool appears once, as `<server><separator><tool>`; a name that is not legal, is
+longer than `max_name_length`, does not split back into its own server and tool, or ends like a
+hash suffix (`-<6 hex>`) is cut and given a short stable hash of its identity instead. A public
+name is a function of the configured servers and its own server and tool only, never of which
+other tools exist or of listing order, and no two servers can ever produce the same one (see
+`public_name`); two tools of one server whose hashed names collide are both left out.
+Annotations, titles, output schemas and `_meta` pass through unchanged; only the name (and, for
+writes, the optional `intent` argument) differ from what the backend listed.
 
 Classification, first rule that speaks wins:
   1. a definition that changed since it was first seen  → write, until `tools accept NAME`
-  2. a config override with `hold: true`                → write
-  3. a config override with `read_only: true|false`     → read / write
-  4. `readOnlyHint: true` from a trusted server         → read
-  5. anything else (unannotated, untrusted, false)      → write
+  2. a tool that appeared after its server's first
+     listing (list_changed, a reconnect)                → write, until `tools accept NAME`
+  3. a config override with `hold: true`                → write
+  4. a config override with `read_only: true|false`     → read / write
+  5. `readOnlyHint: true` from an untrusted server      → write
+  6. `readOnlyHint: true` with `destructiveHint: true`  → write (the annotations contradict)
+  7. `readOnlyHint: true` and `openWorldHint: true`
+     under `hold_open_world` (server, else top level)   → write (reason `hold`)
+  8. `readOnlyHint: true` from a trusted server         → read
+  9. anything else (unannotated, `readOnlyHint: false`) → write
+
+Arguments are checked before anything is reviewed or forwarded: no lone surrogate anywhere
+(keys or values), then the tool's input schema.
 """
 
 from __future__ import annotations
@@ -18,18 +31,21 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 import jsonschema
 import mcp_types as types
 
 from mcp_spec_proxy.config import OnReject, ProxyConfig, ReviewMode, ServerConfig, ToolOverride
 from mcp_spec_proxy.errors import InvalidArguments, ToolNotFound
-from mcp_spec_proxy.fingerprints import FingerprintStore, fingerprint
+from mcp_spec_proxy.fingerprints import FingerprintStore, Status, fingerprint
 from mcp_spec_proxy.trajectory import Effect
+
+logger = logging.getLogger(__name__)
 
 INTENT_ARGUMENT = "intent"
 INTENT_SCHEMA: dict[str, Any] = {
@@ -41,8 +57,11 @@ INTENT_SCHEMA: dict[str, Any] = {
 }
 
 _ILLEGAL = re.compile(r"[^A-Za-z0-9_.-]")
+_HASHED = re.compile(r"-[0-9a-f]{6}\Z")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
-Reason = Literal["changed-definition", "hold", "override", "annotation", "default"]
+Reason = Literal["changed-definition", "new-tool", "hold", "override", "annotation", "default"]
+_Named = TypeVar("_Named")
 
 
 @dataclass(frozen=True)
@@ -63,6 +82,12 @@ class CatalogTool:
     def input_schema(self) -> Mapping[str, Any]:
         return self.definition.input_schema
 
+    @property
+    def open_world(self) -> bool:
+        """The backend says the tool reaches beyond its own closed domain (`openWorldHint: true`)."""
+        annotations = self.definition.annotations
+        return bool(annotations and annotations.open_world_hint)
+
 
 @dataclass(frozen=True)
 class CatalogEntry:
@@ -73,18 +98,35 @@ class CatalogEntry:
     original: str
 
 
-def public_name(server: str, tool: str, separator: str, limit: int) -> str:
+def public_name(server: str, tool: str, separator: str, limit: int, servers: Collection[str] = ()) -> str:
     """`<server><sep><tool>`, legal characters only, at most `limit` long.
 
-    A name that had to be changed (illegal characters, too long) or that does not split back at
-    its first separator into this very server and tool (`a_` + `x` and `a` + `_x` both spell
-    `a___x`) gets a short hash of its identity: a name never depends on which other tools exist,
-    so it never moves to another server's tool when a backend comes or goes.
+    The plain name is kept only when it is legal, fits, splits back at its first separator into
+    this very server and tool (`a_` + `x` and `a` + `_x` both spell `a___x`) and does not end
+    like a hash suffix (`-<6 hex>`). Any other name is cut and gets a 6-hex hash of its identity
+    (`server/tool`). So a plain name decodes to one server and tool, and can never equal a
+    hashed one. A hashed name keeps `<server><sep>` whole (config guarantees room for it), and
+    where it would start like a longer configured server's names (`a` + `__` + `_x y` would read
+    `a___x_y`, where server `a_`'s names live; `servers` are the configured names) a `.` follows
+    the separator, which no server name holds: every hashed name lies where only its own server's
+    names do, so no crafted tool of another server can hash to it. A name depends on nothing but
+    these arguments, so it never moves to another tool when a backend comes or goes.
     """
     plain = f"{server}{separator}{tool}"
     name = _ILLEGAL.sub("_", plain)
-    if len(name) <= limit and name == plain and plain.split(separator, 1) == [server, tool]:
+    if (
+        len(name) <= limit
+        and name == plain
+        and plain.split(separator, 1) == [server, tool]
+        and not _HASHED.search(name)
+    ):
         return name
+    head = f"{server}{separator}"
+    if any(
+        other != server and f"{other}{separator}".startswith(head) and name.startswith(f"{other}{separator}")
+        for other in servers
+    ):
+        name = f"{head}.{name[len(head) :]}"
     return _with_suffix(name, f"{server}/{tool}", limit)
 
 
@@ -108,22 +150,35 @@ def included(server: ServerConfig, tool: str) -> bool:
 
 
 def classify(
-    server: ServerConfig, tool: types.Tool, *, changed: bool
+    server: ServerConfig, tool: types.Tool, *, status: Status = "accepted", hold_open_world: bool = False
 ) -> tuple[Effect, Reason, str, ToolOverride | None]:
+    """The effect of one tool, the rule that decided it and why (the module docstring's list).
+
+    `status` is the fingerprint store's word on its definition; `hold_open_world` the setting in
+    force for its server (the server's own, else the top-level one).
+    """
     matched = _override(server, tool.name)
     rule = matched[1] if matched else None
-    if changed:
+    if status == "changed":
         return "write", "changed-definition", "definition changed since first seen; accept it with `tools accept`", rule
+    if status == "new":
+        why = "tool appeared after its server's first listing; accept it with `tools accept`"
+        return "write", "new-tool", why, rule
     if matched and rule and rule.hold:
         return "write", "hold", f"override {matched[0]!r}: hold", rule
     if matched and rule and rule.read_only is not None:
         effect: Effect = "read" if rule.read_only else "write"
         return effect, "override", f"override {matched[0]!r}: read_only: {str(rule.read_only).lower()}", rule
-    hint = tool.annotations.read_only_hint if tool.annotations else None
-    if hint is True and server.trust_annotations:
-        return "read", "annotation", "readOnlyHint: true", rule
-    if hint is True:
+    annotations = tool.annotations
+    hint = annotations.read_only_hint if annotations else None
+    if hint is True and not server.trust_annotations:
         return "write", "default", "readOnlyHint ignored: trust_annotations is false", rule
+    if hint is True and annotations and annotations.destructive_hint is True:
+        return "write", "annotation", "readOnlyHint: true contradicts destructiveHint: true; held as a write", rule
+    if hint is True and hold_open_world and annotations and annotations.open_world_hint:
+        return "write", "hold", "readOnlyHint: true but openWorldHint: true, and hold_open_world is true", rule
+    if hint is True:
+        return "read", "annotation", "readOnlyHint: true", rule
     if hint is False:
         return "write", "annotation", "readOnlyHint: false", rule
     return "write", "default", "no readOnlyHint: unannotated tools are writes", rule
@@ -169,7 +224,8 @@ class ClientToolView:
                 effect="read" if read else "write",
                 reason="override" if read else "default",
                 why="client tool " + ("matching a read-only pattern" if read else "not known to be read-only"),
-                review=None,
+                # The client runs its own tools; the proxy's part is SpecAgent's verification of them.
+                review="strong",
                 on_reject=None,
                 fingerprint="",
                 wants_intent=False,
@@ -217,7 +273,8 @@ class Catalog:
         else:
             self._listings[server] = tools
             self._fingerprints.observe(
-                {f"{server}/{tool.name}": fingerprint(tool) for tool in tools if self._included(server, tool.name)}
+                {f"{server}/{tool.name}": fingerprint(tool) for tool in tools if self._included(server, tool.name)},
+                server=server,
             )
         self._rebuild()
 
@@ -226,13 +283,12 @@ class Catalog:
             self._prompt_listings.pop(server, None)
         else:
             self._prompt_listings[server] = prompts
-        self._prompts = {}
+        named: list[tuple[str, CatalogEntry]] = []
         for name, listing in sorted(self._prompt_listings.items()):
             for prompt in listing:
-                public = self._unique(
-                    public_name(name, prompt.name, self._separator, self._limit), self._prompts, self._limit
-                )
-                self._prompts[public] = CatalogEntry(public, name, prompt.name)
+                public = self._public_name(name, prompt.name)
+                named.append((public, CatalogEntry(public, name, prompt.name)))
+        self._prompts = _distinct(named, lambda e: (e.server, e.original), "prompt")
 
     def set_resources(
         self, server: str, resources: list[types.Resource] | None, templates: list[types.ResourceTemplate] | None
@@ -313,31 +369,30 @@ class Catalog:
     def _included(self, server: str, tool: str) -> bool:
         return included(self._config.servers[server], tool)
 
-    @staticmethod
-    def _unique(name: str, taken: Mapping[str, object], limit: int) -> str:
-        candidate, n = name, 1
-        while candidate in taken:
-            n += 1
-            candidate = _with_suffix(name, f"{name}#{n}", min(len(name) + 7, limit))
-        return candidate
+    def _public_name(self, server: str, tool: str) -> str:
+        return public_name(server, tool, self._separator, self._limit, self._config.servers)
 
     def _rebuild(self) -> None:
-        tools: dict[str, CatalogTool] = {}
+        named: list[tuple[str, CatalogTool]] = []
         for server, listing in sorted(self._listings.items()):
             config = self._config.servers[server]
+            hold_open_world = (
+                config.hold_open_world if config.hold_open_world is not None else self._config.hold_open_world
+            )
             for tool in listing:
                 if not included(config, tool.name):
                     continue
                 key = f"{server}/{tool.name}"
                 print_ = fingerprint(tool)
-                effect, reason, why, rule = classify(config, tool, changed=self._fingerprints.changed(key, print_))
-                name = self._unique(public_name(server, tool.name, self._separator, self._limit), tools, self._limit)
+                status = self._fingerprints.status(key, print_)
+                effect, reason, why, rule = classify(config, tool, status=status, hold_open_world=hold_open_world)
+                name = self._public_name(server, tool.name)
                 wants_intent = (
                     effect == "write"
                     and self._config.review.intent
                     and INTENT_ARGUMENT not in (tool.input_schema.get("properties") or {})
                 )
-                tools[name] = CatalogTool(
+                entry = CatalogTool(
                     name=name,
                     server=server,
                     original=tool.name,
@@ -350,8 +405,33 @@ class Catalog:
                     fingerprint=print_,
                     wants_intent=wants_intent,
                 )
-        self._tools = tools
+                named.append((name, entry))
+        self._tools = _distinct(named, lambda t: (t.server, t.original), "tool")
         self._validators = {}
+
+
+def _distinct(
+    named: list[tuple[str, _Named]], identity: Callable[[_Named], tuple[str, str]], kind: str
+) -> dict[str, _Named]:
+    """By public name, leaving out every name two identities share (only hashed names of one
+    server can: a 6-hex hash collision). Dropping all of them, rather than keeping the first,
+    keeps listing order out of it: a name is listed only while it stands for exactly one tool."""
+    by_name: dict[str, list[_Named]] = {}
+    for name, item in named:
+        by_name.setdefault(name, []).append(item)
+    chosen: dict[str, _Named] = {}
+    for name, items in by_name.items():
+        owners = sorted({identity(item) for item in items})
+        if len(owners) > 1:
+            logger.warning(
+                "%s name %s is shared by %s; leaving them all out (rename one in its backend)",
+                kind,
+                name,
+                ", ".join(f"{server}/{original}" for server, original in owners),
+            )
+            continue
+        chosen[name] = items[0]
+    return chosen
 
 
 def _public_definition(tool: types.Tool, name: str, wants_intent: bool) -> types.Tool:
@@ -368,7 +448,16 @@ def _public_definition(tool: types.Tool, name: str, wants_intent: bool) -> types
 def check_arguments(
     validators: dict[str, jsonschema.protocols.Validator], tool: CatalogTool, arguments: Mapping[str, Any]
 ) -> None:
-    """Raise `InvalidArguments` naming every problem, with the tool's validator built once and cached."""
+    """Raise `InvalidArguments` naming every problem, with the tool's validator built once and cached.
+
+    A lone surrogate anywhere (a key or a string, however deep) is refused first: such text has
+    no UTF-8 form, so a reviewer could not be shown it and a backend would get it mangled.
+    """
+    where = _lone_surrogate(arguments)
+    if where is not None:
+        raise InvalidArguments(
+            f"invalid arguments for {tool.name}: arguments contain invalid Unicode (a lone surrogate) at {where}"
+        )
     validator = validators.get(tool.name)
     if validator is None:
         schema = dict(tool.input_schema)
@@ -386,6 +475,35 @@ def check_arguments(
         raise InvalidArguments(f"invalid arguments for {tool.name}: {problems}")
 
 
+def _lone_surrogate(arguments: Mapping[str, Any]) -> str | None:
+    """The path of a key or string holding a lone surrogate, or None.
+
+    Iterative, so arguments nested deeper than the recursion limit are checked too. The path
+    shows keys with their surrogates escaped (`a.b\\udc80.2`), so the message itself is valid text.
+    """
+    stack: list[tuple[tuple[str, ...], Any]] = [((), arguments)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                return ".".join(path) or "(the arguments)"
+        elif isinstance(value, Mapping):
+            children: list[tuple[tuple[str, ...], Any]] = []
+            for key, item in value.items():
+                label = _printable(str(key))
+                if isinstance(key, str) and _SURROGATE.search(key):
+                    return ".".join((*path, label))
+                children.append(((*path, label), item))
+            stack.extend(reversed(children))
+        elif isinstance(value, list | tuple):
+            stack.extend(reversed([((*path, str(index)), item) for index, item in enumerate(value)]))
+    return None
+
+
+def _printable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _describe(error: jsonschema.ValidationError) -> str:
     path = ".".join(str(p) for p in error.absolute_path)
     return f"{path}: {error.message}" if path else error.message
@@ -396,7 +514,8 @@ def canonical_json(value: Any) -> str:
 
 
 def digest(value: Any) -> str:
-    return hashlib.sha256(canonical_json(value).encode()).hexdigest()[:16]
+    # surrogatepass: a lone surrogate (text that is not valid Unicode) still hashes, never raises.
+    return hashlib.sha256(canonical_json(value).encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 def strip_intent(tool: CatalogTool, arguments: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:

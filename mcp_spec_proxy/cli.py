@@ -3,7 +3,7 @@
 mcp-spec-proxy --config servers.yaml                 serve on stdio (Claude Desktop, IDEs)
 mcp-spec-proxy --config servers.yaml --http :8765    serve streamable HTTP on 127.0.0.1:8765
 mcp-spec-proxy tools                                 every tool with its effect and why
-mcp-spec-proxy tools accept NAME                     accept a tool's changed definition
+mcp-spec-proxy tools accept NAME                     accept a tool's changed definition, or a new tool
 mcp-spec-proxy check                                 validate the config and exit
 """
 
@@ -23,6 +23,7 @@ import anyio
 import click
 
 from mcp_spec_proxy import __version__
+from mcp_spec_proxy.catalog import public_name
 from mcp_spec_proxy.config import ProxyConfig, load_config
 from mcp_spec_proxy.engine import MODES, Mode, RunResult
 from mcp_spec_proxy.errors import ProxyError
@@ -30,8 +31,17 @@ from mcp_spec_proxy.fingerprints import FingerprintStore
 from mcp_spec_proxy.fronts.gateway import Gateway, serve_gateway
 from mcp_spec_proxy.fronts.mcp import McpFront, serve_http, serve_stdio
 from mcp_spec_proxy.leash.bank import Label
-from mcp_spec_proxy.leash.calibrate import curve, pick, table
-from mcp_spec_proxy.leash.layers import Leash
+from mcp_spec_proxy.leash.calibrate import (
+    MIN_HELD_OUT,
+    Calibration,
+    accept_curve,
+    accept_table,
+    curve,
+    pick,
+    pick_accept,
+    table,
+)
+from mcp_spec_proxy.leash.layers import Leash, Score
 from mcp_spec_proxy.models import ChatModel
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
 from mcp_spec_proxy.trajectory import Step
@@ -130,11 +140,7 @@ def main(
     if ctx.invoked_subcommand is not None:
         return
     config = _load(config_path)
-    token = None
-    if token_env:
-        token = os.environ.get(token_env)
-        if not token:
-            raise click.ClickException(f"--token-env {token_env}: that environment variable is empty or not set")
+    token = _token(token_env)
     address = _parse_http(http) if http else None
     state = StatePaths(_state_dir(state_dir, config))
     telemetry_file = telemetry or config.telemetry
@@ -161,6 +167,16 @@ def main(
             tg.cancel_scope.cancel()
 
     _run(serve)
+
+
+def _token(token_env: str | None) -> str | None:
+    """The bearer token an HTTP front requires: read here, at the edge, from the variable named."""
+    if not token_env:
+        return None
+    token = os.environ.get(token_env)
+    if not token:
+        raise click.ClickException(f"--token-env {token_env}: that environment variable is empty or not set")
+    return token
 
 
 def _run(main: Callable[[], Awaitable[T]]) -> T:
@@ -214,7 +230,7 @@ async def _stop_on_signal(scope: anyio.CancelScope) -> None:
 @_file_options
 @click.pass_context
 def tools(ctx: click.Context) -> None:
-    """List every tool with its effect (read/write) and why."""
+    """List every tool with its effect (read/write) and why; open-world reads are marked."""
     if ctx.invoked_subcommand is not None:
         return
     config = _load(ctx.obj["config_path"])
@@ -231,7 +247,9 @@ def tools(ctx: click.Context) -> None:
     width = max((len(t.name) for t in found), default=10)
     for tool in sorted(found, key=lambda t: t.name):
         review = f"  [review: {tool.review or config.review.default}]" if tool.effect == "write" else ""
-        click.echo(f"{tool.name:<{width}}  {tool.effect:<5}  {tool.reason}: {tool.why}{review}")
+        # A read that reaches the outside world runs unreviewed; `hold_open_world: true` holds it.
+        world = "  [open world]" if tool.effect == "read" and tool.open_world else ""
+        click.echo(f"{tool.name:<{width}}  {tool.effect:<5}  {tool.reason}: {tool.why}{world}{review}")
     for line in unavailable:
         click.echo(f"unavailable  {line}", err=True)
 
@@ -239,22 +257,23 @@ def tools(ctx: click.Context) -> None:
 @tools.command("accept")
 @_file_options
 @click.argument("names", nargs=-1)
-@click.option("--all", "accept_all", is_flag=True, help="Accept every changed definition.")
+@click.option("--all", "accept_all", is_flag=True, help="Accept every changed definition and new tool.")
 @click.pass_context
 def tools_accept(ctx: click.Context, names: tuple[str, ...], accept_all: bool) -> None:
-    """Accept the changed definition of NAME (server__tool or server/tool)."""
+    """Accept the changed definition of NAME, or NAME as a new tool (its listed name, or server/tool)."""
     config = _load(ctx.obj["config_path"])
     store = FingerprintStore(StatePaths(_state_dir(ctx.obj["state_dir"], config)).fingerprints)
     pending = store.pending()
-    targets = pending if accept_all else [_store_key(name, config) for name in names]
+    targets = pending if accept_all else [_store_key(name, config, store) for name in names]
     if accept_all and not pending:
         click.echo("no changed definitions to accept")
         return
     if not targets:
         raise click.ClickException("name a tool to accept, or pass --all; changed: " + (", ".join(pending) or "none"))
     for key in targets:
+        new = store.is_new(key)
         if store.accept(key):
-            click.echo(f"accepted the new definition of {key}")
+            click.echo(f"accepted the new tool {key}" if new else f"accepted the new definition of {key}")
         else:
             raise click.ClickException(
                 f"{key} has no changed definition to accept; changed: {', '.join(pending) or 'none'}"
@@ -262,14 +281,27 @@ def tools_accept(ctx: click.Context, names: tuple[str, ...], accept_all: bool) -
     click.echo("a running proxy applies this at the tool's next call")
 
 
-def _store_key(name: str, config: ProxyConfig) -> str:
+def _store_key(name: str, config: ProxyConfig, store: FingerprintStore) -> str:
+    """The `server/tool` a listed name stands for, found the way the catalog names tools.
+
+    Read back from the store, not cut at a separator: a hashed name (`bank___transfer-c317f1`)
+    cannot be cut back into its tool, and `bank` + `__` + `_x` and `bank_` + `__` + `x` share a
+    prefix, so only naming every known tool tells which one a name is.
+    """
     if "/" in name:
         return name
-    for server in config.servers:
-        prefix = f"{server}{config.separator}"
-        if name.startswith(prefix):
-            return f"{server}/{name[len(prefix) :]}"
-    raise click.ClickException(f"{name!r} does not start with a configured server name and {config.separator!r}")
+    known = store.keys()
+    for key in known:
+        server, tool = key.split("/", 1)
+        if server in config.servers and (
+            public_name(server, tool, config.separator, config.max_name_length, config.servers) == name
+        ):
+            return key
+    if not any(name.startswith(f"{server}{config.separator}") for server in config.servers):
+        raise click.ClickException(f"{name!r} does not start with a configured server name and {config.separator!r}")
+    raise click.ClickException(
+        f"{name!r} is not a tool the proxy has seen; run `mcp-spec-proxy tools` for the listed names"
+    )
 
 
 @main.command()
@@ -304,7 +336,7 @@ def run(ctx: click.Context, task: str, mode: Mode, max_steps: int | None, teleme
             config, state, source=ctx.obj["config_path"], models=models, telemetry=telemetry_path, leash=leash
         ) as proxy:
             assert proxy.engine is not None
-            return await proxy.engine.run(task, mode, progress=progress, max_steps=max_steps)
+            return await proxy.engine.run(task, mode, progress=progress, max_steps=max_steps, baseline=True)
 
     result = _run(execute)
     if on_terminal:
@@ -341,9 +373,19 @@ def run(ctx: click.Context, task: str, mode: Mode, max_steps: int | None, teleme
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback unless told).")
 @click.option("--port", default=18081, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--telemetry", type=click.Path(dir_okay=False), help="One JSON line per request to FILE.")
+@click.option("--token-env", metavar="VAR", help="Require `Authorization: Bearer $VAR` on every request.")
+@click.option("--allow-host", multiple=True, help="Extra Host header value (and Origin host) the gateway accepts.")
 @click.pass_context
-def gateway(ctx: click.Context, host: str, port: int, telemetry: str | None) -> None:
+def gateway(
+    ctx: click.Context,
+    host: str,
+    port: int,
+    telemetry: str | None,
+    token_env: str | None,
+    allow_host: tuple[str, ...],
+) -> None:
     """Serve an OpenAI-compatible /v1/chat/completions backed by the SpecAgent engine."""
+    token = _token(token_env)
     config = _load(ctx.obj["config_path"])
     state = StatePaths(_state_dir(ctx.obj["state_dir"], config))
     models = _models(config)
@@ -358,7 +400,11 @@ def gateway(ctx: click.Context, host: str, port: int, telemetry: str | None) -> 
                 config, state, source=ctx.obj["config_path"], models=models, telemetry=telemetry_path, leash=leash
             ) as proxy:
                 front = Gateway(proxy)
-                bound = await tg.start(lambda task_status: serve_gateway(front, host, port, task_status=task_status))
+                bound = await tg.start(
+                    lambda task_status: serve_gateway(
+                        front, host, port, token=token, allowed_hosts=list(allow_host), task_status=task_status
+                    )
+                )
                 click.echo(f"OpenAI-compatible gateway on http://{host}:{bound}/v1", err=True)
                 await anyio.sleep_forever()
 
@@ -392,7 +438,7 @@ def bank() -> None:
 @click.pass_context
 def bank_stats(ctx: click.Context) -> None:
     """Print what each bank holds."""
-    leash = _leash(_load(ctx.obj["config_path"]))
+    leash = _leash(_load(ctx.obj["config_path"]), strict=True)
     for name, store in (("task", leash.tasks), ("step", leash.steps)):
         click.echo(f"{name}: " + json.dumps(store.stats(), default=str))
 
@@ -407,7 +453,7 @@ def bank_import(ctx: click.Context, file: str) -> None:
     Each line: {"kind": "task", "text": "...", "label": "success"|"failure"} or
     {"kind": "step", "tool": "...", "arguments": {...}, "observation": "...", "label": ...}.
     """
-    leash = _leash(_load(ctx.obj["config_path"]))
+    leash = _leash(_load(ctx.obj["config_path"]), strict=True)  # a label not stored is an error here
     tasks, steps = _examples(Path(file))
 
     async def add() -> None:
@@ -425,21 +471,40 @@ def bank_import(ctx: click.Context, file: str) -> None:
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--target-rate", type=click.FloatRange(0, 1), help="Escalate at most this share of steps.")
 @click.option("--target-precision", type=click.FloatRange(0, 1), help="Escalations must be failures this often.")
+@click.option(
+    "--max-false-accept",
+    type=click.FloatRange(0, 1),
+    help="For `review: leash`: pick accept_threshold so at most this share of accepted steps failed, and record it.",
+)
 @click.pass_context
-def bank_calibrate(ctx: click.Context, file: str, target_rate: float | None, target_precision: float | None) -> None:
-    """Pick a step threshold on labelled held-out steps (FILE, as for import); print the curve."""
-    if (target_rate is None) == (target_precision is None):
-        raise click.BadParameter("give one of --target-rate and --target-precision")
-    leash = _leash(_load(ctx.obj["config_path"]))
+def bank_calibrate(
+    ctx: click.Context,
+    file: str,
+    target_rate: float | None,
+    target_precision: float | None,
+    max_false_accept: float | None,
+) -> None:
+    """Pick a step threshold on labelled held-out steps (FILE, as for import, but NOT imported); print the curve.
+
+    With --max-false-accept, pick leash.accept_threshold and write the calibration record
+    (`calibration.json` in bank_dir) without which `review: leash` forwards nothing on its own.
+    """
+    if sum(option is not None for option in (target_rate, target_precision, max_false_accept)) != 1:
+        raise click.BadParameter("give one of --target-rate, --target-precision and --max-false-accept")
+    leash = _leash(_load(ctx.obj["config_path"]), strict=True)
     _, steps = _examples(Path(file))
     if not steps:
         raise click.ClickException(f"{file}: no step examples to calibrate on")
+    failed = [label == "failure" for _, label in steps]
 
-    async def scores() -> list[float]:
-        found = [await leash.step_score(step) for step, _ in steps]
-        return [score.value if score.value is not None else 0.5 for score in found]
+    async def scores() -> list[Score]:
+        return [await leash.step_score(step) for step, _ in steps]
 
-    points = curve(_run(scores), [label == "failure" for _, label in steps])
+    found = _run(scores)
+    if max_false_accept is not None:
+        _calibrate_accept(leash, file, found, failed, max_false_accept)
+        return
+    points = curve([score.value if score.value is not None else 0.5 for score in found], failed)
     click.echo(table(points))
     chosen = pick(points, target_rate=target_rate, target_precision=target_precision)
     click.echo(
@@ -449,7 +514,44 @@ def bank_calibrate(ctx: click.Context, file: str, target_rate: float | None, tar
     )
 
 
-def _leash(config: ProxyConfig) -> Leash:
+def _calibrate_accept(leash: Leash, file: str, found: list[Score], failed: list[bool], bound: float) -> None:
+    if leash.encoder.info.name == "hashing":
+        raise click.ClickException(
+            "the hashing encoder cannot back `review: leash`: set leash.encoder to embedding (or hidden) first"
+        )
+    if len(found) < MIN_HELD_OUT:
+        raise click.ClickException(
+            f"{file}: {len(found)} held-out steps say too little about a false-accept rate;"
+            f" give at least {MIN_HELD_OUT}"
+        )
+    # A held-out step whose twin is in the bank scores itself: its figure says nothing about new steps.
+    twins = sum(1 for score in found if score.neighbours and score.neighbours[0].score >= 0.9999)
+    points = accept_curve([score.value for score in found], failed)
+    click.echo(accept_table(points))
+    chosen = pick_accept(points, bound)
+    if chosen is None:
+        raise click.ClickException(
+            f"no threshold accepts any held-out step with at most {bound:.1%} false accepts; nothing recorded"
+        )
+    record = Calibration.measured(
+        leash.encoder.info, chosen, failed, max_false_accept=bound, bank_steps=len(leash.steps), source=file
+    )
+    path = record.save(Path(leash.config.bank_dir))
+    if twins:
+        click.echo(
+            f"\nwarning: {twins} of {len(found)} held-out steps have an identical step in the bank; hold them out"
+            " (do not import them) for honest figures",
+            err=True,
+        )
+    click.echo(
+        f"\naccept_threshold {chosen.threshold:.2f}: accepts {chosen.accept_rate:.1%} of {len(found)} held-out steps,"
+        f" {chosen.false_accepts} of {chosen.accepted} accepted failed ({chosen.false_accept_rate:.1%}) —"
+        f" recorded in {path}; set leash.accept_threshold to {chosen.threshold:.2f} or lower"
+    )
+
+
+def _leash(config: ProxyConfig, *, strict: bool = False) -> Leash:
+    """The configured Leash; `strict` for operator commands, where a LEASH failure must be an error."""
     if config.leash is None:
         raise click.ClickException("this config has no `leash:` section")
     key = None
@@ -457,7 +559,7 @@ def _leash(config: ProxyConfig) -> Leash:
         key = os.environ.get(config.leash.embedding.api_key_env)
     weak = config.models.get("weak")
     try:
-        return Leash.open(config.leash, api_key=key, hidden_model=weak.model if weak else "")
+        return Leash.open(config.leash, api_key=key, hidden_model=weak.model if weak else "", strict=strict)
     except ProxyError as exc:
         raise click.ClickException(str(exc)) from None
 

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from mcp_spec_proxy.errors import ConfigError
 from mcp_spec_proxy.models import ModelConfig
@@ -65,7 +66,10 @@ class ServerConfig(_Strict):
     timeout: float = Field(default=60.0, gt=0)
     startup_timeout: float = Field(default=30.0, gt=0)
     max_result_bytes: int = Field(default=20_000_000, gt=0)  # larger results are withheld with an error
+    # Trusting annotations trusts the backend: a tool it marks `readOnlyHint: true` runs unreviewed.
     trust_annotations: bool = True
+    # Hold its read tools that declare `openWorldHint: true` like writes; unset: the top-level value.
+    hold_open_world: bool | None = None
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
 
     @model_validator(mode="after")
@@ -146,9 +150,12 @@ class LeashConfig(_Strict):
     route_threshold: float = Field(default=0.5, ge=0, le=1)  # task failure score at or above: strong-led
     escalate_threshold: float = Field(default=0.6, ge=0, le=1)  # drafted step: end the draft, verify now
     observe_threshold: float = Field(default=0.6, ge=0, le=1)  # unreviewed step: review it after all
-    # `review: leash` forwards a write without a strong call only at or below this failure score;
-    # unset (the default) means every write is reviewed.
+    # `review: leash` forwards a write without a strong call only at or below this failure score,
+    # only for tools that declare `destructiveHint: false`, and only once `bank calibrate --max-false-accept`
+    # has recorded a calibration for this encoder; unset (the default) means every write is reviewed.
     accept_threshold: float | None = Field(default=None, ge=0, le=1)
+    # Offer `report_outcome` to MCP clients. Off by default: the agent under review must not label its own work.
+    client_outcomes: bool = False
 
     @model_validator(mode="after")
     def _endpoint(self) -> LeashConfig:
@@ -170,6 +177,7 @@ class ProxyConfig(_Strict):
     state_dir: str | None = None
     separator: str = "__"
     max_name_length: int = Field(default=64, ge=16, le=128)
+    hold_open_world: bool = False  # every server's open-world reads are held, unless it says otherwise
 
     @field_validator("servers")
     @classmethod
@@ -189,10 +197,52 @@ class ProxyConfig(_Strict):
         for name in self.servers:
             if self.separator in name:
                 raise ValueError(f"server name {name!r} contains the separator {self.separator!r}; rename it")
+            # A hashed tool name keeps `<server><sep>` whole, then `.` and a 7-character suffix may
+            # follow: cut into, two servers' names could meet (see `catalog.public_name`).
+            room = self.max_name_length - len(self.separator) - 8
+            if len(name) > room:
+                raise _error_at(
+                    ("servers", name),
+                    f"server name {name!r} is too long for max_name_length {self.max_name_length}: tool names"
+                    f" would cut it; rename it to at most {room} characters or raise max_name_length",
+                    self.servers,
+                )
         return self
+
+    @model_validator(mode="after")
+    def _leash_review_needs_a_learned_encoder(self) -> ProxyConfig:
+        # `review: leash` lets a write through on its neighbours alone; hashed words make near
+        # neighbours of calls that differ in the one argument that matters, so it needs a real encoder.
+        if self.leash is None or self.leash.encoder != "hashing":
+            return self
+        for key, mode in self.review_modes().items():
+            if mode == "leash":
+                raise _error_at(
+                    ("leash", "encoder"),
+                    f"`{key}: leash` cannot work with `leash.encoder: hashing` (hashed words are no ground to"
+                    " forward a write without a model call) — set leash.encoder: embedding (or hidden) and run"
+                    " `mcp-spec-proxy bank calibrate`, or use another review mode",
+                    self.leash.encoder,
+                )
+        return self
+
+    def review_modes(self) -> dict[str, ReviewMode]:
+        """Every review mode the file sets, by the key that sets it."""
+        used: dict[str, ReviewMode] = {"review.default": self.review.default}
+        for server_name, server in self.servers.items():
+            for pattern, rule in server.tools.overrides.items():
+                if rule.review is not None:
+                    used[f"servers.{server_name}.tools.overrides.{pattern}.review"] = rule.review
+        return used
 
     def active_servers(self) -> dict[str, ServerConfig]:
         return {name: server for name, server in self.servers.items() if server.active}
+
+
+def _error_at(loc: tuple[str, ...], message: str, value: Any) -> ValidationError:
+    """A validation error at `loc`, for a check that needs the whole file but names one key."""
+    error = InitErrorDetails(type=PydanticCustomError("value_error", message), loc=loc, input=value)
+    return ValidationError.from_exception_data("ProxyConfig", [error])
 
 
 def load_config(path: Path, environ: Mapping[str, str]) -> ProxyConfig:

@@ -11,10 +11,14 @@
             without a second review. The rejected suffix is discarded from the history both
             models see afterwards.
 
-The baselines are policies of the same loop: `weak-only` (the weak model authors and executes
-every step) and `strong-only` (the strong model does). Every write the engine executes is
-audited like the barrier's (held → verdict → forwarded), and every model call goes to telemetry
-with its prefill/cached/decode split; each task ends with a summary line.
+The baselines are policies of the same loop: `weak-only` (the weak model authors every step)
+and `strong-only` (the strong model does). Every call the engine makes goes through the gate
+(`gate.py`), which applies each tool's own reviewer whatever the mode: `deny` never runs, `human`
+asks (the delegating client's user, else the configured fallback), and a weak-authored write
+outside `spec` still meets the strong reviewer. Only an operator's own baseline run (`run`,
+benchmarks: `baseline=True`) lets a baseline's steps stand unreviewed where the tool's reviewer
+is a model or `allow`. Every model call goes to telemetry with its prefill/cached/decode split;
+each task ends with a summary line.
 """
 
 from __future__ import annotations
@@ -27,11 +31,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 import anyio
+import mcp_types as types
 
-from mcp_spec_proxy.audit import AuditLog
-from mcp_spec_proxy.barrier import Barrier
 from mcp_spec_proxy.catalog import CLIENT, Catalog, CatalogTool, ToolSource, digest, strip_intent
 from mcp_spec_proxy.errors import InvalidArguments, ToolNotFound
+from mcp_spec_proxy.gate import Author, Gate, GateCall, Report, blocked_result, capped, text_result
 from mcp_spec_proxy.models import ChatModel, ModelCall, ModelError
 from mcp_spec_proxy.review import (
     FINAL_ANSWER,
@@ -44,7 +48,7 @@ from mcp_spec_proxy.review import (
     fence,
     openai_tool,
 )
-from mcp_spec_proxy.reviewers import ReviewRequest, Verdict
+from mcp_spec_proxy.reviewers import InputNeeded, ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.telemetry import Telemetry
 from mcp_spec_proxy.trajectory import History, Segment, Step
 
@@ -158,10 +162,24 @@ class RunResult:
 
 
 class _NoUser:
-    """The engine has no person to ask: verification is the strong model's alone."""
+    """No person to ask (`run`, the gateway): a `human` tool gets the configured fallback."""
 
     async def confirm(self, message: str, schema: dict[str, Any]) -> dict[str, Any] | None:
         return None
+
+
+class _AskNow:
+    """The delegating client's user, asked in place: a run cannot pause for a retry of the call,
+    so a client that can only answer on a retry (`input_required`) counts as one that cannot ask."""
+
+    def __init__(self, user: UserChannel) -> None:
+        self._user = user
+
+    async def confirm(self, message: str, schema: dict[str, Any]) -> dict[str, Any] | None:
+        try:
+            return await self._user.confirm(message, schema)
+        except InputNeeded:
+            return None
 
 
 class _Stop(Exception):
@@ -177,8 +195,7 @@ class Engine:
     def __init__(
         self,
         catalog: Catalog,
-        barrier: Barrier,
-        audit: AuditLog,
+        gate: Gate,
         telemetry: Telemetry,
         *,
         weak: ChatModel | None,
@@ -189,8 +206,7 @@ class Engine:
     ) -> None:
         self.watch = watch
         self._catalog = catalog
-        self._barrier = barrier
-        self._audit = audit
+        self.gate = gate
         self._telemetry = telemetry
         self.weak = weak
         self.strong = strong
@@ -209,12 +225,15 @@ class Engine:
         tools: ToolSource | None = None,
         client: ClientExecutor | None = None,
         observe: Observer | None = None,
+        user: UserChannel | None = None,
+        baseline: bool = False,
     ) -> RunResult:
         """Run one task: a request in words, or a conversation (chat messages) whose last turn asks.
 
         `tools` replaces the catalog for this run (the gateway's view with the client's own tools);
         `client` executes the tools whose server is the client; `observe` hears of every model
-        call and verdict as it happens.
+        call and verdict as it happens; `user` is the person a `human` tool asks (else its
+        fallback decides); `baseline` marks an operator's baseline run (see the module docstring).
         """
         if mode != "strong-only" and self.weak is None:
             raise InvalidArguments(f"mode {mode!r} needs a weak model: configure models.weak")
@@ -223,6 +242,8 @@ class Engine:
         limits = self.limits if max_steps is None else replace(self.limits, max_steps=max_steps)
         run = _Run(self, task, mode, progress, limits, tools or self._catalog, client)
         run.observe = observe
+        run.user = _AskNow(user) if user is not None else _NoUser()
+        run.baseline = mode if baseline and mode in ("weak-only", "strong-only") else None
         started = time.perf_counter()
         with anyio.move_on_after(limits.max_wall_s) as deadline:
             try:
@@ -272,6 +293,8 @@ class _Run:
             self.reviewer = StrongReviewer(engine.strong, source, engine._policy)
             self.repairer = Repairer(engine.strong, source, engine._policy)
         self.observe: Observer | None = None
+        self.user: UserChannel = _NoUser()
+        self.baseline: str | None = None
         self.watch: Watch | None = None
         self.strong_led = False
         self.history = History(commit_every=10**9)  # the engine decides commit points itself
@@ -299,16 +322,17 @@ class _Run:
         strong = self.mode == "strong-only" or self.strong_led
         model = self.engine.strong if strong else self.engine.weak
         assert model is not None
+        author: Author = "strong" if strong else "weak"
         reads, write, answer = await self.draft_turn(model, [], thinking=strong)
         for step in [*reads, *([write] if write else [])]:
             if step.observation is None:
                 if self.watch is not None and await self.watch.unreviewed(step, None):
                     # The shadow observer: a strong-led step that looks like past failures is reviewed.
                     await self.say(f"LEASH flags {step.tool}: verifying it")
-                    if not await self.verify([], step):
+                    if not await self.verify([], step, author, flagged=True):
                         continue
                     return self.result.answer is not None
-                await self.execute(step, reviewer=f"{self.mode} (unreviewed)")
+                await self.execute(step, author, [])
             self.history.committed.append(step)
         if answer is not None:
             self.result.answer = answer
@@ -344,7 +368,9 @@ class _Run:
         self.result.drafted += 1
         return await self.verify(segment, held)
 
-    async def verify(self, drafted: list[Step], held: Step) -> bool:
+    async def verify(self, drafted: list[Step], held: Step, author: Author = "weak", *, flagged: bool = False) -> bool:
+        """One verification of a drafted segment: the held write goes to the gate (which asks the
+        strong verifier, or the tool's own reviewer), a held graded answer to the verifier."""
         self.result.segments += 1
         segment = Segment((*drafted, held))
         tool = self.lookup(held.tool)
@@ -352,34 +378,86 @@ class _Run:
         # accepted prefix itself, so committing it below must not show it twice.
         before = History(commit_every=self.history.commit_every, committed=list(self.history.committed))
         request = ReviewRequest(self.result.task_id, tool, held.arguments, None, segment, before, self.task)
+        if tool is None and held.tool != FINAL_ANSWER:
+            # Its backend left between drafting and now: a failed step the model sees, nothing held.
+            held.observation, held.is_error = f"error: {held.tool} is no longer available", True
+            self.history.committed.extend([*drafted, held])
+            return False
         await self.say(f"verifying a segment of {len(segment)} steps")
-        try:
-            verdict = await self.reviewer.review(request, _NoUser())
-        except ReviewFailed as exc:
-            self.result.calls.extend(exc.calls)
-            await self.log_calls(exc.calls)
-            raise _Stop("model_error", str(exc)) from None
-        self.result.calls.extend(verdict.model_calls)
-        await self.log_calls(verdict.model_calls)
-        await self.audit_verdict(held, tool, verdict)
-        if self.watch is not None:
-            await self.watch.verdict(segment.steps, verdict.accepted_steps)
+        if tool is None:
+            verdict = await self.verify_answer(request)
+            ran = False
+        else:
+            verdict, ran = await self.hold(tool, held, author, request, flagged=flagged, verified=True)
         accepted = verdict.accepted_steps
         self.result.accepted += accepted
         self.history.committed.extend(segment.steps[: min(accepted, len(drafted))])
         if verdict.accepted:
-            if held.tool == FINAL_ANSWER:
-                self.history.committed.append(held)
+            self.history.committed.append(held)
+            if tool is None:
                 self.result.answer = str(held.arguments["answer"])
                 return True
-            await self.execute(held, reviewer="strong")
-            self.history.committed.append(held)
+            assert ran
             return False
         await self.say(f"rejected at step {accepted + 1}: {verdict.reason}")
         return await self.substitute(request, verdict)
 
+    async def verify_answer(self, request: ReviewRequest) -> Verdict:
+        """The graded final answer: the strong verifier's alone (it reaches no backend)."""
+        try:
+            verdict = await self.reviewer.review(request, self.user)
+        except ReviewFailed as exc:
+            self.result.calls.extend(exc.calls)
+            await self.log_calls(exc.calls)
+            raise _Stop("model_error", str(exc)) from None
+        await self.log_verdict(request.segment.held, verdict)
+        await self.engine.gate.record(
+            "verdict",
+            session=self.result.task_id,
+            tool=FINAL_ANSWER,
+            arguments_digest=digest(request.segment.held.arguments),
+            author="weak",
+            reviewer="strong",
+            accepted=verdict.accepted,
+            accepted_steps=verdict.accepted_steps,
+            reason=verdict.reason,
+        )
+        if self.watch is not None:
+            await self.watch.verdict(request.segment.steps, verdict.accepted_steps)
+        return verdict
+
+    async def hold(
+        self,
+        tool: CatalogTool,
+        step: Step,
+        author: Author,
+        request: ReviewRequest,
+        *,
+        flagged: bool = False,
+        verified: bool = False,
+    ) -> tuple[Verdict, bool]:
+        """A call through the gate, verified as its tool's policy asks; True when it ran. A refused
+        call's step carries the refusal as its observation, so the model that made it sees why."""
+        call = GateCall(
+            self.result.task_id, tool, step.arguments, author, request, baseline=self.baseline, flagged=flagged
+        )
+        executor = self.run_client if tool.server == CLIENT else None
+        if executor is not None and self.client is None:
+            raise _Stop("model_error", f"{tool.name} is a client tool but no client can run it")
+        outcome = await self.engine.gate.write(
+            call, self.user, strong=self.reviewer, verified=verified, executor=executor, step=step
+        )
+        verdict = outcome.verdict
+        await self.log_verdict(step, verdict)
+        if outcome.result is None:
+            refusal = blocked_result(tool, verdict)
+            step.observation = str(getattr(refusal.content[0], "text", ""))
+            step.is_error = True
+        return verdict, outcome.result is not None
+
     async def substitute(self, request: ReviewRequest, verdict: Verdict) -> bool:
-        """Run the valid replacement, or else one repair turn; the rest of the segment is gone."""
+        """Run the valid replacement, or else one repair turn; the rest of the segment is gone.
+        The substitute goes through the gate under its own tool's policy."""
         proposal = check_step(self.source, verdict.replacement_action, answers=True, task=self.task)
         if isinstance(proposal, str):
             self.result.repairs += 1
@@ -396,7 +474,9 @@ class _Run:
             self.result.answer = proposal.answer
             return True
         step = self.step_for(proposal)
-        await self.execute(step, reviewer=f"strong ({proposal.source})")
+        author: Author = "replacement" if proposal.source == "replacement" else "repair"
+        prefix = request.segment.steps[: verdict.accepted_steps]
+        await self.execute(step, author, list(prefix))
         self.history.committed.append(step)
         return False
 
@@ -411,6 +491,7 @@ class _Run:
         like a write: the draft ends there and goes to verification.
         """
         messages = agent_messages(self.conversation, [*self.history.committed, *segment])
+        author: Author = "weak" if model is self.engine.weak else "strong"
         try:
             completion = await model.complete(
                 messages,
@@ -447,7 +528,7 @@ class _Run:
         async with anyio.create_task_group() as tg:
             for step in reads:
                 if step.observation is None:
-                    tg.start_soon(self.execute, step, "read")
+                    tg.start_soon(self.execute, step, author, [])
         for step in reads:
             await self.say(f"read {step.tool}")
         return reads, write, None
@@ -484,69 +565,49 @@ class _Run:
 
     # -- execution, audit, telemetry ---------------------------------------------------------
 
-    async def execute(self, step: Step, reviewer: str) -> None:
+    async def execute(self, step: Step, author: Author, prefix: list[Step]) -> None:
+        """Run a step now, through the gate: a read at once, a write under its tool's policy."""
         tool = self.source.lookup(step.tool)
-        if tool.server == CLIENT:
-            if self.client is None:
-                raise _Stop("model_error", f"{tool.name} is a client tool but no client can run it")
-            if tool.effect == "write":
-                await self.engine._audit.record(
-                    "verdict",
-                    session=self.result.task_id,
-                    tool=tool.name,
-                    server=CLIENT,
-                    arguments_digest=digest(step.arguments),
-                    effect="write",
-                    reviewer=reviewer,
-                    accepted=True,
-                    reason="returned to the client to execute",
-                )
-            step.observation, step.is_error = await self.client.call(step)
+        if tool.effect == "read":
+            if tool.server == CLIENT:
+                result = await self.run_client(tool, step.arguments, None)
+                step.observation = str(getattr(result.content[0], "text", ""))
+                step.is_error = bool(result.is_error)
+            else:
+                await self.engine.gate.read(self.result.task_id, tool, step.arguments, step, author, None)
             return
-        if tool.effect == "write":
-            call = uuid.uuid4().hex[:12]
-            fields = {
-                "call": call,
-                "session": self.result.task_id,
-                "tool": tool.name,
-                "server": tool.server,
-                "arguments_digest": digest(step.arguments),
-                "effect": "write",
-                "reviewer": reviewer,
-            }
-            if reviewer != "strong":  # the strong verdict was audited with the segment
-                await self.engine._audit.record("verdict", **fields, accepted=True, reason=reviewer)
-            result = await self.engine._barrier.forward(tool, step.arguments, step, None)
-            await self.engine._audit.record(
-                "forwarded", call=call, session=self.result.task_id, is_error=bool(result.is_error)
-            )
-        else:
-            await self.engine._barrier.forward(tool, step.arguments, step, None)
+        before = History(commit_every=self.history.commit_every, committed=list(self.history.committed))
+        segment = Segment((*prefix, step))
+        request = ReviewRequest(self.result.task_id, tool, step.arguments, None, segment, before, self.task)
+        verdict, _ = await self.hold(tool, step, author, request)
+        if verdict.model_calls:
+            await self.say(f"{step.tool}: {verdict.reviewer} {'accepted' if verdict.accepted else 'refused'} it")
 
-    async def audit_verdict(self, held: Step, tool: CatalogTool | None, verdict: Verdict) -> None:
+    async def run_client(
+        self, tool: CatalogTool, arguments: dict[str, Any], report: Report | None
+    ) -> types.CallToolResult:
+        """A client tool (the gateway's): handed to the client, its answer awaited."""
+        if self.client is None:
+            raise _Stop("model_error", f"{tool.name} is a client tool but no client can run it")
+        observation, is_error = await self.client.call(Step(tool.name, arguments, tool.effect))
+        return text_result(observation, is_error)
+
+    async def log_verdict(self, held: Step, verdict: Verdict) -> None:
+        """A verdict's model calls to the result and telemetry, and the verdict to the observer."""
+        self.result.calls.extend(verdict.model_calls)
+        await self.log_calls(verdict.model_calls)
         if self.observe is not None:
             self.observe(
                 "verdict",
                 {
                     "accepted": verdict.accepted,
                     "accepted_steps": verdict.accepted_steps,
-                    "reason": verdict.reason,
+                    "reason": capped(verdict.reason),
                     "replacement_action": verdict.replacement_action,
                     "held": held.tool,
+                    "reviewer": verdict.reviewer,
                 },
             )
-        await self.engine._audit.record(
-            "verdict",
-            session=self.result.task_id,
-            tool=held.tool,
-            server=tool.server if tool else None,
-            arguments_digest=digest(held.arguments),
-            effect="write",
-            reviewer="strong",
-            accepted=verdict.accepted,
-            accepted_steps=verdict.accepted_steps,
-            reason=verdict.reason,
-        )
 
     async def log_calls(self, calls: tuple[ModelCall, ...] | list[ModelCall]) -> None:
         for call in calls:

@@ -1,8 +1,11 @@
 """Tool definition fingerprints, kept on disk: the rug-pull guard.
 
-The first definition seen of each backend tool (description, input schema, annotations) is the
-accepted one. A later, different definition makes the catalog hold the tool like a write until
-the user runs `mcp-spec-proxy tools accept NAME`, which accepts the latest definition seen.
+A server's first listing ever seen is accepted as it stands: each tool's definition
+(description, input schema, annotations) is the accepted one. A later, different definition, or
+a tool that first appears after that listing (list_changed, a reconnect with more tools), makes
+the catalog hold the tool like a write until the user runs `mcp-spec-proxy tools accept NAME`,
+which accepts the latest definition seen. Both are kept on disk, so a restart does not launder
+them: a new tool stays new until accepted, whichever process lists it next.
 The file is rewritten crash-safely (temporary file, fsync, rename), so a proxy killed at any
 moment leaves either the old or the new store, never a torn one.
 """
@@ -15,11 +18,16 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import mcp_types as types
 
 from mcp_spec_proxy.errors import StateError
+
+Status = Literal["accepted", "changed", "new"]
+
+SERVERS = "@servers"
+"""The store's one key that is not `server/tool`: the servers whose first listing was seen."""
 
 
 def fingerprint(tool: types.Tool) -> str:
@@ -45,7 +53,11 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 class FingerprintStore:
-    """`{"server/tool": {"accepted": sha, "latest": sha, "first_seen": t, "changed_at": t}}` on disk."""
+    """`{"server/tool": {"accepted": sha, "latest": sha, "first_seen": t, "changed_at": t}}` on disk.
+
+    A tool that appeared after its server's first listing has `"accepted": null` until accepted;
+    `"@servers": {"server": {"first_listing": t}}` records which servers have been listed.
+    """
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
@@ -66,34 +78,57 @@ class FingerprintStore:
             raise StateError(f"fingerprint store {self.path} is not a JSON object; move it aside to start over")
         self._entries = data
 
-    def observe(self, prints: dict[str, str]) -> None:
-        """Record definitions just listed: new tools are accepted as first seen, changes noted."""
+    def observe(self, prints: dict[str, str], *, server: str | None = None) -> None:
+        """Record definitions just listed (`{"server/tool": sha}`).
+
+        Tools of a server never listed before are accepted as first seen; a tool of a server
+        listed before is new (held until accepted); changes are noted. `server` names the server
+        whose whole listing `prints` is: from then on, that server has been listed (an empty
+        listing counts too). A store written before listings were recorded gives each server one
+        first listing more, as the store did before.
+        """
         dirty = False
         now = time.time()
+        listed = self._listed()
         for key, sha in prints.items():
             entry = self._entries.get(key)
             if entry is None:
-                self._entries[key] = {"accepted": sha, "latest": sha, "first_seen": now}
+                accepted = None if key.split("/", 1)[0] in listed else sha
+                self._entries[key] = {"accepted": accepted, "latest": sha, "first_seen": now}
                 dirty = True
             elif entry.get("latest") != sha:
                 entry["latest"] = sha
                 entry["changed_at"] = now
                 dirty = True
+        if server is not None and server not in listed:
+            self._entries[SERVERS] = {**listed, server: {"first_listing": now}}
+            dirty = True
         if dirty:
             self._save()
 
-    def changed(self, key: str, sha: str) -> bool:
+    def status(self, key: str, sha: str) -> Status:
+        """`new` (never accepted, or never observed: fail closed), `changed`, or `accepted`."""
         entry = self._entries.get(key)
-        return entry is not None and entry.get("accepted") != sha
+        if entry is None or entry.get("accepted") is None:
+            return "new"
+        return "accepted" if entry.get("accepted") == sha else "changed"
+
+    def changed(self, key: str, sha: str) -> bool:
+        return self.status(key, sha) == "changed"
+
+    def is_new(self, key: str) -> bool:
+        """Whether `key` was observed but never accepted (it appeared after its server's first listing)."""
+        entry = self._entries.get(key)
+        return entry is not None and entry.get("accepted") is None
 
     def pending(self) -> list[str]:
-        """Keys whose latest definition differs from the accepted one."""
-        return sorted(k for k, e in self._entries.items() if e.get("accepted") != e.get("latest"))
+        """Keys whose latest definition differs from the accepted one (new tools included)."""
+        return sorted(k for k, e in self._tool_entries() if e.get("accepted") != e.get("latest"))
 
     def accept(self, key: str) -> bool:
         """Accept the latest definition of `key`; False if there was nothing to accept."""
         self.reload()
-        entry = self._entries.get(key)
+        entry = self._entries.get(key) if "/" in key else None
         if entry is None or entry.get("accepted") == entry.get("latest"):
             return False
         entry["accepted"] = entry["latest"]
@@ -102,7 +137,14 @@ class FingerprintStore:
         return True
 
     def keys(self) -> list[str]:
-        return sorted(self._entries)
+        return sorted(key for key, _ in self._tool_entries())
+
+    def _tool_entries(self) -> list[tuple[str, dict[str, Any]]]:
+        return [(key, entry) for key, entry in self._entries.items() if "/" in key and isinstance(entry, dict)]
+
+    def _listed(self) -> dict[str, Any]:
+        servers = self._entries.get(SERVERS)
+        return servers if isinstance(servers, dict) else {}
 
     def _save(self) -> None:
         if self.path is None:

@@ -8,6 +8,7 @@ group-committed: one write and one fsync for every line queued meanwhile. Lines 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -16,6 +17,8 @@ from typing import Any, TextIO
 import anyio
 
 from mcp_spec_proxy.errors import StateError
+
+logger = logging.getLogger(__name__)
 
 
 class JsonLines:
@@ -53,15 +56,37 @@ class JsonLines:
                 self._flushing = False
         await waiter.wait()
 
+    def note(self, kind: str, **fields: Any) -> None:
+        """Append one line without waiting for the disk (reads): it rides the next group commit.
+
+        With no commit running the line is written (not fsynced) at once from the event loop: a
+        small buffered write, never a thread hop; during a commit it joins the queue.
+        """
+        if self.path is None:
+            return
+        line = json.dumps({"ts": round(time.time(), 6), self._tag: kind, **fields}, default=str, ensure_ascii=False)
+        if self._flushing:
+            self._queue.append((line, _Waiter()))
+            return
+        try:
+            self._write([line], sync=False)
+        except StateError as exc:
+            logger.warning("%s", exc)
+
     def _append(self, lines: list[str]) -> None:
+        self._write(lines, sync=self._durable)
+
+    def _write(self, lines: list[str], *, sync: bool) -> None:
         assert self.path is not None
         try:
             if self._handle is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._handle = self.path.open("a", encoding="utf-8")
+                # A lone surrogate cannot be UTF-8; written as `\udXXX` it is the JSON escape for itself
+                # (it can only sit inside a JSON string), so the line stays valid and nothing raises.
+                self._handle = self.path.open("a", encoding="utf-8", errors="backslashreplace")
             self._handle.write("".join(line + "\n" for line in lines))
             self._handle.flush()
-            if self._durable:
+            if sync:
                 os.fsync(self._handle.fileno())
         except OSError as exc:
             raise StateError(f"cannot append to {self.path}: {exc.strerror}") from None

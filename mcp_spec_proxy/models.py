@@ -12,8 +12,9 @@ closed).
 from __future__ import annotations
 
 import copy
+import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import openai
@@ -145,33 +146,50 @@ class ChatModel:
             raise self._failed(purpose, started, f"HTTP {exc.status_code}: {_short(exc.message)}") from None
         except openai.APIConnectionError as exc:
             raise self._failed(purpose, started, f"cannot connect: {exc}") from None
+        except UnicodeEncodeError as exc:  # before ValueError, its base: the request, not the answer, is at fault
+            problem = f"was not asked: the request holds text that is not valid Unicode ({exc.reason})"
+            raise self._failed(purpose, started, problem) from None
         except (openai.APIResponseValidationError, ValueError) as exc:
             raise self._failed(purpose, started, f"answered something that is not a chat completion: {exc}") from None
         latency = time.perf_counter() - started
-        if not getattr(response, "choices", None):  # a non-JSON body can come back as a bare str
+        choices = getattr(response, "choices", None)  # a non-JSON body can come back as a bare str
+        if not isinstance(choices, list) or not choices:
             raise self._failed(purpose, started, "answered with no choices")
-        message = response.choices[0].message
-        usage = response.usage
-        details = usage.prompt_tokens_details if usage else None
+        # The client builds the answer without validating it: any field below may be null or of the wrong type.
+        choice = choices[0]
+        message = getattr(choice, "message", None)
+        usage = getattr(response, "usage", None)
+        details = getattr(usage, "prompt_tokens_details", None)
         call = ModelCall(
             role=self.role,
             purpose=purpose,
             model=self.config.model,
-            prompt_tokens=usage.prompt_tokens if usage else 0,
-            completion_tokens=usage.completion_tokens if usage else 0,
-            cached_tokens=(details.cached_tokens or 0) if details else 0,
+            prompt_tokens=_count(getattr(usage, "prompt_tokens", 0)),
+            completion_tokens=_count(getattr(usage, "completion_tokens", 0)),
+            cached_tokens=_count(getattr(details, "cached_tokens", 0)),
             latency_s=latency,
         )
+        try:
+            if message is None:
+                raise _Malformed("answered a choice with no message")
+            tool_calls = _tool_calls(getattr(message, "tool_calls", None))
+        except _Malformed as exc:
+            failed = replace(call, ok=False, error=str(exc))
+            self.calls.append(failed)
+            raise ModelError(
+                f"{self.role} model {self.config.model!r} at {self.config.base_url} {exc}", failed
+            ) from None
         self.calls.append(call)
-        tool_calls = tuple(
-            ToolCall(tc.function.name, tc.function.arguments or "{}", tc.id)
-            for tc in message.tool_calls or []
-            if tc.type == "function"
-        )
+        content = getattr(message, "content", None)
         reasoning = getattr(message, "reasoning_content", None)
-        choice = response.choices[0]
         hidden = (choice.model_extra or {}).get("hidden_states") if hasattr(choice, "model_extra") else None
-        return Completion(message.content, tool_calls, call, reasoning if isinstance(reasoning, str) else None, hidden)
+        return Completion(
+            content if isinstance(content, str) else None,
+            tool_calls,
+            call,
+            reasoning if isinstance(reasoning, str) else None,
+            hidden,
+        )
 
     def _failed(self, purpose: Purpose, started: float, problem: str) -> ModelError:
         call = ModelCall(
@@ -182,6 +200,45 @@ class ChatModel:
 
     async def aclose(self) -> None:
         await self._client.close()
+
+
+class _Malformed(Exception):
+    """An answer shaped like a chat completion whose parts are not what the format promises."""
+
+
+def _tool_calls(raw: Any) -> tuple[ToolCall, ...]:
+    """The function calls of an answer; other kinds of call (`custom` …) are skipped.
+
+    A function call without a usable name or arguments is `_Malformed`, never skipped: dropping
+    it would turn a tool call into an empty final answer.
+    """
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise _Malformed(f"answered tool_calls that is not a list: {_short(repr(raw), 80)}")
+    calls = []
+    for index, call in enumerate(raw):
+        if getattr(call, "type", "function") != "function":
+            continue
+        function = getattr(call, "function", None)
+        name = getattr(function, "name", None)
+        arguments = getattr(function, "arguments", None)
+        if isinstance(arguments, dict):  # a few servers send the arguments as an object, not JSON text
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        if function is None or not isinstance(name, str) or not name:
+            raise _Malformed(
+                f"answered tool call {index} with no function name (function: {_short(repr(function), 80)})"
+            )
+        if arguments is not None and not isinstance(arguments, str):
+            raise _Malformed(f"answered tool call {index} ({name}) with arguments that are not JSON text")
+        call_id = getattr(call, "id", None)
+        calls.append(ToolCall(name, arguments or "{}", call_id if isinstance(call_id, str) else ""))
+    return tuple(calls)
+
+
+def _count(value: Any) -> int:
+    """A token count as reported, or 0 where the server reports none (or nonsense)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from mcp_spec_proxy.catalog import Catalog
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.engine import Engine, Limits
 from mcp_spec_proxy.fingerprints import FingerprintStore
+from mcp_spec_proxy.gate import Gate
 from mcp_spec_proxy.leash.layers import Leash, LeashWatch
 from mcp_spec_proxy.models import ChatModel
 from mcp_spec_proxy.review import build_reviewers
@@ -59,6 +60,7 @@ class Proxy:
     catalog: Catalog
     backends: BackendPool
     barrier: Barrier
+    gate: Gate
     audit: AuditLog
     telemetry: Telemetry
     engine: Engine | None = None  # when a strong model is configured: `delegate`, `run`, the gateway
@@ -105,15 +107,15 @@ async def running_proxy(
     backends = BackendPool(
         config.active_servers(), on_listing, log_dir=state.logs if state else None, in_process=in_process
     )
-    barrier = Barrier(config, catalog, backends, reviewers, audit, events, repairer, leash)
+    gate = Gate(config, backends, reviewers, audit, leash)
+    barrier = Barrier(config, catalog, gate, events, repairer)
     engine = None
     strong = models.get(config.review.model)
     if strong is not None:
         limits = Limits(**config.speculation.model_dump())
         engine = Engine(
             catalog,
-            barrier,
-            audit,
+            gate,
             events,
             weak=models.get("weak"),
             strong=strong,
@@ -121,7 +123,7 @@ async def running_proxy(
             limits=limits,
             watch=LeashWatch(leash) if leash is not None else None,
         )
-    proxy = Proxy(config, catalog, backends, barrier, audit, events, engine, leash)
+    proxy = Proxy(config, catalog, backends, barrier, gate, audit, events, engine, leash)
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(backends.run)
@@ -131,6 +133,9 @@ async def running_proxy(
     finally:
         audit.close()
         events.close()
+        if leash is not None:
+            with anyio.CancelScope(shield=True):
+                await leash.aclose()
         for model in models.values():
             with anyio.CancelScope(shield=True):
                 await model.aclose()

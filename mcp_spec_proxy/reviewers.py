@@ -50,11 +50,12 @@ class ReviewRequest:
 class InputNeeded(ProxyError):
     """The front must return `input_required` to the client and wait for its retry (2026-07-28 era)."""
 
-    def __init__(self, key: str, message: str, schema: dict[str, Any]) -> None:
+    def __init__(self, key: str, message: str, schema: dict[str, Any], memo: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.key = key
         self.message = message
         self.schema = schema
+        self.memo = memo or {}  # what a reviewer decided before asking; back on the retry's `user.memo`
 
 
 class UserChannel(Protocol):
@@ -63,7 +64,8 @@ class UserChannel(Protocol):
     async def confirm(self, message: str, schema: dict[str, Any]) -> dict[str, Any] | None:
         """The user's answer (`{"action": ..., "content": {...}}`), or None if the client cannot ask.
 
-        May raise `InputNeeded` when the answer must come on a retry of the call.
+        May raise `InputNeeded` when the answer must come on a retry of the call. A channel may
+        carry `memo`, a dict: what the reviewers put in that `InputNeeded`, back on the retry.
         """
         ...
 
@@ -125,18 +127,60 @@ class HumanReviewer:
         return Verdict(False, f"{how} by the user" + (f": {note}" if note else ""), held - 1, reviewer=self.name)
 
 
+APPROVAL_VALUE_CHARS = 1_000
+"""Characters of one argument's value the approval text shows at most."""
+APPROVAL_TOTAL_CHARS = 4_000
+"""Characters of all argument values together; short values are shown whole, long ones share the rest."""
+_KEY_CHARS = 200
+
+
+def _cut(text: str, limit: int, *, quote: bool = True) -> str:
+    """`text` (as a JSON string if `quote`) cut to `limit` characters, the cut counted in a marker.
+
+    JSON quoting keeps a string on one line: a newline inside it cannot fake another argument.
+    """
+    if len(text) <= limit:
+        return json.dumps(text, ensure_ascii=False) if quote else text
+    left_out = len(text) - max(0, limit)
+    head = text[: max(0, limit)]
+    if not head:
+        return f"… [{left_out} characters not shown]"
+    return f"{json.dumps(head, ensure_ascii=False) if quote else head} … [{left_out} more characters not shown]"
+
+
+def _argument_lines(arguments: dict[str, Any]) -> list[str]:
+    """One line per argument key, every key shown: the approver reads what will be forwarded.
+
+    A string value is cut on its own characters, anything else on its one-line JSON text; either
+    way the cut says how many characters it left out. The values share `APPROVAL_TOTAL_CHARS`, so
+    one huge value cannot push the others out of sight: shortest first, each gets at most an
+    equal share of what is left.
+    """
+    texts = {
+        key: value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        for key, value in arguments.items()
+    }
+    allowance: dict[str, int] = {}
+    left = APPROVAL_TOTAL_CHARS
+    for done, key in enumerate(sorted(texts, key=lambda k: len(texts[k]))):
+        allowance[key] = min(len(texts[key]), APPROVAL_VALUE_CHARS, left // (len(texts) - done))
+        left -= allowance[key]
+    return [
+        f"  {_cut(key, _KEY_CHARS)}: {_cut(texts[key], allowance[key], quote=isinstance(value, str))}"
+        for key, value in arguments.items()
+    ]
+
+
 def approval_message(request: ReviewRequest) -> str:
     tool = request.tool
     lines = [f"A tool call is waiting for your approval: {request.segment.held.tool}"]
     if tool is not None:
         lines.append(f"(server '{tool.server}', {tool.why})")
-    lines += [
-        "",
-        "Arguments:",
-        json.dumps(request.arguments, indent=2, ensure_ascii=False)[:2000],
-    ]
+    count = len(request.arguments)
+    lines += ["", f"Arguments ({count} key{'' if count == 1 else 's'}, all forwarded as given):"]
+    lines += _argument_lines(request.arguments) or ["  (none)"]
     if request.intent:
-        lines += ["", f"Stated intent: {request.intent}"]
+        lines += ["", f"The agent's stated intent (not verified): {_cut(request.intent, APPROVAL_VALUE_CHARS)}"]
     earlier = request.segment.steps[:-1]
     if earlier:
         lines += ["", "Steps just before it: " + ", ".join(step.tool for step in earlier[-8:])]

@@ -656,15 +656,15 @@ def segment_steps(request: ChatRequest) -> list[dict[str, Any]]:
     for message in request.messages:
         found = STEP_MESSAGE.match(str(message.get("content")))
         if found and message.get("role") == "user":
-            calls[int(found.group(1))] = json.loads(str(message["content"])[found.end() :])
+            calls[int(found.group(1))] = json.loads(found.group(2))
     return [{**step, **calls[step["session_step"]]} for step in steps]
 
 
-STEP_MESSAGE = re.compile(r"^Step (\d+): ")
+STEP_MESSAGE = re.compile(r"^Step (\d+): (.*)")  # the call's JSON is the first line; a fenced intent may follow
 
 
 def step_messages(request: ChatRequest) -> list[tuple[int, dict[str, Any]]]:
-    """The committed history a review or repair prompt lists: its "Step N: {json}" messages before the segment."""
+    """The committed history a review or repair prompt lists: its "Step N: {json}" lines before the segment."""
     first = math.inf
     if any("# Segment to verify" in str(m.get("content")) for m in request.messages):
         first = segment_steps(request)[0]["session_step"]
@@ -673,7 +673,7 @@ def step_messages(request: ChatRequest) -> list[tuple[int, dict[str, Any]]]:
         text = str(message.get("content"))
         found = STEP_MESSAGE.match(text) if message.get("role") == "user" else None
         if found and int(found.group(1)) < first:
-            steps.append((int(found.group(1)), json.loads(text[found.end() :])))
+            steps.append((int(found.group(1)), json.loads(found.group(2))))
     return steps
 
 
@@ -800,7 +800,7 @@ async def run_all(args: argparse.Namespace, model: CostModel, tmp: Path) -> tupl
             {
                 "servers": {"fs": {"command": argv[0], "args": argv[1:]}},
                 "models": {"weak": {**endpoint, "model": WEAK}, "strong": {**endpoint, "model": STRONG}},
-                "review": {"default": "deny"},
+                "review": {"default": "strong"},
                 "speculation": {"draft_steps": args.draft_steps},
             }
         )
@@ -815,7 +815,7 @@ async def run_all(args: argparse.Namespace, model: CostModel, tmp: Path) -> tupl
                     engine.limits = replace(base, answer_graded=task.answer_graded)
                     print(f"  {task.id:<15} {mode:<12}", end="", file=sys.stderr, flush=True)
                     with anyio.fail_after(RUN_TIMEOUT_S):
-                        result = await engine.run(task.prompt, mode)
+                        result = await engine.run(task.prompt, mode, baseline=True)
                     ok = succeeded(root, task, result)
                     if task.id == "warm-up":
                         print(f" {result.status:<9} (not measured)", file=sys.stderr, flush=True)

@@ -35,7 +35,7 @@ async def test_read_is_forwarded_at_once_without_review(tmp_path: Path, mode: st
         result = await p.client.call_tool("toy__echo", {"text": "hello"})
     assert text_of(result) == "hello"
     assert not result.is_error
-    assert events(tmp_path / "state") == []
+    assert events(tmp_path / "state") == ["read"]  # audited, never reviewed
 
 
 async def test_write_is_not_forwarded_before_the_verdict(tmp_path: Path) -> None:
@@ -54,11 +54,11 @@ async def test_write_is_not_forwarded_before_the_verdict(tmp_path: Path) -> None
 
     assert not result.is_error, text_of(result)
     assert seen["on_disk_while_held"] == []
-    assert seen["audit_while_held"] == ["held"]
+    assert seen["audit_while_held"] == ["read", "held"]
     assert "toy__record" in seen["message"] and "the user asked to record v1" in seen["message"]
     assert "Steps just before it: toy__echo" in seen["message"]
     assert [json.loads(line) for line in recorded(record)] == [{"value": "v1"}]  # intent stripped
-    assert events(tmp_path / "state") == ["held", "verdict", "forwarded"]
+    assert events(tmp_path / "state") == ["read", "held", "verdict", "forwarded"]
 
 
 async def test_write_rejected_by_the_user_never_reaches_the_backend(tmp_path: Path) -> None:
@@ -80,7 +80,7 @@ async def test_allow_forwards_and_deny_blocks(tmp_path: Path, mode: str, policy:
         result = await p.client.call_tool("toy__record", {"value": "v", "intent": "x"})
     assert bool(result.is_error) is not forwarded
     assert len(recorded(record)) == (1 if forwarded else 0)
-    expected = ["held", "verdict", "forwarded"] if forwarded else ["held", "verdict"]
+    expected = ["held", "verdict", "forwarded"] if forwarded else ["held", "verdict", "blocked"]
     assert events(tmp_path / "state") == expected
 
 
@@ -151,7 +151,7 @@ async def test_client_that_cancels_a_held_write_abandons_it(tmp_path: Path) -> N
         # The session goes on, and the abandoned write never turns up later.
         assert text_of(await p.client.call_tool("toy__echo", {"text": "still here"})) == "still here"
     assert recorded(record) == []
-    assert events(tmp_path / "state") == ["held", "abandoned"]
+    assert events(tmp_path / "state") == ["held", "abandoned", "read"]
 
 
 async def test_held_call_sends_progress_to_a_client_that_asked(tmp_path: Path) -> None:

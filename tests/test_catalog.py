@@ -346,7 +346,11 @@ def rich_tool(read_only: bool) -> types.Tool:
         input_schema=RICH_SCHEMA,
         output_schema={"type": "object", "properties": {"bytes": {"type": "integer"}}},
         annotations=types.ToolAnnotations(
-            title="Write", read_only_hint=read_only, destructive_hint=True, idempotent_hint=False
+            # A read that also says destructiveHint: true contradicts itself and is held as a write.
+            title="Write",
+            read_only_hint=read_only,
+            destructive_hint=not read_only,
+            idempotent_hint=False,
         ),
         _meta={"vendor/tag": {"tier": 2}},
     )

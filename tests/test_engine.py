@@ -70,7 +70,7 @@ async def world(
         config = {
             "servers": {"fs": stdio(backends.filesystem(root))},
             "models": {"weak": {**endpoint, "model": "weak-model"}, "strong": {**endpoint, "model": "strong-model"}},
-            "review": {"default": "deny"},
+            "review": {"default": "strong"},
             "speculation": speculation,
         }
         async with proxied(config, tmp_path / "state", telemetry=telemetry) as p:
@@ -184,10 +184,10 @@ async def test_weak_only_and_strong_only_are_policies_of_the_same_loop(tmp_path:
     weak: list[Reply | str] = [call("fs__write_file", path=target, content="weak"), "weak done"]
     strong_steps = iter([call("fs__write_file", path=target, content="strong"), "strong done"])
     async with world(tmp_path, weak, lambda r: next(strong_steps)) as w:
-        weak_only = await w.engine.run("Write x", mode="weak-only")
+        weak_only = await w.engine.run("Write x", mode="weak-only", baseline=True)
         assert (w.root / "x.txt").read_text() == "weak"
         assert w.by("strong-model") == []
-        strong_only = await w.engine.run("Write x", mode="strong-only")
+        strong_only = await w.engine.run("Write x", mode="strong-only", baseline=True)
         assert (w.root / "x.txt").read_text() == "strong"
         assert len(w.by("weak-model")) == 2
         assert w.by("strong-model")[0].chat_template_kwargs == {"enable_thinking": True}

@@ -534,3 +534,24 @@ async def test_http_front_never_answers_5xx_and_keeps_serving(tmp_path: Path) ->
     assert still.status_code == 200 and '"toy__echo"' in still.text
     assert names == ["toy__echo", "toy__record"]
     assert text_of(echoed) == "still here"
+
+
+async def test_stdio_front_survives_an_integer_past_pythons_digit_limit(tmp_path: Path) -> None:
+    huge = b"1" * 5000
+    lines = [
+        b'{"jsonrpc":"2.0","id":51,"method":"ping","params":{"_meta":{"n":' + huge + b"}}}",
+        b'{"jsonrpc":"2.0","id":' + huge + b',"method":"ping"}',
+        b'{"jsonrpc":"2.0","id":52,"method":"tools/call","params":{"name":"toy__echo","arguments":{"text":'
+        + huge
+        + b"}}}",
+        b'{"jsonrpc":"2.0","method":"notifications/progress","params":{"progress":' + huge + b"}}",
+    ]
+    async with spawned_proxy(tmp_path) as peer:
+        with anyio.fail_after(60):
+            await peer.request("initialize", INITIALIZE_PARAMS)
+        for line in lines:
+            await peer.send(line)
+        pong = await peer.request("ping")  # the process is alive and still serving, in order
+        answered = [peer.answered(51), peer.answered(52)]
+    assert pong.get("result") == {}
+    assert all(answer is not None for answer in answered), answered

@@ -10,6 +10,7 @@ from typing import Any
 
 import anyio
 import pytest
+from mcp import MCPError
 
 from mcp_spec_proxy.audit import read_audit
 from mcp_spec_proxy.bench.scripted_model import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
@@ -137,32 +138,6 @@ async def test_an_unreviewed_write_that_looks_like_past_failures_is_reviewed_aft
     assert len(escalated) == 1 and escalated[0]["score"] >= 0.6 and escalated[0]["neighbours"]
 
 
-@pytest.mark.parametrize("threshold", [None, 0.2])
-async def test_review_leash_skips_the_model_only_when_the_operator_set_a_threshold(
-    tmp_path: Path, threshold: float | None
-) -> None:
-    root = files(tmp_path)
-    target = str(root / "log.txt")
-    await seed_steps(tmp_path, [Step("fs__write_file", {"path": target, "content": "entry"}, "write")] * 4, "success")
-    calls: list[str] = []
-
-    def answer(request: ChatRequest) -> str:
-        calls.append(request.model)
-        return verdict(segment_length(request))
-
-    async with ScriptedModelServer(Respond(answer)) as server:
-        cfg = world(root, server, tmp_path, review={"default": "leash"}, leash={"accept_threshold": threshold})
-        async with proxied(cfg, tmp_path / "state") as p:
-            result = await p.client.call_tool("fs__write_file", {"path": target, "content": "entry", "intent": "x"})
-    assert not result.is_error
-    verdicts = [e for e in read_audit(tmp_path / "state" / "audit.jsonl") if e["event"] == "verdict"]
-    assert verdicts[0]["evidence"]["score"] == 0.0 and verdicts[0]["evidence"]["neighbours"]
-    if threshold is None:
-        assert calls == ["strong-model"] and verdicts[0]["decided_by"] == "strong"
-    else:
-        assert calls == [] and verdicts[0]["decided_by"] == "leash"
-
-
 async def test_outcome_reports_label_tasks_through_the_mcp_tool(tmp_path: Path) -> None:
     root = files(tmp_path)
     drafts = iter([Reply(tool_calls=[ToolCall("fs__read_text_file", {"path": str(root / "notes.txt")})]), "Milk."])
@@ -172,7 +147,7 @@ async def test_outcome_reports_label_tasks_through_the_mcp_tool(tmp_path: Path) 
 
     async with (
         ScriptedModelServer(Respond(answer)) as server,
-        proxied(world(root, server, tmp_path), tmp_path / "state") as p,
+        proxied(world(root, server, tmp_path, leash={"client_outcomes": True}), tmp_path / "state") as p,
     ):
         listed = [tool.name for tool in (await p.client.list_tools()).tools]
         run = await p.client.call_tool("delegate", {"task": "What do I need?", "mode": "spec+leash"})
@@ -185,6 +160,21 @@ async def test_outcome_reports_label_tasks_through_the_mcp_tool(tmp_path: Path) 
     assert not reported.is_error and f"run {task_id} failed" in text_of(reported)
     assert unknown.is_error
     assert stats["count"] == 1 and stats["failures"] == 1
+
+
+async def test_report_outcome_is_closed_to_clients_unless_configured(tmp_path: Path) -> None:
+    root = files(tmp_path)
+    async with (
+        ScriptedModelServer(Respond(lambda r: "unused")) as server,
+        proxied(world(root, server, tmp_path), tmp_path / "state") as p,
+    ):
+        listed = [tool.name for tool in (await p.client.list_tools()).tools]
+        with pytest.raises(MCPError, match="unknown tool 'report_outcome'"):
+            await p.client.call_tool("report_outcome", {"success": True})
+        assert p.proxy.leash is not None
+        stats = p.proxy.leash.tasks.stats()
+    assert "report_outcome" not in listed  # the agent under review must not label its own work
+    assert stats["count"] == 0
 
 
 async def test_strong_verdicts_at_the_front_label_their_segment(tmp_path: Path) -> None:

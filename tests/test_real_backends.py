@@ -97,7 +97,8 @@ async def test_reads_run_at_once_through_the_proxy(tmp_path: Path, world: dict[s
     assert "On branch main" in text_of(status)
     assert not graph.is_error and '"entities"' in text_of(graph)
     assert '"timezone": "UTC"' in text_of(now)
-    assert not (tmp_path / "state" / "audit.jsonl").exists()
+    audit = read_audit(tmp_path / "state" / "audit.jsonl")
+    assert [e["event"] for e in audit] == ["read"] * 4  # audited, none held for review
 
 
 @pytest.mark.parametrize("mode", ERAS)

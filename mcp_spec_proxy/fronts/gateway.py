@@ -17,6 +17,16 @@ the engine in a background task and talks to it through a bridge:
 The models see the session's own transcript, not the client's: a rejected step the client
 already ran stays in the client's transcript but is gone from the history the models see.
 `--telemetry FILE` gets one line per request with the decision, verdicts and model calls.
+
+At the door (`Gateway.app`): the Host, and the Origin when a browser sends one, must name this
+server (DNS-rebinding protection; `--allow-host` adds names); with a token (`--token-env`) every
+request must carry `Authorization: Bearer <token>`; a POST must be `application/json`, which a
+web page cannot send cross-site without a CORS preflight the gateway never grants.
+
+One request's failure answers that request alone: a session's background task turns whatever
+goes wrong into that session's failure, and `chat` turns any unexpected exception into a 500 for
+that request. JSON goes out ASCII-escaped, so text that is not valid Unicode (a lone surrogate a
+model wrote) still makes a valid answer.
 """
 
 from __future__ import annotations
@@ -38,11 +48,12 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from mcp_spec_proxy.catalog import ClientToolView
 from mcp_spec_proxy.engine import MODES, Engine, Mode, RunResult
 from mcp_spec_proxy.errors import ProxyError
-from mcp_spec_proxy.fronts.asgi import serve_asgi
+from mcp_spec_proxy.fronts.asgi import BearerToken, HostGuard, host_names, serve_asgi
 from mcp_spec_proxy.proxy import Proxy
 from mcp_spec_proxy.review import FINAL_ANSWER, fence
 from mcp_spec_proxy.telemetry import Telemetry
@@ -69,6 +80,8 @@ class _Answer:
 @dataclass
 class _Failure:
     message: str
+    status: int = 502
+    code: str = "upstream_error"
 
 
 _Action = _ToolCall | _Answer | _Failure
@@ -133,7 +146,11 @@ class Gateway:
         self.sessions: dict[str, GatewaySession] = {}
         self._tg: anyio.abc.TaskGroup | None = None
 
-    def app(self) -> Starlette:
+    def app(
+        self, *, host: str = "127.0.0.1", token: str | None = None, allowed_hosts: list[str] | None = None
+    ) -> ASGIApp:
+        """The API, behind the Host/Origin check for a server bound to `host` (and the token, if any)."""
+
         @asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:
             async with anyio.create_task_group() as tg:
@@ -141,17 +158,20 @@ class Gateway:
                 yield
                 tg.cancel_scope.cancel()
 
-        return Starlette(
+        app: ASGIApp = Starlette(
             routes=[
                 Route("/v1/models", self.models, methods=["GET"]),
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
             ],
             lifespan=lifespan,
         )
+        if token:
+            app = BearerToken(app, token)
+        return HostGuard(app, host_names(host, allowed_hosts or []))
 
     async def models(self, request: Request) -> Response:
         created = int(time.time())
-        return JSONResponse(
+        return _AsciiJSON(
             {
                 "object": "list",
                 "data": [
@@ -162,7 +182,17 @@ class Gateway:
         )
 
     async def chat(self, request: Request) -> Response:
+        """The one place where a request's failures become its HTTP error; no failure outlives it."""
         try:
+            return await self._chat(request)
+        except Exception:
+            logger.exception("gateway: a chat request failed")
+            message = "the gateway failed on this request (its log has the details); other requests are unaffected"
+            return _error(500, message, "internal_error")
+
+    async def _chat(self, request: Request) -> Response:
+        try:
+            _require_json(request)
             body = await _json(request)
             mode, messages, tools, stream, include_usage = _parse(body)
             session = self._session(request, messages, tools)
@@ -180,10 +210,10 @@ class Gateway:
             model_calls=[data for kind, data in events if kind == "model_call"],
         )
         if isinstance(action, _Failure):
-            return _error(502, action.message, "upstream_error")
+            return _error(action.status, action.message, action.code)
         if stream:
             return StreamingResponse(_chunks(response, include_usage), media_type="text/event-stream")
-        return JSONResponse(response)
+        return _AsciiJSON(response)
 
     def _session(self, request: Request, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> GatewaySession:
         key = next((request.headers[h] for h in SESSION_HEADERS if h in request.headers), None)
@@ -235,20 +265,30 @@ class Gateway:
         async def run() -> None:
             action: _Action
             try:
-                result = await self.engine.run(transcript, mode, tools=view, client=session, observe=session.observe)
-            except ProxyError as exc:
-                action = _Failure(str(exc))
-            else:
-                session.transcript.extend(_rendered(result))
-                if result.answer is None:
-                    action = _Failure(f"the task ended without an answer: {result.status} {result.error or ''}".strip())
-                else:
-                    action = _Answer(result.answer, result)
+                action = await self._turn(session, transcript, mode, view)
+            except Exception:
+                # This task's boundary: what escapes here would end the gateway's task group, and
+                # every later request from every client would fail. It ends this session's turn only.
+                logger.exception("gateway: session %s failed", session.key)
+                message = "the gateway failed on this turn (its log has the details); other sessions are unaffected"
+                action = _Failure(message, 500, "internal_error")
             finally:
                 session.running = False
             await session.actions_in.send(action)
 
         self._tg.start_soon(run, name=f"gateway:{session.key}")
+
+    async def _turn(
+        self, session: GatewaySession, transcript: list[dict[str, Any]], mode: Mode, view: ClientToolView
+    ) -> _Action:
+        try:
+            result = await self.engine.run(transcript, mode, tools=view, client=session, observe=session.observe)
+        except ProxyError as exc:
+            return _Failure(str(exc))
+        session.transcript.extend(_rendered(result))
+        if result.answer is None:
+            return _Failure(f"the task ended without an answer: {result.status} {result.error or ''}".strip())
+        return _Answer(result.answer, result)
 
 
 def _rendered(result: RunResult) -> list[dict[str, Any]]:
@@ -272,6 +312,17 @@ def _rendered(result: RunResult) -> list[dict[str, Any]]:
     if result.answer is not None:
         messages.append({"role": "assistant", "content": result.answer})
     return messages
+
+
+def _require_json(request: Request) -> None:
+    """Only `application/json` bodies: a web page can POST `text/plain` cross-site with no preflight."""
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media != "application/json":
+        raise BadRequest(
+            f"the request body must be sent as Content-Type: application/json, not {media or 'no Content-Type'}",
+            415,
+            "unsupported_media_type",
+        )
 
 
 async def _json(request: Request) -> dict[str, Any]:
@@ -348,7 +399,7 @@ async def _chunks(response: dict[str, Any], include_usage: bool) -> AsyncIterato
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
         payload = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-        return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+        return f"data: {json.dumps(payload)}\n\n"  # ASCII-escaped, like _AsciiJSON
 
     yield chunk({"role": "assistant", "content": ""})
     if message.get("tool_calls"):
@@ -375,9 +426,17 @@ async def _chunks(response: dict[str, Any], include_usage: bool) -> AsyncIterato
     yield "data: [DONE]\n\n"
 
 
+class _AsciiJSON(JSONResponse):
+    """JSON with every non-ASCII character escaped: a lone surrogate in a model's text cannot be
+    encoded as UTF-8, but `\\udXXX` is valid JSON, so the answer still goes out."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
 def _error(status: int, message: str, code: str) -> JSONResponse:
     kind = "invalid_request_error" if status < 500 else "server_error"
-    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": code}}, status_code=status)
+    return _AsciiJSON({"error": {"message": message, "type": kind, "param": None, "code": code}}, status_code=status)
 
 
 async def serve_gateway(
@@ -385,10 +444,17 @@ async def serve_gateway(
     host: str,
     port: int,
     *,
+    token: str | None = None,
+    allowed_hosts: list[str] | None = None,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve until cancelled; `task_status.started(port)` once the socket listens."""
+    """Serve until cancelled; `task_status.started(port)` once the socket listens.
+
+    With `token`, every request must carry `Authorization: Bearer <token>`; `allowed_hosts` are
+    names besides loopback (and `host`) that the Host and Origin headers may use.
+    """
+    app = gateway.app(host=host, token=token, allowed_hosts=allowed_hosts)
     async with anyio.create_task_group() as tg:
-        bound = await tg.start(lambda task_status: serve_asgi(gateway.app(), host, port, task_status=task_status))
+        bound = await tg.start(lambda task_status: serve_asgi(app, host, port, task_status=task_status))
         logger.info("gateway: OpenAI-compatible API on http://%s:%d/v1", host, bound)
         task_status.started(bound)

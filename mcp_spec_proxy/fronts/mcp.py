@@ -4,13 +4,19 @@
 tools (through the write barrier), and the backends' prompts and resources, namespaced. This is
 the one place where proxy exceptions become wire errors (`_wire_error`).
 
-Sessions: each client connection gets its own trajectory, kept in the SDK's per-connection
-state. On the 2026-07-28 era over stateless HTTP every request is its own connection, so the
-trajectory there is the single call.
+Sessions (the trajectory a reviewer sees: the reads that led to a write):
+* stdio: the one client on this process's stdin is one session, whatever its era;
+* HTTP, handshake era: one session per `Mcp-Session-Id`;
+* HTTP, 2026-07-28 era: the session the client names with the `Mcp-Spec-Proxy-Session` header
+  (or `_meta["mcp-spec-proxy/session"]` of the request); a request that names none is a session
+  of its own.
 
 Human review reaches the user by elicitation (`elicitation/create`, handshake era) or by
-returning `input_required` (2026-07-28 era); the retry's `request_state` is sealed with an HMAC
-over the tool name and arguments, so an approval can never be replayed onto a different call.
+returning `input_required` (2026-07-28 era). Each `input_required` carries a fresh approval
+ticket as its `request_state`: single-use, bound (by HMAC) to the session, the tool and its
+arguments, and expiring with `review.timeout`; a replayed or forged ticket counts for nothing and
+the user is asked again. What the reviewers decided before asking (the strong verdict under
+`strong_then_human`) rides with the ticket, so a retry does not ask the model twice.
 """
 
 from __future__ import annotations
@@ -22,9 +28,11 @@ import logging
 import re
 import secrets
 import sys
+import time
 import weakref
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import anyio
@@ -50,14 +58,13 @@ from mcp.shared.message import SessionMessage
 from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, ServerEvent, ToolsListChanged
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp
 
 from mcp_spec_proxy.barrier import Report, Session, error_result
 from mcp_spec_proxy.catalog import digest
 from mcp_spec_proxy.engine import MODES
 from mcp_spec_proxy.errors import ProxyError, ToolNotFound
-from mcp_spec_proxy.fronts.asgi import serve_asgi
+from mcp_spec_proxy.fronts.asgi import BearerToken, host_names, serve_asgi
 from mcp_spec_proxy.proxy import Proxy
 from mcp_spec_proxy.reviewers import InputNeeded
 
@@ -65,6 +72,10 @@ logger = logging.getLogger(__name__)
 
 _SESSION_KEY = "mcp_spec_proxy.session"
 _APPROVAL_KEY = "mcp-spec-proxy/approval"
+SESSION_HEADER = "mcp-spec-proxy-session"
+SESSION_META = "mcp-spec-proxy/session"
+MAX_NAMED_SESSIONS = 4096  # 2026-07-28 sessions kept by name; the least recently used goes first
+MAX_PENDING_APPROVALS = 4096
 
 Ctx = ServerRequestContext[Any, Any]
 
@@ -139,7 +150,9 @@ class McpFront:
     def __init__(self, proxy: Proxy, *, name: str = "mcp-spec-proxy", version: str = "") -> None:
         self.proxy = proxy
         self._connections: weakref.WeakSet[Connection] = weakref.WeakSet()
-        self._seal_key = secrets.token_bytes(32)
+        self._approvals = Approvals(proxy.config.review.timeout)
+        self._named: OrderedDict[str, Session] = OrderedDict()
+        self.stdio_session: Session | None = None  # set while serving stdio: one client, one session
         self._bus = InMemorySubscriptionBus()  # 2026-07-28 clients hear of changes on subscriptions/listen
         proxy.listeners.append(self._broadcast)
         self.server = ProxyServer(
@@ -164,6 +177,17 @@ class McpFront:
     # -- sessions and notifications ----------------------------------------------------------
 
     def session_for(self, ctx: Ctx) -> Session:
+        if self.stdio_session is not None:
+            return self.stdio_session
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            name = _session_name(ctx)
+            if name is None:
+                return self.proxy.barrier.new_session()  # a request that names no session is its own
+            named = self._named.pop(name, None) or self.proxy.barrier.new_session("named-" + digest(name)[:12])
+            self._named[name] = named
+            while len(self._named) > MAX_NAMED_SESSIONS:
+                self._named.popitem(last=False)
+            return named
         connection = _connection(ctx)
         session = connection.state.get(_SESSION_KEY)
         if not isinstance(session, Session):
@@ -192,7 +216,7 @@ class McpFront:
         tools = [tool.definition for tool in self.proxy.catalog.tools()]
         if self.proxy.engine is not None:
             tools.append(DELEGATE_TOOL)
-        if self.proxy.leash is not None:
+        if self._outcomes_open():
             tools.append(REPORT_OUTCOME_TOOL)
         return types.ListToolsResult(tools=tools)
 
@@ -201,22 +225,33 @@ class McpFront:
     ) -> types.CallToolResult | types.InputRequiredResult:
         if params.name == DELEGATE and self.proxy.engine is not None:
             return await self._delegate(ctx, params)
-        if params.name == REPORT_OUTCOME and self.proxy.leash is not None:
+        if params.name == REPORT_OUTCOME and self._outcomes_open():
             return await self._report_outcome(ctx, params)
         session = self.session_for(ctx)
         arguments = dict(params.arguments or {})
-        user = _UserChannel(ctx, params, self._seal(params.name, arguments))
+        # A 2026-07-28 request that names no session is a session of its own: its ticket binds
+        # to the call alone; everywhere else, to the session too.
+        unnamed = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS and self.stdio_session is None
+        unnamed = unnamed and _session_name(ctx) is None
+        binding = ("" if unnamed else session.id, params.name, digest(arguments))
+        ticket = self._approvals.take(params.request_state, binding) if params.input_responses else None
+        user = _UserChannel(ctx, params, ticket)
         try:
             return await self.proxy.barrier.call(session, params.name, arguments, user, _reporter(ctx))
         except InputNeeded as need:
             request = types.ElicitRequest(
                 params=types.ElicitRequestFormParams(message=need.message, requested_schema=need.schema)
             )
-            return types.InputRequiredResult(
-                input_requests={need.key: request}, request_state=self._seal(params.name, arguments)
-            )
+            state = self._approvals.issue(binding, need)
+            return types.InputRequiredResult(input_requests={need.key: request}, request_state=state)
         except ProxyError as exc:
             raise _wire_error(exc) from exc
+
+    def _outcomes_open(self) -> bool:
+        """`report_outcome` for clients: only where the operator opened it (the agent under review
+        must not label its own work)."""
+        leash = self.proxy.config.leash
+        return self.proxy.leash is not None and leash is not None and bool(getattr(leash, "client_outcomes", False))
 
     async def _delegate(self, ctx: Ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
         """Run a whole task with the SpecAgent engine; progress per step, cancellation honoured."""
@@ -239,8 +274,9 @@ class McpFront:
             if report is not None:
                 await report(float(count), None, message)
 
+        user = _UserChannel(ctx, params, None)
         try:
-            result = await engine.run(task, mode, progress=progress, max_steps=max_steps)
+            result = await engine.run(task, mode, progress=progress, max_steps=max_steps, user=user)
         except ProxyError as exc:
             return error_result(str(exc))
         text = result.answer or f"(no answer: {result.status}{': ' + result.error if result.error else ''})"
@@ -276,9 +312,6 @@ class McpFront:
             text = f"recorded: this session's task {'succeeded' if success else 'failed'}"
         return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
 
-    def _seal(self, name: str, arguments: Mapping[str, Any]) -> str:
-        return hmac.new(self._seal_key, f"{name}\0{digest(dict(arguments))}".encode(), hashlib.sha256).hexdigest()
-
     # -- prompts and resources ---------------------------------------------------------------
 
     async def _list_prompts(self, ctx: Ctx, params: types.PaginatedRequestParams | None) -> types.ListPromptsResult:
@@ -289,7 +322,11 @@ class McpFront:
     async def _get_prompt(self, ctx: Ctx, params: types.GetPromptRequestParams) -> types.GetPromptResult:
         try:
             entry = self.proxy.catalog.prompt(params.name)
-            return await self.proxy.backends.get(entry.server).get_prompt(entry.original, params.arguments)
+            session = self.session_for(ctx).id
+            prompt: types.GetPromptResult = await self.proxy.gate.get_prompt(
+                session, entry.server, entry.original, params.arguments
+            )
+            return prompt
         except ProxyError as exc:
             raise _wire_error(exc) from exc
 
@@ -312,18 +349,75 @@ class McpFront:
     async def _read_resource(self, ctx: Ctx, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         try:
             owner = self.proxy.catalog.resource_owner(params.uri)
-            return await self.proxy.backends.get(owner).read_resource(params.uri)
+            resource: types.ReadResourceResult = await self.proxy.gate.read_resource(
+                self.session_for(ctx).id, owner, params.uri
+            )
+            return resource
         except ProxyError as exc:
             raise _wire_error(exc) from exc
+
+
+@dataclass
+class Ticket:
+    """One `input_required` approval waiting for its retry."""
+
+    binding: tuple[str, str, str]  # session, tool, arguments digest
+    expires: float  # time.monotonic()
+    question: str  # digest of what the user was shown: the answer settles that question only
+    memo: dict[str, Any] = field(default_factory=dict)
+
+
+class Approvals:
+    """Approval tickets of the 2026-07-28 era: issued with `input_required`, taken once by the retry.
+
+    The `request_state` a client holds is `<nonce>.<hmac>`; the HMAC covers the nonce and the
+    binding, so a ticket cannot be moved to another session, tool or argument set, and the nonce
+    is forgotten the first time it is used (or when it expires), so it cannot be used twice.
+    """
+
+    def __init__(self, ttl: float) -> None:
+        self._key = secrets.token_bytes(32)
+        self._ttl = ttl
+        self._pending: OrderedDict[str, Ticket] = OrderedDict()
+
+    def issue(self, binding: tuple[str, str, str], need: InputNeeded) -> str:
+        self._expire()
+        nonce = secrets.token_hex(16)
+        self._pending[nonce] = Ticket(binding, time.monotonic() + self._ttl, question(need.message), dict(need.memo))
+        while len(self._pending) > MAX_PENDING_APPROVALS:
+            self._pending.popitem(last=False)
+        return f"{nonce}.{self._mac(nonce, binding)}"
+
+    def take(self, state: str | None, binding: tuple[str, str, str]) -> Ticket | None:
+        """The ticket `state` names, once, if it is genuine, unexpired and bound to `binding`."""
+        self._expire()
+        nonce, _, mac = (state or "").partition(".")
+        if not hmac.compare_digest(mac, self._mac(nonce, binding)):
+            return None
+        ticket = self._pending.pop(nonce, None)
+        return ticket if ticket is not None and ticket.binding == binding else None
+
+    def _mac(self, nonce: str, binding: tuple[str, str, str]) -> str:
+        message = "\0".join((nonce, *binding)).encode("utf-8", "surrogatepass")
+        return hmac.new(self._key, message, hashlib.sha256).hexdigest()
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        while self._pending:
+            nonce, ticket = next(iter(self._pending.items()))
+            if ticket.expires > now:
+                break
+            del self._pending[nonce]
 
 
 class _UserChannel:
     """Asks the person behind this call's client, in whichever way its era allows."""
 
-    def __init__(self, ctx: Ctx, params: types.CallToolRequestParams, seal: str) -> None:
+    def __init__(self, ctx: Ctx, params: types.CallToolRequestParams, ticket: Ticket | None) -> None:
         self._ctx = ctx
         self._params = params
-        self._seal = seal
+        self._ticket = ticket
+        self.memo: dict[str, Any] = ticket.memo if ticket is not None else {}
 
     async def confirm(self, message: str, schema: dict[str, Any]) -> dict[str, Any] | None:
         ctx = self._ctx
@@ -331,12 +425,13 @@ class _UserChannel:
         if capabilities is None or capabilities.elicitation is None:
             return None
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
-            responses = self._params.input_responses or {}
-            answer = responses.get(_APPROVAL_KEY)
-            # An answer counts only on a retry of this very call (same tool, same arguments).
-            if isinstance(answer, types.ElicitResult) and hmac.compare_digest(
-                self._params.request_state or "", self._seal
-            ):
+            answer = (self._params.input_responses or {}).get(_APPROVAL_KEY)
+            # An answer counts only with a genuine, unused ticket of this very call, and only for
+            # the question it answered: a retry that would ask something else (another substitute,
+            # other arguments) asks again.
+            ticket = self._ticket
+            if isinstance(answer, types.ElicitResult) and ticket is not None and ticket.question == question(message):
+                self._ticket = None  # one answer, one decision
                 return answer.model_dump(mode="json", exclude_none=True)
             raise InputNeeded(_APPROVAL_KEY, message, schema)
         try:
@@ -344,6 +439,22 @@ class _UserChannel:
         except NoBackChannelError:
             return None
         return result.model_dump(mode="json", exclude_none=True)
+
+
+def question(message: str) -> str:
+    return hashlib.sha256(message.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _session_name(ctx: Ctx) -> str | None:
+    """The session a 2026-07-28 request names: its header, else its `_meta`; None when it names none."""
+    request = ctx.request
+    headers = getattr(request, "headers", None)
+    name = headers.get(SESSION_HEADER) if headers is not None else None
+    if not name:
+        meta = ctx.meta or {}
+        value = meta.get(SESSION_META) if isinstance(meta, Mapping) else getattr(meta, SESSION_META, None)
+        name = value if isinstance(value, str) else None
+    return name[:256] if name else None
 
 
 def _reporter(ctx: Ctx) -> Report | None:
@@ -375,6 +486,7 @@ async def serve_stdio(front: McpFront) -> None:
     (JSON-RPC 2.0: -32700 or -32600, with the request's id where one can be read) instead of
     leaving the client to wait forever on that id.
     """
+    front.stdio_session = front.proxy.barrier.new_session()
     wire_in, release_in = _claim_fd(0, sys.stdin, "rb", _open_stdin_diversion)
     wire_out, release_out = _claim_fd(1, sys.stdout, "wb", _open_stdout_diversion)
     try:
@@ -445,7 +557,7 @@ class _AnswerMalformed:
         await self._inner.aclose()
 
 
-_ANY_ID = re.compile(r'"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.){0,200}")')
+_ANY_ID = re.compile(r'"id"\s*:\s*(-?\d{1,19}(?![\d.eE])|"(?:[^"\\]|\\.){0,200}")')
 
 
 def malformed_answer(line: str) -> types.JSONRPCError | None:
@@ -459,13 +571,13 @@ def malformed_answer(line: str) -> types.JSONRPCError | None:
         return types.JSONRPCError(
             jsonrpc="2.0", id=None, error=types.ErrorData(code=PARSE_ERROR, message="Parse error")
         )
-    except RecursionError:
-        found = _ANY_ID.search(line[:4096])  # nested too deep to parse: the id may still be legible
+    except (RecursionError, ValueError) as exc:
+        # Nested too deep, or an integer past Python's digit limit: the id may still be legible.
+        found = _ANY_ID.search(line[:4096])
         request_id = json.loads(found.group(1)) if found else None
+        why = "nested too deep" if isinstance(exc, RecursionError) else "a number is too long"
         return types.JSONRPCError(
-            jsonrpc="2.0",
-            id=request_id,
-            error=types.ErrorData(code=INVALID_REQUEST, message="Invalid Request: nested too deep"),
+            jsonrpc="2.0", id=request_id, error=types.ErrorData(code=INVALID_REQUEST, message=f"Invalid Request: {why}")
         )
     if isinstance(data, dict) and "method" in data and "id" not in data:
         return None  # a malformed notification: nobody waits for an answer
@@ -480,39 +592,16 @@ def malformed_answer(line: str) -> types.JSONRPCError | None:
     )
 
 
-class _BearerToken:
-    """Refuses every request that does not carry `Authorization: Bearer <token>`."""
-
-    def __init__(self, app: ASGIApp, token: str) -> None:
-        self._app = app
-        self._expected = f"Bearer {token}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            given = dict(scope.get("headers") or []).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self._expected):
-                response = JSONResponse(
-                    {"error": "unauthorized: send Authorization: Bearer <token> as configured with --token"},
-                    status_code=401,
-                    headers={"WWW-Authenticate": "Bearer"},
-                )
-                await response(scope, receive, send)
-                return
-        await self._app(scope, receive, send)
-
-
 def http_app(front: McpFront, *, host: str, token: str | None, allowed_hosts: list[str] | None = None) -> ASGIApp:
     """The streamable HTTP app at `/mcp`, with DNS-rebinding protection always on."""
-    hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*", *(f"{h}:*" for h in allowed_hosts or [])]
-    if host not in ("127.0.0.1", "localhost", "::1", "0.0.0.0", "::"):
-        hosts.append(f"{host}:*")
+    hosts = [f"{name}:*" for name in host_names(host, allowed_hosts or [])]
     security = TransportSecuritySettings(
         enable_dns_rebinding_protection=True,
         allowed_hosts=hosts,
         allowed_origins=[f"http://{h}" for h in hosts] + [f"https://{h}" for h in hosts],
     )
     app: ASGIApp = front.server.streamable_http_app(host=host, transport_security=security)
-    return _BearerToken(app, token) if token else app
+    return BearerToken(app, token) if token else app
 
 
 async def serve_http(

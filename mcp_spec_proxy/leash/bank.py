@@ -31,12 +31,21 @@ Every file goes to a temporary file that is fsynced and renamed, and the manifes
 process killed at any moment leaves the manifest naming a complete earlier generation, which
 loads; files of an unfinished save are reported by `stats()` and removed by the next successful
 one. A bank that does not load is an error naming the files, never silently replaced; a bank made
-by another encoder is `BankMismatch`. One process writes a bank at a time: `save()` refuses when
-another process saved since this one loaded.
+by another encoder is `BankMismatch`.
+
+Processes. Several processes (two proxies, a proxy and `bank import`) may share a bank directory.
+Its lock file `.lock` is held (`flock`) exclusively while a generation is written and shared while
+one is read, so nobody reads files that a save is replacing. `save()` first adopts whatever another
+process saved since: that process's rows come first and this one's unsaved rows follow them (so
+the ids `add` returned for unsaved rows may shift). `search()` and `add()` pick up a newer generation
+before they run — one `stat` of the manifest when nothing changed, then only the new rows are read.
+A newer generation that will not load is logged once and left alone: lookups go on with the rows
+already loaded, and `save()` refuses to write over it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import hashlib
@@ -163,13 +172,43 @@ def _fsync_dir(directory: Path) -> None:
 
 
 @contextmanager
-def _exclusive(directory: Path) -> Iterator[None]:
-    with (directory / ".lock").open("a") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+def _locked(directory: Path, *, shared: bool = False) -> Iterator[None]:
+    """Hold the bank directory's lock file: exclusive to write a generation, shared to read one.
+
+    `flock` belongs to the open file, so two `Bank` objects of one process exclude each other as
+    two processes do. Take it before the bank's thread lock, never while holding that.
+    """
+    path = directory / ".lock"
+    handle: IO[str] | None = None
+    try:
+        handle = path.open("a")
+    except OSError:
+        if not shared:
+            raise
+        with contextlib.suppress(OSError):
+            handle = path.open("r")
+    if handle is None:
+        # A bank on a read-only disk that nobody made a lock file for: nobody can write it either.
+        yield
+        return
+    with handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+Signature = tuple[int, int, int]
+
+
+def _signature(path: str | Path) -> Signature | None:
+    """What changes whenever a manifest is replaced (it is renamed into place: a new inode)."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return (stat.st_ino, stat.st_mtime_ns, stat.st_size)
 
 
 def _now() -> str:
@@ -271,6 +310,10 @@ class Bank:
         self._abandoned: list[str] = []
         self._segments: list[dict[str, Any]] = []  # committed: {"start", "end", "vectors": file, "meta": file}
         self._index_file: dict[str, Any] | None = None  # committed HNSW graph: file and the "count" it holds
+        self._signature: Signature | None = None  # of the manifest this bank last read or wrote
+        # Checked before every lookup: kept as a string, a stat of it costs about a microsecond.
+        self._manifest = None if directory is None else str(directory / MANIFEST)
+        self._bad_signature: Signature | None = None  # of a newer manifest that would not load (logged)
 
     # -- opening -------------------------------------------------------------------------------
 
@@ -298,7 +341,11 @@ class Bank:
         except OSError as exc:
             raise BankError(f"cannot look for a LEASH bank in {directory}: {exc}") from None
         if present:
-            return cls._load(directory, kind, encoder, approximate_after, ef_search)
+            try:
+                with _locked(directory, shared=True):
+                    return cls._load(directory, kind, encoder, approximate_after, ef_search)
+            except OSError as exc:
+                raise BankError(f"cannot lock LEASH bank directory {directory}: {exc.strerror or exc}") from None
         bank = cls(directory, kind=kind, encoder=encoder, approximate_after=approximate_after, ef_search=ef_search)
         try:
             directory.mkdir(parents=True, exist_ok=True)
@@ -339,94 +386,32 @@ class Bank:
     def _load(
         cls, directory: Path, kind: Kind, encoder: EncoderInfo, approximate_after: int | None, ef_search: int
     ) -> Bank:
-        manifest_path = directory / MANIFEST
-        names = [MANIFEST]
-
-        def broken(problem: str) -> BankError:
-            return BankError(
-                f"LEASH {kind} bank in {directory} cannot be loaded: {problem}. Files: {', '.join(names)}."
-                f" Move them aside (e.g. `mv {directory} {directory}.broken`) to start a new bank;"
-                " it is never replaced automatically"
-            )
-
-        try:
-            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise broken(f"{MANIFEST} is unreadable ({exc})") from None
-        try:
-            if manifest.get("format") != FORMAT:
-                raise broken(f"{MANIFEST} is not a LEASH bank manifest")
-            if manifest["version"] > VERSION:
-                raise broken(f"format version {manifest['version']} is newer than this proxy reads ({VERSION})")
-            stored_kind = manifest["kind"]
-            stored = EncoderInfo(
-                manifest["encoder"]["name"], str(manifest["encoder"]["model"]), int(manifest["encoder"]["dim"])
-            )
-            generation = int(manifest["generation"])
-            count = int(manifest["count"])
-            segments: list[dict[str, Any]] = manifest["files"]["segments"]
-            index_file: dict[str, Any] | None = manifest["files"].get("index")
-            index_info: dict[str, Any] = manifest.get("index") or {"type": "flat"}
-            created = str(manifest.get("created") or _now())
-            entries = [entry for segment in segments for entry in (segment["vectors"], segment["meta"])]
-            entries += [index_file] if index_file else []
-            names += [str(entry["name"]) for entry in entries]
-            ends = [0] + [int(segment["end"]) for segment in segments]
-            if [int(segment["start"]) for segment in segments] != ends[:-1] or ends[-1] != count:
-                raise ValueError(f"segments {[(x['start'], x['end']) for x in segments]} do not cover 0..{count}")
-            if index_file is not None and not 0 < int(index_file["count"]) <= count:
-                raise ValueError(f"the index holds {index_file['count']} vectors of {count}")
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise broken(f"{MANIFEST} lacks or garbles a field ({exc!r})") from None
-
-        if stored_kind != kind:
-            raise BankMismatch(
-                f"the bank in {directory} holds {stored_kind}s, not {kind}s — give each kind its own directory"
-            )
-        same_encoder = stored.name == encoder.name and stored.model == encoder.model
-        # A dimension of 0 is "not known yet" on either side (an embedding endpoint not asked yet).
-        if not same_encoder or (stored.dim and encoder.dim and stored.dim != encoder.dim):
-            raise BankMismatch(
-                f"the LEASH {kind} bank in {directory} was made by the {stored.describe()}, but the configured"
-                f" encoder is the {encoder.describe()}: vectors of different encoders cannot be compared —"
-                f" point leash.bank_dir elsewhere, or move {directory} aside to start a new bank"
-            )
-        dim = stored.dim or encoder.dim
-        info = EncoderInfo(encoder.name, encoder.model, dim)
-
-        for entry in entries:
-            path = directory / str(entry["name"])
-            if not _DATA_FILE.match(path.name):
-                raise broken(f"{MANIFEST} names a file it may not: {path.name!r}")
-            try:
-                with path.open("rb") as handle:
-                    digest = hashlib.file_digest(handle, "sha256").hexdigest()
-                size = path.stat().st_size
-            except OSError as exc:
-                raise broken(f"{path.name} is unreadable ({exc.strerror or exc})") from None
-            if size != entry.get("bytes") or digest != entry.get("sha256"):
-                raise broken(f"{path.name} does not match the manifest (size or sha256 differs)")
-
+        """The bank in `directory` as its manifest says; the caller holds the directory's lock."""
+        manifest = _Manifest.read(directory, kind, encoder)
+        manifest.verify(manifest.entries())
+        count, segments, index_file, dim = manifest.count, manifest.segments, manifest.index_file, manifest.encoder.dim
         bank = cls(
             directory,
             kind=kind,
-            encoder=info,
+            encoder=manifest.encoder,
             approximate_after=approximate_after,
             ef_search=ef_search,
-            created=created,
+            created=manifest.created,
         )
-        bank._generation = generation
+        bank._generation = manifest.generation
         bank._segments = segments
         bank._index_file = index_file
+        bank._signature = manifest.signature
         try:
             for segment in segments:
-                bank._load_meta(directory / segment["meta"]["name"], segment["start"], segment["end"])
+                bank._extend_meta(_read_meta(directory / segment["meta"]["name"], segment["start"], segment["end"]))
             want_hnsw = count > bank.approximate_after
-            if want_hnsw and index_file is not None and index_info.get("type") == "hnsw":
+            if want_hnsw and index_file is not None and manifest.index_info.get("type") == "hnsw":
                 bank._index = bank._read_hnsw(directory / index_file["name"], index_file["count"], dim)
                 bank._approximate = True
-                if "recall_at_10" in index_info:
-                    recall = index_info["recall_at_10"], index_info["recall_sample"], index_info["recall_measured_at"]
+                info = manifest.index_info
+                if "recall_at_10" in info:
+                    recall = info["recall_at_10"], info["recall_sample"], info["recall_measured_at"]
                     bank._recall = _Recall(float(recall[0]), int(recall[1]), int(recall[2]))
                 # The graph is saved only now and then; the vectors added since join it here.
                 bank._add_rows(directory, index_file["count"])
@@ -438,52 +423,153 @@ class Bank:
             if want_hnsw and not bank._approximate:
                 bank._go_approximate(private=True)
         except (OSError, ValueError, RuntimeError, KeyError, TypeError, AttributeError) as exc:
-            raise broken(str(exc) or repr(exc)) from None
+            raise manifest.broken(str(exc) or repr(exc)) from None
         bank._abandoned = bank._stray_files()
-        later = [name for name in bank._abandoned if _generation_of(name) > generation]
+        later = [name for name in bank._abandoned if _generation_of(name) > manifest.generation]
         if later:
             logger.warning(
                 "LEASH %s bank in %s: an unfinished save of generation %d left %s; loaded generation %d",
                 kind,
                 directory,
-                generation + 1,
+                manifest.generation + 1,
                 ", ".join(later),
-                generation,
+                manifest.generation,
             )
         return bank
 
-    def _load_meta(self, path: Path, start: int, end: int) -> None:
-        lines = path.read_text(encoding="utf-8").splitlines()
-        if len(lines) != end - start:
-            raise ValueError(f"{path.name} has {len(lines)} entries, the manifest says {end - start}")
-        for position, line in enumerate(lines, start):
-            record = json.loads(line)
-            if record.get("id") != position:
-                raise ValueError(f"{path.name}: id {record.get('id')!r} where {position} belongs")
-            self._labels.append(LABELS.index(record["label"]))
-            self._sources.append(SOURCES.index(record["source"]))
-            metadata = record.get("metadata")
-            if metadata is not None and not isinstance(metadata, dict):
-                raise ValueError(f"{path.name}: metadata of id {position} is not an object")
-            self._metadata.append(metadata or None)
+    def _extend_meta(self, rows: list[tuple[int, int, dict[str, Any] | None]]) -> None:
+        for label, source, metadata in rows:
+            self._labels.append(label)
+            self._sources.append(source)
+            self._metadata.append(metadata)
 
     def _add_rows(self, directory: Path, first: int) -> None:
         """Add the stored vectors from id `first` on to the index, segment by segment."""
-        dim = self._encoder.dim
-        for segment in self._segments:
-            start, end = segment["start"], segment["end"]
-            if end <= first:
-                continue
-            path = directory / segment["vectors"]["name"]
-            # Mapped, not read: the index copies it in chunks, so a big bank is never in memory twice.
-            vectors = np.load(path, mmap_mode="r", allow_pickle=False)
-            if vectors.dtype != np.float32 or vectors.shape != (end - start, dim):
-                raise ValueError(
-                    f"{path.name} holds {vectors.dtype} {vectors.shape}, expected float32 ({end - start}, {dim})"
-                )
-            skip = max(0, first - start)
-            _add_chunked(self._index, vectors[skip:], start + skip)
+        for start, vectors in _read_rows(directory, self._segments, first, self._encoder.dim):
+            _add_chunked(self._index, vectors, start)
             del vectors
+
+    # -- other processes -----------------------------------------------------------------------
+
+    def refresh(self) -> bool:
+        """Pick up the rows another process saved since this bank last read or wrote; True if any came.
+
+        One `stat` when nothing changed. With rows added here and not saved yet it waits: `save()`
+        merges. A newer generation that will not load is logged once and ignored (see the module
+        docstring). `search()` and `add()` call this themselves.
+        """
+        directory = self.directory
+        if directory is None or self._manifest is None:
+            return False
+        signature = _signature(self._manifest)
+        if signature is None or signature in (self._signature, self._bad_signature):
+            return False
+        try:
+            with _locked(directory, shared=True), self._lock:
+                if self._pending():
+                    return False
+                before = len(self._labels)
+                self._catch_up()
+                return len(self._labels) > before
+        except (BankError, OSError) as exc:
+            self._bad_signature = signature
+            logger.warning(
+                "LEASH %s bank in %s: a generation saved by another process was not picked up (%s);"
+                " lookups go on with the %d vectors loaded",
+                self.kind,
+                directory,
+                exc,
+                len(self._labels),
+            )
+            return False
+
+    def _pending(self) -> bool:
+        """Rows added here that no generation on disk holds yet."""
+        return len(self._labels) > (self._segments[-1]["end"] if self._segments else 0)
+
+    def _catch_up(self) -> None:
+        """Adopt the generation on disk if another process saved one. Holds both locks.
+
+        Only the new rows are read when this bank's rows are a prefix of the disk's (the bank was
+        not replaced) and none is unsaved here; otherwise the bank is loaded afresh and the unsaved
+        rows are added after the disk's.
+        """
+        directory = self.directory
+        assert directory is not None
+        if not (directory / MANIFEST).exists():
+            if self._generation:
+                raise BankError(
+                    f"LEASH {self.kind} bank manifest {directory / MANIFEST} disappeared after this bank was"
+                    " loaded; not writing a new bank over the rest of its files — move the directory aside"
+                    " and restart"
+                )
+            return
+        manifest = _Manifest.read(directory, self.kind, self._encoder)
+        if manifest.generation == self._generation and manifest.created == self._created:
+            self._signature = manifest.signature
+            return
+        saved = self._segments[-1]["end"] if self._segments else 0
+        if self._pending() or manifest.created != self._created or manifest.count < saved:
+            self._reload()
+            return
+        # Rows 0..saved are the same on disk (every save adopts the one before it): read the rest.
+        new = [segment for segment in manifest.segments if segment["end"] > saved]
+        manifest.verify([entry for segment in new for entry in (segment["vectors"], segment["meta"])])
+        try:
+            meta = [
+                row
+                for segment in new
+                for row in _read_meta(directory / segment["meta"]["name"], segment["start"], segment["end"], saved)
+            ]
+            rows = _read_rows(directory, manifest.segments, saved, manifest.encoder.dim)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise manifest.broken(str(exc) or repr(exc)) from None
+        if self._index is None and manifest.encoder.dim:
+            self._encoder = manifest.encoder
+            self._index = _new_flat(manifest.encoder.dim)
+        for start, vectors in rows:
+            _add_chunked(self._index, vectors, start)
+        self._extend_meta(meta)
+        self._generation = manifest.generation
+        self._segments = manifest.segments
+        self._index_file = manifest.index_file if self._approximate else None
+        self._signature = manifest.signature
+        logger.debug("LEASH %s bank: picked up %d rows of generation %d", self.kind, len(meta), self._generation)
+
+    def _reload(self) -> None:
+        """Become the bank on disk, with this bank's unsaved rows added after its rows.
+
+        Rows this bank saved before are not carried over: if they are not on disk, the bank was
+        moved aside and started anew on purpose.
+        """
+        assert self.directory is not None
+        saved = self._segments[-1]["end"] if self._segments else 0
+        count = len(self._labels)
+        unsaved = _storage(self._index, self._encoder.dim)[saved:count].copy() if count > saved else None
+        fresh = Bank._load(self.directory, self.kind, self._encoder, self._approximate_after, self._ef_search)
+        if unsaved is not None:
+            if fresh._index is None:
+                fresh._encoder = self._encoder
+                fresh._index = _new_flat(self._encoder.dim)
+            _add_chunked(fresh._index, unsaved, len(fresh._labels))
+            fresh._labels.extend(self._labels[saved:])
+            fresh._sources.extend(self._sources[saved:])
+            fresh._metadata.extend(self._metadata[saved:])
+            fresh._dirty = True
+        moved = (
+            "_encoder _created _index _approximate _labels _sources _metadata _recall _generation _dirty"
+            " _abandoned _segments _index_file _signature"
+        )
+        for name in moved.split():
+            setattr(self, name, getattr(fresh, name))
+        logger.debug(
+            "LEASH %s bank in %s: reloaded generation %d saved by another process (%d rows, %d of them unsaved here)",
+            self.kind,
+            self.directory,
+            self._generation,
+            len(self._labels),
+            count - saved,
+        )
 
     def _read_hnsw(self, path: Path, count: int, dim: int) -> Any:
         index = faiss.read_index(str(path))
@@ -536,6 +622,7 @@ class Bank:
         """The up-to-k stored vectors nearest `vector` (normalised here), most similar first."""
         if k < 1:
             raise ValueError(f"k must be at least 1, got {k}")
+        self.refresh()
         query = self._query(vector)
         with self._lock:
             if self._index is None or not self._labels:
@@ -661,6 +748,7 @@ class Bank:
         except (TypeError, ValueError) as exc:
             raise ValueError(f"metadata must be JSON-serialisable: {exc}") from None
         normalised = normalise_rows(matrix)
+        self.refresh()
 
         with self._lock:
             if self._index is None:
@@ -691,6 +779,7 @@ class Bank:
         dim = self._encoder.dim
         started = time.perf_counter()
         with self._lock:
+            source = self._index
             built = len(self._labels)
             vectors = _storage(self._index, dim)[:built]
             if not private:
@@ -700,6 +789,9 @@ class Bank:
         recall = _recall(hnsw, vectors, RECALL_SAMPLE, RECALL_K)
         del vectors
         with self._lock:
+            if self._index is not source:
+                # Another process's generation replaced the index meanwhile (`_reload`); the next add decides again.
+                return
             if len(self._labels) > built:
                 _add_chunked(hnsw, _storage(self._index, dim)[built:], built)
             self._index = hnsw
@@ -745,48 +837,30 @@ class Bank:
     def save(self) -> None:
         """Write a new generation crash-safely (see the module docstring); nothing to do if unchanged.
 
-        Raises `BankError` if the disk refuses, or if another process saved this bank since it was
-        loaded (reopen it to see that process's vectors). On any failure the previous generation
-        stays on disk and loads.
+        A generation another process saved meanwhile is adopted first (its rows, then this one's).
+        Raises `BankError` if the disk refuses or that generation will not load; on any failure the
+        generation on disk stays and loads.
         """
-        if self.directory is None:
+        directory = self.directory
+        if directory is None or not self._dirty:
             return
-        with self._lock:
-            if not self._dirty:
-                return
-            directory = self.directory
-            try:
-                with _exclusive(directory):
-                    self._check_generation_on_disk()
-                    self._write_generation(directory, self._generation + 1)
-            except OSError as exc:
-                raise BankError(
-                    f"cannot save LEASH {self.kind} bank in {directory}: {exc.strerror or exc};"
-                    f" generation {self._generation} is still the one on disk"
-                ) from None
-            self._dirty = False
-            self._abandoned = []
-            for name in self._stray_files():
-                (directory / name).unlink(missing_ok=True)
-
-    def _check_generation_on_disk(self) -> None:
-        assert self.directory is not None
-        path = self.directory / MANIFEST
-        if not path.exists():
-            on_disk = 0
-        else:
-            try:
-                on_disk = int(json.loads(path.read_text(encoding="utf-8"))["generation"])
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                raise BankError(
-                    f"LEASH {self.kind} bank manifest {path} became unreadable ({exc}) after this bank was loaded;"
-                    " not overwriting it — move it aside and restart"
-                ) from None
-        if on_disk != self._generation:
+        try:
+            with _locked(directory), self._lock:
+                if not self._dirty:
+                    return
+                self._catch_up()
+                self._write_generation(directory, self._generation + 1)
+                self._dirty = False
+                self._abandoned = []
+                # Still under the lock: nobody else's save is half-written, so what is not ours is stray.
+                with contextlib.suppress(OSError):
+                    for name in self._stray_files():
+                        (directory / name).unlink(missing_ok=True)
+        except OSError as exc:
             raise BankError(
-                f"LEASH {self.kind} bank in {self.directory} was saved by another process (generation {on_disk},"
-                f" this one loaded {self._generation}); one process may write a bank — reopen it"
-            )
+                f"cannot save LEASH {self.kind} bank in {directory}: {exc.strerror or exc};"
+                f" generation {self._generation} is still the one on disk"
+            ) from None
 
     def _write_generation(self, directory: Path, generation: int) -> None:
         count = len(self._labels)
@@ -841,6 +915,7 @@ class Bank:
         self._generation = generation
         self._segments = segments
         self._index_file = index_file
+        self._signature = _signature(directory / MANIFEST)
 
     def _write_meta(self, out: _HashingWriter, start: int, end: int) -> None:
         lines: list[str] = []
@@ -883,3 +958,157 @@ def _put(out: _HashingWriter, blob: Any) -> None:
 def _generation_of(name: str) -> int:
     match = _DATA_FILE.match(name)
     return int(match.group(2)) if match else -1
+
+
+def _read_meta(path: Path, start: int, end: int, first: int = 0) -> list[tuple[int, int, dict[str, Any] | None]]:
+    """(label, source, metadata) of rows `max(first, start)`..`end` of a meta file holding `start`..`end`."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    if len(lines) != end - start:
+        raise ValueError(f"{path.name} has {len(lines)} entries, the manifest says {end - start}")
+    rows: list[tuple[int, int, dict[str, Any] | None]] = []
+    for position, line in enumerate(lines, start):
+        if position < first:
+            continue
+        record = json.loads(line)
+        if record.get("id") != position:
+            raise ValueError(f"{path.name}: id {record.get('id')!r} where {position} belongs")
+        metadata = record.get("metadata")
+        if metadata is not None and not isinstance(metadata, dict):
+            raise ValueError(f"{path.name}: metadata of id {position} is not an object")
+        rows.append((LABELS.index(record["label"]), SOURCES.index(record["source"]), metadata or None))
+    return rows
+
+
+def _read_rows(
+    directory: Path, segments: Sequence[dict[str, Any]], first: int, dim: int
+) -> list[tuple[int, np.ndarray]]:
+    """(first id, vectors) of the stored rows from id `first` on, mapped from their segment files."""
+    found: list[tuple[int, np.ndarray]] = []
+    for segment in segments:
+        start, end = segment["start"], segment["end"]
+        if end <= first:
+            continue
+        path = directory / segment["vectors"]["name"]
+        # Mapped, not read: the index copies it in chunks, so a big bank is never in memory twice.
+        vectors = np.load(path, mmap_mode="r", allow_pickle=False)
+        if vectors.dtype != np.float32 or vectors.shape != (end - start, dim):
+            raise ValueError(
+                f"{path.name} holds {vectors.dtype} {vectors.shape}, expected float32 ({end - start}, {dim})"
+            )
+        skip = max(0, first - start)
+        found.append((start + skip, vectors[skip:]))
+    return found
+
+
+@dataclass(frozen=True)
+class _Manifest:
+    """A bank's `bank.json`, checked against the kind and encoder asked for."""
+
+    directory: Path
+    kind: Kind
+    generation: int
+    count: int
+    segments: list[dict[str, Any]]
+    index_file: dict[str, Any] | None
+    index_info: dict[str, Any]
+    created: str
+    encoder: EncoderInfo  # the configured encoder, with the dimension on disk when it knows one
+    names: tuple[str, ...]  # every file it names, for error messages
+    signature: Signature | None
+
+    @classmethod
+    def read(cls, directory: Path, kind: Kind, encoder: EncoderInfo) -> _Manifest:
+        """Parse and check the manifest; `BankError` if it will not do, `BankMismatch` if another encoder made it."""
+        manifest_path = directory / MANIFEST
+        names = [MANIFEST]
+
+        def broken(problem: str) -> BankError:
+            return _broken(directory, kind, names, problem)
+
+        signature = _signature(manifest_path)
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise broken(f"{MANIFEST} is unreadable ({exc})") from None
+        try:
+            if manifest.get("format") != FORMAT:
+                raise broken(f"{MANIFEST} is not a LEASH bank manifest")
+            if manifest["version"] > VERSION:
+                raise broken(f"format version {manifest['version']} is newer than this proxy reads ({VERSION})")
+            stored_kind = manifest["kind"]
+            stored = EncoderInfo(
+                manifest["encoder"]["name"], str(manifest["encoder"]["model"]), int(manifest["encoder"]["dim"])
+            )
+            generation = int(manifest["generation"])
+            count = int(manifest["count"])
+            segments: list[dict[str, Any]] = manifest["files"]["segments"]
+            index_file: dict[str, Any] | None = manifest["files"].get("index")
+            index_info: dict[str, Any] = manifest.get("index") or {"type": "flat"}
+            created = str(manifest.get("created") or _now())
+            entries = [entry for segment in segments for entry in (segment["vectors"], segment["meta"])]
+            entries += [index_file] if index_file else []
+            names += [str(entry["name"]) for entry in entries]
+            ends = [0] + [int(segment["end"]) for segment in segments]
+            if [int(segment["start"]) for segment in segments] != ends[:-1] or ends[-1] != count:
+                raise ValueError(f"segments {[(x['start'], x['end']) for x in segments]} do not cover 0..{count}")
+            if index_file is not None and not 0 < int(index_file["count"]) <= count:
+                raise ValueError(f"the index holds {index_file['count']} vectors of {count}")
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise broken(f"{MANIFEST} lacks or garbles a field ({exc!r})") from None
+
+        if stored_kind != kind:
+            raise BankMismatch(
+                f"the bank in {directory} holds {stored_kind}s, not {kind}s — give each kind its own directory"
+            )
+        same_encoder = stored.name == encoder.name and stored.model == encoder.model
+        # A dimension of 0 is "not known yet" on either side (an embedding endpoint not asked yet).
+        if not same_encoder or (stored.dim and encoder.dim and stored.dim != encoder.dim):
+            raise BankMismatch(
+                f"the LEASH {kind} bank in {directory} was made by the {stored.describe()}, but the configured"
+                f" encoder is the {encoder.describe()}: vectors of different encoders cannot be compared —"
+                f" point leash.bank_dir elsewhere, or move {directory} aside to start a new bank"
+            )
+        info = EncoderInfo(encoder.name, encoder.model, stored.dim or encoder.dim)
+        return cls(
+            directory,
+            kind,
+            generation,
+            count,
+            segments,
+            index_file,
+            index_info,
+            created,
+            info,
+            tuple(names),
+            signature,
+        )
+
+    def broken(self, problem: str) -> BankError:
+        return _broken(self.directory, self.kind, self.names, problem)
+
+    def entries(self) -> list[dict[str, Any]]:
+        found = [entry for segment in self.segments for entry in (segment["vectors"], segment["meta"])]
+        return found + ([self.index_file] if self.index_file else [])
+
+    def verify(self, entries: Sequence[dict[str, Any]]) -> None:
+        """Every named file is a data file of the size and sha256 the manifest says."""
+        for entry in entries:
+            path = self.directory / str(entry["name"])
+            if not _DATA_FILE.match(path.name):
+                raise self.broken(f"{MANIFEST} names a file it may not: {path.name!r}")
+            try:
+                with path.open("rb") as handle:
+                    digest = hashlib.file_digest(handle, "sha256").hexdigest()
+                size = path.stat().st_size
+            except OSError as exc:
+                raise self.broken(f"{path.name} is unreadable ({exc.strerror or exc})") from None
+            if size != entry.get("bytes") or digest != entry.get("sha256"):
+                raise self.broken(f"{path.name} does not match the manifest (size or sha256 differs)")
+
+
+def _broken(directory: Path, kind: Kind, names: Sequence[str], problem: str) -> BankError:
+    return BankError(
+        f"LEASH {kind} bank in {directory} cannot be loaded: {problem}. Files: {', '.join(names)}."
+        f" Move them aside (e.g. `mv {directory} {directory}.broken`) to start a new bank;"
+        " it is never replaced automatically"
+    )

@@ -13,23 +13,33 @@ nearest neighbours into decisions:
 A score needs `min_neighbours` labelled neighbours; with fewer there is no opinion and the
 ordinary path runs. Labels come for free: every verdict labels its segment (the accepted prefix
 succeeded, the first rejected step failed), and `report_outcome` labels a whole task.
+
+LEASH advises; it never breaks the call it advises on. Every method the barrier, the gate and the
+engine call (`task_score`, `step_score`, the `label_*` methods, `remember`, and all of `LeashWatch`)
+is `_advisory`: an exception inside it — FAISS, a bank that will not load or save, an embedding
+endpoint that is down, a hidden state of the wrong size — is logged once (and again only when it
+changes, and once more when it clears) and becomes "no evidence" (`Score(None, ())`, `False`) or a
+label not stored. The call then goes the ordinary way. Operator commands (`bank import`,
+`bank calibrate`) open a `strict` Leash, where the same exceptions propagate.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 import anyio
 import numpy as np
 
 from mcp_spec_proxy.config import LeashConfig
 from mcp_spec_proxy.leash.bank import Bank, Label, Neighbour
+from mcp_spec_proxy.leash.calibrate import Calibration
 from mcp_spec_proxy.leash.encoders import (
     EmbeddingEncoder,
     Encoder,
@@ -67,17 +77,118 @@ def view(step: Step) -> StepView:
     return StepView(step.tool, step.arguments, step.observation)
 
 
+class _Guard:
+    """What the `_advisory` methods of one Leash share: strictness, and which of them are failing now."""
+
+    def __init__(self, strict: bool) -> None:
+        self.strict = strict
+        self._failing: dict[str, str] = {}  # operation -> the error it last failed with
+
+    def failed(self, operation: str, exc: Exception) -> None:
+        line = f"{type(exc).__name__}: {exc}"
+        if self._failing.get(operation) == line:
+            logger.debug("LEASH %s failed again: %s", operation, line)
+            return
+        self._failing[operation] = line
+        logger.warning(
+            "LEASH %s failed (%s); deciding without LEASH evidence, the ordinary way, until it works again",
+            operation,
+            line,
+        )
+
+    def worked(self, operation: str) -> None:
+        if self._failing.pop(operation, None) is not None:
+            logger.info("LEASH %s works again", operation)
+
+
+class _Advised(Protocol):
+    @property
+    def _guard(self) -> _Guard: ...
+
+
+_S = TypeVar("_S", bound=_Advised)
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _advisory(
+    on_failure: Callable[[], _R],
+) -> Callable[[Callable[Concatenate[_S, _P], Awaitable[_R]]], Callable[Concatenate[_S, _P], Coroutine[Any, Any, _R]]]:
+    """The boundary between LEASH and the main path: a failure is logged once and becomes `on_failure()`."""
+
+    def wrap(
+        method: Callable[Concatenate[_S, _P], Awaitable[_R]],
+    ) -> Callable[Concatenate[_S, _P], Coroutine[Any, Any, _R]]:
+        operation = method.__qualname__
+
+        @functools.wraps(method)
+        async def advised(self: _S, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+            guard = self._guard
+            try:
+                result = await method(self, *args, **kwargs)
+            # Deliberately broad: FAISS raises RuntimeError, numpy ValueError, the disk OSError, our own
+            # code LeashError, and a bug in advisory code must not cost a user's call either. Cancellation
+            # is a BaseException and passes.
+            except Exception as exc:
+                if guard.strict:
+                    raise
+                guard.failed(operation, exc)
+                return on_failure()
+            guard.worked(operation)
+            return result
+
+        return advised
+
+    return wrap
+
+
+def _no_score() -> Score:
+    return Score(None, ())
+
+
+def _nothing() -> None:
+    return None
+
+
+def _no() -> bool:
+    return False
+
+
+def _uncalibrated() -> Calibration | None:
+    return None
+
+
 class Leash:
     def __init__(
-        self, config: LeashConfig, encoder: Encoder, tasks: Bank, steps: Bank, *, telemetry: Telemetry | None = None
+        self,
+        config: LeashConfig,
+        encoder: Encoder,
+        tasks: Bank,
+        steps: Bank,
+        *,
+        telemetry: Telemetry | None = None,
+        strict: bool = False,
     ) -> None:
         self.config = config
         self.encoder = encoder
         self.tasks = tasks
         self.steps = steps
         self.telemetry = telemetry or Telemetry(None)
-        self._runs = Path(config.bank_dir).expanduser() / "runs.jsonl"
+        self._root = Path(config.bank_dir).expanduser()
+        self._runs = self._root / "runs.jsonl"
         self._lock = anyio.Lock()
+        self._guard = _Guard(strict)
+
+    @property
+    def strict(self) -> bool:
+        """True: LEASH's failures propagate (operator commands); False: they become "no evidence"."""
+        return self._guard.strict
+
+    async def aclose(self) -> None:
+        """Close the encoder's connection to its endpoint (an embedding or hidden-state server)."""
+        close = getattr(self.encoder, "aclose", None)
+        if close is not None:
+            await close()
 
     @classmethod
     def open(
@@ -87,8 +198,12 @@ class Leash:
         api_key: str | None = None,
         hidden_model: str = "",
         telemetry: Telemetry | None = None,
+        strict: bool = False,
     ) -> Leash:
-        """Build the configured encoder and open (or create) both banks; a bank that will not load is an error."""
+        """Build the configured encoder and open (or create) both banks; a bank that will not load is an error.
+
+        `strict`: LEASH's failures propagate instead of becoming "no evidence" (see the module docstring).
+        """
         encoder: Encoder
         if config.encoder == "hashing":
             encoder = HashingEncoder(dim=config.dim)
@@ -100,10 +215,11 @@ class Leash:
         root = Path(config.bank_dir).expanduser()
         tasks = Bank.open(root / "task", kind="task", encoder=encoder.info)
         steps = Bank.open(root / "step", kind="step", encoder=encoder.info)
-        return cls(config, encoder, tasks, steps, telemetry=telemetry)
+        return cls(config, encoder, tasks, steps, telemetry=telemetry, strict=strict)
 
     # -- scores --------------------------------------------------------------------------------
 
+    @_advisory(_no_score)
     async def task_score(self, task: str) -> Score:
         if isinstance(self.encoder, HiddenStateEncoder):
             # A task has no drafting call of its own to read a hidden state from.
@@ -111,6 +227,7 @@ class Leash:
         vector = (await self.encoder.encode_texts([task]))[0]
         return await self._score(self.tasks, vector)
 
+    @_advisory(_no_score)
     async def step_score(self, step: Step, hidden: Any = None) -> Score:
         vector = await self._vector(step, hidden)
         if vector is None:
@@ -126,8 +243,7 @@ class Leash:
 
     async def _score(self, bank: Bank, vector: np.ndarray) -> Score:
         """Similarity-weighted share of failures among the near neighbours; far ones are no evidence."""
-        if len(bank) < self.config.min_neighbours:
-            return Score(None, ())
+        # No shortcut on len(bank): the search first picks up labels another process saved.
         found = await bank.asearch(vector, self.config.k)
         near = tuple(n for n in found if n.score >= self.config.min_similarity)
         if len(near) < self.config.min_neighbours:
@@ -139,13 +255,20 @@ class Leash:
     def at_least(self, score: Score, threshold: float) -> bool:
         return score.value is not None and score.value >= threshold
 
-    def confidently_successful(self, score: Score) -> bool:
-        threshold = self.config.accept_threshold
-        return threshold is not None and score.value is not None and score.value <= threshold
+    @_advisory(_uncalibrated)
+    async def calibration(self) -> Calibration | None:
+        """The calibration record `bank calibrate --max-false-accept` wrote in the bank directory, if any."""
+        return await anyio.to_thread.run_sync(Calibration.load, self._root)
 
     # -- labels --------------------------------------------------------------------------------
 
+    @_advisory(_nothing)
     async def label_steps(
+        self, steps: Sequence[Step], labels: Sequence[Label], *, source: str, hidden: Sequence[Any] | None = None
+    ) -> None:
+        await self._label_steps(steps, labels, source=source, hidden=hidden)
+
+    async def _label_steps(
         self, steps: Sequence[Step], labels: Sequence[Label], *, source: str, hidden: Sequence[Any] | None = None
     ) -> None:
         vectors = []
@@ -162,15 +285,22 @@ class Leash:
             await self.steps.aadd(np.stack(vectors), [label for _, label in kept], source=source, metadata=metadata)
             await anyio.to_thread.run_sync(self.steps.save)
 
+    @_advisory(_nothing)
     async def label_verdict(self, steps: Sequence[Step], accepted_steps: int, *, source: str = "verdict") -> None:
         """The accepted prefix succeeded; the first rejected step failed; what came after says nothing."""
         labelled = list(steps[: accepted_steps + 1])
         labels: list[Label] = ["success"] * min(accepted_steps, len(steps))
         if accepted_steps < len(steps):
             labels.append("failure")
-        await self.label_steps(labelled, labels, source=source)
+        await self._label_steps(labelled, labels, source=source)
 
+    @_advisory(_nothing)
     async def label_task(
+        self, task: str, success: bool, *, source: str = "outcome", meta: dict[str, Any] | None = None
+    ) -> None:
+        await self._label_task(task, success, source=source, meta=meta)
+
+    async def _label_task(
         self, task: str, success: bool, *, source: str = "outcome", meta: dict[str, Any] | None = None
     ) -> None:
         if isinstance(self.encoder, HiddenStateEncoder):
@@ -183,6 +313,7 @@ class Leash:
 
     # -- runs and outcomes ---------------------------------------------------------------------
 
+    @_advisory(_nothing)
     async def remember(self, task_id: str, task: str, steps: Sequence[Step]) -> None:
         record = {
             "task_id": task_id,
@@ -198,15 +329,18 @@ class Leash:
             handle.write(line)
 
     async def report_outcome(self, task_id: str, success: bool) -> bool:
-        """Label a remembered run's task (and, on failure, nothing more: which step failed is unknown)."""
+        """Label a remembered run's task (and, on failure, nothing more: which step failed is unknown).
+
+        Not advisory: whoever reports an outcome (the CLI, a client's tool call) is told when it was not stored.
+        """
         record = await anyio.to_thread.run_sync(self._find_run, task_id)
         if record is None:
             return False
-        await self.label_task(record["task"], success, meta={"task_id": task_id})
+        await self._label_task(record["task"], success, meta={"task_id": task_id})
         if success:
             steps = [Step(s["tool"], s["arguments"], "read", observation=s.get("observation")) for s in record["steps"]]
             if steps:
-                await self.label_steps(steps, ["success"] * len(steps), source="outcome")
+                await self._label_steps(steps, ["success"] * len(steps), source="outcome")
         return True
 
     def _find_run(self, task_id: str) -> dict[str, Any] | None:
@@ -224,17 +358,23 @@ class Leash:
 
 
 class LeashWatch:
-    """The engine's `Watch` (mode spec+leash), backed by a `Leash`."""
+    """The engine's `Watch` (mode spec+leash), backed by a `Leash`; each method is `_advisory`."""
 
     def __init__(self, leash: Leash) -> None:
         self.leash = leash
 
+    @property
+    def _guard(self) -> _Guard:
+        return self.leash._guard
+
+    @_advisory(_no)
     async def route(self, task: str) -> bool:
         score = await self.leash.task_score(task)
         strong = self.leash.at_least(score, self.leash.config.route_threshold)
         await self.leash.telemetry.record("leash", layer="route", strong_led=strong, **score.as_json())
         return strong
 
+    @_advisory(_no)
     async def drafted(self, step: Step, hidden: Any) -> bool:
         score = await self.leash.step_score(step, hidden)
         flagged = self.leash.at_least(score, self.leash.config.escalate_threshold)
@@ -242,15 +382,18 @@ class LeashWatch:
             await self.leash.telemetry.record("leash", layer="escalate", tool=step.tool, **score.as_json())
         return flagged
 
+    @_advisory(_no)
     async def unreviewed(self, step: Step, hidden: Any) -> bool:
         score = await self.leash.step_score(step, hidden)
         flagged = self.leash.at_least(score, self.leash.config.observe_threshold)
         await self.leash.telemetry.record("leash", layer="observe", tool=step.tool, flagged=flagged, **score.as_json())
         return flagged
 
+    @_advisory(_nothing)
     async def verdict(self, steps: tuple[Step, ...], accepted_steps: int) -> None:
         await self.leash.label_verdict(steps, accepted_steps)
 
+    @_advisory(_nothing)
     async def finished(self, task_id: str, task: str, steps: list[Step]) -> None:
         await self.leash.remember(task_id, task, steps)
 
@@ -258,26 +401,84 @@ class LeashWatch:
 class LeashReviewer:
     """`review: leash`: a held write confidently in the success region may pass without a model call.
 
-    Only when the operator set `leash.accept_threshold`; everything else goes to the fallback
-    reviewer (the strong model, or the user when no model is configured). Either way the verdict
-    carries the score and the nearest neighbours, and the audit log records them.
+    Only when all of these hold; otherwise the fallback reviewer (the strong model, or the user
+    when no model is configured) decides, and the verdict's evidence says why it was not LEASH:
+
+    * the operator set `leash.accept_threshold`, and the encoder is not `hashing` (config refuses
+      that pairing at load; this is the same rule for a Leash built by hand);
+    * the tool declares `destructiveHint: false` and its server's annotations are trusted;
+    * a calibration record for this encoder is in the bank directory (`bank calibrate
+      --max-false-accept`), and the threshold is no looser than the one calibrated on held-out labels;
+    * the held write's failure score, from enough near neighbours, is at or below the threshold.
+
+    Either way the verdict carries the score and the nearest neighbours, and the audit log records them.
     """
 
     name = "leash"
 
-    def __init__(self, leash: Leash, fallback: Reviewer) -> None:
+    def __init__(self, leash: Leash, fallback: Reviewer, *, untrusted_servers: Collection[str] = ()) -> None:
         self._leash = leash
         self._fallback = fallback
+        self._untrusted = frozenset(untrusted_servers)
+        self._told: set[str] = set()
 
     async def review(self, request: ReviewRequest, user: UserChannel) -> Verdict:
         score = await self._leash.step_score(request.segment.held)
-        evidence = {"layer": "accept", **score.as_json()}
-        if self._leash.confidently_successful(score):
-            threshold = self._leash.config.accept_threshold
+        evidence: dict[str, Any] = {"layer": "accept", **score.as_json()}
+        why_not = await self._why_not_alone(request, score)
+        if why_not is None:
             reason = (
                 f"LEASH: failure score {score.value:.3f} over {len(score.neighbours)} neighbours is at or below"
-                f" accept_threshold {threshold}; forwarded without a model call"
+                f" accept_threshold {self._leash.config.accept_threshold} (calibrated on held-out labels) and"
+                " the tool declares destructiveHint: false; forwarded without a model call"
             )
             return Verdict(True, reason, len(request.segment), reviewer="leash", evidence=evidence)
+        evidence["fallback"] = why_not
         verdict = await self._fallback.review(request, user)
         return replace(verdict, evidence=evidence)
+
+    async def _why_not_alone(self, request: ReviewRequest, score: Score) -> str | None:
+        """Why this write may not pass on LEASH's word alone, or None when it may."""
+        leash = self._leash
+        threshold = leash.config.accept_threshold
+        if threshold is None:
+            return "leash.accept_threshold is not set"
+        info = leash.encoder.info
+        if info.name == "hashing":
+            return self._setup("the hashing encoder never forwards a write on its own; use an embedding encoder")
+        tool = request.tool
+        if tool is None:
+            return "the held step is not a tool call"
+        annotations = tool.definition.annotations
+        if annotations is None or annotations.destructive_hint is not False:
+            return f"{tool.name} does not declare destructiveHint: false"
+        if tool.server in self._untrusted:
+            return f"server {tool.server!r} is not trusted for annotations (trust_annotations: false)"
+        calibration = await leash.calibration()
+        if calibration is None:
+            return self._setup(
+                f"no calibration record in {leash.config.bank_dir} (or it is unreadable) — run `mcp-spec-proxy"
+                " bank calibrate HELD_OUT.jsonl --max-false-accept RATE` on labels the bank does not hold"
+            )
+        if not calibration.covers(info):
+            return self._setup(
+                f"the calibration record was measured with the {calibration.encoder.describe()}, not the configured"
+                f" {info.describe()} — run `mcp-spec-proxy bank calibrate` again"
+            )
+        if threshold > calibration.accept_threshold:
+            return self._setup(
+                f"accept_threshold {threshold} is looser than the {calibration.accept_threshold} calibrated on"
+                f" {calibration.held_out} held-out steps — lower it, or recalibrate"
+            )
+        if score.value is None:
+            return f"too few near neighbours to judge ({len(score.neighbours)} within min_similarity)"
+        if score.value > threshold:
+            return f"failure score {score.value:.3f} is above accept_threshold {threshold}"
+        return None
+
+    def _setup(self, why: str) -> str:
+        """A reason that holds for every write until the operator acts: logged once, then only audited."""
+        if why not in self._told:
+            self._told.add(why)
+            logger.warning("review: leash sends every write to its fallback reviewer: %s", why)
+        return why

@@ -283,7 +283,7 @@ class Authors:
 
 # -- reading the engine's prompts ---------------------------------------------------------------
 
-_STEP = re.compile(r"^Step (\d+): ")
+_STEP = re.compile(r"^Step (\d+): (.*)")  # the call's JSON is the first line; a fenced intent may follow
 _RESULT = re.compile(r"^Result of step (\d+) \((ok|error)\):\n")
 _SEGMENT = "# Segment to verify"
 _FENCE_OPEN, _FENCE_CLOSE = "<<<tool-output\n", "\ntool-output>>>"
@@ -321,7 +321,7 @@ def review_history(request: ChatRequest) -> tuple[list[Seen], list[Seen], int]:
         if message.get("role") != "user":
             continue
         if (found := _STEP.match(text)) is not None:
-            call = json.loads(text[found.end() :])
+            call = json.loads(found.group(2))
             steps[int(found.group(1))] = Action(call["tool"], call["arguments"])
         elif (found := _RESULT.match(text)) is not None:
             results[int(found.group(1))] = (found.group(2) == "error", unfence(text[found.end() :]))

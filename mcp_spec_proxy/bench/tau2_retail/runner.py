@@ -233,7 +233,7 @@ async def run_one(
                 raise RuntimeError(f"the retail server is unavailable (see {state / 'logs'})")
             # The engine stops itself at speculation.max_wall_s; this bounds the rest (a backend that hangs).
             with anyio.fail_after(RUN_TIMEOUT_S):
-                result = await engine.run(text, mode, progress=progress)
+                result = await engine.run(text, mode, progress=progress, baseline=True)
             if retail is not None:
                 end_hash = db_hash(retail.db)
             else:

@@ -1,0 +1,437 @@
+"""The one write gate: the only way a tool call reaches a backend, whoever authored it.
+
+Every door hands its calls here — the MCP front's `tools/call` (through the barrier), the
+engine's drafted and strong-led steps (`delegate`, `run`, the gateway), a reviewer's
+replacement and the repair turn — and the gate applies one policy to all of them:
+
+    read   forward at once; one audit line (group-committed, not fsynced on its own)
+    write  resolve the tool's effective reviewer once → audit `held` (fsynced)
+           → verdict → audit `verdict` (fsynced) → forward only if accepted → audit `forwarded`
+
+One call id joins a call's lines, with its `author` (client, weak, strong, replacement, repair)
+and its `reviewer`. The effective reviewer is the tool's override or `review.default`, then:
+
+* `deny` never runs, and `human` always asks, whoever authored the call;
+* a call the strong model authored (strong-led steps, a replacement, a repair) counts as
+  reviewed by `strong`, so it needs no second model verdict under `strong`, `strong_then_human`
+  or `leash`;
+* a call another author made meets the reviewer it names; a segment the engine drafted in
+  `spec` (`verified=True`) always gets the engine's strong verifier, which reviews the whole
+  drafted segment in one request — and then the user too, where the tool's reviewer is `human`;
+* `allow` forwards with an audit line — unless LEASH's shadow observer flags the call, which
+  then goes to the strong model (or the user).
+
+A reviewer that fails or times out becomes a refusing verdict (or, with `review.on_error:
+allow`, an accepting one); the exception never reaches the door. A verdict and its reason are
+capped before they are written, so a model cannot flood the audit trail.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anyio
+import mcp_types as types
+from mcp.shared.dispatcher import ProgressFnT
+
+from mcp_spec_proxy.audit import AuditLog
+from mcp_spec_proxy.backends import BackendPool
+from mcp_spec_proxy.catalog import CatalogTool, digest
+from mcp_spec_proxy.config import ProxyConfig, ReviewMode
+from mcp_spec_proxy.errors import BackendError
+from mcp_spec_proxy.leash.layers import Leash
+from mcp_spec_proxy.models import ModelCall
+from mcp_spec_proxy.review import ReviewFailed
+from mcp_spec_proxy.reviewers import InputNeeded, Reviewer, ReviewRequest, UserChannel, Verdict
+from mcp_spec_proxy.trajectory import Step, observation_text
+
+logger = logging.getLogger(__name__)
+
+Report = ProgressFnT
+"""Sends a progress notification to the calling client: `await report(progress, total, message)`."""
+
+Author = Literal["client", "weak", "strong", "replacement", "repair"]
+STRONG_AUTHORS: frozenset[str] = frozenset({"strong", "replacement", "repair"})
+"""Authors whose calls count as reviewed by the strong model: it wrote them itself."""
+MODEL_REVIEWS: frozenset[str] = frozenset({"strong", "strong_then_human", "leash"})
+"""Reviewers a strong-authored call satisfies without another model call."""
+
+Executor = Callable[[CatalogTool, dict[str, Any], "Report | None"], Awaitable[types.CallToolResult]]
+"""Runs an accepted call somewhere other than a backend (the gateway's client tools)."""
+
+HEARTBEAT_S = 5.0
+AUDIT_TEXT_CAP = 4000
+"""Characters of one free-text audit field (a reviewer's reason); the rest is cut with a marker."""
+LABELLING_REVIEWERS = {"strong", "human", "strong→human", "strong+human"}
+"""Verdicts that are judgements (not policy, not LEASH's own) and so label their steps for LEASH."""
+
+
+@dataclass
+class GateCall:
+    """One tool call at the gate: who wrote it, for which session, with what the reviewer reads."""
+
+    session: str
+    tool: CatalogTool
+    arguments: dict[str, Any]  # as the backend gets them: the `intent` argument already stripped
+    author: Author
+    request: ReviewRequest  # the held call last in its segment, the history before it
+    intent: str | None = None
+    baseline: str | None = None  # an operator's baseline run (`run`, benchmarks): the loop's mode
+    replaces: str | None = None  # the call id of the rejected call this one stands in for
+    flagged: bool = False  # LEASH flagged it: a model verdict is due even if the strong model wrote it
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of a write: its verdict, and the result when it ran."""
+
+    call: str
+    verdict: Verdict
+    result: types.CallToolResult | None
+    latency_ms: float
+
+    @property
+    def forwarded(self) -> bool:
+        return self.result is not None
+
+
+class Gate:
+    def __init__(
+        self,
+        config: ProxyConfig,
+        backends: BackendPool,
+        reviewers: Mapping[ReviewMode, Reviewer],
+        audit: AuditLog,
+        leash: Leash | None = None,
+    ) -> None:
+        self._config = config
+        self._backends = backends
+        self._reviewers = reviewers
+        self._audit = audit
+        self._leash = leash
+
+    # -- policy ------------------------------------------------------------------------------
+
+    def mode(self, tool: CatalogTool) -> ReviewMode:
+        """The tool's configured reviewer: its override, else `review.default`."""
+        return tool.review or self._config.review.default
+
+    def refuses(self, tool: CatalogTool) -> bool:
+        """True when no verdict could let this tool run (`deny`): callers may skip asking a model."""
+        return tool.effect == "write" and self.mode(tool) == "deny"
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def read(
+        self,
+        session: str,
+        tool: CatalogTool,
+        arguments: dict[str, Any],
+        step: Step,
+        author: Author,
+        report: Report | None,
+    ) -> types.CallToolResult:
+        """Forward a read at once; its audit line is buffered and written with the next commit."""
+        assert tool.effect == "read", f"{tool.name} is a write: it must be held"
+        self._audit.note(
+            "read",
+            session=session,
+            tool=tool.name,
+            server=tool.server,
+            arguments_digest=digest(arguments),
+            author=author,
+            why=tool.why,
+        )
+        return await self.forward(tool, arguments, step, report)
+
+    # -- writes ------------------------------------------------------------------------------
+
+    async def write(
+        self,
+        call: GateCall,
+        user: UserChannel,
+        report: Report | None = None,
+        *,
+        strong: Reviewer | None = None,
+        verified: bool = False,
+        executor: Executor | None = None,
+        step: Step | None = None,
+    ) -> Outcome:
+        """Hold `call` until the verdict its tool's policy asks for; forward it only if accepted.
+
+        `strong` replaces the configured strong reviewer for this call (the engine's verifier over
+        its own tool view); `verified` says the loop verifies this segment with it whatever the
+        tool's reviewer (SpecAgent's `spec`); `executor` runs an accepted call that is not a backend's.
+        """
+        tool = call.tool
+        reviewer, flagged = await self._reviewer(call, strong, verified)
+        common = {
+            "call": call.id,
+            "session": call.session,
+            "tool": tool.name,
+            "server": tool.server,
+            "arguments_digest": digest(call.arguments),
+            "effect": tool.effect,
+            "why": tool.why,
+            "author": call.author,
+            "reviewer": reviewer.name,
+        }
+        if call.replaces:
+            common["replaces"] = call.replaces
+        await self._audit.record("held", **common, segment_length=len(call.request.segment))
+        if flagged is not None:
+            await self._audit.record("leash-escalated", call=call.id, session=call.session, **flagged)
+        started = time.perf_counter()
+        try:
+            verdict = await self._review(reviewer, call.request, user, report)
+        except InputNeeded:
+            await self._audit.record("awaiting-input", **common)
+            raise
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                await self._audit.record("abandoned", **common, reason="the client cancelled or disconnected")
+            raise
+        latency_ms = round((time.perf_counter() - started) * 1000, 3)
+        await self._audit.record(
+            "verdict",
+            **common,
+            accepted=verdict.accepted,
+            reason=capped(verdict.reason),
+            accepted_steps=verdict.accepted_steps,
+            decided_by=verdict.reviewer,
+            latency_ms=latency_ms,
+            **({"evidence": verdict.evidence} if verdict.evidence else {}),
+        )
+        if not verdict.accepted:
+            await self._audit.record("blocked", call=call.id, session=call.session)
+            await self._label(call, verdict)
+            return Outcome(call.id, verdict, None, latency_ms)
+        step = step or Step(tool.name, call.arguments, tool.effect, intent=call.intent)
+        try:
+            if executor is not None:
+                started = time.perf_counter()
+                result = await executor(tool, call.arguments, report)
+                _observe(step, result, started)
+            else:
+                result = await self.forward(tool, call.arguments, step, report)
+        except BaseException as exc:  # cancelled (or worse) mid-send: the call may have run
+            with anyio.CancelScope(shield=True):
+                await self._audit.record(
+                    "forward-interrupted",
+                    call=call.id,
+                    session=call.session,
+                    reason=f"{type(exc).__name__} while forwarding: the backend may or may not have run it",
+                )
+            raise
+        await self._audit.record("forwarded", call=call.id, session=call.session, is_error=bool(result.is_error))
+        await self._label(call, verdict)  # after the write: a slow bank never delays an accepted call
+        return Outcome(call.id, verdict, result, latency_ms)
+
+    async def _label(self, call: GateCall, verdict: Verdict) -> None:
+        """Labels for free: a judgement's accepted prefix succeeded, its first rejected step failed."""
+        if self._leash is not None and verdict.reviewer in LABELLING_REVIEWERS:
+            await self._leash.label_verdict(call.request.segment.steps, verdict.accepted_steps)
+
+    async def _reviewer(
+        self, call: GateCall, strong: Reviewer | None, verified: bool
+    ) -> tuple[Reviewer, dict[str, Any] | None]:
+        """The reviewer this call meets, and LEASH's evidence when its shadow observer escalated."""
+        tool = call.tool
+        loop = strong is not None and verified and call.author not in STRONG_AUTHORS
+        # A read is held only when LEASH flags it: then it is the strong verifier's to judge.
+        mode = self.mode(tool) if tool.effect == "write" else "strong"
+        if mode == "strong" and strong is None and "strong" not in self._reviewers:
+            mode = "human"
+        if mode == "deny":
+            return self._reviewers["deny"], None
+        if mode == "human":
+            human = self._reviewers["human"]
+            if loop and strong is not None:
+                # The engine's drafted segment is verified first; only then is the user asked.
+                return _Both(strong, human), None
+            return human, None
+        if loop and strong is not None:
+            return strong, None  # SpecAgent's own verification; a rejection goes to its repair turn
+        if call.author in STRONG_AUTHORS and mode in MODEL_REVIEWS and not call.flagged:
+            return _Authored(call.author, "the strong model wrote this call itself"), None
+        if call.baseline is not None and mode in (*MODEL_REVIEWS, "allow") and not call.flagged:
+            return _Authored(call.baseline, f"the operator's {call.baseline} baseline runs its steps unreviewed"), None
+        if mode == "allow" and call.flagged:
+            escalated = strong or self._reviewers.get("strong") or self._reviewers["human"]
+            return escalated, {"to": escalated.name, "layer": "flagged by the engine"}
+        if mode == "allow":
+            if self._leash is not None:
+                score = await self._leash.step_score(call.request.segment.held)
+                if self._leash.at_least(score, self._leash.config.observe_threshold):
+                    escalate: ReviewMode = "strong" if "strong" in self._reviewers or strong else "human"
+                    reviewer = strong if escalate == "strong" and strong is not None else self._reviewers[escalate]
+                    return reviewer, {"to": reviewer.name, **score.as_json()}
+            return self._reviewers["allow"], None
+        if mode == "strong" and strong is not None:
+            return strong, None
+        return self._reviewers[mode], None
+
+    async def _review(
+        self, reviewer: Reviewer, request: ReviewRequest, user: UserChannel, report: Report | None
+    ) -> Verdict:
+        """The verdict, or a refusing one when the reviewer fails; `InputNeeded` passes through."""
+        held = len(request.segment)
+        calls: tuple[ModelCall, ...] = ()
+        try:
+            with anyio.fail_after(self._config.review.timeout):
+                if report is None:
+                    return await reviewer.review(request, user)
+                return await _with_heartbeat(reviewer, request, user, report)
+        except TimeoutError:
+            problem = f"review by {reviewer.name} timed out after {self._config.review.timeout:g}s"
+        except InputNeeded:
+            raise
+        except ReviewFailed as exc:
+            problem, calls = f"review by {reviewer.name} failed: {exc}", exc.calls
+        except Exception as exc:  # boundary: a reviewer failure must become a verdict, never a forward
+            logger.exception("reviewer %s failed", reviewer.name)
+            problem = f"review by {reviewer.name} failed: {type(exc).__name__}: {exc}"
+        if self._config.review.on_error == "allow" and "human" not in reviewer.name:
+            # `on_error: allow` forgives a model's failure, never a person's silence.
+            reason = f"{problem}; allowed because review.on_error is allow"
+            return Verdict(True, reason, held, reviewer="on_error", model_calls=calls)
+        return Verdict(False, f"{problem}; failing closed", held - 1, reviewer="on_error", model_calls=calls)
+
+    # -- forwarding --------------------------------------------------------------------------
+
+    async def forward(
+        self, tool: CatalogTool, arguments: dict[str, Any], step: Step, report: Report | None
+    ) -> types.CallToolResult:
+        """Send the call to its backend. Private to the gate's own decisions: `read` and `write`."""
+        started = time.perf_counter()
+        try:
+            backend = self._backends.get(tool.server)
+            result = await backend.call_tool(tool.original, arguments, report)
+        except BackendError as exc:
+            result = error_result(str(exc))
+        except Exception as exc:  # boundary: a backend's own JSON-RPC error is that call's result
+            result = error_result(f"backend {tool.server!r} answered {tool.original} with an error: {exc}")
+        _observe(step, result, started)
+        return result
+
+    async def get_prompt(self, session: str, server: str, name: str, arguments: dict[str, str] | None) -> Any:
+        """A backend's prompt, audited like a read (a backend may do work to render it)."""
+        self._audit.note("prompt", session=session, server=server, prompt=name, arguments_digest=digest(arguments))
+        return await self._backends.get(server).get_prompt(name, arguments)
+
+    async def read_resource(self, session: str, server: str, uri: str) -> Any:
+        """A backend's resource, audited like a read."""
+        self._audit.note("resource", session=session, server=server, uri=capped(uri, 500))
+        return await self._backends.get(server).read_resource(uri)
+
+    async def record(self, kind: str, **fields: Any) -> None:
+        """An audit line about a decision that sends nothing anywhere (the engine's graded answers)."""
+        if isinstance(fields.get("reason"), str):
+            fields["reason"] = capped(fields["reason"])
+        await self._audit.record(kind, **fields)
+
+
+class _Authored:
+    """The verdict of a call whose author's own standing is its review (strong-authored, baselines)."""
+
+    def __init__(self, author: str, reason: str) -> None:
+        self.name = "strong (authored)" if author in STRONG_AUTHORS else f"{author} (baseline)"
+        self._reason = reason
+
+    async def review(self, request: ReviewRequest, user: UserChannel) -> Verdict:
+        return Verdict(True, self._reason, len(request.segment), reviewer=self.name)
+
+
+class _Both:
+    """Two reviewers that must both accept, the first (a model) before the user is troubled."""
+
+    def __init__(self, first: Reviewer, second: Reviewer) -> None:
+        self._first = first
+        self._second = second
+        self.name = f"{first.name}+{second.name}"
+
+    async def review(self, request: ReviewRequest, user: UserChannel) -> Verdict:
+        first = await self._first.review(request, user)
+        if not first.accepted:
+            return first
+        second = await self._second.review(request, user)
+        return Verdict(
+            second.accepted,
+            f"{second.reason} (after {first.reviewer} accepted: {first.reason})",
+            second.accepted_steps,
+            reviewer=f"{first.reviewer}+{second.reviewer}",
+            model_calls=first.model_calls,
+        )
+
+
+async def _with_heartbeat(reviewer: Reviewer, request: ReviewRequest, user: UserChannel, report: Report) -> Verdict:
+    """Review while telling the client it waits. The reviewer's own exception (an `InputNeeded`
+    signal above all) leaves as itself, never wrapped in the task group's `ExceptionGroup`."""
+    failure: Exception | None = None
+    verdict: Verdict | None = None
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_heartbeat, report, f"held for review ({reviewer.name})")
+        try:
+            verdict = await reviewer.review(request, user)
+        except Exception as exc:  # kept out of the group, raised again below as itself
+            failure = exc
+        tg.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
+    assert verdict is not None
+    return verdict
+
+
+async def _heartbeat(report: Report, message: str) -> None:
+    started = time.monotonic()
+    tick = 0
+    while True:
+        waited = time.monotonic() - started
+        try:
+            await report(float(tick), None, f"{message}: waiting {waited:.0f}s")
+        except Exception:  # boundary: a client that cannot hear progress still gets its verdict
+            logger.debug("progress notification failed", exc_info=True)
+            return
+        tick += 1
+        await anyio.sleep(HEARTBEAT_S)
+
+
+def _observe(step: Step, result: types.CallToolResult, started: float) -> None:
+    step.duration_s = time.perf_counter() - started
+    step.is_error = bool(result.is_error)
+    step.observation = observation_text([block.model_dump(mode="json") for block in result.content])
+
+
+def capped(text: str, limit: int = AUDIT_TEXT_CAP) -> str:
+    """`text` within `limit` characters; a cut is marked with how much was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… [{len(text) - limit} more characters cut]"
+
+
+def error_result(text: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
+
+
+def text_result(text: str, is_error: bool = False) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=is_error)
+
+
+def blocked_result(tool: CatalogTool, verdict: Verdict, why_not_replaced: str = "") -> types.CallToolResult:
+    reason = capped(verdict.reason)
+    text = f"Blocked at the write barrier: {tool.name} was not executed. Reviewer {verdict.reviewer}: {reason}"
+    if verdict.replacement_action:
+        text += "\nSuggested instead: " + json.dumps(verdict.replacement_action, ensure_ascii=False)
+    if why_not_replaced:
+        text += f"\n(Nothing was run in its place: {why_not_replaced}.)"
+    return error_result(text)
+
+
+__all__ = ["Author", "Gate", "GateCall", "Outcome", "Report", "blocked_result", "error_result", "text_result"]
