@@ -123,10 +123,6 @@ class Gate:
         """The tool's configured reviewer: its override, else `review.default`."""
         return tool.review or self._config.review.default
 
-    def refuses(self, tool: CatalogTool) -> bool:
-        """True when no verdict could let this tool run (`deny`): callers may skip asking a model."""
-        return tool.effect == "write" and self.mode(tool) == "deny"
-
     # -- reads -------------------------------------------------------------------------------
 
     async def read(

@@ -11,7 +11,7 @@ A runner uses it like this, one task at a time:
 
 `run_oracle(task, client)` replays the gold actions through a proxy client: every train task
 scores 1 that way (the tests check it). The data is never downloaded: `data_dir(os.environ)`
-finds it (`TAU2_RETAIL_DATA`, else `../shared/data/tau2-retail` beside the repository).
+finds it (`TAU2_RETAIL_DATA`, else the repository's own `data/tau2-retail`).
 """
 
 from mcp_spec_proxy.bench.tau2_retail.db import DATA_ENV, Db, data_dir, db_hash, fresh_db, load_db

@@ -1,7 +1,7 @@
 """`python -m mcp_spec_proxy.bench.tau2_retail [--db PATH] [--state-out PATH]`: the retail MCP server.
 
 Serves the 16 tools over stdio on a fresh copy of the DB (default: `db.json` of the data folder,
-`$TAU2_RETAIL_DATA` or `../shared/data/tau2-retail` beside the repository). One process per task
+`$TAU2_RETAIL_DATA` or the repository's `data/tau2-retail`). One process per task
 run. With `--state-out`, the DB's hash and full canonical state are kept in that file (see
 `server.py`), so a runner can score the run after the process ends.
 """

@@ -10,8 +10,10 @@ Promises (TOOLS.md sections 1.4 and 1.5):
   separators, so two databases hash equal iff their canonical values are equal, float bit for
   float bit.
 
-The data folder is `../shared/data/tau2-retail` beside the repository, or whatever the caller
-passes (the CLI and tests read `TAU2_RETAIL_DATA` and hand it in). Nothing is ever downloaded.
+The data folder is the repository's `data/tau2-retail` (MIT, from tau2-bench: see its NOTICE.md),
+or whatever the caller passes (the CLI and tests read `TAU2_RETAIL_DATA` and hand it in, e.g. a
+tau2-bench checkout's `data/tau2/domains/retail` with our TOOLS.md beside it). Nothing is ever
+downloaded.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ Db = dict[str, Any]
 
 DATA_ENV = "TAU2_RETAIL_DATA"
 REPO_ROOT = Path(__file__).resolve().parents[3]
-DEFAULT_DATA_DIR = REPO_ROOT / ".." / "shared" / "data" / "tau2-retail"
+DEFAULT_DATA_DIR = REPO_ROOT / "data" / "tau2-retail"
 
 ORDER_OPTIONAL_KEYS = (
     "cancel_reason",
@@ -45,7 +47,7 @@ class DataNotFound(FileNotFoundError):
 
 
 def data_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """The data folder: `$TAU2_RETAIL_DATA` if set in `environ`, else the shared one beside the repo."""
+    """The data folder: `$TAU2_RETAIL_DATA` if set in `environ`, else the repository's own."""
     override = (environ or {}).get(DATA_ENV)
     folder = Path(override) if override else DEFAULT_DATA_DIR
     if not (folder / "db.json").is_file():
