@@ -492,31 +492,47 @@ class _Run:
         """
         messages = agent_messages(self.conversation, [*self.history.committed, *segment])
         author: Author = "weak" if model is self.engine.weak else "strong"
+        # Only a watch whose encoder reads hidden states says so (`wants_hidden`); the others
+        # would pay for vectors they never look at (an extra embeddings request, or a big answer).
+        wants_hidden = screen and self.watch is not None and getattr(self.watch, "wants_hidden", False) is True
         try:
             completion = await model.complete(
                 messages,
                 purpose="draft" if model is self.engine.weak else "answer",
                 thinking=thinking,
                 tools=self.tools,
+                hidden_states=wants_hidden,
             )
         except ModelError as exc:
             if exc.call is not None:
                 self.result.calls.append(exc.call)
             raise _Stop("model_error", str(exc)) from None
-        self.result.calls.append(completion.call)
-        await self.log_calls((completion.call,))
+        made = (completion.call, *([completion.state_call] if completion.state_call else []))
+        self.result.calls.extend(made)
+        await self.log_calls(made)
+        if completion.action_error is not None:
+            # A JSON action that did not parse: a failed step the model sees, and drafting goes on.
+            failed = Step(
+                "invalid_action",
+                {"raw": completion.content or ""},
+                "read",
+                observation=f"error: {completion.action_error} — reply with one JSON action",
+                is_error=True,
+            )
+            return [failed], None, None
         if not completion.tool_calls:
             return [], None, completion.content or ""
         reads: list[Step] = []
         write: Step | None = None
-        for call in completion.tool_calls:
+        states = completion.hidden_states
+        for index, call in enumerate(completion.tool_calls):
             step = self.parse_call(call.name, call.arguments)
             risky = (
                 screen
                 and self.watch is not None
                 and step.effect == "read"
                 and step.observation is None
-                and await self.watch.drafted(step, completion.hidden_state)
+                and await self.watch.drafted(step, states[index] if index < len(states) else None)
             )
             if step.effect == "read" and not risky:
                 reads.append(step)

@@ -89,7 +89,7 @@ async def running_proxy(
     events = Telemetry(telemetry)
     if leash is None and config.leash is not None:
         weak = models.get("weak")
-        leash = Leash.open(config.leash, hidden_model=weak.config.model if weak else "", telemetry=events)
+        leash = Leash.open(config.leash, hidden_model=weak.config.hidden_state_source if weak else "", telemetry=events)
     fingerprints = FingerprintStore(state.fingerprints if state else None)
     catalog = Catalog(config, fingerprints)
     reviewers, repairer = build_reviewers(config, catalog, models, source, leash)

@@ -12,6 +12,10 @@ chunks, a usage chunk with empty choices when `stream_options.include_usage` is 
 deterministic vectors from `embed_text` — a bag of words, each word a unit-variance Gaussian
 vector seeded by the word's blake2b hash, normalised — so equal texts get equal vectors and texts
 sharing words are similar; `embedding_dim` (64) unless the request asks for `dimensions`.
+With `hidden_size`, a chat request that says `"return_hidden_states": true` gets SGLang's answer
+shape: `choices[0].hidden_states`, the last generated token's vector — the reply's scripted
+`hidden_states`, else `embed_text` of its tool calls' JSON actions (or its content); without
+`hidden_size` the field is ignored, as servers without hidden states do.
 
 Promises:
 
@@ -144,6 +148,7 @@ class Reply:
     error_body: dict[str, Any] | None = None
     raw_body: str | None = None
     finish_reason: str | None = None
+    hidden_states: list[float] | None = None  # sent when the request asks and the server has hidden_size
 
 
 @dataclass(frozen=True)
@@ -201,6 +206,11 @@ class ChatRequest:
             return None
         schema = rf.get("json_schema")
         return schema if isinstance(schema, dict) else None
+
+    @property
+    def wants_hidden_states(self) -> bool:
+        """The request asks for SGLang's `return_hidden_states`."""
+        return self.raw.get("return_hidden_states") is True
 
     @property
     def last_user_text(self) -> str:
@@ -423,8 +433,15 @@ class _Completion:
     """One reply rendered as a completion, non-streamed or as SSE chunks."""
 
     def __init__(
-        self, id_: str, request: ChatRequest, reply: Reply, calls: list[dict[str, Any]], usage: dict[str, Any]
+        self,
+        id_: str,
+        request: ChatRequest,
+        reply: Reply,
+        calls: list[dict[str, Any]],
+        usage: dict[str, Any],
+        hidden_size: int | None = None,
     ):
+        self.hidden_size = hidden_size
         self.id = id_
         self.request = request
         self.reply = reply
@@ -443,7 +460,22 @@ class _Completion:
         if self.calls:
             message["tool_calls"] = self.calls
         choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": self.finish_reason}
+        if self.hidden_size is not None and self.request.wants_hidden_states:
+            choice["hidden_states"] = self.hidden_state(self.hidden_size)
         return {**self._envelope("chat.completion"), "choices": [choice], "usage": self.usage}
+
+    def hidden_state(self, size: int) -> list[float]:
+        """SGLang's non-streamed `hidden_states`: the last generated token's vector."""
+        if self.reply.hidden_states is not None:
+            return self.reply.hidden_states
+        actions = [
+            json.dumps(
+                {"tool": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])},
+                ensure_ascii=False,
+            )
+            for c in self.calls
+        ]
+        return embed_text("\n".join(actions) or self.reply.content or "", size)
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> str:
         chunk = self._envelope("chat.completion.chunk")
@@ -484,11 +516,15 @@ class ScriptedModelServer:
         embedding_dim: int = 64,
         embedding_faults: EmbeddingFaults | None = None,
         tokenizer: Callable[[str], int] | None = None,
+        hidden_size: int | None = None,
     ):
         if cache_block < 1:
             raise ValueError(f"cache_block must be at least 1 token, got {cache_block}")
         if embedding_dim < 1:
             raise ValueError(f"embedding_dim must be at least 1, got {embedding_dim}")
+        if hidden_size is not None and hidden_size < 1:
+            raise ValueError(f"hidden_size must be at least 1, got {hidden_size}")
+        self.hidden_size = hidden_size
         self.embedding_dim = embedding_dim
         self.embedding_faults = embedding_faults
         self.embedding_requests: list[EmbeddingRequest] = []
@@ -670,6 +706,7 @@ class ScriptedModelServer:
             reply,
             calls,
             _usage(prompt_count, cached, reply, calls, self.tokenizer),
+            self.hidden_size,
         )
         if chat.stream:
             return StreamingResponse(completion.chunks(), status_code=reply.status, media_type="text/event-stream")

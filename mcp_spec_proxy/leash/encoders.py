@@ -6,8 +6,11 @@ Three encoders share one Protocol, `Encoder`:
   salted `hash`) of the tool name, argument keys, key=value pairs and word uni/bigrams. The same
   input gives the same vector in every process, so banks outlive restarts.
 * `EmbeddingEncoder` — any OpenAI-compatible `POST /v1/embeddings`, through `openai.AsyncOpenAI`.
-* `HiddenStateEncoder` — the weak model's own final-layer hidden state, returned with its drafting
-  calls (SGLang `return_hidden_states`); it cannot encode on demand, it converts what arrives.
+* `HiddenStateEncoder` — the weak model's own final-layer hidden state of a drafted step, returned
+  with its drafting call (SGLang `return_hidden_states`, no extra pass) or, for servers without
+  it (vLLM, llama.cpp, Ollama), the same model's `/v1/embeddings` of the step's text (one small
+  extra request; `models.ChatModel` makes both). It cannot encode on demand: it converts what
+  arrives, and remembers each drafted step's vector so the step can be labelled later.
 
 Every encoder returns float32 arrays of shape (n, dim) with L2-normalised rows; a row with no
 features (an empty text) stays the zero vector, which is similar to nothing. `EncoderInfo` is what
@@ -21,7 +24,7 @@ import itertools
 import json
 import math
 import re
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -46,7 +49,9 @@ THREAD_THRESHOLD_CHARS = 20_000
 """Hashing batches with more input characters than this run in a worker thread, off the event loop."""
 REQUEST_EXTRA: dict[str, Any] = {"return_hidden_states": True}
 """`extra_body` that asks SGLang for hidden states with a chat completion (start it with
-`--enable-return-hidden-states`)."""
+`--enable-return-hidden-states`); `ChatModel.complete(hidden_states=True)` sends it for `provider: sglang`."""
+HIDDEN_MEMORY = 4096
+"""Drafted steps whose vectors a `HiddenStateEncoder` remembers for labelling (least recently used go first)."""
 
 _WORD = re.compile(r"\w+")
 # Feature groups of a step and their weights: the tool decides most, then the arguments, then what came back.
@@ -346,6 +351,10 @@ class EmbeddingEncoder:
 # -- hidden states -----------------------------------------------------------------------------
 
 
+def _state_key(view: StepView) -> str:
+    return f"{view.tool}\n{_canonical(dict(view.arguments))}"
+
+
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
 
@@ -353,38 +362,65 @@ def _is_number(value: object) -> bool:
 class HiddenStateEncoder:
     """The weak model's final-layer hidden state of the last token, from its drafting calls.
 
-    Nothing is encoded on demand: request completions with `extra_body=REQUEST_EXTRA` and pass
-    `choices[i].hidden_states` (or the choice itself, `from_choice`) to `from_hidden`.
+    Nothing is encoded on demand: request completions with `extra_body=REQUEST_EXTRA` (or
+    `ChatModel.complete(hidden_states=True)`) and pass the vector — or `choices[i].hidden_states`,
+    or the choice itself (`from_choice`) — to `from_hidden`. Given the drafted `step`, the vector is
+    remembered, and `encode_steps` answers from memory for the steps it has seen (their labels).
     """
 
-    def __init__(self, model: str, dim: int) -> None:
+    def __init__(self, model: str, dim: int, *, memory: int = HIDDEN_MEMORY) -> None:
         if dim < 1:
             raise ValueError(f"HiddenStateEncoder dim must be the model's hidden size, got {dim}")
         self.model = model
         self.dim = dim
+        self._memory = max(1, memory)
+        self._seen: OrderedDict[str, np.ndarray] = OrderedDict()
 
     @property
     def info(self) -> EncoderInfo:
         return EncoderInfo("hidden", self.model, self.dim)
 
     async def encode_steps(self, steps: list[StepView]) -> np.ndarray:
-        raise self._no_on_demand()
+        """The remembered vectors of drafted steps; a step never drafted here cannot be encoded."""
+        rows = [self.recall(view) for view in steps]
+        missing = [view.tool for view, row in zip(steps, rows, strict=True) if row is None]
+        if missing:
+            raise self._no_on_demand(f" (no drafted state for {', '.join(missing[:5])})")
+        out = np.zeros((len(steps), self.dim), dtype=np.float32)
+        for index, row in enumerate(rows):
+            out[index] = row
+        return out
 
     async def encode_texts(self, texts: list[str]) -> np.ndarray:
         raise self._no_on_demand()
 
-    def _no_on_demand(self) -> EncoderError:
+    def remember(self, step: StepView, vector: np.ndarray) -> None:
+        """Keep a drafted step's (normalised) vector; keyed by tool and arguments, not observation."""
+        key = _state_key(step)
+        self._seen[key] = self._check(vector)
+        self._seen.move_to_end(key)
+        while len(self._seen) > self._memory:
+            self._seen.popitem(last=False)
+
+    def recall(self, step: StepView) -> np.ndarray | None:
+        """The remembered vector of a drafted step (same tool and arguments), else None."""
+        return self._seen.get(_state_key(step))
+
+    def _no_on_demand(self, detail: str = "") -> EncoderError:
         return EncoderError(
-            f"the hidden-state encoder (model '{self.model}') cannot encode on demand: hidden states arrive with the"
-            " weak model's drafting calls (SGLang return_hidden_states) — pass them to from_hidden(), or configure"
-            " leash.encoder: hashing or embedding"
+            f"the hidden-state encoder (model '{self.model}') cannot encode on demand{detail}: hidden states arrive"
+            " with the weak model's drafting calls (SGLang return_hidden_states, else its /v1/embeddings) — pass"
+            " them to from_hidden(), or configure leash.encoder: hashing or embedding"
         )
 
-    def from_hidden(self, values: Sequence[float] | Sequence[Sequence[float]] | np.ndarray) -> np.ndarray:
+    def from_hidden(
+        self, values: Sequence[float] | Sequence[Sequence[float]] | np.ndarray, step: StepView | None = None
+    ) -> np.ndarray:
         """The last token's vector of `values`, normalised: shape (dim,), float32.
 
         `values` is one vector, or a list per token (SGLang may also put the whole prompt's
-        vectors first as one nested list); the last vector found at the end is used.
+        vectors first as one nested list); the last vector found at the end is used. With the
+        drafted `step`, the vector is also remembered for it (`recall`, `encode_steps`).
         """
         current: Any = values
         for _ in range(4):
@@ -396,7 +432,10 @@ class HiddenStateEncoder:
             else:
                 raise EncoderError(f"hidden state is empty or not a list of numbers ({type(current).__name__})")
             if vector is not None:
-                return self._check(vector)
+                unit = self._check(vector)
+                if step is not None:
+                    self.remember(step, unit)
+                return unit
             current = current[-1]
         raise EncoderError("hidden state is nested too deeply: expected a vector or a list of per-token vectors")
 

@@ -236,7 +236,10 @@ class Leash:
 
     async def _vector(self, step: Step, hidden: Any) -> np.ndarray | None:
         if isinstance(self.encoder, HiddenStateEncoder):
-            return None if hidden is None else self.encoder.from_hidden(hidden)
+            # The drafting call's own state, remembered for the step, so its label carries it later.
+            if hidden is not None:
+                return self.encoder.from_hidden(hidden, step=view(step))
+            return self.encoder.recall(view(step))
         vectors: np.ndarray = await self.encoder.encode_steps([view(step)])
         row: np.ndarray = vectors[0]
         return row
@@ -362,6 +365,8 @@ class LeashWatch:
 
     def __init__(self, leash: Leash) -> None:
         self.leash = leash
+        # Ask the weak model for its hidden states only when the encoder reads them.
+        self.wants_hidden = isinstance(leash.encoder, HiddenStateEncoder)
 
     @property
     def _guard(self) -> _Guard:
