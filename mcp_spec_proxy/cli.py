@@ -559,7 +559,9 @@ def _leash(config: ProxyConfig, *, strict: bool = False) -> Leash:
         key = os.environ.get(config.leash.embedding.api_key_env)
     weak = config.models.get("weak")
     try:
-        return Leash.open(config.leash, api_key=key, hidden_model=weak.hidden_state_source if weak else "", strict=strict)
+        return Leash.open(
+            config.leash, api_key=key, hidden_model=weak.hidden_state_source if weak else "", strict=strict
+        )
     except ProxyError as exc:
         raise click.ClickException(str(exc)) from None
 

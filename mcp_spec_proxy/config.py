@@ -103,6 +103,9 @@ class ReviewConfig(_Strict):
     default: ReviewMode = "human"
     on_reject: OnReject = "block"
     on_error: OnError = "deny"
+    # A strong verdict still unreadable after its retry: `reject` the held call (earlier reads
+    # stand), whatever `on_error` says; `error` treats it as a reviewer failure (`on_error`).
+    unreadable: Literal["reject", "error"] = "reject"
     model: str = "strong"  # which entry of `models:` reviews
     policy: str = ""  # rules the reviewer holds every call to, in plain words
     # What `human` does when the client can neither elicit nor take `input_required`.

@@ -44,6 +44,7 @@ from mcp_spec_proxy.review import (
     Repairer,
     ReviewFailed,
     StrongReviewer,
+    Unreadable,
     check_step,
     fence,
     openai_tool,
@@ -201,6 +202,7 @@ class Engine:
         weak: ChatModel | None,
         strong: ChatModel,
         policy: str = "",
+        unreadable: Unreadable = "reject",
         limits: Limits | None = None,
         watch: Watch | None = None,
     ) -> None:
@@ -211,7 +213,8 @@ class Engine:
         self.weak = weak
         self.strong = strong
         self._policy = policy
-        self._reviewer = StrongReviewer(strong, catalog, policy)
+        self._unreadable: Unreadable = unreadable
+        self._reviewer = StrongReviewer(strong, catalog, policy, unreadable=unreadable)
         self._repairer = Repairer(strong, catalog, policy)
         self.limits = limits or Limits()
 
@@ -290,7 +293,7 @@ class _Run:
         if source is engine._catalog:
             self.reviewer, self.repairer = engine._reviewer, engine._repairer
         else:
-            self.reviewer = StrongReviewer(engine.strong, source, engine._policy)
+            self.reviewer = StrongReviewer(engine.strong, source, engine._policy, unreadable=engine._unreadable)
             self.repairer = Repairer(engine.strong, source, engine._policy)
         self.observe: Observer | None = None
         self.user: UserChannel = _NoUser()

@@ -191,6 +191,7 @@ class Completion:
     hidden_states: tuple[list[float], ...] = ()
     action_error: str | None = None  # a JSON action that did not parse: what was wrong (content: its text)
     state_call: ModelCall | None = None  # the extra /v1/embeddings request that made hidden_states, if any
+    finish_reason: str | None = None  # "length": the answer was cut off at max_tokens
 
 
 @dataclass
@@ -220,6 +221,7 @@ class ChatModel:
         tool_choice: str | None = None,
         response_format: dict[str, Any] | None = None,
         hidden_states: bool = False,
+        max_tokens: int | None = None,
     ) -> Completion:
         """One chat completion. With `tools` and `actions: json`, the tools become a JSON-schema
         `response_format` and the answer is parsed back into `tool_calls` (see the module
@@ -244,8 +246,8 @@ class ChatModel:
             extra["return_hidden_states"] = True
         if self.config.temperature is not None:
             kwargs["temperature"] = self.config.temperature
-        if self.config.max_tokens is not None:
-            kwargs["max_tokens"] = self.config.max_tokens
+        if (max_tokens or self.config.max_tokens) is not None:
+            kwargs["max_tokens"] = max_tokens or self.config.max_tokens  # a retry may ask for more room
         started = time.perf_counter()
         try:
             response = await self._client.chat.completions.create(extra_body=extra or None, **kwargs)
@@ -321,6 +323,7 @@ class ChatModel:
             states,
             action_error,
             state_call,
+            finish if isinstance(finish := getattr(choice, "finish_reason", None), str) else None,
         )
 
     async def _embed_states(self, texts: list[str]) -> tuple[tuple[list[float], ...], ModelCall]:

@@ -120,6 +120,7 @@ async def running_proxy(
             weak=models.get("weak"),
             strong=strong,
             policy=config.review.policy,
+            unreadable=config.review.unreadable,
             limits=limits,
             watch=LeashWatch(leash) if leash is not None else None,
         )

@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import random
 import re
 import shutil
@@ -63,7 +62,7 @@ from mcp_spec_proxy.bench.scripted_model import ChatRequest, Reply, Respond, Scr
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.engine import Mode, RunResult
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
-from mcp_spec_proxy.review import FINAL_ANSWER, REPAIR_INSTRUCTIONS
+from mcp_spec_proxy.review import FINAL_ANSWER, REPAIR_HEADING, SEGMENT_HEADING
 
 REPO = Path(__file__).resolve().parent.parent
 NODE_MODULES = REPO / ".backends" / "node" / "node_modules"  # see tests/backends.py
@@ -648,37 +647,47 @@ def reasoning(seed: int, task: Task, position: int, purpose: str) -> str:
     return " ".join(" ".join(sentences).split()[:words]).rstrip(".,;:") + "."
 
 
+CALL_LINE = re.compile(r"^(?:Committed call|Step (\d+)): (\{.*)$", re.MULTILINE)
+"""A call in a review or repair prompt: an assistant turn's line, `Committed call: {json}` or `Step N: {json}`."""
+
+
+def prompt_calls(request: ChatRequest) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The calls a review or repair prompt shows: the committed ones, then the segment's (numbered 1..)."""
+    committed: list[dict[str, Any]] = []
+    numbered: list[dict[str, Any]] = []
+    for message in request.messages:
+        if message.get("role") != "assistant":
+            continue
+        for found in CALL_LINE.finditer(str(message.get("content"))):
+            (committed if found.group(1) is None else numbered).append(json.loads(found.group(2)))
+    return committed, numbered
+
+
 def segment_steps(request: ChatRequest) -> list[dict[str, Any]]:
-    """The segment block's steps, each with the tool and arguments of its "Step N" message."""
-    text = next(str(m["content"]) for m in reversed(request.messages) if "# Segment to verify" in str(m["content"]))
+    """The segment block's steps, each with the tool and arguments of its "Step N" turn."""
+    text = next(str(m["content"]) for m in reversed(request.messages) if SEGMENT_HEADING in str(m["content"]))
     steps: list[dict[str, Any]] = json.loads(text.split("```json\n", 1)[1].split("\n```", 1)[0])
-    calls = {}
-    for message in request.messages:
-        found = STEP_MESSAGE.match(str(message.get("content")))
-        if found and message.get("role") == "user":
-            calls[int(found.group(1))] = json.loads(found.group(2))
-    return [{**step, **calls[step["session_step"]]} for step in steps]
+    _, numbered = prompt_calls(request)
+    return [{**step, **numbered[step["step"] - 1]} for step in steps]
 
 
-STEP_MESSAGE = re.compile(r"^Step (\d+): (.*)")  # the call's JSON is the first line; a fenced intent may follow
+def step_messages(request: ChatRequest) -> list[dict[str, Any]]:
+    """The steps a review or repair prompt lists as done: committed, plus a repair's accepted prefix.
+
+    A repair prompt shows the verifier's accepted steps numbered, then the rejected call last.
+    """
+    committed, numbered = prompt_calls(request)
+    if is_repair(request):
+        return [*committed, *numbered[:-1]]
+    return committed
 
 
-def step_messages(request: ChatRequest) -> list[tuple[int, dict[str, Any]]]:
-    """The committed history a review or repair prompt lists: its "Step N: {json}" lines before the segment."""
-    first = math.inf
-    if any("# Segment to verify" in str(m.get("content")) for m in request.messages):
-        first = segment_steps(request)[0]["session_step"]
-    steps = []
-    for message in request.messages:
-        text = str(message.get("content"))
-        found = STEP_MESSAGE.match(text) if message.get("role") == "user" else None
-        if found and int(found.group(1)) < first:
-            steps.append((int(found.group(1)), json.loads(found.group(2))))
-    return steps
+def is_repair(request: ChatRequest) -> bool:
+    return request.json_schema is None and request.last_user_text.startswith(REPAIR_HEADING)
 
 
 def committed_steps(request: ChatRequest) -> list[Act]:
-    return [Act(step["tool"], step["arguments"]) for _, step in step_messages(request)]
+    return [Act(step["tool"], step["arguments"]) for step in step_messages(request)]
 
 
 def gold_progress(task: Task, steps: list[Act]) -> int:
@@ -719,12 +728,11 @@ class Scripted:
             return task.weak_next(agent_history(request)).as_reply()
         if request.json_schema is not None:
             return self.verify(task, request)
-        system = str(request.messages[0].get("content", "")) if request.messages else ""
-        if system.startswith(REPAIR_INSTRUCTIONS):
+        if is_repair(request):
             listed = committed_steps(request)
             expected = self.expected_repair_listing
             if expected is not None and len(listed) > expected:
-                extra = [step for _, step in step_messages(request)][expected:]
+                extra = step_messages(request)[expected:]
                 tokens = len(TOKEN.findall(json.dumps(extra, ensure_ascii=False, separators=(",", ":"))))
                 self.repair_mismatches.append(
                     f"{task.id}: the repair prompt lists {len(listed)} committed steps, the run had {expected} "
@@ -746,11 +754,11 @@ class Scripted:
                 detour = task.detour
                 reason = detour.reason if detour else f"step {j + 1} does not follow from the request"
                 replacement = task.gold[k].as_action() if detour and detour.replace and k < len(task.gold) else None
-                return Reply(
-                    content=json.dumps({"reason": reason, "accepted_steps": j, "replacement_action": replacement})
-                )
+                verdict = {"reason": reason, "first_rejected_tool": step["tool"], "accepted_steps": j}
+                return Reply(content=json.dumps({**verdict, "replacement_action": replacement}))
         reason = f"All {len(steps)} steps follow from the request and what the reads returned; the held call is right."
-        return Reply(content=json.dumps({"reason": reason, "accepted_steps": len(steps), "replacement_action": None}))
+        verdict = {"reason": reason, "first_rejected_tool": None, "accepted_steps": len(steps)}
+        return Reply(content=json.dumps({**verdict, "replacement_action": None}))
 
     @staticmethod
     def tool_call(act: Act, thinking: str) -> Reply:

@@ -192,7 +192,7 @@ def segment_steps(request: ChatRequest) -> list[dict[str, Any]]:
 
 def observation(request: ChatRequest, step: dict[str, Any]) -> str:
     """The result message of a segment step, as the reviewer reads it (a message of its own)."""
-    head = f"Result of step {step['session_step']} ("
+    head = f"Result of step {step['step']} ("
     content = next(str(m["content"]) for m in request.messages if str(m["content"]).startswith(head))
     return content.split("\n", 1)[1]
 

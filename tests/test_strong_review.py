@@ -215,24 +215,35 @@ async def test_reviewer_failure_forwards_only_when_on_error_allows(tmp_path: Pat
     assert (s.root / "a.txt").exists()
 
 
-async def test_two_reviews_in_a_session_share_the_stable_prefix(tmp_path: Path) -> None:
+async def test_reviews_in_a_session_share_the_stable_prefix(tmp_path: Path) -> None:
     async with setup(tmp_path, lambda r: verdict(segment_length(r))) as s:
         await s.p.client.call_tool("fs__read_text_file", {"path": str(s.root / "notes.txt")})
         await s.write("a.txt")
         await s.p.client.call_tool("fs__list_directory", {"path": str(s.root)})
         await s.write("b.txt")
-        first, second = s.verify_requests()
-    # Everything but the segment is the same bytes, and the second request only appends to it.
-    first_prefix = json.dumps(first.messages[:-1])
-    assert json.dumps(second.messages[: len(first.messages) - 1]) == first_prefix
-    # The first segment's steps render the same once committed, so the second request only adds:
-    # the first write's result, then the second segment (a read, its result, the held write).
-    assert len(second.messages) == len(first.messages) + 4
-    assert first.messages[-1] != second.messages[-1]
+        await s.write("c.txt")
+        first, second, third = s.verify_requests()
+
+    def committed_part(request: ChatRequest) -> list[dict[str, Any]]:
+        """The messages before the segment's Step 1: instructions, data, the committed history."""
+        start = next(i for i, m in enumerate(request.messages) if str(m["content"]).startswith("Step 1: "))
+        return request.messages[:start]
+
+    # The committed history is unnumbered and renders the same bytes in every later review: each
+    # request starts with the previous one's messages up to its last committed step.
+    assert json.dumps(second.messages[:2]) == json.dumps(first.messages[:2]) == json.dumps(committed_part(first))
+    assert json.dumps(third.messages[: len(committed_part(second))]) == json.dumps(committed_part(second))
+    assert [m["content"].split(" {", 1)[0] for m in committed_part(third) if m["role"] == "assistant"] == [
+        "Committed call:"
+    ] * 4  # the read, write a, the listing, write b
+    # The segment is numbered from its own start, in its turns and in the block.
+    assert [m["content"].split(" {", 1)[0] for m in third.messages[len(committed_part(third)) :]][:1] == ["Step 1:"]
+    assert segment_length(second) == 2 and segment_length(third) == 1
     lines = [json.loads(line) for line in s.telemetry.read_text().splitlines()]
     calls = [line["model_calls"][0] for line in lines]
     assert calls[0]["cached_tokens"] == 0
     assert calls[1]["cached_tokens"] > 0.8 * calls[0]["prompt_tokens"]
+    assert calls[2]["cached_tokens"] > 0.8 * calls[1]["prompt_tokens"]
     assert all(call["prompt_tokens"] > 0 and call["completion_tokens"] > 0 for call in calls)
 
 

@@ -9,7 +9,7 @@ names, and know the gold actions of the task now running:
               from another record it has seen, a write before the reads that justify it, a write
               tool of the same effect, or the final answer while a write is still due.
     verifier  the strong model, thinking off, reads the segment from the real review prompt (its
-              "# Segment to verify" block and "Step N:" messages) and judges each step in order:
+              "# Segment to verify" block and its "Step N:" turns) and judges each step in order:
               an erroneous step is rejected with probability `recall`, a correct one with
               `false_reject`; a rejection names the gold step as replacement_action with
               probability `replacement`, else null (the engine's repair turn follows).
@@ -42,7 +42,7 @@ from mcp_spec_proxy.bench.scripted_model import ChatRequest, Reply, ToolCall
 from mcp_spec_proxy.bench.tau2_retail.params import Lengths, Params
 from mcp_spec_proxy.bench.tau2_retail.scoring import Task, gold_actions, instruction
 from mcp_spec_proxy.bench.tau2_retail.tools import TOOLS
-from mcp_spec_proxy.review import FINAL_ANSWER, REPAIR_INSTRUCTIONS
+from mcp_spec_proxy.review import FINAL_ANSWER, REPAIR_HEADING
 
 PREFIX = "retail__"
 WEAK_MODEL, STRONG_MODEL = "tau2-weak", "tau2-strong"
@@ -283,9 +283,10 @@ class Authors:
 
 # -- reading the engine's prompts ---------------------------------------------------------------
 
-_STEP = re.compile(r"^Step (\d+): (.*)")  # the call's JSON is the first line; a fenced intent may follow
-_RESULT = re.compile(r"^Result of step (\d+) \((ok|error)\):\n")
-_SEGMENT = "# Segment to verify"
+# A call is an assistant turn's line, `Committed call: {json}` or `Step N: {json}` (a fenced intent may
+# follow); its result is the user turn after it, `Result (ok):` or `Result of step N (ok):`, fenced.
+_CALL = re.compile(r"^(?:Committed call|Step (\d+)): (\{.*)$", re.MULTILINE)
+_RESULT = re.compile(r"^Result(?: of step \d+)? \((ok|error)\):\n")
 _FENCE_OPEN, _FENCE_CLOSE = "<<<tool-output\n", "\ntool-output>>>"
 
 
@@ -312,26 +313,28 @@ def agent_history(request: ChatRequest) -> list[Seen]:
 
 
 def review_history(request: ChatRequest) -> tuple[list[Seen], list[Seen], int]:
-    """A review or repair prompt's steps: the committed ones, the segment's, and its first step number."""
-    steps: dict[int, Action] = {}
-    results: dict[int, tuple[bool, str]] = {}
-    first = 0
+    """A review or repair prompt's steps: the committed ones, the segment's, and the segment's first step
+    counted from the session's start.
+
+    A repair prompt shows the verifier's accepted steps numbered and the rejected call last: its
+    accepted steps count as committed, and it has no segment.
+    """
+    committed: list[Seen] = []
+    numbered: list[Seen] = []
+    last: list[Seen] | None = None
     for message in request.messages:
         text = str(message.get("content") or "")
-        if message.get("role") != "user":
-            continue
-        if (found := _STEP.match(text)) is not None:
-            call = json.loads(found.group(2))
-            steps[int(found.group(1))] = Action(call["tool"], call["arguments"])
-        elif (found := _RESULT.match(text)) is not None:
-            results[int(found.group(1))] = (found.group(2) == "error", unfence(text[found.end() :]))
-        elif text.startswith(_SEGMENT):
-            block = json.loads(text.split("```json\n", 1)[1].split("\n```", 1)[0])
-            first = int(block[0]["session_step"])
-    ordered = [Seen(steps[n], *results.get(n, (False, ""))) for n in sorted(steps)]
-    if not first:
-        return ordered, [], len(ordered) + 1
-    return ordered[: first - 1], ordered[first - 1 :], first
+        if message.get("role") == "assistant":
+            for found in _CALL.finditer(text):
+                call = json.loads(found.group(2))
+                last = committed if found.group(1) is None else numbered
+                last.append(Seen(Action(call["tool"], call["arguments"])))
+        elif last and (result := _RESULT.match(text)) is not None:
+            last[-1] = Seen(last[-1].action, result.group(1) == "error", unfence(text[result.end() :]))
+            last = None
+    if request.last_user_text.startswith(REPAIR_HEADING):
+        committed, numbered = [*committed, *numbered[:-1]], []
+    return committed, numbered, len(committed) + 1
 
 
 # -- the world: every request of a lane answered here --------------------------------------------
@@ -402,8 +405,7 @@ class World:
             return self.author(run, "weak", agent_history(request))
         if request.json_schema is not None:
             return self.verify(run, request)
-        system = str(request.messages[0].get("content", "")) if request.messages else ""
-        if system.startswith(REPAIR_INSTRUCTIONS):
+        if request.last_user_text.startswith(REPAIR_HEADING):
             return self.repair(run, request)
         return self.author(run, "strong", agent_history(request))
 
@@ -448,7 +450,12 @@ class World:
         rng = seeded(self.seed, run.trial, run.task["id"], "verify-text", first)
         opening = [f"All {len(segment)} steps follow from the request, the policy and what the reads returned."]
         reason = self.write(rng, verifier.accept_reason_tokens.draw(rng), opening, THOUGHTS[:12])
-        verdict = {"reason": reason, "accepted_steps": len(segment), "replacement_action": None}
+        verdict = {
+            "reason": reason,
+            "first_rejected_tool": None,
+            "accepted_steps": len(segment),
+            "replacement_action": None,
+        }
         return Reply(content=json.dumps(verdict, ensure_ascii=False))
 
     def reject(
@@ -476,7 +483,12 @@ class World:
         why = self.why(run, position, step.action, right)
         opening = [f"Step {index + 1} ({step.action.tool}) is not right: {why}"]
         reason = self.write(rng, verifier.reject_reason_tokens.draw(rng), opening, THOUGHTS)
-        verdict = {"reason": reason, "accepted_steps": index, "replacement_action": replacement}
+        verdict = {
+            "reason": reason,
+            "first_rejected_tool": step.action.tool,
+            "accepted_steps": index,
+            "replacement_action": replacement,
+        }
         return Reply(content=json.dumps(verdict, ensure_ascii=False))
 
     def repair(self, run: Running, request: ChatRequest) -> Reply:
