@@ -3,9 +3,13 @@
 Every task run goes through the real stack: the engine (`Engine.run`) of a real proxy whose
 backend `retail` is a fresh retail MCP server process (`proxy_config`), the product's `openai`
 client over HTTP, and the scripted model server (`agents.World`: scripted weak and strong
-authors, verifier and repair turn, with seeded errors and lengths), or real endpoints when
-`--weak-url/--strong-url` are given. The engine's task is the task's user instruction. Each run
-is scored as tau2 does (`score_task`: the end DB hash against the gold replay's).
+authors, verifier and repair turn, with seeded errors and lengths). There the engine's task is the
+task's user instruction. With real endpoints (`--weak-url/--strong-url`) a task runs as tau2-bench
+runs it: an LLM user simulator (`user_sim`, the strong endpoint's model unless `--user-url/
+--user-model`) holds the task's `user_scenario` and talks with the agent, each agent turn one
+`Engine.run` over the conversation so far, until the user's stop token or `--max-turns`; the
+agent's system prompt carries the retail policy, and it never sees the scenario or the gold
+actions. Each run is scored as tau2 does (`score_task`: the end DB hash against the gold replay's).
 
 Runs are spread over `run.concurrency` lanes by task. A lane serves one block (mode, trial) at a
 time from a fresh scripted server that first serves one unmeasured warm-up run (a synthetic
@@ -39,10 +43,10 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 import anyio
 import anyio.to_thread
@@ -60,8 +64,9 @@ from mcp_spec_proxy.bench.tau2_retail.params import Params, ParamsError, lines
 from mcp_spec_proxy.bench.tau2_retail.params import load as load_params
 from mcp_spec_proxy.bench.tau2_retail.scoring import Task, gold_hash, instruction, load_tasks, score_task
 from mcp_spec_proxy.bench.tau2_retail.server import RetailServer, read_state
+from mcp_spec_proxy.bench.tau2_retail.user_sim import Conversation, UserSimulator, converse
 from mcp_spec_proxy.config import LeashConfig, ProxyConfig
-from mcp_spec_proxy.engine import MODES, Mode, RunResult
+from mcp_spec_proxy.engine import AGENT_INSTRUCTIONS, MODES, Engine, Mode, RunResult
 from mcp_spec_proxy.leash.layers import Leash
 from mcp_spec_proxy.models import ChatModel, ModelConfig
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
@@ -73,6 +78,11 @@ FLAGGED = "LEASH flags"
 CLAIM = "paper: spec within ~1 point of strong-only success, strong decode <= 0.5x, modelled wall <= 0.55x"
 TOKENIZER = "qwen3.5-27b"
 RUN_TIMEOUT_S = 900
+MAX_TURNS = 30
+CONVERSING = (
+    "You are talking with a customer: your plain-text reply is your message to them, and they answer "
+    "in the next turn. Follow the policy below."
+)
 _ESCAPE = re.compile(r"\\(u[0-9a-fA-F]{4}|.)", re.DOTALL)
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f", '"': '"', "\\": "\\", "/": "/"}
 
@@ -82,12 +92,16 @@ _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f", '"': '"', "\\
 
 @dataclass(frozen=True)
 class Endpoints:
-    """Real models (`--weak-url` ...): their configs and keys; None in a settings means scripted."""
+    """Real models (`--weak-url` ...) and the user simulator's: configs and keys; None in a settings means scripted."""
 
     weak: ModelConfig
     strong: ModelConfig
     weak_key: str | None = None
     strong_key: str | None = None
+    user: ModelConfig | None = None  # None: the strong endpoint's model plays the user
+    user_key: str | None = None
+    leash_encoder: Literal["hashing", "hidden"] = "hashing"  # spec+leash: `hidden` = the weak model's own states
+    leash_dim: int = 1024  # the hashing encoder's dimension, or the weak model's hidden size
 
 
 @dataclass(frozen=True)
@@ -117,6 +131,8 @@ class Settings:
     gold_hashes: dict[str, str] = field(default_factory=dict)
     policy: str = ""
     leash_start: tuple[int, int] = (0, 0)  # task and step labels the banks held before the run
+    max_turns: int = MAX_TURNS  # real endpoints: agent turns per conversation
+    agent_policy: str = ""  # real endpoints: the policy in the agent's system prompt, as tau2-bench gives it
 
 
 @dataclass(frozen=True)
@@ -218,6 +234,8 @@ async def run_one(
         said.append(message)
 
     result: RunResult | None = None
+    talk: Conversation | None = None
+    user = simulator(settings.endpoints, task) if settings.endpoints is not None else None
     reward, db_reward, unjudged, error = 0.0, 0.0, [], None
     try:
         async with running_proxy(
@@ -231,9 +249,16 @@ async def run_one(
             assert engine is not None, "the proxy built no engine: models.strong is missing"
             if len(proxy.catalog.tools()) != RETAIL_TOOLS:
                 raise RuntimeError(f"the retail server is unavailable (see {state / 'logs'})")
-            # The engine stops itself at speculation.max_wall_s; this bounds the rest (a backend that hangs).
-            with anyio.fail_after(RUN_TIMEOUT_S):
-                result = await engine.run(text, mode, progress=progress, baseline=True)
+            if user is not None:
+                # A hang guard only: each agent turn stops itself at speculation.max_wall_s.
+                with anyio.fail_after(RUN_TIMEOUT_S * settings.max_turns):
+                    talk = await conversation(settings, engine, mode, user, progress)
+                result = talk.result(str(task["id"]))
+                text = talk.opening
+            else:
+                # The engine stops itself at speculation.max_wall_s; this bounds the rest (a backend that hangs).
+                with anyio.fail_after(RUN_TIMEOUT_S):
+                    result = await engine.run(text, mode, progress=progress, baseline=True)
             if retail is not None:
                 end_hash = db_hash(retail.db)
             else:
@@ -247,8 +272,10 @@ async def run_one(
     except Exception as exc:  # boundary: one failed run is recorded and the benchmark goes on
         error = f"{type(exc).__name__}: {exc}" + _log_tail(state)
     finally:
+        if user is not None:
+            await user.model.aclose()
         shutil.rmtree(state, ignore_errors=True)
-    return record(
+    line = record(
         settings,
         task,
         mode,
@@ -261,6 +288,44 @@ async def run_one(
         events=dict(running.events) if running is not None else {},
         said=said,
     )
+    if user is not None:
+        line.update(talk_fields(talk, user))
+    return line
+
+
+def simulator(endpoints: Endpoints, task: Task) -> UserSimulator:
+    """A fresh user simulator for `task` (its own client: closed when the run ends)."""
+    config = endpoints.user or endpoints.strong.model_copy(update={"temperature": 0.0})
+    key = endpoints.user_key if endpoints.user is not None else endpoints.strong_key
+    return UserSimulator(ChatModel("user", config, api_key=key), task)
+
+
+async def conversation(
+    settings: Settings, engine: Engine, mode: Mode, user: UserSimulator, progress: Callable[[str], Awaitable[None]]
+) -> Conversation:
+    """tau2-bench's loop (`user_sim.converse`): each agent turn one engine run over the conversation so far."""
+    system = AGENT_INSTRUCTIONS
+    if settings.agent_policy:
+        system = f"{system}\n\n{CONVERSING}\n\n<policy>\n{settings.agent_policy.strip()}\n</policy>"
+
+    async def agent(messages: list[dict[str, Any]]) -> RunResult:
+        return await engine.run(messages, mode, progress=progress, baseline=True)
+
+    return await converse(agent, user, system=system, max_turns=settings.max_turns, say=progress)
+
+
+def talk_fields(talk: Conversation | None, user: UserSimulator) -> dict[str, Any]:
+    """The conversation's part of a results.jsonl line: turns, how it ended, the user's cost, the transcript."""
+    calls = [call for call in user.calls if call.ok]
+    return {
+        "turns": len(talk.turns) if talk is not None else 0,
+        "ended_by": talk.ended_by if talk is not None else "error",
+        "user_calls": len(user.calls),
+        "user_prompt_tokens": sum(c.prompt_tokens for c in calls),
+        "user_decode_tokens": sum(c.completion_tokens for c in calls),
+        "user_latency_s": round(sum(c.latency_s for c in user.calls), 4),
+        "transcript": talk.transcript() if talk is not None else [],
+    }
 
 
 def _log_tail(state: Path, limit: int = 600) -> str:
@@ -401,8 +466,12 @@ async def run_all(settings: Settings) -> list[dict[str, Any]]:
     }
     leash = None
     if LEASH_MODE in settings.modes:
-        config = LeashConfig(encoder="hashing", bank_dir=str(settings.leash_dir))
-        leash = Leash.open(config)
+        endpoints = settings.endpoints
+        if endpoints is not None and endpoints.leash_encoder == "hidden":
+            config = LeashConfig(encoder="hidden", dim=endpoints.leash_dim, bank_dir=str(settings.leash_dir))
+            leash = Leash.open(config, hidden_model=endpoints.weak.model)
+        else:
+            leash = Leash.open(LeashConfig(encoder="hashing", bank_dir=str(settings.leash_dir)))
         settings.leash_start = (len(leash.tasks), len(leash.steps))
     records: list[dict[str, Any]] = []
 
@@ -496,8 +565,7 @@ def header(settings: Settings, command: str, elapsed: float, tokenizer: str) -> 
         f"tasks: {len(settings.tasks)} (ids {', '.join(str(t['id']) for t in settings.tasks[:12])}"
         + (" ..." if len(settings.tasks) > 12 else "")
         + f"); modes {', '.join(settings.modes)}; trials {settings.trials}; seed {settings.seed}",
-        "the engine's task text (the first user message) is the task's user instruction"
-        + (" plus its known_info" if settings.params.run.task_text == "instruction+known_info" else "")
+        _task_line(settings)
         + f"; reward = tau2's DB check (NL assertions have no judge here: {_unjudged(settings)} tasks leave "
         "NL_ASSERTION out of the reward)",
         f"cost model: {settings.cost.source} (MODELLED, not measured); modelled wall = modelled model time "
@@ -505,11 +573,30 @@ def header(settings: Settings, command: str, elapsed: float, tokenizer: str) -> 
     ]
     if LEASH_MODE in settings.modes:
         tasks, steps = settings.leash_start
+        hidden = settings.endpoints is not None and settings.endpoints.leash_encoder == "hidden"
+        encoder = "the weak model's hidden states" if hidden else "hashing encoder"
         out.append(
-            f"LEASH banks: {settings.leash_dir} (hashing encoder; held {tasks} task and {steps} step labels at the "
+            f"LEASH banks: {settings.leash_dir} ({encoder}; held {tasks} task and {steps} step labels at the "
             "start; labelled from verdicts as tasks ran and from each run's scored outcome)"
         )
     return out
+
+
+def _task_line(settings: Settings) -> str:
+    endpoints = settings.endpoints
+    if endpoints is None:
+        return "the engine's task text (the first user message) is the task's user instruction" + (
+            " plus its known_info" if settings.params.run.task_text == "instruction+known_info" else ""
+        )
+    user = endpoints.user or endpoints.strong
+    return (
+        f"weak {endpoints.weak.model} at {endpoints.weak.base_url}, strong {endpoints.strong.model} at "
+        f"{endpoints.strong.base_url}; an LLM user simulator ({user.model} at {user.base_url}) holds the task's "
+        f"user_scenario and talks with the agent until it says ###STOP### or {settings.max_turns} agent turns "
+        "(tau2-bench's loop); the agent sees only the conversation"
+        + (" and the retail policy" if settings.agent_policy else "")
+        + ", never the scenario or the gold actions; REAL behaviour, not a simulation"
+    )
 
 
 def _unjudged(settings: Settings) -> int:
@@ -599,19 +686,38 @@ def select_tasks(everything: list[Task], path: Path | None, limit: int | None) -
 
 
 def endpoints_from(
-    params: Params, weak_url: str | None, weak_model: str | None, strong_url: str | None, strong_model: str | None
+    params: Params,
+    weak_url: str | None,
+    weak_model: str | None,
+    strong_url: str | None,
+    strong_model: str | None,
+    user_url: str | None = None,
+    user_model: str | None = None,
+    max_tokens: int | None = None,
+    provider: str = "auto",
+    leash_dim: int | None = None,
 ) -> Endpoints | None:
+    """The real endpoints the flags name, or None (scripted); the user simulator defaults to the strong model."""
     given = [weak_url, weak_model, strong_url, strong_model]
-    if not any(given):
+    if not any([*given, user_url, user_model]) and leash_dim is None:
         return None
     if not all(given):
         raise click.UsageError("real endpoints need all of --weak-url, --weak-model, --strong-url and --strong-model")
     assert weak_url and weak_model and strong_url and strong_model
+    common: dict[str, Any] = {"timeout": 300.0, "max_retries": 2, "max_tokens": max_tokens, "provider": provider}
+    user = None
+    if user_url or user_model:
+        # tau2-bench runs its user simulator at temperature 0.
+        user = ModelConfig(base_url=user_url or strong_url, model=user_model or strong_model, temperature=0.0, **common)
     return Endpoints(
-        weak=ModelConfig(base_url=weak_url, model=weak_model, timeout=300.0, max_retries=2),
-        strong=ModelConfig(base_url=strong_url, model=strong_model, timeout=300.0, max_retries=2),
+        weak=ModelConfig(base_url=weak_url, model=weak_model, **common),
+        strong=ModelConfig(base_url=strong_url, model=strong_model, **common),
         weak_key=os.environ.get(params.endpoints.weak_api_key_env),
         strong_key=os.environ.get(params.endpoints.strong_api_key_env),
+        user=user,
+        user_key=os.environ.get(params.endpoints.strong_api_key_env),
+        leash_encoder="hidden" if leash_dim is not None else "hashing",
+        leash_dim=leash_dim or 1024,
     )
 
 
@@ -640,6 +746,30 @@ def endpoints_from(
 @click.option("--weak-model", default=None)
 @click.option("--strong-url", default=None, help="a real strong model's OpenAI-compatible base URL")
 @click.option("--strong-model", default=None)
+@click.option("--user-url", default=None, help="real endpoints: the user simulator's base URL (default: --strong-url)")
+@click.option("--user-model", default=None, help="real endpoints: the user simulator's model (default: --strong-model)")
+@click.option(
+    "--max-turns",
+    type=click.IntRange(min=1),
+    default=MAX_TURNS,
+    show_default=True,
+    help="real endpoints: agent turns per conversation",
+)
+@click.option("--max-tokens", type=click.IntRange(min=1), default=None, help="real endpoints: cap on each answer")
+@click.option(
+    "--provider",
+    type=click.Choice(["auto", "openai", "vllm", "sglang", "llamacpp", "ollama"]),
+    default="auto",
+    show_default=True,
+    help="real endpoints: the servers' provider profile (models.py); sglang sends return_hidden_states",
+)
+@click.option(
+    "--leash-hidden-dim",
+    type=click.IntRange(min=16),
+    default=None,
+    help="real endpoints, spec+leash: LEASH encodes the weak model's own hidden states (SGLang, --provider "
+    "sglang) of this size, instead of hashing",
+)
 @click.option(
     "--params",
     "params_file",
@@ -664,13 +794,21 @@ def bench_tau2_retail(
     weak_model: str | None,
     strong_url: str | None,
     strong_model: str | None,
+    user_url: str | None,
+    user_model: str | None,
+    max_turns: int,
+    max_tokens: int | None,
+    provider: str,
+    leash_hidden_dim: int | None,
     params_file: Path | None,
     leash_dir: Path | None,
 ) -> None:
     """The SpecAgent protocol on tau2-bench retail's train tasks, against weak-only and strong-only.
 
     Scripted weak and strong models (seeded errors, real prompts, real Qwen token counts) drive
-    the real engine, proxy and retail MCP server; wall time and HBM traffic are modelled.
+    the real engine, proxy and retail MCP server; wall time and HBM traffic are modelled. With
+    --weak-url/--strong-url the models are real and each task is a conversation with an LLM user
+    simulator, as in tau2-bench.
     """
     try:
         params = load_params(params_file)
@@ -681,7 +819,18 @@ def bench_tau2_retail(
     tasks = select_tasks(load_tasks(folder / "tasks.json"), tasks_file, limit)
     if not tasks:
         raise click.UsageError("no tasks selected")
-    endpoints = endpoints_from(params, weak_url, weak_model, strong_url, strong_model)
+    endpoints = endpoints_from(
+        params,
+        weak_url,
+        weak_model,
+        strong_url,
+        strong_model,
+        user_url,
+        user_model,
+        max_tokens,
+        provider,
+        leash_hidden_dim,
+    )
     out.mkdir(parents=True, exist_ok=True)
     if leash_dir is None:
         leash_dir = out / "leash"
@@ -690,7 +839,7 @@ def bench_tau2_retail(
     if endpoints is not None:
         tokenizer = "the endpoints' own usage counts"
         click.echo(
-            "real endpoints: the task's user instruction is the first user message; nothing else changes",
+            "real endpoints: each task is a conversation with an LLM user simulator holding its user_scenario",
             err=True,
         )
     elif count is not None:
@@ -711,6 +860,8 @@ def bench_tau2_retail(
         endpoints=endpoints,
         count=count,
         policy=(folder / "policy.md").read_text(encoding="utf-8") if params.run.review_policy else "",
+        max_turns=max_turns,
+        agent_policy=(folder / "policy.md").read_text(encoding="utf-8") if endpoints is not None else "",
     )
     bar = Bar(len(tasks) * settings.trials * len(modes), sys.stderr)
     started = time.perf_counter()
