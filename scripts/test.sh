@@ -5,7 +5,10 @@
 #
 # Works on a fresh clone: creates .venv, installs '.[test]' (again only when
 # pyproject.toml changes), installs the real MCP backends under .backends/,
-# then runs ruff check, ruff format --check, mypy and pytest. Setup stops at
+# and the local model the `real_model` tests run against (scripts/local-model.sh
+# --install-only: xllamacpp and SmolLM2-135M, once), then runs ruff check, ruff
+# format --check, mypy and pytest; pytest runs the `real_model` tests after the
+# fast ones (tests/conftest.py). Setup stops at
 # its first error; the four checks all run, and the exit status is non-zero
 # if any of them failed. Arguments go to pytest unchanged.
 # Env: PYTHON (default python3) is the interpreter used to create .venv.
@@ -47,6 +50,9 @@ fi
 stage "backends: scripts/install-test-backends.sh"
 PYTHON="$PYTHON" bash "$REPO/scripts/install-test-backends.sh"
 echo "  ready in .backends/"
+
+stage "local model: scripts/local-model.sh --install-only"
+PYTHON="$PYTHON" bash "$REPO/scripts/local-model.sh" --install-only
 
 failed=()
 run_check() {

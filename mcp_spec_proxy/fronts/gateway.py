@@ -61,6 +61,7 @@ from mcp_spec_proxy.trajectory import Step
 
 logger = logging.getLogger(__name__)
 
+STOPPED_AT_A_LIMIT = ("max_steps", "max_segments", "timeout")
 SESSION_HEADERS = ("x-session-id", "mcp-spec-proxy-session")
 MODEL_ALIASES: dict[str, Mode] = {"mcp-spec-proxy": "spec", **{mode: mode for mode in MODES}}
 
@@ -75,6 +76,7 @@ class _ToolCall:
 class _Answer:
     text: str
     result: RunResult
+    finish: str = "stop"
 
 
 @dataclass
@@ -286,6 +288,11 @@ class Gateway:
         except ProxyError as exc:
             return _Failure(str(exc))
         session.transcript.extend(_rendered(result))
+        if result.answer is None and result.status in STOPPED_AT_A_LIMIT:
+            # A clean stop, not an upstream failure: OpenAI's own word for it is finish_reason "length".
+            steps = len(result.steps)
+            text = f"[mcp-spec-proxy] stopped at a limit ({result.status}) before an answer; {steps} steps ran."
+            return _Answer(text, result, finish="length")
         if result.answer is None:
             return _Failure(f"the task ended without an answer: {result.status} {result.error or ''}".strip())
         return _Answer(result.answer, result)
@@ -377,6 +384,7 @@ def _completion(action: _Action, events: list[tuple[str, dict[str, Any]]], model
         finish = "tool_calls"
     elif isinstance(action, _Answer):
         message["content"] = action.text
+        finish = action.finish
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
         "object": "chat.completion",
