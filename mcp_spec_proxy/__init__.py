@@ -2,7 +2,7 @@
 
 from mcp_spec_proxy.config import ProxyConfig, load_config
 from mcp_spec_proxy.errors import ConfigError, ProxyError
-from mcp_spec_proxy.reviewers import Reviewer, ReviewRequest, Verdict
+from mcp_spec_proxy.review import Reviewer, ReviewRequest, Verdict
 
 __version__ = "0.1.0"
 

@@ -26,8 +26,9 @@ from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.errors import InvalidArguments
 from mcp_spec_proxy.gate import Author, Gate, GateCall, Outcome, Report, blocked_result, capped, error_result
 from mcp_spec_proxy.models import ModelCall
-from mcp_spec_proxy.review import ProposedStep, Repairer, check_step, step_json
-from mcp_spec_proxy.reviewers import ReviewRequest, UserChannel, Verdict
+from mcp_spec_proxy.prompts import step_json
+from mcp_spec_proxy.review import ReviewRequest, UserChannel, Verdict
+from mcp_spec_proxy.review.strong import ProposedStep, Repairer, check_step
 from mcp_spec_proxy.telemetry import Telemetry
 from mcp_spec_proxy.trajectory import History, Segment, Step
 

@@ -198,57 +198,6 @@ CLIENT = "client"
 """The `server` of a tool the gateway's client executes itself."""
 
 
-class ClientToolView:
-    """The catalog (optionally) plus tools an OpenAI-style client brought and will execute itself.
-
-    A client tool is a read when its name matches one of `read_only` (globs), else a write; its
-    name is used as given, so it must not collide with a catalog name (the catalog wins).
-    """
-
-    def __init__(self, catalog: Catalog | None, definitions: list[dict[str, Any]], read_only: list[str]) -> None:
-        self._catalog = catalog
-        self._client: dict[str, CatalogTool] = {}
-        self._validators: dict[str, jsonschema.protocols.Validator] = {}
-        for definition in definitions:
-            function = definition.get("function") or {}
-            name = function.get("name")
-            if not isinstance(name, str) or (catalog is not None and name in {t.name for t in catalog.tools()}):
-                continue
-            schema = function.get("parameters") or {"type": "object", "properties": {}}
-            read = any(fnmatch.fnmatchcase(name, pattern) for pattern in read_only)
-            self._client[name] = CatalogTool(
-                name=name,
-                server=CLIENT,
-                original=name,
-                definition=types.Tool(name=name, description=function.get("description"), input_schema=schema),
-                effect="read" if read else "write",
-                reason="override" if read else "default",
-                why="client tool " + ("matching a read-only pattern" if read else "not known to be read-only"),
-                # The client runs its own tools; the proxy's part is SpecAgent's verification of them.
-                review="strong",
-                on_reject=None,
-                fingerprint="",
-                wants_intent=False,
-            )
-
-    def tools(self) -> list[CatalogTool]:
-        return [*(self._catalog.tools() if self._catalog else []), *self._client.values()]
-
-    def lookup(self, name: str) -> CatalogTool:
-        if name in self._client:
-            return self._client[name]
-        if self._catalog is None:
-            raise ToolNotFound(f"unknown tool {name!r}")
-        return self._catalog.lookup(name)
-
-    def validate(self, tool: CatalogTool, arguments: Mapping[str, Any]) -> None:
-        if tool.server != CLIENT:
-            assert self._catalog is not None
-            self._catalog.validate(tool, arguments)
-            return
-        check_arguments(self._validators, tool, arguments)
-
-
 class Catalog:
     """The tools, prompts and resources of every connected backend, under their public names."""
 

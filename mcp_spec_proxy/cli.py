@@ -9,13 +9,15 @@ mcp-spec-proxy check                                 validate the config and exi
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -29,7 +31,9 @@ from mcp_spec_proxy.engine import MODES, Mode, RunResult
 from mcp_spec_proxy.errors import ProxyError
 from mcp_spec_proxy.fingerprints import FingerprintStore
 from mcp_spec_proxy.fronts.gateway import Gateway, serve_gateway
-from mcp_spec_proxy.fronts.mcp import McpFront, serve_http, serve_stdio
+from mcp_spec_proxy.fronts.http import serve_http
+from mcp_spec_proxy.fronts.mcp import McpFront
+from mcp_spec_proxy.fronts.stdio import serve_stdio
 from mcp_spec_proxy.leash.bank import Label
 from mcp_spec_proxy.leash.calibrate import (
     MIN_HELD_OUT,
@@ -42,8 +46,7 @@ from mcp_spec_proxy.leash.calibrate import (
     table,
 )
 from mcp_spec_proxy.leash.layers import Leash, Score
-from mcp_spec_proxy.models import ChatModel
-from mcp_spec_proxy.proxy import StatePaths, running_proxy
+from mcp_spec_proxy.proxy import Proxy, StatePaths, open_leash, running_proxy, validate
 from mcp_spec_proxy.trajectory import Step
 
 logger = logging.getLogger("mcp_spec_proxy")
@@ -87,13 +90,24 @@ state_option = click.option(
 )
 
 
+LOG_LEVELS = click.Choice(["DEBUG", "INFO", "WARNING"])
+
+
 def _file_options(command: Any) -> Any:
-    """--config and --state-dir after a subcommand too (`mcp-spec-proxy tools --config x.yaml`)."""
+    """--config, --state-dir and --log-level after a subcommand too (`mcp-spec-proxy tools --config x.yaml`)."""
 
     def remember(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
         if value is not None:
             ctx.ensure_object(dict)[param.name or ""] = value
 
+    command = click.option(
+        "--log-level",
+        "log_level",
+        expose_value=False,
+        callback=remember,
+        type=LOG_LEVELS,
+        help="As for the main command.",
+    )(command)
     command = click.option(
         "--state-dir",
         "state_dir",
@@ -120,7 +134,9 @@ def _file_options(command: Any) -> Any:
 @click.option("--token-env", metavar="VAR", help="Require `Authorization: Bearer $VAR` on the HTTP front.")
 @click.option("--allow-host", multiple=True, help="Extra Host header value the HTTP front accepts.")
 @click.option("--telemetry", type=click.Path(dir_okay=False), help="Append one JSON line per decision to FILE.")
-@click.option("--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING"]))
+@click.option(
+    "--log-level", type=LOG_LEVELS, help="Default: INFO when serving, WARNING for `tools`, `run` and the rest."
+)
 @click.version_option(__version__, prog_name="mcp-spec-proxy")
 @click.pass_context
 def main(
@@ -131,29 +147,23 @@ def main(
     token_env: str | None,
     allow_host: tuple[str, ...],
     telemetry: str | None,
-    log_level: str,
+    log_level: str | None,
 ) -> None:
     """An MCP server in front of your MCP servers: reads pass, writes wait for a verdict."""
-    logging.basicConfig(level=log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     ctx.ensure_object(dict)
-    ctx.obj.update(config_path=config_path, state_dir=state_dir)
+    ctx.obj.update(config_path=config_path, state_dir=state_dir, log_level=log_level)
     if ctx.invoked_subcommand is not None:
         return
-    config = _load(config_path)
     token = _token(token_env)
     address = _parse_http(http) if http else None
-    state = StatePaths(_state_dir(state_dir, config))
-    telemetry_file = telemetry or config.telemetry
-    telemetry_path = Path(os.path.expanduser(telemetry_file)) if telemetry_file else None
-    models = _models(config)
-    leash = _leash(config) if config.leash else None
+    if address is not None:
+        _bind_check(*address, option="--http")
+    setup = _setup(ctx, telemetry=telemetry, log_level="INFO")
 
     async def serve() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_stop_on_signal, tg.cancel_scope)
-            async with running_proxy(
-                config, state, source=config_path, models=models, telemetry=telemetry_path, leash=leash
-            ) as proxy:
+            async with setup.running() as proxy:
                 front = McpFront(proxy, version=__version__)
                 if address is None:
                     await serve_stdio(front)
@@ -167,6 +177,53 @@ def main(
             tg.cancel_scope.cancel()
 
     _run(serve)
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """What every command that runs the proxy needs, built in one place (`_setup`)."""
+
+    config: ProxyConfig
+    source: str
+    state: StatePaths
+    telemetry: Path | None
+
+    def running(self) -> AbstractAsyncContextManager[Proxy]:
+        """The proxy: models with their keys and LEASH are built from the config and the environment
+        (`running_proxy`, the one place), before any backend starts."""
+        return running_proxy(self.config, self.state, source=self.source, telemetry=self.telemetry, environ=os.environ)
+
+
+def _setup(ctx: click.Context, *, telemetry: str | None = None, log_level: str = "WARNING") -> _Setup:
+    """Logging (`--log-level`, else `log_level`), the config, the state directory and the telemetry file."""
+    level = ctx.obj.get("log_level") or log_level
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    source = ctx.obj["config_path"]
+    config = _load(source)
+    telemetry_file = telemetry or config.telemetry
+    return _Setup(
+        config,
+        source,
+        StatePaths(_state_dir(ctx.obj["state_dir"], config)),
+        Path(os.path.expanduser(telemetry_file)) if telemetry_file else None,
+    )
+
+
+def _bind_check(host: str, port: int, *, option: str) -> None:
+    """Fail in one line, before any backend starts, when the address cannot be listened on."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds it
+        try:
+            sock.bind((host, port))
+            sock.listen(1)
+        except OSError as exc:
+            raise click.ClickException(
+                f"{option}: cannot listen on {host}:{port}: {exc.strerror or exc}"
+                " — stop what holds that port, or choose another"
+            ) from None
 
 
 def _token(token_env: str | None) -> str | None:
@@ -202,22 +259,6 @@ def _proxy_error(exc: BaseException) -> ProxyError | None:
     return None
 
 
-def _models(config: ProxyConfig) -> dict[str, ChatModel]:
-    """The configured endpoints, with API keys read from the environment here, at the edge."""
-    models = {}
-    for name, endpoint in config.models.items():
-        key = None
-        if endpoint.api_key_env:
-            key = os.environ.get(endpoint.api_key_env)
-            if not key:
-                raise click.ClickException(
-                    f"models.{name}.api_key_env: environment variable {endpoint.api_key_env} is not set"
-                    f" — export it, or remove api_key_env for a server that needs no key"
-                )
-        models[name] = ChatModel(name, endpoint, api_key=key)
-    return models
-
-
 async def _stop_on_signal(scope: anyio.CancelScope) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for _ in signals:
@@ -233,11 +274,11 @@ def tools(ctx: click.Context) -> None:
     """List every tool with its effect (read/write) and why; open-world reads are marked."""
     if ctx.invoked_subcommand is not None:
         return
-    config = _load(ctx.obj["config_path"])
-    state = StatePaths(_state_dir(ctx.obj["state_dir"], config))
+    setup = _setup(ctx)
+    config = setup.config
 
     async def listing() -> list[Any]:
-        async with running_proxy(config, state, source=ctx.obj["config_path"], models=_models(config)) as proxy:
+        async with setup.running() as proxy:
             unavailable = [
                 f"{b.name}: {b.last_error}" for b in proxy.backends.backends.values() if b.status != "connected"
             ]
@@ -313,16 +354,10 @@ def _store_key(name: str, config: ProxyConfig, store: FingerprintStore) -> str:
 @click.pass_context
 def run(ctx: click.Context, task: str, mode: Mode, max_steps: int | None, telemetry: str | None) -> None:
     """Run TASK with the SpecAgent engine over the configured servers; print the answer and a summary."""
-    config = _load(ctx.obj["config_path"])
-    state = StatePaths(_state_dir(ctx.obj["state_dir"], config))
-    models = _models(config)
-    leash = _leash(config) if config.leash else None
-    if config.review.model not in models:
-        raise click.ClickException(
-            f"run needs models.{config.review.model} (and models.weak for spec and weak-only) in the config"
-        )
-    telemetry_file = telemetry or config.telemetry
-    telemetry_path = Path(os.path.expanduser(telemetry_file)) if telemetry_file else None
+    setup = _setup(ctx, telemetry=telemetry)
+    problem = _engine_problem(setup.config, mode)
+    if problem:
+        raise click.ClickException(f"run --mode {mode}: {problem}")
     on_terminal = sys.stderr.isatty()
 
     async def progress(message: str) -> None:
@@ -332,9 +367,7 @@ def run(ctx: click.Context, task: str, mode: Mode, max_steps: int | None, teleme
             click.echo(f"… {message}", err=True)
 
     async def execute() -> RunResult:
-        async with running_proxy(
-            config, state, source=ctx.obj["config_path"], models=models, telemetry=telemetry_path, leash=leash
-        ) as proxy:
+        async with setup.running() as proxy:
             assert proxy.engine is not None
             return await proxy.engine.run(task, mode, progress=progress, max_steps=max_steps, baseline=True)
 
@@ -386,19 +419,16 @@ def gateway(
 ) -> None:
     """Serve an OpenAI-compatible /v1/chat/completions backed by the SpecAgent engine."""
     token = _token(token_env)
-    config = _load(ctx.obj["config_path"])
-    state = StatePaths(_state_dir(ctx.obj["state_dir"], config))
-    models = _models(config)
-    leash = _leash(config) if config.leash else None
-    telemetry_file = telemetry or config.telemetry
-    telemetry_path = Path(os.path.expanduser(telemetry_file)) if telemetry_file else None
+    _bind_check(host, port, option="--port")
+    setup = _setup(ctx, telemetry=telemetry, log_level="INFO")
+    problem = _engine_problem(setup.config, "strong-only")  # each request names its mode; `check` lists them
+    if problem:
+        raise click.ClickException(f"gateway: {problem}")
 
     async def serve() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_stop_on_signal, tg.cancel_scope)
-            async with running_proxy(
-                config, state, source=ctx.obj["config_path"], models=models, telemetry=telemetry_path, leash=leash
-            ) as proxy:
+            async with setup.running() as proxy:
                 front = Gateway(proxy)
                 bound = await tg.start(
                     lambda task_status: serve_gateway(
@@ -418,7 +448,7 @@ def gateway(
 @click.pass_context
 def report_outcome(ctx: click.Context, task_id: str, success: bool) -> None:
     """Label a finished run (its task id is in the run's trace) for LEASH's task bank."""
-    leash = _leash(_load(ctx.obj["config_path"]))
+    leash = _leash(ctx)
 
     async def label() -> bool:
         return await leash.report_outcome(task_id, success)
@@ -438,7 +468,7 @@ def bank() -> None:
 @click.pass_context
 def bank_stats(ctx: click.Context) -> None:
     """Print what each bank holds."""
-    leash = _leash(_load(ctx.obj["config_path"]), strict=True)
+    leash = _leash(ctx, strict=True)
     for name, store in (("task", leash.tasks), ("step", leash.steps)):
         click.echo(f"{name}: " + json.dumps(store.stats(), default=str))
 
@@ -453,7 +483,7 @@ def bank_import(ctx: click.Context, file: str) -> None:
     Each line: {"kind": "task", "text": "...", "label": "success"|"failure"} or
     {"kind": "step", "tool": "...", "arguments": {...}, "observation": "...", "label": ...}.
     """
-    leash = _leash(_load(ctx.obj["config_path"]), strict=True)  # a label not stored is an error here
+    leash = _leash(ctx, strict=True)  # a label not stored is an error here
     tasks, steps = _examples(Path(file))
 
     async def add() -> None:
@@ -491,7 +521,7 @@ def bank_calibrate(
     """
     if sum(option is not None for option in (target_rate, target_precision, max_false_accept)) != 1:
         raise click.BadParameter("give one of --target-rate, --target-precision and --max-false-accept")
-    leash = _leash(_load(ctx.obj["config_path"]), strict=True)
+    leash = _leash(ctx, strict=True)
     _, steps = _examples(Path(file))
     if not steps:
         raise click.ClickException(f"{file}: no step examples to calibrate on")
@@ -550,20 +580,17 @@ def _calibrate_accept(leash: Leash, file: str, found: list[Score], failed: list[
     )
 
 
-def _leash(config: ProxyConfig, *, strict: bool = False) -> Leash:
+def _leash(ctx: click.Context, *, strict: bool = False) -> Leash:
     """The configured Leash; `strict` for operator commands, where a LEASH failure must be an error."""
-    if config.leash is None:
-        raise click.ClickException("this config has no `leash:` section")
-    key = None
-    if config.leash.embedding and config.leash.embedding.api_key_env:
-        key = os.environ.get(config.leash.embedding.api_key_env)
-    weak = config.models.get("weak")
+    source = ctx.obj["config_path"]
+    config = _load(source)
     try:
-        return Leash.open(
-            config.leash, api_key=key, hidden_model=weak.hidden_state_source if weak else "", strict=strict
-        )
+        leash = open_leash(config, os.environ, source, strict=strict)
     except ProxyError as exc:
         raise click.ClickException(str(exc)) from None
+    if leash is None:
+        raise click.ClickException("this config has no `leash:` section")
+    return leash
 
 
 def _examples(path: Path) -> tuple[list[tuple[str, str]], list[tuple[Step, Label]]]:
@@ -587,32 +614,34 @@ def _examples(path: Path) -> tuple[list[tuple[str, str]], list[tuple[Step, Label
     return tasks, steps
 
 
-class _Benchmarks(click.Group):
-    """Benchmarks live in `mcp_spec_proxy.bench`, outside the product: loaded only when asked for."""
-
-    _commands = {"tau2-retail": ("mcp_spec_proxy.bench.tau2_retail.runner", "bench_tau2_retail")}
-
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(self._commands)
-
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name not in self._commands:
-            return None
-        module, attribute = self._commands[cmd_name]
-        command = getattr(importlib.import_module(module), attribute)
-        assert isinstance(command, click.Command)
-        return command
-
-
-@main.group(cls=_Benchmarks)
-def bench() -> None:
-    """Benchmarks: `bench tau2-retail` runs τ²-bench retail's tasks through the engine."""
-
-
 @main.command()
 @_file_options
 @click.pass_context
 def check(ctx: click.Context) -> None:
-    """Validate the config file and exit."""
-    config = _load(ctx.obj["config_path"])
-    click.echo(f"{ctx.obj['config_path']}: ok ({len(config.active_servers())} servers enabled)")
+    """Validate the config file as the proxy does (keys, LEASH, reviewers) without starting a backend."""
+    setup = _setup(ctx)
+    config = setup.config
+
+    async def validated() -> None:
+        await validate(config, os.environ, setup.source)
+
+    _run(validated)
+    click.echo(f"{setup.source}: ok ({len(config.active_servers())} servers enabled)")
+    if not config.models and config.leash is None:
+        return  # a plain MCP proxy: `run` and the gateway are not what this config is for
+    for mode in MODES:
+        problem = _engine_problem(config, mode)
+        if problem:
+            click.echo(f"note: `run --mode {mode}` and the gateway's {mode!r} model are unavailable: {problem}")
+
+
+def _engine_problem(config: ProxyConfig, mode: Mode) -> str | None:
+    """Why the SpecAgent engine cannot run `mode` with this config, or None (checked before backends start)."""
+    missing = [config.review.model] if config.review.model not in config.models else []
+    if mode != "strong-only" and "weak" not in config.models:
+        missing.append("weak")
+    if missing:
+        return " and ".join(f"models.{name}" for name in missing) + " must be configured (see the README)"
+    if mode == "spec+leash" and config.leash is None:
+        return "it needs a `leash:` section (see the README)"
+    return None

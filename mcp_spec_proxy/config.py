@@ -273,7 +273,7 @@ def parse_config_text(
         if "servers" in data:
             raise ConfigError(file, "mcpServers", "both `servers` and `mcpServers` are given", "keep one of them")
         data["servers"] = data.pop("mcpServers")
-    data = _expand(file, data, environ, ())
+    data = _expand(file, text, data, environ, ())
     try:
         return ProxyConfig.model_validate(data)
     except ValidationError as exc:
@@ -295,8 +295,18 @@ def _parse(file: str, text: str, *, json_file: bool) -> Any:
         raise ConfigError(file, "", f"invalid YAML: {exc}") from None
 
 
-def _expand(file: str, value: Any, environ: Mapping[str, str], loc: tuple[str, ...]) -> Any:
+def _expand(file: str, text: str, value: Any, environ: Mapping[str, str], loc: tuple[str, ...]) -> Any:
     if isinstance(value, str):
+        rest = _ENV_REF.sub("", value)
+        if "${" in rest:
+            line = _line_of(text, loc)
+            broken = rest[rest.index("${") :][:40]
+            raise ConfigError(
+                f"{file}:{line}" if line else file,
+                ".".join(loc),
+                f"{broken!r} is not a complete ${{VAR}} reference",
+                "close it with `}` — ${NAME} or ${NAME:-default}, NAME of letters, digits and _",
+            )
 
         def substitute(match: re.Match[str]) -> str:
             name, default = match.group(1), match.group(2)
@@ -313,9 +323,9 @@ def _expand(file: str, value: Any, environ: Mapping[str, str], loc: tuple[str, .
 
         return _ENV_REF.sub(substitute, value)
     if isinstance(value, dict):
-        return {key: _expand(file, item, environ, (*loc, str(key))) for key, item in value.items()}
+        return {key: _expand(file, text, item, environ, (*loc, str(key))) for key, item in value.items()}
     if isinstance(value, list):
-        return [_expand(file, item, environ, (*loc, str(index))) for index, item in enumerate(value)]
+        return [_expand(file, text, item, environ, (*loc, str(index))) for index, item in enumerate(value)]
     return value
 
 

@@ -27,29 +27,27 @@ import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import anyio
 import mcp_types as types
 
 from mcp_spec_proxy.catalog import CLIENT, Catalog, CatalogTool, ToolSource, digest, strip_intent
+from mcp_spec_proxy.config import SpeculationConfig
 from mcp_spec_proxy.errors import InvalidArguments, ToolNotFound
 from mcp_spec_proxy.gate import Author, Gate, GateCall, Report, blocked_result, capped, text_result
 from mcp_spec_proxy.models import ChatModel, ModelCall, ModelError
-from mcp_spec_proxy.review import (
-    FINAL_ANSWER,
+from mcp_spec_proxy.prompts import FINAL_ANSWER, agent_messages, openai_tool
+from mcp_spec_proxy.review import InputNeeded, ReviewFailed, ReviewRequest, UserChannel, Verdict
+from mcp_spec_proxy.review.strong import (
     ProposedAnswer,
     ProposedStep,
     Repairer,
-    ReviewFailed,
     StrongReviewer,
     Unreadable,
     check_step,
-    fence,
-    openai_tool,
 )
-from mcp_spec_proxy.reviewers import InputNeeded, ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.telemetry import Telemetry
 from mcp_spec_proxy.trajectory import History, Segment, Step
 
@@ -96,15 +94,6 @@ AGENT_INSTRUCTIONS = """\
 You are an agent working for a user through the tools provided. Call tools to find out what you \
 need and to act. Make one step at a time; you may call several read-only tools at once. When \
 the task is done, reply with your final answer to the user as plain text, without a tool call."""
-
-
-@dataclass
-class Limits:
-    draft_steps: int = 8
-    max_steps: int = 40
-    max_segments: int = 20
-    max_wall_s: float = 600.0
-    answer_graded: bool = False  # hold the final answer for verification, like a write
 
 
 @dataclass
@@ -203,20 +192,20 @@ class Engine:
         strong: ChatModel,
         policy: str = "",
         unreadable: Unreadable = "reject",
-        limits: Limits | None = None,
+        limits: SpeculationConfig | None = None,
         watch: Watch | None = None,
     ) -> None:
         self.watch = watch
-        self._catalog = catalog
+        self.catalog = catalog
         self.gate = gate
-        self._telemetry = telemetry
+        self.telemetry = telemetry
         self.weak = weak
         self.strong = strong
-        self._policy = policy
-        self._unreadable: Unreadable = unreadable
-        self._reviewer = StrongReviewer(strong, catalog, policy, unreadable=unreadable)
-        self._repairer = Repairer(strong, catalog, policy)
-        self.limits = limits or Limits()
+        self.policy = policy
+        self.unreadable: Unreadable = unreadable
+        self.reviewer = StrongReviewer(strong, catalog, policy, unreadable=unreadable)
+        self.repairer = Repairer(strong, catalog, policy)
+        self.limits = limits or SpeculationConfig()  # the config's `speculation:`
 
     async def run(
         self,
@@ -242,8 +231,8 @@ class Engine:
             raise InvalidArguments(f"mode {mode!r} needs a weak model: configure models.weak")
         if mode == "spec+leash" and self.watch is None:
             raise InvalidArguments("mode 'spec+leash' needs LEASH: add a `leash:` section to the config")
-        limits = self.limits if max_steps is None else replace(self.limits, max_steps=max_steps)
-        run = _Run(self, task, mode, progress, limits, tools or self._catalog, client)
+        limits = self.limits if max_steps is None else self.limits.model_copy(update={"max_steps": max_steps})
+        run = _Run(self, task, mode, progress, limits, tools or self.catalog, client)
         run.observe = observe
         run.user = _AskNow(user) if user is not None else _NoUser()
         run.baseline = mode if baseline and mode in ("weak-only", "strong-only") else None
@@ -265,7 +254,7 @@ class Engine:
         run.result.steps = list(run.history.committed)
         if run.watch is not None:
             await run.watch.finished(run.result.task_id, run.task, run.result.steps)
-        await self._telemetry.record("task", **run.result.summary(), error=run.result.error)
+        await self.telemetry.record("task", **run.result.summary(), error=run.result.error)
         return run.result
 
 
@@ -278,7 +267,7 @@ class _Run:
         task: str | list[dict[str, Any]],
         mode: Mode,
         progress: Progress | None,
-        limits: Limits,
+        limits: SpeculationConfig,
         source: ToolSource,
         client: ClientExecutor | None,
     ) -> None:
@@ -290,11 +279,11 @@ class _Run:
         self.progress = progress
         self.source = source
         self.client = client
-        if source is engine._catalog:
-            self.reviewer, self.repairer = engine._reviewer, engine._repairer
+        if source is engine.catalog:
+            self.reviewer, self.repairer = engine.reviewer, engine.repairer
         else:
-            self.reviewer = StrongReviewer(engine.strong, source, engine._policy, unreadable=engine._unreadable)
-            self.repairer = Repairer(engine.strong, source, engine._policy)
+            self.reviewer = StrongReviewer(engine.strong, source, engine.policy, unreadable=engine.unreadable)
+            self.repairer = Repairer(engine.strong, source, engine.policy)
         self.observe: Observer | None = None
         self.user: UserChannel = _NoUser()
         self.baseline: str | None = None
@@ -632,7 +621,7 @@ class _Run:
         for call in calls:
             if self.observe is not None:
                 self.observe("model_call", call.as_json())
-            await self.engine._telemetry.record(
+            await self.engine.telemetry.record(
                 "model_call",
                 task=self.result.task_id,
                 mode=self.mode,
@@ -669,29 +658,4 @@ def content_text(content: Any) -> str:
     return ""
 
 
-def agent_messages(base: list[dict[str, Any]], steps: list[Step]) -> list[dict[str, Any]]:
-    """The conversation a drafting model sees: the base conversation, then each step as a call and its result."""
-    messages = list(base)
-    for n, step in enumerate(steps, 1):
-        if step.tool == FINAL_ANSWER:
-            messages.append({"role": "assistant", "content": str(step.arguments.get("answer", ""))})
-            continue
-        call_id = f"call_{n}"
-        messages.append(
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": call_id,
-                        "type": "function",
-                        "function": {"name": step.tool, "arguments": json.dumps(step.arguments, ensure_ascii=False)},
-                    }
-                ],
-            }
-        )
-        messages.append({"role": "tool", "tool_call_id": call_id, "content": fence(step.observation or "")})
-    return messages
-
-
-__all__ = ["MODES", "ClientExecutor", "Engine", "Limits", "Mode", "RunResult", "agent_messages"]
+__all__ = ["MODES", "ClientExecutor", "Engine", "Mode", "RunResult"]

@@ -47,8 +47,7 @@ from mcp_spec_proxy.config import ProxyConfig, ReviewMode
 from mcp_spec_proxy.errors import BackendError
 from mcp_spec_proxy.leash.layers import Leash
 from mcp_spec_proxy.models import ModelCall
-from mcp_spec_proxy.review import ReviewFailed
-from mcp_spec_proxy.reviewers import InputNeeded, Reviewer, ReviewRequest, UserChannel, Verdict
+from mcp_spec_proxy.review import InputNeeded, Reviewer, ReviewFailed, ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.trajectory import Step, observation_text
 
 logger = logging.getLogger(__name__)

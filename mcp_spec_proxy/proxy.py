@@ -9,7 +9,7 @@ child process is stopped. The fronts (`fronts/mcp.py`) serve clients from the `P
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,12 +23,13 @@ from mcp_spec_proxy.backends import BackendPool, Listing
 from mcp_spec_proxy.barrier import Barrier
 from mcp_spec_proxy.catalog import Catalog
 from mcp_spec_proxy.config import ProxyConfig
-from mcp_spec_proxy.engine import Engine, Limits
+from mcp_spec_proxy.engine import Engine
+from mcp_spec_proxy.errors import ConfigError
 from mcp_spec_proxy.fingerprints import FingerprintStore
 from mcp_spec_proxy.gate import Gate
 from mcp_spec_proxy.leash.layers import Leash, LeashWatch
 from mcp_spec_proxy.models import ChatModel
-from mcp_spec_proxy.review import build_reviewers
+from mcp_spec_proxy.review.build import build_reviewers
 from mcp_spec_proxy.telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
@@ -72,6 +73,64 @@ class Proxy:
             await listener(what)
 
 
+def open_models(config: ProxyConfig, environ: Mapping[str, str], source: str = "config") -> dict[str, ChatModel]:
+    """The configured endpoints with their API keys, read from `environ` (the CLI hands it the
+    process environment). The one way models are built: a key named in `api_key_env` is never
+    dropped; unset, it is a `ConfigError`."""
+    models = {}
+    for name, endpoint in config.models.items():
+        models[name] = ChatModel(name, endpoint, api_key=_key(environ, endpoint.api_key_env, f"models.{name}", source))
+    return models
+
+
+def open_leash(
+    config: ProxyConfig,
+    environ: Mapping[str, str],
+    source: str = "config",
+    *,
+    telemetry: Telemetry | None = None,
+    strict: bool = False,
+) -> Leash | None:
+    """The configured LEASH (its banks opened), or None without a `leash:` section."""
+    if config.leash is None:
+        return None
+    embedding = config.leash.embedding
+    key = _key(environ, embedding.api_key_env if embedding else None, "leash.embedding", source)
+    weak = config.models.get("weak")
+    hidden = weak.hidden_state_source if weak else ""
+    return Leash.open(config.leash, api_key=key, hidden_model=hidden, telemetry=telemetry, strict=strict)
+
+
+def _key(environ: Mapping[str, str], variable: str | None, where: str, source: str) -> str | None:
+    if not variable:
+        return None
+    key = environ.get(variable)
+    if not key:
+        raise ConfigError(
+            source,
+            f"{where}.api_key_env",
+            f"environment variable {variable} is not set",
+            "export it, or remove api_key_env for a server that needs no key",
+        )
+    return key
+
+
+async def validate(config: ProxyConfig, environ: Mapping[str, str], source: str = "config") -> None:
+    """Everything `running_proxy` checks before it starts a backend: keys, LEASH's banks, the
+    reviewers every review mode needs. `mcp-spec-proxy check` runs this, so `ok` means the proxy starts."""
+    models = open_models(config, environ, source)
+    leash: Leash | None = None
+    try:
+        leash = open_leash(config, environ, source)
+        build_reviewers(config, Catalog(config, FingerprintStore(None)), models, source, leash)
+    finally:
+        with anyio.CancelScope(shield=True):
+            if leash is not None:
+                await leash.aclose()
+            for model in models.values():
+                await model.aclose()
+
+
 @asynccontextmanager
 async def running_proxy(
     config: ProxyConfig,
@@ -82,14 +141,16 @@ async def running_proxy(
     telemetry: Path | None = None,
     in_process: dict[str, Server[Any]] | None = None,
     leash: Leash | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> AsyncIterator[Proxy]:
-    """Start the proxy. `models` are the configured endpoints with their keys, `leash` the opened
-    banks (the CLI reads keys and opens banks; left out, both are built from the config)."""
-    models = models if models is not None else {name: ChatModel(name, cfg) for name, cfg in config.models.items()}
+    """Start the proxy. Models and LEASH are built from the config with the keys in `environ`
+    (the CLI hands it the process environment; a key named but not there is a `ConfigError`);
+    tests may hand in `models` or an opened `leash` instead."""
+    environ = environ if environ is not None else {}
+    models = models if models is not None else open_models(config, environ, source)
     events = Telemetry(telemetry)
-    if leash is None and config.leash is not None:
-        weak = models.get("weak")
-        leash = Leash.open(config.leash, hidden_model=weak.config.hidden_state_source if weak else "", telemetry=events)
+    if leash is None:
+        leash = open_leash(config, environ, source, telemetry=events)
     fingerprints = FingerprintStore(state.fingerprints if state else None)
     catalog = Catalog(config, fingerprints)
     reviewers, repairer = build_reviewers(config, catalog, models, source, leash)
@@ -112,7 +173,6 @@ async def running_proxy(
     engine = None
     strong = models.get(config.review.model)
     if strong is not None:
-        limits = Limits(**config.speculation.model_dump())
         engine = Engine(
             catalog,
             gate,
@@ -121,7 +181,7 @@ async def running_proxy(
             strong=strong,
             policy=config.review.policy,
             unreadable=config.review.unreadable,
-            limits=limits,
+            limits=config.speculation,
             watch=LeashWatch(leash) if leash is not None else None,
         )
     proxy = Proxy(config, catalog, backends, barrier, gate, audit, events, engine, leash)

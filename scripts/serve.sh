@@ -13,12 +13,18 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$REPO/.venv"
 STAMP="$VENV/.serve-deps-stamp"
 {
-  [[ -x "$VENV/bin/python" ]] || "${PYTHON:-python3}" -m venv "$VENV"
+  if [[ ! -x "$VENV/bin/python" ]]; then
+    echo "serve.sh: first run: creating $VENV"
+    "${PYTHON:-python3}" -m venv "$VENV"
+  fi
   want="$(sha256sum "$REPO/pyproject.toml" | cut -d' ' -f1)"
   if [[ ! -f "$STAMP" || "$(<"$STAMP")" != "$want" ]]; then
+    echo "serve.sh: installing mcp-spec-proxy and the servers servers.yaml names (mcp-server-git, …) into"
+    echo "serve.sh: $VENV with pip — about a minute the first time, only again when pyproject.toml changes"
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$REPO[servers]" 2>&1 \
       | { grep -v -e 'is ignored: it is neither a file nor a directory' || true; }
     printf '%s' "$want" >"$STAMP"
+    echo "serve.sh: installed; starting the proxy (backends log to its state directory's logs/)"
   fi
 } >&2
 exec "$VENV/bin/mcp-spec-proxy" --config "${PROXY_CONFIG:-$REPO/servers.yaml}" "$@"

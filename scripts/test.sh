@@ -19,7 +19,7 @@ cd "$REPO"
 PYTHON="${PYTHON:-python3}"
 VENV="$REPO/.venv"
 STAMP="$VENV/.test-deps-stamp"
-LINT_PATHS=(mcp_spec_proxy tests scripts)
+LINT_PATHS=(mcp_spec_proxy tests scripts bench)
 
 stage() { printf '\n==> %s\n' "$*"; }
 

@@ -21,6 +21,7 @@ import yaml
 from mcp import Client, StdioServerParameters
 from mcp.client.session import ElicitationFnT, MessageHandlerFnT
 
+from mcp_spec_proxy import prompts
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.proxy import Proxy, StatePaths, running_proxy
@@ -114,5 +115,4 @@ def verdict(accepted_steps: int, reason: str = "ok", replacement: dict[str, Any]
 
 def segment_length(request: Any) -> int:
     """How many steps the verification request's segment block holds."""
-    text = next(m["content"] for m in reversed(request.messages) if "# Segment to verify" in str(m["content"]))
-    return len(json.loads(text.split("```json\n", 1)[1].split("\n```", 1)[0]))
+    return prompts.segment_length(request.messages)

@@ -13,8 +13,8 @@ import anyio
 import pytest
 import yaml
 
-from mcp_spec_proxy.bench.scripted_model import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
 from mcp_spec_proxy.engine import Engine, RunResult
+from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
 from tests import backends
 from tests.harness import PROXY_COMMAND, Proxied, proxied, segment_length, stdio, verdict
 

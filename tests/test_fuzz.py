@@ -31,7 +31,8 @@ from hypothesis import strategies as st
 from mcp import Client
 
 from mcp_spec_proxy.config import ProxyConfig
-from mcp_spec_proxy.fronts.mcp import McpFront, serve_http
+from mcp_spec_proxy.fronts.http import serve_http
+from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
 from tests.harness import PROXY_COMMAND, text_of, toy
 

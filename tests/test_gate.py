@@ -17,11 +17,11 @@ import pytest
 
 from mcp_spec_proxy.audit import AuditLog, read_audit
 from mcp_spec_proxy.backends import BackendPool
-from mcp_spec_proxy.bench.scripted_model import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
 from mcp_spec_proxy.catalog import CatalogTool
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.gate import Gate, GateCall
-from mcp_spec_proxy.reviewers import InputNeeded, ReviewRequest, Verdict
+from mcp_spec_proxy.review import InputNeeded, ReviewRequest, Verdict
+from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
 from mcp_spec_proxy.trajectory import History, Segment, Step
 from tests.harness import approve, proxied, recorded, segment_length, text_of, toy, verdict
 
@@ -310,7 +310,8 @@ async def test_http_2026_era_session_is_the_one_the_client_names(tmp_path: Path,
     from mcp.client.streamable_http import streamable_http_client
 
     from mcp_spec_proxy.config import ProxyConfig
-    from mcp_spec_proxy.fronts.mcp import SESSION_HEADER, McpFront, serve_http
+    from mcp_spec_proxy.fronts.http import serve_http
+    from mcp_spec_proxy.fronts.mcp import SESSION_HEADER, McpFront
     from mcp_spec_proxy.proxy import StatePaths, running_proxy
 
     seen: list[int] = []

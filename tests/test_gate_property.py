@@ -23,8 +23,8 @@ import httpx
 import pytest
 
 from mcp_spec_proxy.audit import read_audit
-from mcp_spec_proxy.bench.scripted_model import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
 from mcp_spec_proxy.fronts.gateway import Gateway, serve_gateway
+from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
 from tests.harness import approve, proxied, recorded, segment_length, toy, verdict
 
 pytestmark = pytest.mark.anyio

@@ -14,10 +14,10 @@ import httpx
 import openai
 import pytest
 
-from mcp_spec_proxy.bench.scripted_model import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.fronts.gateway import Gateway, serve_gateway
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
+from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
 from tests import backends
 from tests.harness import segment_length, stdio, verdict
 

@@ -14,7 +14,8 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from mcp_spec_proxy.config import ProxyConfig
-from mcp_spec_proxy.fronts.mcp import McpFront, serve_http
+from mcp_spec_proxy.fronts.http import serve_http
+from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
 from tests.harness import ERAS, recorded, text_of, toy
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from mcp_spec_proxy.leash import bank as bank_module
-from mcp_spec_proxy.leash.bank import MANIFEST, NO_EVIDENCE, Bank, BankError, BankMismatch
+from mcp_spec_proxy.leash.bank import MANIFEST, Bank, BankError, BankMismatch
 from mcp_spec_proxy.leash.encoders import EncoderInfo, HashingEncoder, StepView
 
 pytestmark = pytest.mark.anyio
@@ -71,32 +71,10 @@ def test_search_finds_the_known_neighbours_in_order() -> None:
     assert len(bank.search(unit(1, 0), k=50)) == 4
 
 
-def test_failure_score_weighs_neighbours_by_positive_similarity() -> None:
-    bank = Bank.in_memory(kind="task", encoder=INFO)
-    bank.add(np.stack([unit(1, 0), unit(0, 1), unit(-1, 0)]), ["failure", "success", "failure"], source="outcome")
-    query = unit(3, 1)
-    score, neighbours = bank.failure_score(query, k=3)
-    weight_fail, weight_ok = float(query @ unit(1, 0)), float(query @ unit(0, 1))
-    # The third neighbour points away (negative similarity): it weighs nothing.
-    assert score == pytest.approx(weight_fail / (weight_fail + weight_ok), abs=1e-6)
-    assert [n.id for n in neighbours] == [0, 1, 2]
-    assert neighbours[2].score < 0
-
-
-def test_failure_score_without_evidence_is_neutral() -> None:
-    bank = Bank.in_memory(kind="step", encoder=INFO)
-    assert bank.failure_score(basis(0)) == (NO_EVIDENCE, [])
-    bank.add(basis(1), "failure", source="verdict")
-    score, neighbours = bank.failure_score(basis(0))  # orthogonal: similarity 0
-    assert score == NO_EVIDENCE and len(neighbours) == 1
-
-
 async def test_async_wrappers_run_the_same_operations() -> None:
     bank = Bank.in_memory(kind="step", encoder=INFO)
     assert await bank.aadd(np.stack([basis(0), basis(1)]), ["failure", "success"], source="verdict") == [0, 1]
     assert [n.id for n in await bank.asearch(basis(1), k=1)] == [1]
-    score, _ = await bank.afailure_score(basis(0), k=1)
-    assert score == 1.0
     await bank.asave()  # in memory: nothing to write
 
 
@@ -139,9 +117,9 @@ async def test_hashing_encoder_and_bank_together_flag_a_step_like_past_failures(
     passed = [StepView("fs__read", {"path": f"/srv/data/{n}"}, "contents") for n in "abc"]
     bank = Bank.in_memory(kind="step", encoder=encoder.info)
     await bank.aadd(await encoder.encode_steps(failed + passed), ["failure"] * 3 + ["success"] * 3, source="verdict")
-    risky, _ = await bank.afailure_score((await encoder.encode_steps([StepView("fs__delete", {"path": "/srv/x"})]))[0])
-    safe, _ = await bank.afailure_score((await encoder.encode_steps([StepView("fs__read", {"path": "/srv/x"})]))[0])
-    assert risky > 0.7 > 0.3 > safe
+    risky = await bank.asearch((await encoder.encode_steps([StepView("fs__delete", {"path": "/srv/x"})]))[0], k=3)
+    safe = await bank.asearch((await encoder.encode_steps([StepView("fs__read", {"path": "/srv/x"})]))[0], k=3)
+    assert [n.label for n in risky] == ["failure"] * 3 and [n.label for n in safe] == ["success"] * 3
 
 
 # -- persistence -------------------------------------------------------------------------------
@@ -388,7 +366,6 @@ def test_past_approximate_after_the_bank_switches_to_hnsw_and_still_finds_exact_
     assert reloaded.stats()["index"] == "hnsw" and reloaded.stats()["recall_at_10"] == round(stats["recall_at_10"], 4)
     assert len(reloaded) == 605
     assert [n.id for n in reloaded.search(queries[0])] == [n.id for n in bank.search(queries[0])]
-    assert reloaded.measure_recall() is not None
     # A higher threshold turns the same files back into an exact bank.
     assert open_bank(tmp_path, encoder=info, approximate_after=10_000).stats()["index"] == "flat"
     # A lower one builds the graph on load.

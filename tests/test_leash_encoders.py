@@ -15,7 +15,6 @@ import numpy as np
 import openai
 import pytest
 
-from mcp_spec_proxy.bench.scripted_model import Reply, Scripted, ScriptedModelServer, embed_text
 from mcp_spec_proxy.errors import ProxyError
 from mcp_spec_proxy.leash.encoders import (
     OBSERVATION_CHARS,
@@ -30,6 +29,7 @@ from mcp_spec_proxy.leash.encoders import (
     step_text,
     task_text,
 )
+from mcp_spec_proxy.testing import Reply, Scripted, ScriptedModelServer, embed_text
 
 pytestmark = pytest.mark.anyio
 

@@ -13,9 +13,9 @@ import pytest
 from mcp import MCPError
 
 from mcp_spec_proxy.audit import read_audit
-from mcp_spec_proxy.bench.scripted_model import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
 from mcp_spec_proxy.config import LeashConfig
 from mcp_spec_proxy.leash.layers import Leash
+from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
 from mcp_spec_proxy.trajectory import Step
 from tests import backends
 from tests.harness import proxied, segment_length, stdio, text_of, verdict

@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from mcp_spec_proxy.bench.scripted_model import ChatRequest, Respond, ScriptedModelServer
 from mcp_spec_proxy.catalog import CatalogTool
 from mcp_spec_proxy.config import LeashConfig, parse_config_text
 from mcp_spec_proxy.errors import ConfigError
@@ -32,8 +31,10 @@ from mcp_spec_proxy.leash.encoders import (
     HiddenStateEncoder,
     StepView,
 )
-from mcp_spec_proxy.leash.layers import Leash, LeashReviewer, LeashWatch, Score
-from mcp_spec_proxy.reviewers import ReviewRequest, UserChannel, Verdict
+from mcp_spec_proxy.leash.layers import Leash, LeashWatch, Score
+from mcp_spec_proxy.review import ReviewRequest, UserChannel, Verdict
+from mcp_spec_proxy.review.leash import LeashReviewer
+from mcp_spec_proxy.testing import ChatRequest, Respond, ScriptedModelServer
 from mcp_spec_proxy.trajectory import History, Segment, Step
 from tests.harness import PROXY_COMMAND, proxied, recorded, text_of, toy, verdict
 

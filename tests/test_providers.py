@@ -12,7 +12,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mcp_spec_proxy.bench.scripted_model import (
+from mcp_spec_proxy.engine import Engine
+from mcp_spec_proxy.leash.encoders import EncoderError, HiddenStateEncoder, StepView
+from mcp_spec_proxy.models import ChatModel, ModelConfig, ModelError, action_format
+from mcp_spec_proxy.testing import (
     ChatRequest,
     Reply,
     Respond,
@@ -21,9 +24,6 @@ from mcp_spec_proxy.bench.scripted_model import (
     ToolCall,
     embed_text,
 )
-from mcp_spec_proxy.engine import Engine
-from mcp_spec_proxy.leash.encoders import EncoderError, HiddenStateEncoder, StepView
-from mcp_spec_proxy.models import ChatModel, ModelConfig, ModelError, action_format
 from mcp_spec_proxy.trajectory import Step
 from tests import backends
 from tests.harness import proxied, stdio

@@ -12,7 +12,8 @@ import anyio
 import pytest
 
 from mcp_spec_proxy.config import ProxyConfig
-from mcp_spec_proxy.fronts.mcp import McpFront, serve_http
+from mcp_spec_proxy.fronts.http import serve_http
+from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
 from tests import backends
 from tests.harness import proxied, stdio, text_of, toy

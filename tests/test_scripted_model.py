@@ -13,7 +13,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageFunctionToolCall
 
-from mcp_spec_proxy.bench.scripted_model import (
+from mcp_spec_proxy.testing import (
     ChatRequest,
     Reply,
     Respond,

@@ -14,7 +14,7 @@ import anyio
 import mcp_types as types
 import pytest
 
-from mcp_spec_proxy.bench.scripted_model import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
+from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
 from tests import backends
 from tests.harness import Proxied, proxied, segment_length, stdio, text_of, verdict
 

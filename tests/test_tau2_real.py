@@ -18,16 +18,16 @@ from typing import Any
 import anyio
 import pytest
 
-from mcp_spec_proxy.bench.cost_model import load as load_cost_model
-from mcp_spec_proxy.bench.scripted_model import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
-from mcp_spec_proxy.bench.tau2_retail import data_dir, load_db, load_tasks
-from mcp_spec_proxy.bench.tau2_retail.db import DataNotFound
-from mcp_spec_proxy.bench.tau2_retail.params import load as load_params
-from mcp_spec_proxy.bench.tau2_retail.runner import Endpoints, Settings, endpoints_from, run_all, write_outputs
-from mcp_spec_proxy.bench.tau2_retail.scoring import Task
-from mcp_spec_proxy.bench.tau2_retail.user_sim import GREETING, STOP, flipped
+from bench.cost_model import load as load_cost_model
+from bench.tau2_retail import data_dir, load_db, load_tasks
+from bench.tau2_retail.db import DataNotFound
+from bench.tau2_retail.params import load as load_params
+from bench.tau2_retail.runner import Endpoints, Settings, endpoints_from, run_all, write_outputs
+from bench.tau2_retail.scoring import Task
+from bench.tau2_retail.user_sim import GREETING, STOP, flipped
 from mcp_spec_proxy.engine import Mode
 from mcp_spec_proxy.models import ModelConfig
+from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
 from tests.real_model import MODEL_NAME
 
 WEAK, STRONG, USER = "weak-model", "strong-model", "user-model"

@@ -3,7 +3,7 @@
 The oracle replays every train task's gold actions through the proxy and must score 1 on all of
 them: every task through a proxy whose retail backend runs in this process (the in-memory twin,
 fast), and a deterministic sample of tasks through the proxy with the real retail server
-process (`python -m mcp_spec_proxy.bench.tau2_retail --state-out ...`) over stdio, as a
+process (`python -m bench.tau2_retail --state-out ...`) over stdio, as a
 benchmark runner starts it. Tool unit tests run on a small hand-made DB whose prices make the
 float arithmetic TOOLS.md insists on visible.
 """
@@ -23,7 +23,7 @@ import anyio
 import pytest
 from mcp import Client
 
-from mcp_spec_proxy.bench.tau2_retail import (
+from bench.tau2_retail import (
     DATA_ENV,
     TOOLS,
     Db,
@@ -43,10 +43,10 @@ from mcp_spec_proxy.bench.tau2_retail import (
     run_oracle,
     score_task,
 )
-from mcp_spec_proxy.bench.tau2_retail.__main__ import main
-from mcp_spec_proxy.bench.tau2_retail.db import DataNotFound, canonicalize
-from mcp_spec_proxy.bench.tau2_retail.scoring import Replayed
-from mcp_spec_proxy.bench.tau2_retail.server import write_state
+from bench.tau2_retail.__main__ import main
+from bench.tau2_retail.db import DataNotFound, canonicalize
+from bench.tau2_retail.scoring import Replayed
+from bench.tau2_retail.server import write_state
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.proxy import StatePaths, running_proxy

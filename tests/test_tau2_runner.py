@@ -17,13 +17,13 @@ import anyio
 import pytest
 from click.testing import CliRunner
 
-from mcp_spec_proxy.bench.cost_model import load as load_cost_model
-from mcp_spec_proxy.bench.tau2_retail import data_dir, load_db, load_tasks
-from mcp_spec_proxy.bench.tau2_retail.agents import Action, Seen, gold, progress
-from mcp_spec_proxy.bench.tau2_retail.db import DataNotFound
-from mcp_spec_proxy.bench.tau2_retail.params import load as load_params
-from mcp_spec_proxy.bench.tau2_retail.report import deterministic, order, pass_hat_k
-from mcp_spec_proxy.bench.tau2_retail.runner import Settings, bench_tau2_retail, parse_modes, run_all, unescape
+from bench.cost_model import load as load_cost_model
+from bench.tau2_retail import data_dir, load_db, load_tasks
+from bench.tau2_retail.agents import Action, Seen, gold, progress
+from bench.tau2_retail.db import DEFAULT_DATA_DIR, DataNotFound
+from bench.tau2_retail.params import load as load_params
+from bench.tau2_retail.report import deterministic, order, pass_hat_k
+from bench.tau2_retail.runner import Settings, bench_tau2_retail, parse_modes, run_all, unescape
 from mcp_spec_proxy.engine import MODES
 
 TASKS = ["0", "13"]
@@ -162,6 +162,35 @@ def test_gold_names_the_catalog_tools(data: Path) -> None:
         "retail__find_user_id_by_name_zip",
         "retail__get_order_details",
     ]
+
+
+def test_data_takes_a_tau2_bench_checkout_running_its_train_split_with_our_tools_spec(
+    data: Path, tmp_path: Path
+) -> None:
+    # A tau2-bench checkout's data/tau2/domains/retail: both splits in tasks.json, no TOOLS.md.
+    checkout = tmp_path / "tau2-bench" / "data" / "tau2" / "domains" / "retail"
+    checkout.mkdir(parents=True)
+    for name in ("db.json", "policy.md"):
+        (checkout / name).write_bytes((data / name).read_bytes())
+    train = load_tasks(data / "tasks.json")[:1]
+    held_out = {**train[0], "id": "held-out"}
+    (checkout / "tasks.json").write_text(json.dumps([held_out, *train]))
+    (checkout / "split_tasks.json").write_text(json.dumps({"train": [train[0]["id"]], "test": ["held-out"]}))
+    (tmp_path / "quick.toml").write_text(QUICK)
+    out = tmp_path / "out"
+    arguments = ["--data", str(checkout), "--mode", "weak-only", "--params", str(tmp_path / "quick.toml")]
+    result = CliRunner().invoke(bench_tau2_retail, [*arguments, "--out", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert [r["task"] for r in lines(out)] == [str(train[0]["id"])]
+    assert (
+        f"data: {checkout.resolve()} (tools' spec: {DEFAULT_DATA_DIR / 'TOOLS.md'})" in (out / "summary.md").read_text()
+    )
+
+
+def test_data_without_a_db_is_refused_naming_the_option(tmp_path: Path) -> None:
+    result = CliRunner().invoke(bench_tau2_retail, ["--data", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert "--data" in result.output and "no db.json" in result.output
 
 
 def test_modes_may_be_repeated_or_comma_separated() -> None:

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from mcp_spec_proxy.audit import read_audit
-from mcp_spec_proxy.bench.scripted_model import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
 from mcp_spec_proxy.models import ChatModel
-from mcp_spec_proxy.review import parse_verdict
+from mcp_spec_proxy.review.verdict import parse_verdict
+from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
 from tests.harness import Proxied, proxied, recorded, segment_length, text_of, toy, verdict
 
 pytestmark = pytest.mark.anyio

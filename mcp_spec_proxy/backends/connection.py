@@ -82,6 +82,8 @@ class Backend:
         self.status = "starting"
         self.last_error: str | None = None
         self.restarts = 0
+        self._exit_code: int | None = None  # of the last stdio process, once it has ended
+        self._log_start = 0  # where the current attempt's stderr begins in its log file
 
     # -- calls -------------------------------------------------------------------------------
 
@@ -165,7 +167,10 @@ class Backend:
                     target: Any = self._in_process
                 else:
                     errlog = self._errlog(stack)
-                    transport = open_transport(self.name, self.config, errlog, on_end=lambda: self._wake.set())
+                    self._exit_code = None
+                    transport = open_transport(
+                        self.name, self.config, errlog, on_end=lambda: self._wake.set(), on_exit=self._exited
+                    )
                     target = transport
                 client = Client(target, mode="auto", message_handler=self._on_message)
                 await stack.enter_async_context(client)
@@ -267,6 +272,12 @@ class Backend:
             return str(exc)
         if isinstance(exc, OSError):
             return f"backend '{self.name}' failed to start: {exc.strerror or exc}{self._log_hint()}"
+        if isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED and self._exit_code is not None:
+            # The process ended during the handshake: say how, not "refused".
+            how = f"with code {self._exit_code}" if self._exit_code >= 0 else f"on signal {-self._exit_code}"
+            said = self._last_stderr_line()
+            said = f"; its last stderr line: {said}" if said else ""
+            return f"backend '{self.name}' exited {how} during startup{said}{self._log_hint()}"
         if isinstance(exc, MCPError):
             return f"backend '{self.name}' refused the connection: {exc}{self._log_hint()}"
         return f"backend '{self.name}' failed: {type(exc).__name__}: {exc}{self._log_hint()}"
@@ -282,7 +293,24 @@ class Backend:
             return sys.stderr
         self._log_dir.mkdir(parents=True, exist_ok=True)
         handle: TextIO = stack.enter_context((self._log_dir / f"{self.name}.log").open("a", encoding="utf-8"))
+        self._log_start = handle.tell()
         return handle
+
+    def _exited(self, code: int | None) -> None:
+        self._exit_code = code
+
+    def _last_stderr_line(self) -> str:
+        """The last non-blank line the current attempt wrote to its log, cut to 200 characters."""
+        if self._log_path is None:
+            return ""
+        try:
+            with self._log_path.open("rb") as log:
+                log.seek(self._log_start)
+                tail = log.read()[-8192:]
+        except OSError:
+            return ""
+        lines = [line.strip() for line in tail.decode(errors="replace").splitlines() if line.strip()]
+        return lines[-1][:200] if lines else ""
 
     @property
     def _log_path(self) -> Path | None:

@@ -10,22 +10,23 @@ skipped to its end, and if its first bytes name a request id, that request is an
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from contextlib import asynccontextmanager
 from typing import TextIO
 
 import anyio
 import mcp_types as types
 from mcp import StdioServerParameters
-from mcp.client._transport import TransportStreams
-from mcp.client.stdio import (  # the SDK's own spawn and shutdown, so both behave the same
-    _create_platform_compatible_process,
-    _drain_stdout,
-    _parse_line,
-    _stop_server_process,
-    get_default_environment,
-)
+from mcp.client.stdio import get_default_environment
 from mcp.shared.message import SessionMessage
+
+from mcp_spec_proxy.sdk import (  # the SDK's own spawn and shutdown, so both behave the same
+    TransportStreams,
+    create_platform_compatible_process,
+    drain_stdout,
+    parse_line,
+    stop_server_process,
+)
 
 RESULT_TOO_LARGE = -32099
 """Error code of the synthetic answer to a request whose response line was over the bound."""
@@ -36,9 +37,14 @@ _WRITER_FLUSH_TIMEOUT = 0.5
 
 @asynccontextmanager
 async def bounded_stdio_client(
-    server: StdioServerParameters, errlog: TextIO, max_line_bytes: int
+    server: StdioServerParameters,
+    errlog: TextIO,
+    max_line_bytes: int,
+    on_exit: Callable[[int | None], None] | None = None,
 ) -> AsyncGenerator[TransportStreams, None]:
-    process = await _create_platform_compatible_process(
+    """`on_exit` hears the process's exit status once it is stopped (or found dead): the
+    supervisor names it when a server exits during its handshake."""
+    process = await create_platform_compatible_process(
         command=server.command,
         args=server.args,
         env=get_default_environment() | (server.env or {}),
@@ -51,7 +57,7 @@ async def bounded_stdio_client(
 
     async def deliver(line: bytes) -> None:
         if line.strip():
-            await read_writer.send(_parse_line(line.decode(server.encoding, server.encoding_error_handler)))
+            await read_writer.send(parse_line(line.decode(server.encoding, server.encoding_error_handler)))
 
     async def refuse(head: bytes, size: int) -> None:
         found = _ID.search(head)
@@ -95,7 +101,7 @@ async def bounded_stdio_client(
                             skipping = (bytes(buffer[:512]), len(buffer))
                             buffer.clear()
                 finally:
-                    await _drain_stdout(process)
+                    await drain_stdout(process)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError):
             pass  # the session or the process went away; the read stream's end tells the session
 
@@ -122,7 +128,9 @@ async def bounded_stdio_client(
                 write_stream.close()
                 with anyio.move_on_after(_WRITER_FLUSH_TIMEOUT):
                     await writer_done.wait()
-                await _stop_server_process(process)
+                await stop_server_process(process)
+                if on_exit is not None:
+                    on_exit(process.returncode)
                 for stream in (read_stream, write_stream, read_writer, write_reader):
                     await stream.aclose()
             tg.cancel_scope.cancel()

@@ -19,16 +19,14 @@ from typing import Any, Self, TextIO
 
 import anyio
 from mcp import StdioServerParameters
-from mcp.client._transport import Transport, TransportStreams
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
-from mcp.shared._stream_protocols import ReadStream
 from mcp.shared.message import SessionMessage
 
 from mcp_spec_proxy.backends.stdio import bounded_stdio_client
 from mcp_spec_proxy.config import ServerConfig
 from mcp_spec_proxy.errors import BackendError
+from mcp_spec_proxy.sdk import ReadStream, Transport, TransportStreams, create_mcp_http_client
 
 
 def resolve_command(name: str, command: str) -> str:
@@ -141,7 +139,13 @@ async def _http(url: str, headers: dict[str, str]) -> AsyncIterator[TransportStr
         yield streams
 
 
-def open_transport(name: str, config: ServerConfig, errlog: TextIO, on_end: Callable[[], None]) -> WatchedTransport:
+def open_transport(
+    name: str,
+    config: ServerConfig,
+    errlog: TextIO,
+    on_end: Callable[[], None],
+    on_exit: Callable[[int | None], None] | None = None,
+) -> WatchedTransport:
     """The transport for one backend; raises `BackendError` if a stdio command cannot be found."""
     if config.transport == "stdio":
         assert config.command is not None  # the config validator guarantees command or url
@@ -153,7 +157,7 @@ def open_transport(name: str, config: ServerConfig, errlog: TextIO, on_end: Call
         )
         # A margin over the result cap for the JSON-RPC envelope and escaping.
         bound = int(config.max_result_bytes * 1.5) + 65_536
-        return WatchedTransport(bounded_stdio_client(params, errlog, bound), on_end)
+        return WatchedTransport(bounded_stdio_client(params, errlog, bound, on_exit), on_end)
     assert config.url is not None
     if config.transport == "sse":
         return WatchedTransport(sse_client(config.url, headers=config.headers or None), on_end)

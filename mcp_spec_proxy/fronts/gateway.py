@@ -31,31 +31,34 @@ model wrote) still makes a valid answer.
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import anyio.abc
+import jsonschema
+import mcp_types as types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from mcp_spec_proxy.catalog import ClientToolView
+from mcp_spec_proxy.catalog import CLIENT, Catalog, CatalogTool, check_arguments
 from mcp_spec_proxy.engine import MODES, Engine, Mode, RunResult
-from mcp_spec_proxy.errors import ProxyError
+from mcp_spec_proxy.errors import ProxyError, ToolNotFound
 from mcp_spec_proxy.fronts.asgi import BearerToken, HostGuard, host_names, serve_asgi
+from mcp_spec_proxy.fronts.chat_wire import AsciiJSON, chunks, error_response, message_text, rendered
 from mcp_spec_proxy.proxy import Proxy
-from mcp_spec_proxy.review import FINAL_ANSWER, fence
 from mcp_spec_proxy.telemetry import Telemetry
 from mcp_spec_proxy.trajectory import Step
 
@@ -82,7 +85,8 @@ class _Answer:
 @dataclass
 class _Failure:
     message: str
-    status: int = 502
+    # 424, not 502: SDKs (openai's included) retry 5xx, and a retried turn finds its messages taken.
+    status: int = 424
     code: str = "upstream_error"
 
 
@@ -136,6 +140,57 @@ class BadRequest(ProxyError):
         self.code = code
 
 
+class ClientToolView:
+    """The catalog (optionally) plus tools an OpenAI-style client brought and will execute itself.
+
+    A client tool is a read when its name matches one of `read_only` (globs), else a write; its
+    name is used as given, so it must not collide with a catalog name (the catalog wins).
+    """
+
+    def __init__(self, catalog: Catalog | None, definitions: list[dict[str, Any]], read_only: list[str]) -> None:
+        self._catalog = catalog
+        self._client: dict[str, CatalogTool] = {}
+        self._validators: dict[str, jsonschema.protocols.Validator] = {}
+        for definition in definitions:
+            function = definition.get("function") or {}
+            name = function.get("name")
+            if not isinstance(name, str) or (catalog is not None and name in {t.name for t in catalog.tools()}):
+                continue
+            schema = function.get("parameters") or {"type": "object", "properties": {}}
+            read = any(fnmatch.fnmatchcase(name, pattern) for pattern in read_only)
+            self._client[name] = CatalogTool(
+                name=name,
+                server=CLIENT,
+                original=name,
+                definition=types.Tool(name=name, description=function.get("description"), input_schema=schema),
+                effect="read" if read else "write",
+                reason="override" if read else "default",
+                why="client tool " + ("matching a read-only pattern" if read else "not known to be read-only"),
+                # The client runs its own tools; the proxy's part is SpecAgent's verification of them.
+                review="strong",
+                on_reject=None,
+                fingerprint="",
+                wants_intent=False,
+            )
+
+    def tools(self) -> list[CatalogTool]:
+        return [*(self._catalog.tools() if self._catalog else []), *self._client.values()]
+
+    def lookup(self, name: str) -> CatalogTool:
+        if name in self._client:
+            return self._client[name]
+        if self._catalog is None:
+            raise ToolNotFound(f"unknown tool {name!r}")
+        return self._catalog.lookup(name)
+
+    def validate(self, tool: CatalogTool, arguments: Mapping[str, Any]) -> None:
+        if tool.server != CLIENT:
+            assert self._catalog is not None
+            self._catalog.validate(tool, arguments)
+            return
+        check_arguments(self._validators, tool, arguments)
+
+
 class Gateway:
     def __init__(self, proxy: Proxy) -> None:
         if proxy.engine is None:
@@ -173,7 +228,7 @@ class Gateway:
 
     async def models(self, request: Request) -> Response:
         created = int(time.time())
-        return _AsciiJSON(
+        return AsciiJSON(
             {
                 "object": "list",
                 "data": [
@@ -190,7 +245,7 @@ class Gateway:
         except Exception:
             logger.exception("gateway: a chat request failed")
             message = "the gateway failed on this request (its log has the details); other requests are unaffected"
-            return _error(500, message, "internal_error")
+            return error_response(500, message, "internal_error")
 
     async def _chat(self, request: Request) -> Response:
         try:
@@ -202,7 +257,7 @@ class Gateway:
                 action = await self._advance(session, mode, messages, tools)
                 events = session.drain()
         except BadRequest as exc:
-            return _error(exc.status, str(exc), exc.code)
+            return error_response(exc.status, str(exc), exc.code)
         response = _completion(action, events, str(body.get("model") or "spec"))
         await self.telemetry.record(
             "gateway_request",
@@ -212,10 +267,13 @@ class Gateway:
             model_calls=[data for kind, data in events if kind == "model_call"],
         )
         if isinstance(action, _Failure):
-            return _error(action.status, action.message, action.code)
+            self.sessions.pop(session.key, None)  # the same request sent again starts the turn afresh
+            failed = error_response(action.status, action.message, action.code)
+            failed.headers["x-should-retry"] = "false"  # the openai SDK's own flag, for the 500s too
+            return failed
         if stream:
-            return StreamingResponse(_chunks(response, include_usage), media_type="text/event-stream")
-        return _AsciiJSON(response)
+            return StreamingResponse(chunks(response, include_usage), media_type="text/event-stream")
+        return AsciiJSON(response)
 
     def _session(self, request: Request, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> GatewaySession:
         key = next((request.headers[h] for h in SESSION_HEADERS if h in request.headers), None)
@@ -240,7 +298,7 @@ class Gateway:
             if role == "tool":
                 pending = session.pending.get(str(message.get("tool_call_id")))
                 if pending is not None:
-                    pending.observation = _text(message.get("content"))
+                    pending.observation = message_text(message.get("content"))
                     pending.is_error = False
                     pending.done.set()
             elif role in ("user", "system", "developer") and not session.running:
@@ -286,8 +344,8 @@ class Gateway:
         try:
             result = await self.engine.run(transcript, mode, tools=view, client=session, observe=session.observe)
         except ProxyError as exc:
-            return _Failure(str(exc))
-        session.transcript.extend(_rendered(result))
+            return _Failure(f"the task failed: {exc}")
+        session.transcript.extend(rendered(result))
         if result.answer is None and result.status in STOPPED_AT_A_LIMIT:
             # A clean stop, not an upstream failure: OpenAI's own word for it is finish_reason "length".
             steps = len(result.steps)
@@ -296,29 +354,6 @@ class Gateway:
         if result.answer is None:
             return _Failure(f"the task ended without an answer: {result.status} {result.error or ''}".strip())
         return _Answer(result.answer, result)
-
-
-def _rendered(result: RunResult) -> list[dict[str, Any]]:
-    """A finished run's committed steps and answer, as the models will see them next turn."""
-    messages: list[dict[str, Any]] = []
-    for step in result.steps:
-        if step.tool == FINAL_ANSWER:
-            continue
-        call_id = f"call_{uuid.uuid4().hex[:12]}"
-        arguments = json.dumps(step.arguments, ensure_ascii=False)
-        messages.append(
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {"id": call_id, "type": "function", "function": {"name": step.tool, "arguments": arguments}}
-                ],
-            }
-        )
-        messages.append({"role": "tool", "tool_call_id": call_id, "content": fence(step.observation or "")})
-    if result.answer is not None:
-        messages.append({"role": "assistant", "content": result.answer})
-    return messages
 
 
 def _require_json(request: Request) -> None:
@@ -358,14 +393,6 @@ def _parse(body: dict[str, Any]) -> tuple[Mode, list[dict[str, Any]], list[dict[
     return MODEL_ALIASES[model], messages, tools, bool(body.get("stream")), bool(options.get("include_usage"))
 
 
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
-    return ""
-
-
 def _completion(action: _Action, events: list[tuple[str, dict[str, Any]]], model: str) -> dict[str, Any]:
     calls = [data for kind, data in events if kind == "model_call"]
     usage = {
@@ -393,58 +420,6 @@ def _completion(action: _Action, events: list[tuple[str, dict[str, Any]]], model
         "choices": [{"index": 0, "message": message, "finish_reason": finish}],
         "usage": usage,
     }
-
-
-async def _chunks(response: dict[str, Any], include_usage: bool) -> AsyncIterator[str]:
-    base = {
-        "id": response["id"],
-        "object": "chat.completion.chunk",
-        "created": response["created"],
-        "model": response["model"],
-    }
-    choice = response["choices"][0]
-    message = choice["message"]
-
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
-        payload = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-        return f"data: {json.dumps(payload)}\n\n"  # ASCII-escaped, like _AsciiJSON
-
-    yield chunk({"role": "assistant", "content": ""})
-    if message.get("tool_calls"):
-        for index, call in enumerate(message["tool_calls"]):
-            head = {
-                "index": index,
-                "id": call["id"],
-                "type": "function",
-                "function": {"name": call["function"]["name"], "arguments": ""},
-            }
-            yield chunk({"tool_calls": [head]})
-            arguments = call["function"]["arguments"]
-            for start in range(0, len(arguments), 64):
-                yield chunk(
-                    {"tool_calls": [{"index": index, "function": {"arguments": arguments[start : start + 64]}}]}
-                )
-    else:
-        text = message.get("content") or ""
-        for start in range(0, len(text), 64):
-            yield chunk({"content": text[start : start + 64]})
-    yield chunk({}, choice["finish_reason"])
-    if include_usage:
-        yield f"data: {json.dumps({**base, 'choices': [], 'usage': response['usage']})}\n\n"
-    yield "data: [DONE]\n\n"
-
-
-class _AsciiJSON(JSONResponse):
-    """JSON with every non-ASCII character escaped: a lone surrogate in a model's text cannot be
-    encoded as UTF-8, but `\\udXXX` is valid JSON, so the answer still goes out."""
-
-    def render(self, content: Any) -> bytes:
-        return json.dumps(content, allow_nan=False, separators=(",", ":")).encode("ascii")
-
-
-def _error(status: int, message: str, code: str) -> JSONResponse:
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return _AsciiJSON({"error": {"message": message, "type": kind, "param": None, "code": code}}, status_code=status)
 
 
 async def serve_gateway(

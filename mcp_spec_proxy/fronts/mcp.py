@@ -1,8 +1,10 @@
-"""The MCP front: the proxy as an MCP server, over stdio and streamable HTTP, in both eras.
+"""The MCP front: the proxy as an MCP server, in both protocol eras.
 
-`build_server(proxy)` makes a low-level `mcp.server.Server` whose handlers serve the catalog:
-tools (through the write barrier), and the backends' prompts and resources, namespaced. This is
-the one place where proxy exceptions become wire errors (`_wire_error`).
+`McpFront(proxy).server` is a low-level `mcp.server.Server` whose handlers serve the catalog:
+tools (through the write barrier), the proxy's own tools (`own_tools.py`), and the backends'
+prompts and resources, namespaced. This is the one place where proxy exceptions become wire
+errors (`_wire_error`). The transports serve it: `stdio.py` (`serve_stdio`) and `http.py`
+(`serve_http`, `http_app`).
 
 Sessions (the trajectory a reviewer sees: the reads that led to a write):
 * stdio: the one client on this process's stdin is one session, whatever its era;
@@ -23,20 +25,16 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import logging
-import re
 import secrets
-import sys
 import time
 import weakref
-from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Mapping
+from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import anyio
-import anyio.abc
 import mcp_types as types
 from mcp import MCPError
 from mcp.server import Server
@@ -44,29 +42,19 @@ from mcp.server.connection import Connection
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.models import InitializationOptions
-from mcp.server.stdio import (  # the SDK's stdio claim, so fd 0/1 behave as in its own server
-    _claim_fd,
-    _open_stdin_diversion,
-    _open_stdout_diversion,
-    _UnownedTextWrapper,
-    stdio_server,
-)
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
-from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import NoBackChannelError
-from mcp.shared.message import SessionMessage
 from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, ServerEvent, ToolsListChanged
-from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR
+from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from starlette.types import ASGIApp
 
-from mcp_spec_proxy.barrier import Report, Session, error_result
+from mcp_spec_proxy.barrier import Report, Session
 from mcp_spec_proxy.catalog import digest
-from mcp_spec_proxy.engine import MODES
 from mcp_spec_proxy.errors import ProxyError, ToolNotFound
-from mcp_spec_proxy.fronts.asgi import BearerToken, host_names, serve_asgi
+from mcp_spec_proxy.fronts.own_tools import OwnTools
 from mcp_spec_proxy.proxy import Proxy
-from mcp_spec_proxy.reviewers import InputNeeded
+from mcp_spec_proxy.review import InputNeeded
+from mcp_spec_proxy.sdk import server_connection
 
 logger = logging.getLogger(__name__)
 
@@ -78,47 +66,6 @@ MAX_NAMED_SESSIONS = 4096  # 2026-07-28 sessions kept by name; the least recentl
 MAX_PENDING_APPROVALS = 4096
 
 Ctx = ServerRequestContext[Any, Any]
-
-DELEGATE = "delegate"
-DELEGATE_TOOL = types.Tool(
-    name=DELEGATE,
-    title="Delegate a task to the proxy's agent",
-    description=(
-        "Run a whole task with the proxy's own agent over these tools: a weak model drafts the steps, reads"
-        " run at once, and a strong model verifies every segment before anything changes. Returns the final"
-        " answer and a compact trace."
-    ),
-    input_schema={
-        "type": "object",
-        "properties": {
-            "task": {"type": "string", "description": "The user's request, in words."},
-            "mode": {"type": "string", "enum": list(MODES), "default": "spec"},
-            "max_steps": {"type": "integer", "minimum": 1},
-        },
-        "required": ["task"],
-    },
-    annotations=types.ToolAnnotations(read_only_hint=False, open_world_hint=True),
-)
-
-REPORT_OUTCOME = "report_outcome"
-REPORT_OUTCOME_TOOL = types.Tool(
-    name=REPORT_OUTCOME,
-    title="Report whether a task succeeded",
-    description=(
-        "Tell the proxy whether the user's task was done right, so it learns when to trust the weak model:"
-        " give `task_id` for a delegate run, or leave it out to label this session's work."
-    ),
-    input_schema={
-        "type": "object",
-        "properties": {
-            "success": {"type": "boolean"},
-            "task_id": {"type": "string", "description": "The run's id from a delegate trace."},
-            "task": {"type": "string", "description": "The task in words, when labelling this session."},
-        },
-        "required": ["success"],
-    },
-    annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False),
-)
 
 _EVENTS: dict[str, ServerEvent] = {
     "tools": ToolsListChanged(),
@@ -140,15 +87,10 @@ class ProxyServer(Server[Any]):
         return super().create_initialization_options(options, experimental_capabilities, extensions)
 
 
-def _connection(ctx: Ctx) -> Connection:
-    # The SDK hands handlers the connection only through the session; `Context.connection`
-    # exists but is not what the runner builds yet.
-    return ctx.session._connection  # pyright: ignore[reportPrivateUsage]
-
-
 class McpFront:
     def __init__(self, proxy: Proxy, *, name: str = "mcp-spec-proxy", version: str = "") -> None:
         self.proxy = proxy
+        self.own_tools = OwnTools(proxy)
         self._connections: weakref.WeakSet[Connection] = weakref.WeakSet()
         self._approvals = Approvals(proxy.config.review.timeout)
         self._named: OrderedDict[str, Session] = OrderedDict()
@@ -188,7 +130,7 @@ class McpFront:
             while len(self._named) > MAX_NAMED_SESSIONS:
                 self._named.popitem(last=False)
             return named
-        connection = _connection(ctx)
+        connection = server_connection(ctx)
         session = connection.state.get(_SESSION_KEY)
         if not isinstance(session, Session):
             session = self.proxy.barrier.new_session(connection.session_id)
@@ -214,19 +156,19 @@ class McpFront:
     async def _list_tools(self, ctx: Ctx, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         self.session_for(ctx)
         tools = [tool.definition for tool in self.proxy.catalog.tools()]
-        if self.proxy.engine is not None:
-            tools.append(DELEGATE_TOOL)
-        if self._outcomes_open():
-            tools.append(REPORT_OUTCOME_TOOL)
-        return types.ListToolsResult(tools=tools)
+        return types.ListToolsResult(tools=tools + self.own_tools.definitions())
 
     async def _call_tool(
         self, ctx: Ctx, params: types.CallToolRequestParams
     ) -> types.CallToolResult | types.InputRequiredResult:
-        if params.name == DELEGATE and self.proxy.engine is not None:
-            return await self._delegate(ctx, params)
-        if params.name == REPORT_OUTCOME and self._outcomes_open():
-            return await self._report_outcome(ctx, params)
+        if self.own_tools.owns(params.name):
+            return await self.own_tools.call(
+                params.name,
+                dict(params.arguments or {}),
+                session=lambda: self.session_for(ctx),
+                report=_reporter(ctx),
+                user=_UserChannel(ctx, params, None),
+            )
         session = self.session_for(ctx)
         arguments = dict(params.arguments or {})
         # A 2026-07-28 request that names no session is a session of its own: its ticket binds
@@ -246,71 +188,6 @@ class McpFront:
             return types.InputRequiredResult(input_requests={need.key: request}, request_state=state)
         except ProxyError as exc:
             raise _wire_error(exc) from exc
-
-    def _outcomes_open(self) -> bool:
-        """`report_outcome` for clients: only where the operator opened it (the agent under review
-        must not label its own work)."""
-        leash = self.proxy.config.leash
-        return self.proxy.leash is not None and leash is not None and bool(getattr(leash, "client_outcomes", False))
-
-    async def _delegate(self, ctx: Ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
-        """Run a whole task with the SpecAgent engine; progress per step, cancellation honoured."""
-        engine = self.proxy.engine
-        assert engine is not None
-        arguments = params.arguments or {}
-        task, mode, max_steps = arguments.get("task"), arguments.get("mode", "spec"), arguments.get("max_steps")
-        if not isinstance(task, str) or not task.strip():
-            return error_result("delegate needs `task`: the user's request, in words")
-        if mode not in MODES:
-            return error_result(f"delegate: mode must be one of {', '.join(MODES)}")
-        if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
-            return error_result("delegate: max_steps must be a positive integer")
-        report = _reporter(ctx)
-        count = 0
-
-        async def progress(message: str) -> None:
-            nonlocal count
-            count += 1
-            if report is not None:
-                await report(float(count), None, message)
-
-        user = _UserChannel(ctx, params, None)
-        try:
-            result = await engine.run(task, mode, progress=progress, max_steps=max_steps, user=user)
-        except ProxyError as exc:
-            return error_result(str(exc))
-        text = result.answer or f"(no answer: {result.status}{': ' + result.error if result.error else ''})"
-        return types.CallToolResult(
-            content=[
-                types.TextContent(type="text", text=text),
-                types.TextContent(type="text", text="Trace:\n" + result.trace()),
-            ],
-            is_error=result.status != "answered",
-        )
-
-    async def _report_outcome(self, ctx: Ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
-        """Label a task for LEASH: a `delegate` run by its task id, or else this session's own work."""
-        leash = self.proxy.leash
-        assert leash is not None
-        arguments = params.arguments or {}
-        success = arguments.get("success")
-        if not isinstance(success, bool):
-            return error_result("report_outcome needs `success`: true if the task was done right, else false")
-        task_id = arguments.get("task_id")
-        if isinstance(task_id, str) and task_id:
-            if not await leash.report_outcome(task_id, success):
-                return error_result(f"report_outcome: no run {task_id!r} is remembered (see the delegate trace)")
-            text = f"recorded: run {task_id} {'succeeded' if success else 'failed'}"
-        else:
-            session = self.session_for(ctx)
-            steps = session.history.committed + session.history.open
-            intents = [step.intent for step in steps if step.intent]
-            task = str(arguments.get("task") or (intents[0] if intents else f"session {session.id}"))
-            await leash.label_task(task, success, meta={"session": session.id})
-            if success and steps:
-                await leash.label_steps(steps, ["success"] * len(steps), source="outcome")
-            text = f"recorded: this session's task {'succeeded' if success else 'failed'}"
-        return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
 
     # -- prompts and resources ---------------------------------------------------------------
 
@@ -473,149 +350,3 @@ def _wire_error(exc: ProxyError) -> MCPError:
     """The one place proxy errors become JSON-RPC errors."""
     code = INVALID_PARAMS if isinstance(exc, ToolNotFound) else INTERNAL_ERROR
     return MCPError(code=code, message=str(exc))
-
-
-# -- transports ------------------------------------------------------------------------------
-
-
-async def serve_stdio(front: McpFront) -> None:
-    """Serve one client on this process's stdin/stdout until it closes them.
-
-    As the SDK's stdio server does, fd 0 and 1 point elsewhere while serving (stray prints and
-    children cannot touch the wire). Unlike it, a line that is not a valid message is answered
-    (JSON-RPC 2.0: -32700 or -32600, with the request's id where one can be read) instead of
-    leaving the client to wait forever on that id.
-    """
-    front.stdio_session = front.proxy.barrier.new_session()
-    wire_in, release_in = _claim_fd(0, sys.stdin, "rb", _open_stdin_diversion)
-    wire_out, release_out = _claim_fd(1, sys.stdout, "wb", _open_stdout_diversion)
-    try:
-        lines = _RecordedLines(anyio.wrap_file(_UnownedTextWrapper(wire_in, encoding="utf-8", errors="replace")))
-        stdout = anyio.wrap_file(_UnownedTextWrapper(wire_out, encoding="utf-8"))
-        async with stdio_server(stdin=cast(Any, lines), stdout=stdout) as (read, write):
-            answering = _AnswerMalformed(read, write, lines.taken)
-            await front.server.run(answering, write, front.server.create_initialization_options())
-    finally:
-        for release in (release_out, release_in):
-            if release is not None:
-                release()
-
-
-class _RecordedLines:
-    """Lines of stdin as the SDK reads them, kept until the matching message is taken."""
-
-    def __init__(self, file: anyio.AsyncFile[str]) -> None:
-        self._file = file
-        self.taken: deque[str] = deque()
-
-    def __aiter__(self) -> AsyncIterator[str]:
-        return self._lines()
-
-    async def _lines(self) -> AsyncIterator[str]:
-        async for line in self._file:
-            self.taken.append(line)
-            yield line
-
-
-class _AnswerMalformed:
-    """The server's read stream; a line that failed to parse gets its JSON-RPC error answered."""
-
-    def __init__(self, inner: Any, write: Any, lines: deque[str]) -> None:
-        self._inner = inner
-        self._write = write
-        self._lines = lines
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def receive(self) -> Any:
-        while True:
-            item = await self._inner.receive()
-            line = self._lines.popleft() if self._lines else ""
-            if not isinstance(item, Exception):
-                return item
-            error = malformed_answer(line)
-            if error is not None:
-                await self._write.send(SessionMessage(error))
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    def __aiter__(self) -> _AnswerMalformed:
-        return self
-
-    async def __anext__(self) -> Any:
-        try:
-            return await self.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            raise StopAsyncIteration from None
-
-    async def __aenter__(self) -> _AnswerMalformed:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self._inner.aclose()
-
-
-_ANY_ID = re.compile(r'"id"\s*:\s*(-?\d{1,19}(?![\d.eE])|"(?:[^"\\]|\\.){0,200}")')
-
-
-def malformed_answer(line: str) -> types.JSONRPCError | None:
-    """The JSON-RPC error a line that is not a valid message deserves, or None (a notification)."""
-    if not line.strip():
-        return None
-    try:
-        data = json.loads(line)
-    except json.JSONDecodeError:
-        # JSON-RPC 2.0: when the id cannot be detected (a parse error), the answer's id is null.
-        return types.JSONRPCError(
-            jsonrpc="2.0", id=None, error=types.ErrorData(code=PARSE_ERROR, message="Parse error")
-        )
-    except (RecursionError, ValueError) as exc:
-        # Nested too deep, or an integer past Python's digit limit: the id may still be legible.
-        found = _ANY_ID.search(line[:4096])
-        request_id = json.loads(found.group(1)) if found else None
-        why = "nested too deep" if isinstance(exc, RecursionError) else "a number is too long"
-        return types.JSONRPCError(
-            jsonrpc="2.0", id=request_id, error=types.ErrorData(code=INVALID_REQUEST, message=f"Invalid Request: {why}")
-        )
-    if isinstance(data, dict) and "method" in data and "id" not in data:
-        return None  # a malformed notification: nobody waits for an answer
-    raw_id = data.get("id") if isinstance(data, dict) else None
-    request_id = (
-        raw_id if isinstance(raw_id, str) or (isinstance(raw_id, int) and not isinstance(raw_id, bool)) else None
-    )
-    return types.JSONRPCError(
-        jsonrpc="2.0",
-        id=request_id,
-        error=types.ErrorData(code=INVALID_REQUEST, message="Invalid Request: not a valid JSON-RPC 2.0 message"),
-    )
-
-
-def http_app(front: McpFront, *, host: str, token: str | None, allowed_hosts: list[str] | None = None) -> ASGIApp:
-    """The streamable HTTP app at `/mcp`, with DNS-rebinding protection always on."""
-    hosts = [f"{name}:*" for name in host_names(host, allowed_hosts or [])]
-    security = TransportSecuritySettings(
-        enable_dns_rebinding_protection=True,
-        allowed_hosts=hosts,
-        allowed_origins=[f"http://{h}" for h in hosts] + [f"https://{h}" for h in hosts],
-    )
-    app: ASGIApp = front.server.streamable_http_app(host=host, transport_security=security)
-    return BearerToken(app, token) if token else app
-
-
-async def serve_http(
-    front: McpFront,
-    host: str,
-    port: int,
-    *,
-    token: str | None = None,
-    allowed_hosts: list[str] | None = None,
-    task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
-) -> None:
-    """Serve streamable HTTP until cancelled; `task_status.started(port)` once listening."""
-    app = http_app(front, host=host, token=token, allowed_hosts=allowed_hosts)
-    async with anyio.create_task_group() as tg:
-        bound = await tg.start(lambda task_status: serve_asgi(app, host, port, task_status=task_status))
-        logger.info("serving streamable HTTP on http://%s:%d/mcp", host, bound)
-        task_status.started(bound)

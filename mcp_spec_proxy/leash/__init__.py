@@ -1,8 +1,8 @@
 """LEASH: when not to trust the weak model, by nearest neighbours among past successes and failures.
 
-Encoders (`encoders.py`) turn tasks and steps into unit vectors; banks (`bank.py`) store them with
-success/failure labels in FAISS and answer failure scores; the decision layers (`layers.py`) use
-both. Errors:
+Encoders (`encoders.py`) turn tasks and steps into unit vectors; banks (`bank.py`; on disk,
+`persistent.py` over `storage.py`'s files) store them with success/failure labels in FAISS; the
+decision layers (`layers.py`) use both. Errors:
 
     ProxyError
     └── LeashError            LEASH cannot do what was asked
@@ -13,7 +13,6 @@ both. Errors:
 
 from mcp_spec_proxy.leash.bank import (
     LABELS,
-    NO_EVIDENCE,
     SOURCES,
     Bank,
     BankError,
@@ -38,7 +37,6 @@ from mcp_spec_proxy.leash.encoders import (
 
 __all__ = [
     "LABELS",
-    "NO_EVIDENCE",
     "SOURCES",
     "Bank",
     "BankError",

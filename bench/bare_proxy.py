@@ -1,0 +1,52 @@
+"""The baseline for bench/overhead.py: a bare pass-through MCP proxy on the `mcp` SDK alone.
+
+    python bench/bare_proxy.py -- <command> <args...>
+
+Connects to ONE stdio backend (`mode="auto"`: whichever era it speaks) and serves it over stdio
+with the SDK's low-level `Server`, forwarding tools/list and tools/call as they come: no
+namespacing, no catalog, no validation, no review. What a hop costs when it does nothing else.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp import Client, StdioServerParameters
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+
+
+async def serve(argv: list[str]) -> None:
+    params = StdioServerParameters(command=argv[0], args=argv[1:])
+    async with Client(params, mode="auto") as backend:
+
+        async def list_tools(
+            ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+        ) -> types.ListToolsResult:
+            return await backend.list_tools(cursor=params.cursor if params else None)
+
+        async def call_tool(
+            ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+        ) -> types.CallToolResult:
+            return await backend.call_tool(params.name, params.arguments)
+
+        server: Server[Any] = Server("bare-proxy", on_list_tools=list_tools, on_call_tool=call_tool)
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        sys.exit("usage: bare_proxy.py -- <command> <args...>")
+    anyio.run(serve, argv)
+
+
+if __name__ == "__main__":
+    main()

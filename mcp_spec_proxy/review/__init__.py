@@ -1,0 +1,85 @@
+"""The reviewer seam of the write barrier: what a reviewer is given, and what it returns.
+
+A `Reviewer` receives a `ReviewRequest` (the held call, the segment of steps that led to it,
+the committed history, the caller's stated intent) and returns a `Verdict`
+`{reason, accepted_steps, replacement_action}`. `accepted_steps` counts the valid prefix of the
+segment; the held call is its last step, so the call is accepted exactly when
+`accepted_steps == len(segment)`. A reviewer that cannot decide raises `ReviewFailed`; one that
+must ask the person behind the client does so through a `UserChannel`.
+
+The reviewers live beside this seam: `policy` (allow, deny, human), `strong` (the one-prefill
+verifier, the repair turn, strong_then_human), `leash` (LEASH's accept layer), `verdict`
+(reading the strong model's answer); `build` makes the set a config uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from mcp_spec_proxy.catalog import CatalogTool
+from mcp_spec_proxy.errors import ProxyError
+from mcp_spec_proxy.models import ModelCall
+from mcp_spec_proxy.trajectory import History, Segment
+
+
+@dataclass(frozen=True)
+class Verdict:
+    accepted: bool
+    reason: str
+    accepted_steps: int
+    replacement_action: dict[str, Any] | None = None
+    reviewer: str = ""
+    model_calls: tuple[ModelCall, ...] = ()
+    evidence: dict[str, Any] | None = None  # what a LEASH decision rested on: score and neighbours
+
+
+@dataclass(frozen=True)
+class ReviewRequest:
+    session: str
+    tool: CatalogTool | None  # None when the held step is the engine's final answer
+    arguments: dict[str, Any]
+    intent: str | None
+    segment: Segment
+    history: History = field(repr=False)
+    task: str = ""  # the user's request, when the proxy drives the agent (engine)
+
+
+class InputNeeded(ProxyError):
+    """The front must return `input_required` to the client and wait for its retry (2026-07-28 era)."""
+
+    def __init__(self, key: str, message: str, schema: dict[str, Any], memo: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+        self.message = message
+        self.schema = schema
+        self.memo = memo or {}  # what a reviewer decided before asking; back on the retry's `user.memo`
+
+
+class ReviewFailed(ProxyError):
+    """The reviewer could not produce a verdict (model down, timeout, malformed twice)."""
+
+    def __init__(self, message: str, calls: tuple[ModelCall, ...]) -> None:
+        super().__init__(message)
+        self.calls = calls
+
+
+class UserChannel(Protocol):
+    """How a reviewer reaches the person behind the client, for one call."""
+
+    async def confirm(self, message: str, schema: dict[str, Any]) -> dict[str, Any] | None:
+        """The user's answer (`{"action": ..., "content": {...}}`), or None if the client cannot ask.
+
+        May raise `InputNeeded` when the answer must come on a retry of the call. A channel may
+        carry `memo`, a dict: what the reviewers put in that `InputNeeded`, back on the retry.
+        """
+        ...
+
+
+class Reviewer(Protocol):
+    name: str
+
+    async def review(self, request: ReviewRequest, user: UserChannel) -> Verdict: ...
+
+
+__all__ = ["InputNeeded", "ReviewFailed", "ReviewRequest", "Reviewer", "UserChannel", "Verdict"]

@@ -1,0 +1,62 @@
+"""The reviewer set a config uses: one reviewer per review mode, and the repair turn.
+
+A mode the config names but cannot build (no model for `strong`, no `leash:` section for
+`leash`) is a `ConfigError` pointing at the key that names it.
+"""
+
+from __future__ import annotations
+
+from mcp_spec_proxy.catalog import Catalog
+from mcp_spec_proxy.config import ProxyConfig, ReviewMode
+from mcp_spec_proxy.errors import ConfigError
+from mcp_spec_proxy.leash.layers import Leash
+from mcp_spec_proxy.models import ChatModel
+from mcp_spec_proxy.review import Reviewer
+from mcp_spec_proxy.review.leash import LeashReviewer
+from mcp_spec_proxy.review.policy import AllowReviewer, DenyReviewer, HumanReviewer
+from mcp_spec_proxy.review.strong import EscalatingReviewer, Repairer, StrongReviewer
+
+
+def build_reviewers(
+    config: ProxyConfig,
+    catalog: Catalog,
+    models: dict[str, ChatModel],
+    source: str = "config",
+    leash: Leash | None = None,
+) -> tuple[dict[ReviewMode, Reviewer], Repairer | None]:
+    """A reviewer for every mode the config uses; a mode that cannot be built is a `ConfigError`."""
+    deny = DenyReviewer()
+    refused = DenyReviewer("review.fallback is deny — use a client that can ask you, or set review.fallback: allow")
+    human = HumanReviewer(AllowReviewer() if config.review.fallback == "allow" else refused)
+    reviewers: dict[ReviewMode, Reviewer] = {"allow": AllowReviewer(), "deny": deny, "human": human}
+    repairer = None
+    model = models.get(config.review.model)
+    if model is not None:
+        strong = StrongReviewer(model, catalog, config.review.policy, unreadable=config.review.unreadable)
+        reviewers["strong"] = strong
+        reviewers["strong_then_human"] = EscalatingReviewer(strong, human)
+        repairer = Repairer(model, catalog, config.review.policy)
+    if leash is not None:
+        untrusted = {name for name, server in config.servers.items() if not server.trust_annotations}
+        reviewers["leash"] = LeashReviewer(leash, reviewers.get("strong", human), untrusted_servers=untrusted)
+    used: dict[str, str] = {"review.default": config.review.default}
+    for server_name, server in config.servers.items():
+        for pattern, rule in server.tools.overrides.items():
+            if rule.review is not None:
+                used[f"servers.{server_name}.tools.overrides.{pattern}.review"] = rule.review
+    for key, mode in used.items():
+        if mode in reviewers:
+            continue
+        if mode == "leash":
+            raise ConfigError(source, key, "review mode 'leash' needs LEASH", "add a `leash:` section (see README)")
+        if mode in ("strong", "strong_then_human"):
+            raise ConfigError(
+                source,
+                key,
+                f"review mode {mode!r} needs the model `models.{config.review.model}`",
+                f"add models: {{{config.review.model}: {{base_url: ..., model: ...}}}} or use human, deny or allow",
+            )
+        raise ConfigError(
+            source, key, f"review mode {mode!r} is not available in this version", "use strong, human, deny or allow"
+        )
+    return reviewers, repairer

@@ -1,0 +1,303 @@
+"""What a new user meets in their first hour from a fresh clone, each snag pinned by the behaviour they should see.
+
+CLI tests run the installed command in a subprocess, as the user does; model endpoints are real
+HTTP servers on port 0 in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator, MutableMapping
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import openai
+import pytest
+import yaml
+
+from mcp_spec_proxy.config import ProxyConfig, parse_config_text
+from mcp_spec_proxy.errors import ConfigError
+from mcp_spec_proxy.fronts.asgi import BearerToken, serve_asgi
+from mcp_spec_proxy.fronts.gateway import Gateway, serve_gateway
+from mcp_spec_proxy.proxy import StatePaths, running_proxy
+from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer
+from tests.harness import PROXY_COMMAND, proxied, text_of, toy
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_proxy(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PROXY_COMMAND, *args], capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL
+    )
+
+
+def write_yaml(path: Path, data: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+# -- 1. one setup; a model's api_key_env reaches its requests --------------------------------------------
+
+
+@asynccontextmanager
+async def header_recording_model(seen: list[dict[str, str]]) -> AsyncIterator[str]:
+    """An OpenAI-compatible endpoint that answers every chat request "done" and records its headers."""
+
+    async def app(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        while (await receive()).get("more_body"):
+            pass
+        seen.append({k.decode(): v.decode() for k, v in scope["headers"]})
+        body = {
+            "id": "c1",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "done"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": json.dumps(body).encode()})
+
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(lambda task_status: serve_asgi(app, "127.0.0.1", 0, task_status=task_status))
+        yield f"http://127.0.0.1:{port}/v1"
+        tg.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_run_sends_the_key_named_by_api_key_env_in_the_authorization_header(tmp_path: Path) -> None:
+    seen: list[dict[str, str]] = []
+    async with header_recording_model(seen) as url:
+        model = {"base_url": url, "model": "m", "api_key_env": "FIRST_HOUR_KEY", "max_retries": 0}
+        config = write_yaml(tmp_path / "servers.yaml", {"servers": {}, "models": {"strong": model, "weak": model}})
+        with anyio.fail_after(60):
+            result = await anyio.run_process(
+                [
+                    PROXY_COMMAND,
+                    "-c",
+                    str(config),
+                    "--state-dir",
+                    str(tmp_path / "s"),
+                    "run",
+                    "hi",
+                    "--mode",
+                    "strong-only",
+                ],
+                env={**os.environ, "FIRST_HOUR_KEY": "sk-first-hour"},
+                check=False,
+            )
+    assert result.returncode == 0, result.stderr.decode()
+    assert seen and all(h.get("authorization") == "Bearer sk-first-hour" for h in seen)
+
+
+@pytest.mark.anyio
+async def test_running_proxy_never_drops_a_configured_api_key_env(tmp_path: Path) -> None:
+    endpoint = {"base_url": "http://127.0.0.1:9/v1", "model": "m", "api_key_env": "FIRST_HOUR_UNSET"}
+    config = ProxyConfig.model_validate({"models": {"strong": endpoint}})
+    with pytest.raises(ConfigError, match=r"models\.strong\.api_key_env: environment variable FIRST_HOUR_UNSET"):
+        async with running_proxy(config, None):
+            pass
+
+
+# -- 2. `check` runs the proxy's own validation ------------------------------------------------------------
+
+
+def test_check_refuses_review_strong_without_models_strong(tmp_path: Path) -> None:
+    config = write_yaml(tmp_path / "servers.yaml", {"servers": {}, "review": {"default": "strong"}})
+    result = run_proxy("-c", str(config), "check")
+    assert result.returncode == 1, result.stdout
+    assert "review.default: review mode 'strong' needs the model `models.strong`" in result.stderr
+    assert "ok" not in result.stdout
+
+
+def test_check_names_what_spec_leash_needs_and_run_refuses_it_before_backends_start(tmp_path: Path) -> None:
+    model = {"base_url": "http://127.0.0.1:9/v1", "model": "m"}
+    record = tmp_path / "rec"
+    data = {"servers": {"toy": toy(record)}, "models": {"strong": model, "weak": model}}
+    config = write_yaml(tmp_path / "servers.yaml", data)
+    checked = run_proxy("-c", str(config), "check")
+    assert checked.returncode == 0, checked.stderr
+    assert "`run --mode spec+leash` and the gateway's 'spec+leash' model are unavailable" in checked.stdout
+    assert "`leash:` section" in checked.stdout
+    state = tmp_path / "state"
+    ran = run_proxy("-c", str(config), "--state-dir", str(state), "run", "hi", "--mode", "spec+leash")
+    assert ran.returncode == 1
+    assert "Error: run --mode spec+leash: it needs a `leash:` section" in ran.stderr
+    assert not (state / "logs").exists()  # no backend was started
+
+
+def test_an_unterminated_variable_reference_names_file_line_key_and_fix() -> None:
+    text = "servers:\n  remote:\n    url: https://example.invalid/mcp\n    headers:\n      X-Token: ${NOPE\n"
+    with pytest.raises(ConfigError) as caught:
+        parse_config_text(text, {"NOPE": "set"}, file="servers.yaml")
+    message = str(caught.value)
+    assert message.startswith("servers.yaml:5: servers.remote.headers.X-Token: '${NOPE' is not a complete")
+    assert "close it with `}`" in message
+
+
+# -- 3. a port in use: one line, before the backends start -------------------------------------------------
+
+
+@contextmanager
+def port_in_use() -> Iterator[int]:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        yield int(held.getsockname()[1])
+
+
+@pytest.mark.parametrize("command", ["serve", "gateway"])
+def test_a_port_in_use_is_one_line_before_any_backend_starts(tmp_path: Path, command: str) -> None:
+    model = {"base_url": "http://127.0.0.1:9/v1", "model": "m"}
+    data = {"servers": {"toy": toy(tmp_path / "rec")}, "models": {"strong": model, "weak": model}}
+    config = write_yaml(tmp_path / "servers.yaml", data)
+    state = tmp_path / "state"
+    with port_in_use() as port:
+        where = ["--http", f"127.0.0.1:{port}"] if command == "serve" else ["gateway", "--port", str(port)]
+        result = run_proxy("-c", str(config), "--state-dir", str(state), *where)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in lines[0]
+    assert not (state / "logs").exists()
+
+
+# -- 4. --log-level after a subcommand; quiet `tools` by default ------------------------------------------
+
+
+def test_tools_prints_no_info_by_default_and_takes_log_level_after_the_subcommand(tmp_path: Path) -> None:
+    config = write_yaml(tmp_path / "servers.yaml", {"servers": {"toy": toy(tmp_path / "rec")}})
+    state = str(tmp_path / "state")
+    quiet = run_proxy("-c", str(config), "--state-dir", state, "tools")
+    assert quiet.returncode == 0, quiet.stderr
+    assert " INFO " not in quiet.stderr
+    loud = run_proxy("tools", "-c", str(config), "--state-dir", state, "--log-level", "INFO")
+    assert loud.returncode == 0, loud.stderr
+    assert " INFO " in loud.stderr
+
+
+# -- 5. a backend that exits at once -----------------------------------------------------------------------
+
+
+def test_a_backend_that_exits_at_once_is_reported_with_its_exit_code_and_last_stderr_line(tmp_path: Path) -> None:
+    script = (
+        "import sys; print('starting', file=sys.stderr); print('boom: TOKEN is missing', file=sys.stderr); sys.exit(3)"
+    )
+    data = {"servers": {"crashy": {"command": sys.executable, "args": ["-c", script]}}}
+    config = write_yaml(tmp_path / "servers.yaml", data)
+    result = run_proxy("-c", str(config), "--state-dir", str(tmp_path / "state"), "tools")
+    assert "refused the connection" not in result.stderr
+    assert (
+        "unavailable  crashy: backend 'crashy' exited with code 3 during startup;"
+        " its last stderr line: boom: TOKEN is missing" in result.stderr
+    )
+
+
+# -- 6. a gateway failure reaches an openai SDK user once, and clearly ------------------------------------
+
+
+@pytest.mark.anyio
+async def test_a_failed_turn_reaches_the_openai_sdk_once_with_what_failed(tmp_path: Path) -> None:
+    def answer(request: ChatRequest) -> Reply | str:
+        return Reply(status=503)  # the weak model's endpoint is down
+
+    async with ScriptedModelServer(Respond(answer)) as server:
+        endpoint = {"base_url": server.base_url, "max_retries": 0}
+        config = ProxyConfig.model_validate(
+            {"models": {"weak": {**endpoint, "model": "weak-model"}, "strong": {**endpoint, "model": "strong-model"}}}
+        )
+        with anyio.fail_after(60):
+            async with running_proxy(config, StatePaths(tmp_path / "state")) as proxy, anyio.create_task_group() as tg:
+                port = await tg.start(
+                    lambda task_status: serve_gateway(Gateway(proxy), "127.0.0.1", 0, task_status=task_status)
+                )
+                # The SDK's defaults: max_retries=2, which retries 408, 409, 429 and 5xx.
+                async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused") as client:
+                    with pytest.raises(openai.APIStatusError) as caught:
+                        await client.chat.completions.create(
+                            model="spec", messages=[{"role": "user", "content": "hello"}]
+                        )
+                tg.cancel_scope.cancel()
+        assert len(server.chat_requests) == 1  # one turn: the SDK did not send it again
+    assert caught.value.status_code == 424
+    assert "model_error" in caught.value.message and "HTTP 503" in caught.value.message
+
+
+# -- 7. wording -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_a_human_fallback_denial_says_the_fallback_denied(tmp_path: Path) -> None:
+    config = {"servers": {"toy": toy(tmp_path / "rec")}, "review": {"default": "human"}}
+    async with proxied(config, tmp_path / "state") as p:  # a client without elicitation
+        result = await p.client.call_tool("toy__record", {"value": "x", "intent": "note x down"})
+    assert result.is_error
+    text = text_of(result)
+    assert "review.fallback is deny" in text
+    assert "review is set to deny" not in text
+
+
+@pytest.mark.anyio
+async def test_the_401_names_token_env() -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        raise AssertionError("an unauthorized request reached the app")
+
+    transport = httpx.ASGITransport(app=BearerToken(app, "secret"))
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+        response = await client.get("/mcp")
+    assert response.status_code == 401
+    assert "--token-env" in response.text
+
+
+# -- 8. serve.sh says what it installs ---------------------------------------------------------------------
+
+
+def test_serve_sh_says_what_it_is_doing_before_each_slow_step(tmp_path: Path) -> None:
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(REPO / "scripts" / "serve.sh", tmp_path / "scripts" / "serve.sh")
+    (tmp_path / "pyproject.toml").write_text("[project]\n")
+    fake_python = tmp_path / "python3"
+    # Stands in for `python3 -m venv VENV`: a venv whose pip and proxy only say they ran.
+    fake_python.write_text(
+        '#!/bin/sh\nmkdir -p "$3/bin"\n'
+        "printf '#!/bin/sh\\necho pip ran >&2\\n' >\"$3/bin/python\"\n"
+        "printf '#!/bin/sh\\necho proxy ran\\n' >\"$3/bin/mcp-spec-proxy\"\n"
+        'chmod +x "$3/bin/python" "$3/bin/mcp-spec-proxy"\n'
+    )
+    fake_python.chmod(0o755)
+    result = subprocess.run(
+        ["bash", str(tmp_path / "scripts" / "serve.sh")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "PYTHON": str(fake_python)},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "proxy ran\n"  # stdout stays the MCP channel
+    said = result.stderr.splitlines()
+    assert said[0].startswith("serve.sh: first run: creating")
+    assert any(line.startswith("serve.sh: installing") for line in said[: said.index("pip ran")])
+
+
+# -- 9. models.weak is documented --------------------------------------------------------------------------
+
+
+def test_the_readme_reference_documents_models_weak() -> None:
+    readme = (REPO / "README.md").read_text()
+    reference = readme[readme.index("## servers.yaml reference") :]
+    models = reference[reference.index("\nmodels:") : reference.index("\nspeculation:")]
+    assert "\n  weak:" in models
