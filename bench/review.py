@@ -162,7 +162,7 @@ class TimedModelServer(ScriptedModelServer):
         # The listening socket is made with proto 0, so asyncio does not set TCP_NODELAY on the
         # connections it accepts; uvicorn writes an answer's headers and body separately, and Nagle
         # holds the body until the client's delayed ACK: about 40 ms on every answer. Set on the
-        # listener, Linux passes it to every accepted connection. Remove once mcp_spec_proxy/testing.py does it.
+        # listener, Linux passes it to every accepted connection. Remove once mcp_spec_proxy/testing/server.py does it.
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         await super()._serve(server, sock, stopped)
 

@@ -1,7 +1,10 @@
 """Shared test plumbing: configs for the toy and reference backends, and proxied clients.
 
 `proxied(...)` runs the proxy in this process (real backends, real stdio to them) and connects
-an `mcp.Client` to its front in-process, so tests can look at the proxy's state; `spawned(...)`
+an `mcp.Client` to its front in-process, so tests can look at the proxy's state; with
+`in_process=toy_twins(config)` the flagless toys run as in-process twins instead of processes
+(the same tools and the same ledger: use them unless the process is the thing under test);
+`spawned(...)`
 runs the real `mcp-spec-proxy` command and talks to it over stdio, as Claude Desktop would.
 """
 
@@ -20,12 +23,14 @@ import mcp_types as types
 import yaml
 from mcp import Client, StdioServerParameters
 from mcp.client.session import ElicitationFnT, MessageHandlerFnT
+from mcp.server import Server
 
 from mcp_spec_proxy import prompts
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.proxy import Proxy, StatePaths, running_proxy
 from tests.backends import BackendCommand
+from tests.fixtures import toy_server
 
 TOY = Path(__file__).parent / "fixtures" / "toy_server.py"
 PROXY_COMMAND = str(Path(sys.executable).parent / "mcp-spec-proxy")
@@ -39,6 +44,19 @@ def toy(record_file: Path, *flags: str, **extra: Any) -> dict[str, Any]:
         "env": {"TOY_RECORD_FILE": str(record_file)},
         **extra,
     }
+
+
+def toy_twins(config: dict[str, Any]) -> dict[str, Server[Any]]:
+    """In-process twins of the config's toy backends started without flags, by server name.
+
+    Each records to its stdio toy's $TOY_RECORD_FILE, so `recorded(...)` reads the same ledger.
+    A flagged toy (`--legacy-only`, `--hang-at-start`) stays a process."""
+    twins: dict[str, Server[Any]] = {}
+    for name, server in config.get("servers", {}).items():
+        if server.get("args") == [str(TOY)]:
+            env = server.get("env", {})
+            twins[name] = toy_server.build(Path(env["TOY_RECORD_FILE"]), env.get("TOY_NAME", "toy"))
+    return twins
 
 
 def stdio(backend: BackendCommand, **extra: Any) -> dict[str, Any]:
@@ -69,11 +87,16 @@ async def proxied(
     elicitation: ElicitationFnT | None = None,
     messages: MessageHandlerFnT | None = None,
     telemetry: Path | None = None,
+    in_process: dict[str, Server[Any]] | None = None,
+    twins: bool = False,
 ) -> AsyncIterator[Proxied]:
+    """`twins=True` runs the config's flagless toys in-process (`toy_twins`) instead of as processes."""
+    if twins:
+        in_process = {**toy_twins(config), **(in_process or {})}
     parsed = ProxyConfig.model_validate(config)
     state = StatePaths(state_dir)
     with anyio.fail_after(60):
-        async with running_proxy(parsed, state, telemetry=telemetry) as proxy:
+        async with running_proxy(parsed, state, telemetry=telemetry, in_process=in_process) as proxy:
             front = McpFront(proxy)
             async with Client(
                 front.server, mode=mode, elicitation_callback=elicitation, message_handler=messages

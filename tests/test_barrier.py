@@ -31,7 +31,9 @@ async def test_read_is_forwarded_at_once_without_review(tmp_path: Path, mode: st
     async def must_not_ask(context: Any, params: Any) -> types.ElicitResult:
         raise AssertionError("a read was sent for review")
 
-    async with proxied(config(tmp_path / "rec"), tmp_path / "state", mode=mode, elicitation=must_not_ask) as p:
+    async with proxied(
+        config(tmp_path / "rec"), tmp_path / "state", twins=True, mode=mode, elicitation=must_not_ask
+    ) as p:
         result = await p.client.call_tool("toy__echo", {"text": "hello"})
     assert text_of(result) == "hello"
     assert not result.is_error
@@ -48,7 +50,7 @@ async def test_write_is_not_forwarded_before_the_verdict(tmp_path: Path) -> None
         seen["message"] = params.message
         return types.ElicitResult(action="accept", content={"approve": True})
 
-    async with proxied(config(record), tmp_path / "state", elicitation=check_then_approve) as p:
+    async with proxied(config(record), tmp_path / "state", twins=True, elicitation=check_then_approve) as p:
         await p.client.call_tool("toy__echo", {"text": "a"})
         result = await p.client.call_tool("toy__record", {"value": "v1", "intent": "the user asked to record v1"})
 
@@ -63,7 +65,7 @@ async def test_write_is_not_forwarded_before_the_verdict(tmp_path: Path) -> None
 
 async def test_write_rejected_by_the_user_never_reaches_the_backend(tmp_path: Path) -> None:
     record = tmp_path / "rec"
-    async with proxied(config(record), tmp_path / "state", elicitation=approve(False, "wrong file")) as p:
+    async with proxied(config(record), tmp_path / "state", twins=True, elicitation=approve(False, "wrong file")) as p:
         result = await p.client.call_tool("toy__record", {"value": "v1", "intent": "x"})
     assert result.is_error
     assert "rejected by the user: wrong file" in text_of(result)
@@ -76,7 +78,7 @@ async def test_write_rejected_by_the_user_never_reaches_the_backend(tmp_path: Pa
 @pytest.mark.parametrize(("policy", "forwarded"), [("allow", True), ("deny", False)])
 async def test_allow_forwards_and_deny_blocks(tmp_path: Path, mode: str, policy: str, forwarded: bool) -> None:
     record = tmp_path / "rec"
-    async with proxied(config(record, {"default": policy}), tmp_path / "state", mode=mode) as p:
+    async with proxied(config(record, {"default": policy}), tmp_path / "state", twins=True, mode=mode) as p:
         result = await p.client.call_tool("toy__record", {"value": "v", "intent": "x"})
     assert bool(result.is_error) is not forwarded
     assert len(recorded(record)) == (1 if forwarded else 0)
@@ -87,7 +89,7 @@ async def test_allow_forwards_and_deny_blocks(tmp_path: Path, mode: str, policy:
 @pytest.mark.parametrize("mode", ERAS)
 async def test_client_that_cannot_be_asked_falls_back_to_deny(tmp_path: Path, mode: str) -> None:
     record = tmp_path / "rec"
-    async with proxied(config(record), tmp_path / "state", mode=mode) as p:
+    async with proxied(config(record), tmp_path / "state", twins=True, mode=mode) as p:
         result = await p.client.call_tool("toy__record", {"value": "v", "intent": "x"})
     assert result.is_error
     assert "cannot ask the user" in text_of(result)
@@ -96,7 +98,9 @@ async def test_client_that_cannot_be_asked_falls_back_to_deny(tmp_path: Path, mo
 
 async def test_modern_client_approves_through_input_required(tmp_path: Path) -> None:
     record = tmp_path / "rec"
-    async with proxied(config(record), tmp_path / "state", mode="2026-07-28", elicitation=approve(True)) as p:
+    async with proxied(
+        config(record), tmp_path / "state", twins=True, mode="2026-07-28", elicitation=approve(True)
+    ) as p:
         result = await p.client.call_tool("toy__record", {"value": "v", "intent": "x"})
     assert not result.is_error, text_of(result)
     assert len(recorded(record)) == 1
@@ -108,7 +112,7 @@ async def test_invalid_arguments_are_refused_before_review(tmp_path: Path) -> No
         raise AssertionError("invalid arguments reached the reviewer")
 
     record = tmp_path / "rec"
-    async with proxied(config(record), tmp_path / "state", elicitation=must_not_ask) as p:
+    async with proxied(config(record), tmp_path / "state", twins=True, elicitation=must_not_ask) as p:
         result = await p.client.call_tool("toy__record", {"value": 5})
     assert result.is_error
     assert "'intent' is a required property" in text_of(result)
@@ -118,7 +122,7 @@ async def test_invalid_arguments_are_refused_before_review(tmp_path: Path) -> No
 
 
 async def test_unknown_tool_is_a_protocol_error(tmp_path: Path) -> None:
-    async with proxied(config(tmp_path / "rec"), tmp_path / "state") as p:
+    async with proxied(config(tmp_path / "rec"), tmp_path / "state", twins=True) as p:
         with pytest.raises(MCPError, match="unknown tool 'toy__nope'"):
             await p.client.call_tool("toy__nope", {})
 
@@ -132,7 +136,7 @@ async def test_client_that_cancels_a_held_write_abandons_it(tmp_path: Path) -> N
         await anyio.sleep_forever()
         raise AssertionError("unreachable")
 
-    async with proxied(config(record), tmp_path / "state", elicitation=never_answer) as p:
+    async with proxied(config(record), tmp_path / "state", twins=True, elicitation=never_answer) as p:
         abandoned = anyio.Event()
         record_event = p.proxy.audit.record
 
@@ -168,7 +172,7 @@ async def test_held_call_sends_progress_to_a_client_that_asked(tmp_path: Path) -
             await progressed.wait()
         return types.ElicitResult(action="accept", content={"approve": True})
 
-    async with proxied(config(record), tmp_path / "state", elicitation=approve_after_progress) as p:
+    async with proxied(config(record), tmp_path / "state", twins=True, elicitation=approve_after_progress) as p:
         result = await p.client.call_tool("toy__record", {"value": "v", "intent": "x"}, progress_callback=on_progress)
     assert not result.is_error
     assert messages and "held for review (human)" in str(messages[0])
@@ -179,7 +183,7 @@ async def test_reviewer_failure_fails_closed(tmp_path: Path) -> None:
         return types.ErrorData(code=-32603, message="the dialog crashed")
 
     record = tmp_path / "rec"
-    async with proxied(config(record), tmp_path / "state", elicitation=broken) as p:
+    async with proxied(config(record), tmp_path / "state", twins=True, elicitation=broken) as p:
         result = await p.client.call_tool("toy__record", {"value": "v", "intent": "x"})
     assert result.is_error
     assert "failing closed" in text_of(result)
@@ -193,7 +197,7 @@ async def test_review_timeout_fails_closed_within_the_configured_time(tmp_path: 
 
     record = tmp_path / "rec"
     review = {"default": "human", "timeout": 0.5}
-    async with proxied(config(record, review), tmp_path / "state", elicitation=never_answer) as p:
+    async with proxied(config(record, review), tmp_path / "state", twins=True, elicitation=never_answer) as p:
         with anyio.fail_after(10):
             result = await p.client.call_tool("toy__record", {"value": "v", "intent": "x"})
     assert result.is_error
@@ -207,14 +211,14 @@ async def test_backend_progress_reaches_the_client(tmp_path: Path) -> None:
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
         updates.append((progress, total))
 
-    async with proxied(config(tmp_path / "rec"), tmp_path / "state") as p:
+    async with proxied(config(tmp_path / "rec"), tmp_path / "state", twins=True) as p:
         result = await p.client.call_tool("toy__progress", {}, progress_callback=on_progress)
     assert text_of(result) == "done"
     assert updates == [(1, 3), (2, 3), (3, 3)]
 
 
 async def test_backend_that_does_not_answer_in_time_gives_a_clear_error(tmp_path: Path) -> None:
-    async with proxied(config(tmp_path / "rec", timeout=0.5), tmp_path / "state") as p:
+    async with proxied(config(tmp_path / "rec", timeout=0.5), tmp_path / "state", twins=True) as p:
         with anyio.fail_after(10):
             result = await p.client.call_tool("toy__hang", {})
         assert result.is_error
@@ -225,7 +229,7 @@ async def test_backend_that_does_not_answer_in_time_gives_a_clear_error(tmp_path
 async def test_per_tool_override_routes_review(tmp_path: Path) -> None:
     record = tmp_path / "rec"
     cfg = config(record, {"default": "deny"}, tools={"overrides": {"record": {"review": "allow"}}})
-    async with proxied(cfg, tmp_path / "state") as p:
+    async with proxied(cfg, tmp_path / "state", twins=True) as p:
         result = await p.client.call_tool("toy__record", {"value": "v", "intent": "x"})
     assert not result.is_error
     assert len(recorded(record)) == 1
@@ -235,7 +239,7 @@ async def test_per_tool_override_routes_review(tmp_path: Path) -> None:
 async def test_client_cancellation_reaches_the_backend(tmp_path: Path, backend_era: str) -> None:
     flags = [backend_era] if backend_era == "--legacy-only" else []
     cfg = {"servers": {"toy": toy(tmp_path / "rec", *flags)}}
-    async with proxied(cfg, tmp_path / "state") as p:
+    async with proxied(cfg, tmp_path / "state", twins=True) as p:
         with anyio.move_on_after(0.5):
             await p.client.call_tool("toy__hang", {})
         assert text_of(await p.client.call_tool("toy__was_cancelled", {})) == "true"

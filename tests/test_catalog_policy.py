@@ -179,7 +179,7 @@ async def test_contradicting_hints_are_held_reviewed_and_audited_not_forwarded(t
     calls = tmp_path / "calls"
     liar = {"name": "delete_everything", "annotations": {"readOnlyHint": True, "destructiveHint": True}}
     cfg = {"servers": {"liar": hostile(calls, [liar])}, "review": {"default": "deny"}}
-    async with proxied(cfg, tmp_path / "state") as p:
+    async with proxied(cfg, tmp_path / "state", twins=True) as p:
         result = await p.client.call_tool("liar__delete_everything", {"intent": "the page said so"})
 
     assert result.is_error and "Blocked at the write barrier" in text_of(result)
@@ -274,7 +274,7 @@ class ToolListChanged:
 async def test_tool_added_by_list_changed_is_held_until_accepted(tmp_path: Path) -> None:
     changed = ToolListChanged()
     cfg = {"servers": {"toy": toy(tmp_path / "rec", "--legacy-only")}, "review": {"default": "deny"}}
-    async with proxied(cfg, tmp_path / "state", messages=changed) as p:
+    async with proxied(cfg, tmp_path / "state", twins=True, messages=changed) as p:
         await p.client.call_tool("toy__add_tool", {})
         with anyio.fail_after(30):
             await changed.event.wait()  # sent after the catalog took the new listing

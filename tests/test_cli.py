@@ -5,7 +5,6 @@ Every test runs the installed command in a subprocess with its config and --stat
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -18,16 +17,13 @@ import mcp_types as types
 import yaml
 
 from mcp_spec_proxy.fingerprints import FingerprintStore, fingerprint
+from tests.fixtures import toy_server
 from tests.harness import PROXY_COMMAND, TOY, toy
 
 
 def _toy_effects() -> dict[str, str]:
     """Every tool the toy lists (read from the fixture itself, so new toy tools need no edit here)."""
-    spec = importlib.util.spec_from_file_location("toy_server_definitions", TOY)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    listed: list[types.Tool] = module.tools()
+    listed: list[types.Tool] = toy_server.Toy(None).tools()
     return {
         f"toy__{tool.name}": "read" if tool.annotations and tool.annotations.read_only_hint else "write"
         for tool in listed

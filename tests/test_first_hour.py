@@ -243,7 +243,7 @@ async def test_a_failed_turn_reaches_the_openai_sdk_once_with_what_failed(tmp_pa
 @pytest.mark.anyio
 async def test_a_human_fallback_denial_says_the_fallback_denied(tmp_path: Path) -> None:
     config = {"servers": {"toy": toy(tmp_path / "rec")}, "review": {"default": "human"}}
-    async with proxied(config, tmp_path / "state") as p:  # a client without elicitation
+    async with proxied(config, tmp_path / "state", twins=True) as p:  # a client without elicitation
         result = await p.client.call_tool("toy__record", {"value": "x", "intent": "note x down"})
     assert result.is_error
     text = text_of(result)

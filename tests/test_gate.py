@@ -82,7 +82,7 @@ async def test_delegate_never_runs_a_denied_tool_in_any_mode(tmp_path: Path, mod
         cfg = world(
             server, tmp_path, review, toy=toy(tmp_path / "ledger", tools={"overrides": {"record": {"review": "deny"}}})
         )
-        async with proxied(cfg, tmp_path / "state") as p:
+        async with proxied(cfg, tmp_path / "state", twins=True) as p:
             result = await p.client.call_tool("delegate", {"task": "record x", "mode": mode})
     assert recorded(tmp_path / "ledger") == [], text_of(result)
     held = [e for e in audit(tmp_path / "state") if e["event"] == "held"]
@@ -95,7 +95,7 @@ async def test_delegate_never_runs_a_denied_tool_in_any_mode(tmp_path: Path, mod
 async def test_delegate_asks_the_human_tool_reviewer_and_falls_back_to_deny(tmp_path: Path, mode: str) -> None:
     async with ScriptedModelServer(hostile_models("toy__record", value="x")) as server:
         cfg = world(server, tmp_path, {"default": "human", "fallback": "deny"})
-        async with proxied(cfg, tmp_path / "state") as p:  # this client cannot be asked
+        async with proxied(cfg, tmp_path / "state", twins=True) as p:  # this client cannot be asked
             await p.client.call_tool("delegate", {"task": "record x", "mode": mode})
     assert recorded(tmp_path / "ledger") == []
     verdicts = [e for e in audit(tmp_path / "state") if e["event"] == "verdict"]
@@ -107,7 +107,7 @@ async def test_delegate_human_tool_runs_once_the_user_approves(tmp_path: Path, m
     # The control for the two tests above: the same run, a user who says yes, one write.
     async with ScriptedModelServer(hostile_models("toy__record", value="x")) as server:
         cfg = world(server, tmp_path, {"default": "human"})
-        async with proxied(cfg, tmp_path / "state", elicitation=approve(True)) as p:
+        async with proxied(cfg, tmp_path / "state", twins=True, elicitation=approve(True)) as p:
             await p.client.call_tool("delegate", {"task": "record x", "mode": mode})
         verify = [r for r in server.chat_requests if r.json_schema is not None]
     assert len(recorded(tmp_path / "ledger")) == 1
@@ -121,7 +121,7 @@ async def test_delegate_human_tool_runs_once_the_user_approves(tmp_path: Path, m
 async def test_weak_only_at_delegate_meets_the_strong_reviewer(tmp_path: Path) -> None:
     async with ScriptedModelServer(hostile_models("toy__record", value="x")) as server:
         cfg = world(server, tmp_path, {"default": "strong"})
-        async with proxied(cfg, tmp_path / "state") as p:
+        async with proxied(cfg, tmp_path / "state", twins=True) as p:
             await p.client.call_tool("delegate", {"task": "record x", "mode": "weak-only"})
         verify = [r for r in server.chat_requests if r.json_schema is not None]
     assert len(recorded(tmp_path / "ledger")) == 1
@@ -145,7 +145,7 @@ async def test_a_substitute_meets_its_own_tools_reviewer(
     async with ScriptedModelServer(Respond(answer)) as server:
         b = toy(tmp_path / "b-ledger", tools={"overrides": {"record": {"review": substitute_review}}})
         cfg = world(server, tmp_path, {"default": "strong", "on_reject": on_reject}, a=toy(tmp_path / "a-ledger"), b=b)
-        async with proxied(cfg, tmp_path / "state") as p:
+        async with proxied(cfg, tmp_path / "state", twins=True) as p:
             result = await p.client.call_tool("a__record", {"value": "held"})
     assert recorded(tmp_path / "a-ledger") == []
     assert len(recorded(tmp_path / "b-ledger")) == runs, text_of(result)
@@ -164,7 +164,7 @@ async def test_audit_joins_each_call_by_one_id_and_caps_a_flooding_reason(tmp_pa
 
     async with ScriptedModelServer(Respond(answer)) as server:
         cfg = world(server, tmp_path, {"default": "strong"})
-        async with proxied(cfg, tmp_path / "state") as p:
+        async with proxied(cfg, tmp_path / "state", twins=True) as p:
             await p.client.call_tool("toy__echo", {"text": "look first"})
             await p.client.call_tool("toy__record", {"value": "v"})
     events = audit(tmp_path / "state")
@@ -242,7 +242,7 @@ class _NoUser:
 
 async def test_an_approval_is_single_use_and_bound_to_its_call(tmp_path: Path) -> None:
     cfg = {"servers": {"toy": toy(tmp_path / "ledger")}, "review": {"default": "human", "intent": False}}
-    async with proxied(cfg, tmp_path / "state", mode="2026-07-28", elicitation=approve(True)) as p:
+    async with proxied(cfg, tmp_path / "state", twins=True, mode="2026-07-28", elicitation=approve(True)) as p:
         session = p.client.session
         asked = await session.call_tool("toy__record", {"value": "v"}, allow_input_required=True)
         assert isinstance(asked, types.InputRequiredResult)
@@ -274,7 +274,7 @@ async def test_an_approval_is_single_use_and_bound_to_its_call(tmp_path: Path) -
 async def test_strong_then_human_asks_the_model_once_across_the_retry(tmp_path: Path) -> None:
     async with ScriptedModelServer(Respond(lambda r: verdict(segment_length(r) - 1, "looks wrong"))) as server:
         cfg = world(server, tmp_path, {"default": "strong_then_human"})
-        async with proxied(cfg, tmp_path / "state", mode="2026-07-28", elicitation=approve(True)) as p:
+        async with proxied(cfg, tmp_path / "state", twins=True, mode="2026-07-28", elicitation=approve(True)) as p:
             result = await p.client.call_tool("toy__record", {"value": "v"})
         calls = len(server.chat_requests)
     assert not result.is_error, text_of(result)
@@ -359,7 +359,7 @@ async def test_an_approval_answers_only_the_question_the_user_saw(tmp_path: Path
     async with ScriptedModelServer(Respond(answer)) as server:
         b = toy(tmp_path / "b-ledger", tools={"overrides": {"record": {"review": "human"}}})
         cfg = world(server, tmp_path, {"default": "strong", "on_reject": "replace"}, a=toy(tmp_path / "a-ledger"), b=b)
-        async with proxied(cfg, tmp_path / "state", mode="2026-07-28", elicitation=elicit) as p:
+        async with proxied(cfg, tmp_path / "state", twins=True, mode="2026-07-28", elicitation=elicit) as p:
             await p.client.call_tool("a__record", {"value": "held"})
     assert recorded(tmp_path / "b-ledger") in ([], ['{"value": "SHOWN"}'])
     assert len(asked) >= 2  # the second, different substitute was put to the user again
@@ -377,7 +377,7 @@ async def test_on_error_allow_forgives_a_model_never_a_silent_user(tmp_path: Pat
 
     review = {"default": "human", "intent": False, "on_error": "allow", "timeout": 1}
     cfg = {"servers": {"toy": toy(tmp_path / "ledger")}, "review": review}
-    async with proxied(cfg, tmp_path / "state", elicitation=elicit) as p:
+    async with proxied(cfg, tmp_path / "state", twins=True, elicitation=elicit) as p:
         result = await p.client.call_tool("toy__record", {"value": "never approved"})
     assert result.is_error and recorded(tmp_path / "ledger") == []
 
@@ -391,7 +391,7 @@ def erring(ledger: Path) -> dict[str, Any]:
 
 async def test_a_write_whose_backend_answers_with_an_error_is_still_audited_as_forwarded(tmp_path: Path) -> None:
     cfg = {"servers": {"e": erring(tmp_path / "ledger")}, "review": {"default": "allow", "intent": False}}
-    async with proxied(cfg, tmp_path / "state") as p:
+    async with proxied(cfg, tmp_path / "state", twins=True) as p:
         result = await p.client.call_tool("e__write_then_error", {"value": "v"})
     assert result.is_error and "partial failure after the write" in text_of(result)
     assert recorded(tmp_path / "ledger") == ['{"value": "v"}']
@@ -409,7 +409,7 @@ async def test_a_read_error_inside_a_drafted_turn_is_an_observation_not_a_crash(
 
     async with ScriptedModelServer(Respond(answer)) as server:
         cfg = world(server, tmp_path, {"default": "strong"}, e=erring(tmp_path / "ledger"))
-        async with proxied(cfg, tmp_path / "state") as p:
+        async with proxied(cfg, tmp_path / "state", twins=True) as p:
             assert p.proxy.engine is not None
             result = await p.proxy.engine.run("do it", "spec")
     assert result.status == "answered"
@@ -428,7 +428,7 @@ async def test_a_substitute_that_asks_the_user_leaves_the_session_able_to_commit
         b = toy(tmp_path / "b", tools={"overrides": {"record": {"review": "human"}}})
         cfg = world(server, tmp_path, {"default": "strong", "on_reject": "replace"}, a=toy(tmp_path / "a"), b=b)
         cfg["speculation"] = {"draft_steps": 2}
-        async with proxied(cfg, tmp_path / "state") as p:
+        async with proxied(cfg, tmp_path / "state", twins=True) as p:
             session = p.proxy.barrier.new_session()
             with pytest.raises(InputNeeded):
                 await p.proxy.barrier.call(session, "a__record", {"value": "v"}, Asks())

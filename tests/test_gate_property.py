@@ -149,7 +149,7 @@ def config(case: Case, server: ScriptedModelServer, tmp_path: Path) -> dict[str,
 async def drive(door: str, case: Case, cfg: dict[str, Any], tmp_path: Path) -> None:
     kind, _, mode = door.partition(":")
     elicitation = {"approve": approve(True), "decline": approve(False), "absent": None}[case.user]
-    async with proxied(cfg, tmp_path / "state", elicitation=elicitation) as p:
+    async with proxied(cfg, tmp_path / "state", twins=True, elicitation=elicitation) as p:
         if kind == "front":
             await p.client.call_tool(f"{case.target}__record", {"value": "orig"})
         elif kind == "delegate":

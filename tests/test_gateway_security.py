@@ -22,7 +22,7 @@ from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.fronts.gateway import Gateway, serve_gateway
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
 from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
-from tests.harness import recorded, segment_length, toy, verdict
+from tests.harness import recorded, segment_length, toy, toy_twins, verdict
 
 pytestmark = pytest.mark.anyio
 
@@ -58,18 +58,21 @@ async def gateway(
     record_file = tmp_path / "rec"
     async with ScriptedModelServer(Respond(answer)) as server:
         endpoint = {"base_url": server.base_url, "max_retries": 0}
-        config = ProxyConfig.model_validate(
-            {
-                "servers": {"toy": toy(record_file)},
-                "models": {
-                    "weak": {**endpoint, "model": "weak-model"},
-                    "strong": {**endpoint, "model": "strong-model"},
-                },
-                "review": {"default": "strong"},
-            }
-        )
+        raw = {
+            "servers": {"toy": toy(record_file)},
+            "models": {
+                "weak": {**endpoint, "model": "weak-model"},
+                "strong": {**endpoint, "model": "strong-model"},
+            },
+            "review": {"default": "strong"},
+        }
+        config = ProxyConfig.model_validate(raw)
+        twins = toy_twins(raw)  # the gateway is under test here, not the backend's process
         with anyio.fail_after(60):
-            async with running_proxy(config, StatePaths(tmp_path / "state")) as proxy, anyio.create_task_group() as tg:
+            async with (
+                running_proxy(config, StatePaths(tmp_path / "state"), in_process=twins) as proxy,
+                anyio.create_task_group() as tg,
+            ):
                 front = Gateway(proxy)
                 port = await tg.start(
                     lambda task_status: serve_gateway(front, "127.0.0.1", 0, token=token, task_status=task_status)

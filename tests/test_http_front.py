@@ -17,7 +17,7 @@ from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.fronts.http import serve_http
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
-from tests.harness import ERAS, recorded, text_of, toy
+from tests.harness import ERAS, recorded, text_of, toy, toy_twins
 
 pytestmark = pytest.mark.anyio
 
@@ -32,9 +32,14 @@ HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "app
 
 @asynccontextmanager
 async def http_proxy(tmp_path: Path, token: str | None = None, review: str = "allow") -> AsyncIterator[str]:
-    config = ProxyConfig.model_validate({"servers": {"toy": toy(tmp_path / "rec")}, "review": {"default": review}})
+    raw = {"servers": {"toy": toy(tmp_path / "rec")}, "review": {"default": review}}
+    config = ProxyConfig.model_validate(raw)
+    twins = toy_twins(raw)  # the HTTP front is under test here, not the backend's process
     with anyio.fail_after(60):
-        async with running_proxy(config, StatePaths(tmp_path / "state")) as proxy, anyio.create_task_group() as tg:
+        async with (
+            running_proxy(config, StatePaths(tmp_path / "state"), in_process=twins) as proxy,
+            anyio.create_task_group() as tg,
+        ):
             front = McpFront(proxy)
             port = await tg.start(
                 lambda task_status: serve_http(front, "127.0.0.1", 0, token=token, task_status=task_status)

@@ -219,7 +219,7 @@ async def test_a_write_runs_through_the_proxy_while_the_bank_fails_at_every_turn
             "review": {"default": review},
             "leash": {"encoder": "hashing", "dim": 64, "bank_dir": str(tmp_path / "banks"), "min_neighbours": 1},
         }
-        async with proxied(config, tmp_path / "state") as p:
+        async with proxied(config, tmp_path / "state", twins=True) as p:
             assert p.proxy.leash is not None
             # One label, so a lookup has something to search: the index itself is what fails.
             await p.proxy.leash.label_steps(
@@ -487,7 +487,7 @@ async def test_bank_calibrate_records_a_calibration_that_lets_review_leash_forwa
             "review": {"default": "leash"},
             "leash": leash | {"accept_threshold": record.accept_threshold},
         }
-        async with proxied(config, tmp_path / "state") as p:
+        async with proxied(config, tmp_path / "state", twins=True) as p:
             result = await p.client.call_tool(
                 "toy__record", {"value": "groceries list entry 7", "intent": "add to my list"}
             )

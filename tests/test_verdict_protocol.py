@@ -69,7 +69,7 @@ async def world(
             },
             "review": {"default": "strong", "intent": False, **(review or {})},
         }
-        async with proxied(config, tmp_path / "state") as p:
+        async with proxied(config, tmp_path / "state", twins=True) as p:
             yield World(p, server, tmp_path)
 
 

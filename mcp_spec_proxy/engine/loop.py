@@ -1,4 +1,4 @@
-"""The SpecAgent loop: a weak model drafts, reads run live, the strong model verifies a segment.
+"""One task's run: the SpecAgent loop and its baselines, step by step.
 
     draft   the weak model drafts up to K steps; reads execute at once (several reads of one
             turn concurrently), so every drafted step is grounded in real observations; the
@@ -11,14 +11,12 @@
             without a second review. The rejected suffix is discarded from the history both
             models see afterwards.
 
-The baselines are policies of the same loop: `weak-only` (the weak model authors every step)
-and `strong-only` (the strong model does). Every call the engine makes goes through the gate
-(`gate.py`), which applies each tool's own reviewer whatever the mode: `deny` never runs, `human`
-asks (the delegating client's user, else the configured fallback), and a weak-authored write
-outside `spec` still meets the strong reviewer. Only an operator's own baseline run (`run`,
-benchmarks: `baseline=True`) lets a baseline's steps stand unreviewed where the tool's reviewer
-is a model or `allow`. Every model call goes to telemetry with its prefill/cached/decode split;
-each task ends with a summary line.
+The baselines take the same turns without the verify step: the author model's reads and writes
+execute at once (through the gate, like every call). Under `spec+leash` the watch may route the
+whole task to the strong model, end a weak draft early at a read that looks like past rejected
+steps, or have an unreviewed step reviewed after all. A run ends by answering or at a limit of
+`speculation:` (steps, segments, wall time); a model that fails ends it as `model_error`. It
+never raises for those: the status says how it ended.
 """
 
 from __future__ import annotations
@@ -26,150 +24,26 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import mcp_types as types
 
-from mcp_spec_proxy.catalog import CLIENT, Catalog, CatalogTool, ToolSource, digest, strip_intent
+from mcp_spec_proxy.catalog import CLIENT, CatalogTool, ToolSource, digest, strip_intent
 from mcp_spec_proxy.config import SpeculationConfig
-from mcp_spec_proxy.errors import InvalidArguments, ToolNotFound
-from mcp_spec_proxy.gate import Author, Gate, GateCall, Report, blocked_result, capped, text_result
+from mcp_spec_proxy.engine.conversation import conversation, user_request
+from mcp_spec_proxy.engine.hooks import AskNow, ClientExecutor, NoUser, Observer, Progress, Watch
+from mcp_spec_proxy.engine.result import Mode, RunResult, Status
+from mcp_spec_proxy.errors import ToolNotFound
+from mcp_spec_proxy.gate import Author, GateCall, Report, blocked_result, capped, text_result
 from mcp_spec_proxy.models import ChatModel, ModelCall, ModelError
 from mcp_spec_proxy.prompts import FINAL_ANSWER, agent_messages, openai_tool
-from mcp_spec_proxy.review import InputNeeded, ReviewFailed, ReviewRequest, UserChannel, Verdict
-from mcp_spec_proxy.review.strong import (
-    ProposedAnswer,
-    ProposedStep,
-    Repairer,
-    StrongReviewer,
-    Unreadable,
-    check_step,
-)
-from mcp_spec_proxy.telemetry import Telemetry
+from mcp_spec_proxy.review import ReviewFailed, ReviewRequest, UserChannel, Verdict
+from mcp_spec_proxy.review.strong import ProposedAnswer, ProposedStep, Repairer, StrongReviewer, check_step
 from mcp_spec_proxy.trajectory import History, Segment, Step
 
-Mode = Literal["spec", "weak-only", "strong-only", "spec+leash"]
-MODES: tuple[Mode, ...] = ("spec", "weak-only", "strong-only", "spec+leash")
-Status = Literal["answered", "max_steps", "max_segments", "timeout", "model_error"]
-Progress = Callable[[str], Awaitable[None]]
-Observer = Callable[[str, dict[str, Any]], None]
-
-
-class Watch(Protocol):
-    """What LEASH contributes to a run (`spec+leash`); `leash/layers.py` implements it."""
-
-    async def route(self, task: str) -> bool:
-        """True: the task's neighbours mostly failed under the weak model — let the strong model lead."""
-        ...
-
-    async def drafted(self, step: Step, hidden: Any) -> bool:
-        """True: this drafted read looks like past rejected steps — hold it and verify now."""
-        ...
-
-    async def unreviewed(self, step: Step, hidden: Any) -> bool:
-        """True: a step no one would review looks like past failures — review it after all."""
-        ...
-
-    async def verdict(self, steps: tuple[Step, ...], accepted_steps: int) -> None:
-        """Labels for free: the accepted prefix succeeded, the first rejected step failed."""
-        ...
-
-    async def finished(self, task_id: str, task: str, steps: list[Step]) -> None:
-        """Remember the run, so a later outcome report can label it."""
-        ...
-
-
-class ClientExecutor(Protocol):
-    """Runs a tool that lives in the client (the gateway's OpenAI-style clients)."""
-
-    async def call(self, step: Step) -> tuple[str, bool]:
-        """The observation text and whether it is an error, once the client has run `step`."""
-        ...
-
-
-AGENT_INSTRUCTIONS = """\
-You are an agent working for a user through the tools provided. Call tools to find out what you \
-need and to act. Make one step at a time; you may call several read-only tools at once. When \
-the task is done, reply with your final answer to the user as plain text, without a tool call."""
-
-
-@dataclass
-class RunResult:
-    task_id: str
-    mode: Mode
-    status: Status
-    answer: str | None
-    steps: list[Step]
-    segments: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    repairs: int = 0
-    replacements: int = 0
-    calls: list[ModelCall] = field(default_factory=list)
-    wall_s: float = 0.0
-    error: str | None = None
-
-    def summary(self) -> dict[str, Any]:
-        strong = [c for c in self.calls if c.role == "strong"]
-        weak = [c for c in self.calls if c.role == "weak"]
-        return {
-            "task": self.task_id,
-            "mode": self.mode,
-            "status": self.status,
-            "steps": len(self.steps),
-            "segments": self.segments,
-            "drafted_steps": self.drafted,
-            "accepted_steps": self.accepted,
-            "acceptance": round(self.accepted / self.drafted, 4) if self.drafted else None,
-            "replacements": self.replacements,
-            "repairs": self.repairs,
-            "strong_calls": len(strong),
-            "strong_prefill_tokens": sum(c.prompt_tokens - c.cached_tokens for c in strong),
-            "strong_cached_tokens": sum(c.cached_tokens for c in strong),
-            "strong_decode_tokens": sum(c.completion_tokens for c in strong),
-            "weak_calls": len(weak),
-            "weak_prefill_tokens": sum(c.prompt_tokens - c.cached_tokens for c in weak),
-            "weak_decode_tokens": sum(c.completion_tokens for c in weak),
-            "wall_s": round(self.wall_s, 4),
-        }
-
-    def trace(self) -> str:
-        """A compact, human-readable account of what ran."""
-        lines = [
-            f"{n}. {step.tool} {json.dumps(step.arguments, ensure_ascii=False)[:120]}"
-            + (" [error]" if step.is_error else "")
-            for n, step in enumerate(self.steps, 1)
-        ]
-        s = self.summary()
-        lines.append(
-            f"status {self.status}; {s['steps']} steps, {s['segments']} verified segments, "
-            f"{s['strong_calls']} strong calls, {s['weak_calls']} weak calls; task id {self.task_id}"
-        )
-        return "\n".join(lines)
-
-
-class _NoUser:
-    """No person to ask (`run`, the gateway): a `human` tool gets the configured fallback."""
-
-    async def confirm(self, message: str, schema: dict[str, Any]) -> dict[str, Any] | None:
-        return None
-
-
-class _AskNow:
-    """The delegating client's user, asked in place: a run cannot pause for a retry of the call,
-    so a client that can only answer on a retry (`input_required`) counts as one that cannot ask."""
-
-    def __init__(self, user: UserChannel) -> None:
-        self._user = user
-
-    async def confirm(self, message: str, schema: dict[str, Any]) -> dict[str, Any] | None:
-        try:
-            return await self._user.confirm(message, schema)
-        except InputNeeded:
-            return None
+if TYPE_CHECKING:
+    from mcp_spec_proxy.engine import Engine
 
 
 class _Stop(Exception):
@@ -179,83 +53,45 @@ class _Stop(Exception):
         self.error = error
 
 
-class Engine:
-    """Runs tasks over the catalog's tools with a weak and a strong model."""
-
-    def __init__(
-        self,
-        catalog: Catalog,
-        gate: Gate,
-        telemetry: Telemetry,
-        *,
-        weak: ChatModel | None,
-        strong: ChatModel,
-        policy: str = "",
-        unreadable: Unreadable = "reject",
-        limits: SpeculationConfig | None = None,
-        watch: Watch | None = None,
-    ) -> None:
-        self.watch = watch
-        self.catalog = catalog
-        self.gate = gate
-        self.telemetry = telemetry
-        self.weak = weak
-        self.strong = strong
-        self.policy = policy
-        self.unreadable: Unreadable = unreadable
-        self.reviewer = StrongReviewer(strong, catalog, policy, unreadable=unreadable)
-        self.repairer = Repairer(strong, catalog, policy)
-        self.limits = limits or SpeculationConfig()  # the config's `speculation:`
-
-    async def run(
-        self,
-        task: str | list[dict[str, Any]],
-        mode: Mode = "spec",
-        *,
-        progress: Progress | None = None,
-        max_steps: int | None = None,
-        tools: ToolSource | None = None,
-        client: ClientExecutor | None = None,
-        observe: Observer | None = None,
-        user: UserChannel | None = None,
-        baseline: bool = False,
-    ) -> RunResult:
-        """Run one task: a request in words, or a conversation (chat messages) whose last turn asks.
-
-        `tools` replaces the catalog for this run (the gateway's view with the client's own tools);
-        `client` executes the tools whose server is the client; `observe` hears of every model
-        call and verdict as it happens; `user` is the person a `human` tool asks (else its
-        fallback decides); `baseline` marks an operator's baseline run (see the module docstring).
-        """
-        if mode != "strong-only" and self.weak is None:
-            raise InvalidArguments(f"mode {mode!r} needs a weak model: configure models.weak")
-        if mode == "spec+leash" and self.watch is None:
-            raise InvalidArguments("mode 'spec+leash' needs LEASH: add a `leash:` section to the config")
-        limits = self.limits if max_steps is None else self.limits.model_copy(update={"max_steps": max_steps})
-        run = _Run(self, task, mode, progress, limits, tools or self.catalog, client)
-        run.observe = observe
-        run.user = _AskNow(user) if user is not None else _NoUser()
-        run.baseline = mode if baseline and mode in ("weak-only", "strong-only") else None
-        started = time.perf_counter()
-        with anyio.move_on_after(limits.max_wall_s) as deadline:
-            try:
-                if mode == "spec+leash":
-                    assert self.watch is not None
-                    run.watch = self.watch
-                    run.strong_led = await self.watch.route(run.task)
-                    await run.say("LEASH routes this task to the strong model" if run.strong_led else "weak-led")
-                await run.loop()
-            except _Stop as stop:
-                run.result.status = stop.status
-                run.result.error = stop.error
-        if deadline.cancelled_caught:
-            run.result.status = "timeout"
-        run.result.wall_s = time.perf_counter() - started
-        run.result.steps = list(run.history.committed)
-        if run.watch is not None:
-            await run.watch.finished(run.result.task_id, run.task, run.result.steps)
-        await self.telemetry.record("task", **run.result.summary(), error=run.result.error)
-        return run.result
+async def run_task(
+    engine: Engine,
+    task: str | list[dict[str, Any]],
+    mode: Mode,
+    *,
+    progress: Progress | None,
+    limits: SpeculationConfig,
+    tools: ToolSource,
+    client: ClientExecutor | None,
+    observe: Observer | None,
+    user: UserChannel | None,
+    baseline: bool,
+) -> RunResult:
+    """Run one task to its end under `limits` (`Engine.run` has checked the mode's models), record
+    its summary to telemetry and return it; how it ended is the result's status, never an exception."""
+    run = _Run(engine, task, mode, progress, limits, tools, client)
+    run.observe = observe
+    run.user = AskNow(user) if user is not None else NoUser()
+    run.baseline = mode if baseline and mode in ("weak-only", "strong-only") else None
+    started = time.perf_counter()
+    with anyio.move_on_after(limits.max_wall_s) as deadline:
+        try:
+            if mode == "spec+leash":
+                assert engine.watch is not None
+                run.watch = engine.watch
+                run.strong_led = await engine.watch.route(run.task)
+                await run.say("LEASH routes this task to the strong model" if run.strong_led else "weak-led")
+            await run.loop()
+        except _Stop as stop:
+            run.result.status = stop.status
+            run.result.error = stop.error
+    if deadline.cancelled_caught:
+        run.result.status = "timeout"
+    run.result.wall_s = time.perf_counter() - started
+    run.result.steps = list(run.history.committed)
+    if run.watch is not None:
+        await run.watch.finished(run.result.task_id, run.task, run.result.steps)
+    await engine.telemetry.record("task", **run.result.summary(), error=run.result.error)
+    return run.result
 
 
 class _Run:
@@ -285,7 +121,7 @@ class _Run:
             self.reviewer = StrongReviewer(engine.strong, source, engine.policy, unreadable=engine.unreadable)
             self.repairer = Repairer(engine.strong, source, engine.policy)
         self.observe: Observer | None = None
-        self.user: UserChannel = _NoUser()
+        self.user: UserChannel = NoUser()
         self.baseline: str | None = None
         self.watch: Watch | None = None
         self.strong_led = False
@@ -633,29 +469,3 @@ class _Run:
     async def say(self, message: str) -> None:
         if self.progress is not None:
             await self.progress(message)
-
-
-def conversation(task: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The messages a run starts from: ours around a bare task, or the client's own conversation."""
-    if isinstance(task, str):
-        return [{"role": "system", "content": AGENT_INSTRUCTIONS}, {"role": "user", "content": task}]
-    if any(message.get("role") == "system" for message in task):
-        return list(task)
-    return [{"role": "system", "content": AGENT_INSTRUCTIONS}, *task]
-
-
-def user_request(messages: list[dict[str, Any]]) -> str:
-    """What the user asked, for the reviewer: the user turns of the conversation, in order."""
-    turns = [content_text(m.get("content")) for m in messages if m.get("role") == "user"]
-    return "\n\n".join(turn for turn in turns if turn)
-
-
-def content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content parts
-        return "\n".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
-    return ""
-
-
-__all__ = ["MODES", "ClientExecutor", "Engine", "Mode", "RunResult"]

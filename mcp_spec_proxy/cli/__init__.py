@@ -1,0 +1,20 @@
+"""The command line: the only place that reads the environment and files into config.
+
+mcp-spec-proxy --config servers.yaml                 serve on stdio (Claude Desktop, IDEs)
+mcp-spec-proxy --config servers.yaml --http :8765    serve streamable HTTP on 127.0.0.1:8765
+mcp-spec-proxy tools                                 every tool with its effect and why
+mcp-spec-proxy tools accept NAME                     accept a tool's changed definition, or a new tool
+mcp-spec-proxy check                                 validate the config and exit
+mcp-spec-proxy run TASK / gateway / report-outcome   the SpecAgent engine
+mcp-spec-proxy bank stats / import / calibrate       LEASH's banks
+
+setup.py builds what commands share; serve.py holds the main group (serving, `check`); tools.py,
+agent.py and bank.py add their commands to it when imported here, so `main` is complete once this
+package is imported (the console script is `mcp_spec_proxy.cli:main`).
+"""
+
+from mcp_spec_proxy.cli import agent, bank, tools  # noqa: F401 -- imported to register their commands on `main`
+from mcp_spec_proxy.cli.serve import _parse_http as _parse_http  # tests parse --http values directly
+from mcp_spec_proxy.cli.serve import main
+
+__all__ = ["main"]

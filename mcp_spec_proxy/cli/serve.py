@@ -1,0 +1,111 @@
+"""The main command: serve the proxy on stdio or streamable HTTP; and `check`, which validates the config.
+
+`main` is the click group the other command modules (tools, agent, bank) add their commands to.
+"""
+
+from __future__ import annotations
+
+import os
+
+import anyio
+import click
+
+from mcp_spec_proxy import __version__
+from mcp_spec_proxy.cli.setup import (
+    LOG_LEVELS,
+    bind_check,
+    config_option,
+    engine_problem,
+    file_options,
+    run_loop,
+    setup,
+    state_option,
+    stop_on_signal,
+    token_from_env,
+)
+from mcp_spec_proxy.engine import MODES
+from mcp_spec_proxy.fronts.http import serve_http
+from mcp_spec_proxy.fronts.mcp import McpFront
+from mcp_spec_proxy.fronts.stdio import serve_stdio
+from mcp_spec_proxy.proxy import validate
+
+
+def _parse_http(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    if not port.isdigit():
+        raise click.BadParameter(f"{value!r}: use HOST:PORT or :PORT, e.g. 127.0.0.1:8765", param_hint="--http")
+    return host, int(port)
+
+
+@click.group(invoke_without_command=True)
+@config_option
+@state_option
+@click.option("--http", "http", metavar="HOST:PORT", help="Serve streamable HTTP instead of stdio.")
+@click.option("--token-env", metavar="VAR", help="Require `Authorization: Bearer $VAR` on the HTTP front.")
+@click.option("--allow-host", multiple=True, help="Extra Host header value the HTTP front accepts.")
+@click.option("--telemetry", type=click.Path(dir_okay=False), help="Append one JSON line per decision to FILE.")
+@click.option(
+    "--log-level", type=LOG_LEVELS, help="Default: INFO when serving, WARNING for `tools`, `run` and the rest."
+)
+@click.version_option(__version__, prog_name="mcp-spec-proxy")
+@click.pass_context
+def main(
+    ctx: click.Context,
+    config_path: str,
+    state_dir: str | None,
+    http: str | None,
+    token_env: str | None,
+    allow_host: tuple[str, ...],
+    telemetry: str | None,
+    log_level: str | None,
+) -> None:
+    """An MCP server in front of your MCP servers: reads pass, writes wait for a verdict."""
+    ctx.ensure_object(dict)
+    ctx.obj.update(config_path=config_path, state_dir=state_dir, log_level=log_level)
+    if ctx.invoked_subcommand is not None:
+        return
+    token = token_from_env(token_env)
+    address = _parse_http(http) if http else None
+    if address is not None:
+        bind_check(*address, option="--http")
+    built = setup(ctx, telemetry=telemetry, log_level="INFO")
+
+    async def serve() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stop_on_signal, tg.cancel_scope)
+            async with built.running() as proxy:
+                front = McpFront(proxy, version=__version__)
+                if address is None:
+                    await serve_stdio(front)
+                else:
+                    await tg.start(
+                        lambda task_status: serve_http(
+                            front, *address, token=token, allowed_hosts=list(allow_host), task_status=task_status
+                        )
+                    )
+                    await anyio.sleep_forever()
+            tg.cancel_scope.cancel()
+
+    run_loop(serve)
+
+
+@main.command()
+@file_options
+@click.pass_context
+def check(ctx: click.Context) -> None:
+    """Validate the config file as the proxy does (keys, LEASH, reviewers) without starting a backend."""
+    built = setup(ctx)
+    config = built.config
+
+    async def validated() -> None:
+        await validate(config, os.environ, built.source)
+
+    run_loop(validated)
+    click.echo(f"{built.source}: ok ({len(config.active_servers())} servers enabled)")
+    if not config.models and config.leash is None:
+        return  # a plain MCP proxy: `run` and the gateway are not what this config is for
+    for mode in MODES:
+        problem = engine_problem(config, mode)
+        if problem:
+            click.echo(f"note: `run --mode {mode}` and the gateway's {mode!r} model are unavailable: {problem}")

@@ -1,0 +1,214 @@
+"""What every command shares: the options naming the files, and building config, state and LEASH from them.
+
+This module and its siblings are the only place that reads the environment and files into config
+(`load`, `setup`, `open_configured_leash`, `token_from_env`); the rest of the package is handed
+explicit objects. `run_loop` runs a command's event loop and turns a ProxyError, however deep in
+task groups, into a one-line CLI error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+import click
+
+from mcp_spec_proxy.config import ProxyConfig, load_config
+from mcp_spec_proxy.engine import Mode
+from mcp_spec_proxy.errors import ProxyError
+from mcp_spec_proxy.leash.layers import Leash
+from mcp_spec_proxy.proxy import Proxy, StatePaths, open_leash, running_proxy
+
+logger = logging.getLogger("mcp_spec_proxy")
+T = TypeVar("T")
+
+
+def state_dir_of(option: str | None, config: ProxyConfig) -> Path:
+    """The state directory: `--state-dir`, else the config's `state_dir`, else under $XDG_STATE_HOME."""
+    chosen = option or config.state_dir
+    if chosen:
+        return Path(os.path.expanduser(chosen))
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return Path(base) / "mcp-spec-proxy"
+
+
+def load(path: str) -> ProxyConfig:
+    """The config file at `path`, with the environment; a config error becomes a CLI error."""
+    try:
+        return load_config(Path(path), os.environ)
+    except ProxyError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+config_option = click.option(
+    "--config",
+    "-c",
+    "config_path",
+    default="servers.yaml",
+    show_default=True,
+    type=click.Path(dir_okay=False),
+    help="servers.yaml, or a Claude Desktop style JSON file with mcpServers.",
+)
+state_option = click.option(
+    "--state-dir", type=click.Path(file_okay=False), help="Fingerprints, audit log and backend logs."
+)
+
+
+LOG_LEVELS = click.Choice(["DEBUG", "INFO", "WARNING"])
+
+
+def file_options(command: Any) -> Any:
+    """--config, --state-dir and --log-level after a subcommand too (`mcp-spec-proxy tools --config x.yaml`)."""
+
+    def remember(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+        if value is not None:
+            ctx.ensure_object(dict)[param.name or ""] = value
+
+    command = click.option(
+        "--log-level",
+        "log_level",
+        expose_value=False,
+        callback=remember,
+        type=LOG_LEVELS,
+        help="As for the main command.",
+    )(command)
+    command = click.option(
+        "--state-dir",
+        "state_dir",
+        expose_value=False,
+        callback=remember,
+        type=click.Path(file_okay=False),
+        help="As for the main command.",
+    )(command)
+    return click.option(
+        "--config",
+        "-c",
+        "config_path",
+        expose_value=False,
+        callback=remember,
+        type=click.Path(dir_okay=False),
+        help="As for the main command.",
+    )(command)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every command that runs the proxy needs, built in one place (`setup`)."""
+
+    config: ProxyConfig
+    source: str
+    state: StatePaths
+    telemetry: Path | None
+
+    def running(self) -> AbstractAsyncContextManager[Proxy]:
+        """The proxy: models with their keys and LEASH are built from the config and the environment
+        (`running_proxy`, the one place), before any backend starts."""
+        return running_proxy(self.config, self.state, source=self.source, telemetry=self.telemetry, environ=os.environ)
+
+
+def setup(ctx: click.Context, *, telemetry: str | None = None, log_level: str = "WARNING") -> Setup:
+    """Logging (`--log-level`, else `log_level`), the config, the state directory and the telemetry file."""
+    level = ctx.obj.get("log_level") or log_level
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    source = ctx.obj["config_path"]
+    config = load(source)
+    telemetry_file = telemetry or config.telemetry
+    return Setup(
+        config,
+        source,
+        StatePaths(state_dir_of(ctx.obj["state_dir"], config)),
+        Path(os.path.expanduser(telemetry_file)) if telemetry_file else None,
+    )
+
+
+def open_configured_leash(ctx: click.Context, *, strict: bool = False) -> Leash:
+    """The configured Leash; `strict` for operator commands, where a LEASH failure must be an error."""
+    source = ctx.obj["config_path"]
+    config = load(source)
+    try:
+        leash = open_leash(config, os.environ, source, strict=strict)
+    except ProxyError as exc:
+        raise click.ClickException(str(exc)) from None
+    if leash is None:
+        raise click.ClickException("this config has no `leash:` section")
+    return leash
+
+
+def engine_problem(config: ProxyConfig, mode: Mode) -> str | None:
+    """Why the SpecAgent engine cannot run `mode` with this config, or None (checked before backends start)."""
+    missing = [config.review.model] if config.review.model not in config.models else []
+    if mode != "strong-only" and "weak" not in config.models:
+        missing.append("weak")
+    if missing:
+        return " and ".join(f"models.{name}" for name in missing) + " must be configured (see the README)"
+    if mode == "spec+leash" and config.leash is None:
+        return "it needs a `leash:` section (see the README)"
+    return None
+
+
+def bind_check(host: str, port: int, *, option: str) -> None:
+    """Fail in one line, before any backend starts, when the address cannot be listened on."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds it
+        try:
+            sock.bind((host, port))
+            sock.listen(1)
+        except OSError as exc:
+            raise click.ClickException(
+                f"{option}: cannot listen on {host}:{port}: {exc.strerror or exc}"
+                " — stop what holds that port, or choose another"
+            ) from None
+
+
+def token_from_env(token_env: str | None) -> str | None:
+    """The bearer token an HTTP front requires: read here, at the edge, from the variable named."""
+    if not token_env:
+        return None
+    token = os.environ.get(token_env)
+    if not token:
+        raise click.ClickException(f"--token-env {token_env}: that environment variable is empty or not set")
+    return token
+
+
+def run_loop(main: Callable[[], Awaitable[T]]) -> T:
+    """Run the event loop; a ProxyError, however deep in task groups, becomes a clean CLI error."""
+    try:
+        return anyio.run(main)
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    except BaseException as exc:
+        found = _proxy_error(exc)
+        if found is None:
+            raise
+        raise click.ClickException(str(found)) from None
+
+
+def _proxy_error(exc: BaseException) -> ProxyError | None:
+    if isinstance(exc, ProxyError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            if (found := _proxy_error(inner)) is not None:
+                return found
+    return None
+
+
+async def stop_on_signal(scope: anyio.CancelScope) -> None:
+    """Cancel `scope` at the first SIGTERM or SIGINT, so the backends close in order."""
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for _ in signals:
+            logger.info("stopping: closing backends")
+            scope.cancel()
+            return
