@@ -6,8 +6,8 @@ is switched, native tools or JSON actions, where hidden states come from — is 
 provider profile (`mcp_spec_proxy.providers`, where `ModelConfig` lives). With `actions: json`
 the tools become a JSON-schema `response_format` and the reply is parsed back into the same
 `tool_calls`/content shape (`mcp_spec_proxy.actions`), so callers never see the difference. A
-JSON action cut off at max_tokens is a `ModelError`; one that does not parse is
-`Completion.action_error` (the engine shows it to the model as a failed step).
+JSON action cut off at max_tokens, or one that does not parse, is `Completion.action_error` (the
+engine shows it to the model as a failed step; the run goes on within its limits).
 
 A `ChatModel` records every call: prompt, completion and cached tokens, and latency. Failures
 surface as `ModelError` with the endpoint and what went wrong; the caller decides what a failure
@@ -191,12 +191,15 @@ class ChatModel:
         try:
             if message is None:
                 raise _Malformed("answered a choice with no message")
-            if json_actions:
-                if getattr(choice, "finish_reason", None) == "length":
-                    raise _Malformed(
-                        f"answered a JSON action cut off at the token limit ({call.completion_tokens} tokens:"
-                        f" {shorten(repr(content), 120)}) — raise max_tokens"
-                    )
+            if json_actions and getattr(choice, "finish_reason", None) == "length":
+                # A failed step the model sees (the run goes on, bounded by its limits), not the run's end.
+                answer: str | None = None
+                tool_calls: tuple[ToolCall, ...] = ()
+                action_error = (
+                    f"the JSON action was cut off at the token limit ({call.completion_tokens} tokens:"
+                    f" {shorten(repr(content), 120)}): make a shorter call, or raise max_tokens"
+                )
+            elif json_actions:
                 answer, tool_calls, action_error = parse_action(content)
                 content = content if action_error else answer  # a failed action keeps its text for the model
             else:
