@@ -11,6 +11,7 @@ a browser never hands a foreign page an answer.
 from __future__ import annotations
 
 import hmac
+import logging
 import socket
 from collections.abc import Iterable
 from urllib.parse import urlsplit
@@ -21,6 +22,8 @@ import uvicorn
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+logger = logging.getLogger(__name__)
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 _WILDCARD_BINDS = ("127.0.0.1", "localhost", "::1", "0.0.0.0", "::")
@@ -123,9 +126,15 @@ def _refusal(status: int, message: str, code: str, headers: dict[str, str] | Non
 
 
 async def serve_asgi(
-    app: ASGIApp, host: str, port: int, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED
+    app: ASGIApp,
+    host: str,
+    port: int,
+    *,
+    announce: str = "",
+    task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve until cancelled; `task_status.started(port)` once the socket listens.
+    """Serve until cancelled; `task_status.started(port)` once the socket listens, and `announce`
+    (a log format taking the host and the bound port) logged then.
 
     Clients that connect before uvicorn accepts wait in the socket's backlog, so there is no
     window in which the port is announced but refuses connections.
@@ -140,4 +149,7 @@ async def serve_asgi(
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", log_config=None))
     async with anyio.create_task_group() as tg:
         tg.start_soon(server.serve, [sock])
-        task_status.started(int(sock.getsockname()[1]))
+        bound = int(sock.getsockname()[1])
+        if announce:
+            logger.info(announce, host, bound)
+        task_status.started(bound)

@@ -437,7 +437,5 @@ async def serve_gateway(
     names besides loopback (and `host`) that the Host and Origin headers may use.
     """
     app = gateway.app(host=host, token=token, allowed_hosts=allowed_hosts)
-    async with anyio.create_task_group() as tg:
-        bound = await tg.start(lambda task_status: serve_asgi(app, host, port, task_status=task_status))
-        logger.info("gateway: OpenAI-compatible API on http://%s:%d/v1", host, bound)
-        task_status.started(bound)
+    announce = "gateway: OpenAI-compatible API on http://%s:%d/v1"
+    await serve_asgi(app, host, port, announce=announce, task_status=task_status)

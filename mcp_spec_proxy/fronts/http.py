@@ -6,8 +6,6 @@ adds names), and with a token every request must carry `Authorization: Bearer <t
 
 from __future__ import annotations
 
-import logging
-
 import anyio
 import anyio.abc
 from mcp.server.transport_security import TransportSecuritySettings
@@ -15,8 +13,6 @@ from starlette.types import ASGIApp
 
 from mcp_spec_proxy.fronts.asgi import BearerToken, host_names, serve_asgi
 from mcp_spec_proxy.fronts.mcp import McpFront
-
-logger = logging.getLogger(__name__)
 
 
 def http_app(front: McpFront, *, host: str, token: str | None, allowed_hosts: list[str] | None = None) -> ASGIApp:
@@ -42,7 +38,4 @@ async def serve_http(
 ) -> None:
     """Serve streamable HTTP until cancelled; `task_status.started(port)` once listening."""
     app = http_app(front, host=host, token=token, allowed_hosts=allowed_hosts)
-    async with anyio.create_task_group() as tg:
-        bound = await tg.start(lambda task_status: serve_asgi(app, host, port, task_status=task_status))
-        logger.info("serving streamable HTTP on http://%s:%d/mcp", host, bound)
-        task_status.started(bound)
+    await serve_asgi(app, host, port, announce="serving streamable HTTP on http://%s:%d/mcp", task_status=task_status)
