@@ -473,7 +473,8 @@ def check_promises(evidence: Evidence, levels: list[Level]) -> list[Check]:
 def check_order(evidence: Evidence) -> Check:
     by_call: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for event in evidence.audit:
-        by_call[event["call"]].append(event)
+        if "call" in event:  # a write's held/verdict/forwarded; a read's audit line has no call id
+            by_call[event["call"]].append(event)
     bad = []
     for call_id, events in by_call.items():
         kinds = [e["event"] for e in events]
