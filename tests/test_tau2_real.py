@@ -21,9 +21,12 @@ import pytest
 from bench.cost_model import load as load_cost_model
 from bench.tau2_retail import data_dir, load_db, load_tasks
 from bench.tau2_retail.db import DataNotFound
+from bench.tau2_retail.lanes import run_all
+from bench.tau2_retail.outputs import write_outputs
 from bench.tau2_retail.params import load as load_params
-from bench.tau2_retail.runner import Endpoints, Settings, endpoints_from, run_all, write_outputs
+from bench.tau2_retail.runner import endpoints_from
 from bench.tau2_retail.scoring import Task
+from bench.tau2_retail.settings import Endpoints, Settings
 from bench.tau2_retail.user_sim import GREETING, STOP, flipped
 from mcp_spec_proxy.engine import Mode
 from mcp_spec_proxy.models import ModelConfig

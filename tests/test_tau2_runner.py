@@ -19,11 +19,14 @@ from click.testing import CliRunner
 
 from bench.cost_model import load as load_cost_model
 from bench.tau2_retail import data_dir, load_db, load_tasks
-from bench.tau2_retail.agents import Action, Seen, gold, progress
+from bench.tau2_retail.authors import Action, Seen, gold, progress
 from bench.tau2_retail.db import DEFAULT_DATA_DIR, DataNotFound
+from bench.tau2_retail.lanes import run_all
 from bench.tau2_retail.params import load as load_params
 from bench.tau2_retail.report import deterministic, order, pass_hat_k
-from bench.tau2_retail.runner import Settings, bench_tau2_retail, parse_modes, run_all, unescape
+from bench.tau2_retail.runner import bench_tau2_retail, parse_modes
+from bench.tau2_retail.settings import Settings
+from bench.tau2_retail.tokens import unescape
 from mcp_spec_proxy.engine import MODES
 
 TASKS = ["0", "13"]

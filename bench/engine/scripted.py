@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import json
 import random
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from bench.engine.tasks import Act, Task, answer
 from mcp_spec_proxy.prompts import REPAIR_HEADING, review_steps, segment_block
 from mcp_spec_proxy.testing import ChatRequest, Reply, ToolCall
+from mcp_spec_proxy.testing.tokens import tokenize
 
 WEAK, STRONG = "weak-model", "strong-model"
-TOKEN = re.compile(r"\w+|[^\w\s]")  # the scripted model server's approximate tokenizer
 
 THOUGHTS = (
     "I should make sure every path stays inside the allowed directory.",
@@ -124,7 +123,7 @@ class Scripted:
             expected = self.expected_repair_listing
             if expected is not None and len(listed) > expected:
                 extra = step_messages(request)[expected:]
-                tokens = len(TOKEN.findall(json.dumps(extra, ensure_ascii=False, separators=(",", ":"))))
+                tokens = len(tokenize(json.dumps(extra, ensure_ascii=False, separators=(",", ":"))))
                 self.repair_mismatches.append(
                     f"{task.id}: the repair prompt lists {len(listed)} committed steps, the run had {expected} "
                     f"(history + the verdict's accepted prefix): ~{tokens} extra prompt tokens"

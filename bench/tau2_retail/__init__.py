@@ -14,6 +14,7 @@ scores 1 that way (the tests check it). The data is never downloaded: `data_dir(
 finds it (`TAU2_RETAIL_DATA`, else the repository's own `data/tau2-retail`).
 """
 
+from bench.tau2_retail.catalogue import TOOLS, call_tool
 from bench.tau2_retail.db import DATA_ENV, Db, data_dir, db_hash, fresh_db, load_db
 from bench.tau2_retail.oracle import OracleCall, proxy_config, run_oracle, server_command
 from bench.tau2_retail.scoring import (
@@ -27,7 +28,7 @@ from bench.tau2_retail.scoring import (
     score_task,
 )
 from bench.tau2_retail.server import EndState, RetailServer, read_state
-from bench.tau2_retail.tools import TOOLS, ToolError, call_tool
+from bench.tau2_retail.tools import ToolError
 
 __all__ = [
     "DATA_ENV",

@@ -3,7 +3,7 @@
     python -m bench.tau2_retail.calibrate [--params FILE] [--seeds 40]
         [--weak-rates 0.09,0.11,0.13] [--strong-rates 0.045,0.055,0.065]
 
-Runs the scripted author (`agents.Authors`) of each role straight on a fresh DB per task, as the
+Runs the scripted author (`authors.Authors`) of each role straight on a fresh DB per task, as the
 engine's weak-only and strong-only loops do (every step executes, the first answer ends the
 run), over `--seeds` seeds, and prints the mean DB pass rate over the train tasks for each error
 rate given. The observations it reads are the tools' own rendering, as the retail server sends
@@ -20,14 +20,13 @@ import statistics
 import sys
 from pathlib import Path
 
-from bench.tau2_retail.agents import Authors, Seen, gold
+from bench.tau2_retail.authors import PREFIX, Authors, Seen, gold
+from bench.tau2_retail.catalogue import call_tool
 from bench.tau2_retail.db import Db, data_dir, fresh_db, load_db
 from bench.tau2_retail.params import Params, load
 from bench.tau2_retail.scoring import Task, gold_db, instruction, load_tasks
-from bench.tau2_retail.tools import ToolError, call_tool, error_text, render
+from bench.tau2_retail.tools import ToolError, error_text, render
 from mcp_spec_proxy.trajectory import OBSERVATION_LIMIT
-
-PREFIX = "retail__"
 
 
 def observation(text: str) -> str:

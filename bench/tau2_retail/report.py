@@ -1,7 +1,7 @@
 """The retail benchmark's summary: pass^k, per-mode means and ratios to strong-only, tables and plots.
 
 `summarize(records, modes, trials)` turns the per-run records (one JSON object per task run, as
-`runner.py` writes them) into one dict per mode; `markdown(...)` renders it; `plot(...)` draws
+`records.record` builds them) into one dict per mode; `markdown(...)` renders it; `plot(...)` draws
 success against strong-model tokens and against modelled wall time (PNG, matplotlib's Agg
 backend). pass^k is tau2-bench's: the chance that all k of k i.i.d. trials of a task succeed,
 estimated per task as C(c, k) / C(n, k) from c successes in n trials, averaged over tasks.

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.tau2_retail.catalogue import TOOLS, call_tool
 from bench.tau2_retail.db import Db, db_hash, fresh_db
-from bench.tau2_retail.tools import TOOLS, ToolError, call_tool, error_text, render
+from bench.tau2_retail.tools import ToolError, error_text, render
 
 Task = dict[str, Any]
 

@@ -32,8 +32,9 @@ from mcp.server import Server
 from mcp.server.context import ServerRequestContext
 from mcp.server.stdio import stdio_server
 
+from bench.tau2_retail.catalogue import TOOLS, ToolSpec, call_tool
 from bench.tau2_retail.db import Db, canonical_json, hash_text
-from bench.tau2_retail.tools import TOOLS, ToolError, ToolSpec, call_tool, error_text, render
+from bench.tau2_retail.tools import ToolError, error_text, render
 
 SERVER_NAME = "tau2-retail"
 Ctx = ServerRequestContext[Any, Any]

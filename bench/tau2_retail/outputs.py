@@ -1,0 +1,110 @@
+"""What a run leaves in `--out`: results.jsonl in order, summary.md (also printed), summary.json, plots."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from typing import Any
+
+from bench.measure import machine_line
+from bench.tau2_retail import report
+from bench.tau2_retail.db import tools_spec
+from bench.tau2_retail.params import lines
+from bench.tau2_retail.settings import LEASH_MODE, Settings
+
+CLAIM = "paper: spec within ~1 point of strong-only success, strong decode <= 0.5x, modelled wall <= 0.55x"
+
+
+def header(settings: Settings, command: str, elapsed: float, tokenizer: str) -> list[str]:
+    source = "REAL endpoints" if settings.endpoints is not None else "scripted models (agents.py)"
+    out = [
+        f"command: {command}",
+        f"date: {datetime.date.today().isoformat()}; machine: {machine_line()}; {elapsed:.0f} s",
+        f"models: {source}; tokens: {tokenizer}",
+        f"data: {settings.data} (tools' spec: {tools_spec(settings.data)})",
+        f"tasks: {len(settings.tasks)} (ids {', '.join(str(t['id']) for t in settings.tasks[:12])}"
+        + (" ..." if len(settings.tasks) > 12 else "")
+        + f"); modes {', '.join(settings.modes)}; trials {settings.trials}; seed {settings.seed}",
+        _task_line(settings)
+        + f"; reward = tau2's DB check (NL assertions have no judge here: {_unjudged(settings)} tasks leave "
+        "NL_ASSERTION out of the reward)",
+        f"cost model: {settings.cost.source} (MODELLED, not measured); modelled wall = modelled model time "
+        "+ measured non-model time (tools, proxy, engine)",
+    ]
+    if LEASH_MODE in settings.modes:
+        tasks, steps = settings.leash_start
+        hidden = settings.endpoints is not None and settings.endpoints.leash_encoder == "hidden"
+        encoder = "the weak model's hidden states" if hidden else "hashing encoder"
+        out.append(
+            f"LEASH banks: {settings.leash_dir} ({encoder}; held {tasks} task and {steps} step labels at the "
+            "start; labelled from verdicts as tasks ran and from each run's scored outcome)"
+        )
+    return out
+
+
+def _task_line(settings: Settings) -> str:
+    endpoints = settings.endpoints
+    if endpoints is None:
+        return "the engine's task text (the first user message) is the task's user instruction" + (
+            " plus its known_info" if settings.params.run.task_text == "instruction+known_info" else ""
+        )
+    user = endpoints.user or endpoints.strong
+    return (
+        f"weak {endpoints.weak.model} at {endpoints.weak.base_url}, strong {endpoints.strong.model} at "
+        f"{endpoints.strong.base_url}; an LLM user simulator ({user.model} at {user.base_url}) holds the task's "
+        f"user_scenario and talks with the agent until it says ###STOP### or {settings.max_turns} agent turns "
+        "(tau2-bench's loop); the agent sees only the conversation"
+        + (" and the retail policy" if settings.agent_policy else "")
+        + ", never the scenario or the gold actions; REAL behaviour, not a simulation"
+    )
+
+
+def _unjudged(settings: Settings) -> int:
+    return sum(bool(task["evaluation_criteria"].get("nl_assertions")) for task in settings.tasks)
+
+
+def verdict_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
+    spec, base = summary.get("spec"), summary.get("strong-only")
+    if spec is None or base is None:
+        return []
+    r = spec["vs_strong_only"]
+    return [
+        f"spec / strong-only: pass rate {r['pass_rate_points']:+.1f} points, strong decode "
+        f"{report._ratio(r['strong_decode_tokens'])}, strong prefill {report._ratio(r['strong_prefill_tokens'])}, "
+        f"modelled wall {report._ratio(r['modelled_wall_s'])}, modelled HBM {report._ratio(r['hbm_gb'])}",
+        f"({CLAIM})",
+    ]
+
+
+def write_outputs(
+    settings: Settings, records: list[dict[str, Any]], command: str, elapsed: float, tokenizer: str
+) -> str:
+    ordered = report.order(records, list(settings.modes), [str(t["id"]) for t in settings.tasks])
+    with (settings.out / "results.jsonl").open("w", encoding="utf-8") as handle:
+        for line in ordered:
+            handle.write(json.dumps(line, ensure_ascii=False) + "\n")
+    summary = report.summarize(ordered, settings.modes, settings.trials)
+    plots = report.plot(summary, settings.out)
+    text = "\n".join(
+        [
+            *header(settings, command, elapsed, tokenizer),
+            "",
+            "parameters (bench.toml, with --params over it):",
+            *(f"  {line}" for line in lines(settings.params)),
+            "",
+            "per task run (means over all runs of a mode):",
+            "",
+            report.tables(summary, settings.trials),
+            "",
+            report.details(summary),
+            "",
+            *verdict_lines(summary),
+            "",
+            "plots: " + ", ".join(path.name for path in plots),
+        ]
+    )
+    (settings.out / "summary.md").write_text(text + "\n", encoding="utf-8")
+    meta = {"command": command, "elapsed_s": round(elapsed, 1), "tokenizer": tokenizer, "machine": machine_line()}
+    payload = {"meta": meta, "params": settings.params.model_dump(mode="json"), "modes": summary}
+    (settings.out / "summary.json").write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
+    return text
