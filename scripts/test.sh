@@ -51,6 +51,16 @@ stage "backends: scripts/install-test-backends.sh"
 PYTHON="$PYTHON" bash "$REPO/scripts/install-test-backends.sh"
 echo "  ready in .backends/"
 
+stage "browser: chromium (the approval console's browser tests)"
+if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then
+  echo "  $(command -v chromium || command -v chromium-browser)"
+elif [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+  apt-get install -y -q chromium >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }
+  echo "  installed $(command -v chromium)"
+else
+  echo "  no chromium: the browser tests will be skipped; install it (Debian: sudo apt-get install chromium)"
+fi
+
 stage "local model: scripts/local-model.sh --install-only"
 PYTHON="$PYTHON" bash "$REPO/scripts/local-model.sh" --install-only
 

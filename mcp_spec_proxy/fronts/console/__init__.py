@@ -150,7 +150,9 @@ async def serve_console(
     """Serve the console until cancelled; `task_status.started(url)` with its secret link once listening."""
     async with anyio.create_task_group() as tg:
         late = _Late()
-        bound: int = await tg.start(lambda task_status: serve_asgi(late, host, port, task_status=task_status))
+        bound: int = await tg.start(
+            lambda task_status: serve_asgi(late, host, port, lifespan=False, task_status=task_status)
+        )
         late.current = console.app(bound)  # the guard needs the bound port: set before any request is read
         url = f"http://{'localhost' if host == 'localhost' else host}:{bound}/?token={console.secret}"
         console.queue.url = url
@@ -175,11 +177,6 @@ class _Late:
         self.current: ConsoleGuard | None = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":  # the console has nothing to start or stop
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
-            return
         assert self.current is not None, "no request is read before the port is bound"
         await self.current(scope, receive, send)
 
