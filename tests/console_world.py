@@ -76,9 +76,16 @@ def calling(world: World, tool: str, arguments: dict[str, Any], *, progress: boo
 
 
 @asynccontextmanager
-async def console_world(tmp_path: Path, review: dict[str, Any] | None = None) -> AsyncIterator[World]:
+async def console_world(
+    tmp_path: Path, review: dict[str, Any] | None = None, leash: dict[str, Any] | None = None
+) -> AsyncIterator[World]:
     ledger = tmp_path / "ledger"
-    config = {"servers": {"toy": toy(ledger)}, "review": {"default": "console", "timeout": 60, **(review or {})}}
+    config: dict[str, Any] = {
+        "servers": {"toy": toy(ledger)},
+        "review": {"default": "console", "timeout": 60, **(review or {})},
+    }
+    if leash is not None:
+        config["leash"] = leash
     async with proxied(config, tmp_path / "state", twins=True) as p:
         queue = p.proxy.console
         assert queue is not None

@@ -12,10 +12,18 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
+import mcp_types as types
 import pytest
 
 from mcp_spec_proxy.audit import read_audit
+from mcp_spec_proxy.catalog import CatalogTool
+from mcp_spec_proxy.fronts.console.pages import card
+from mcp_spec_proxy.review import ReviewRequest
+from mcp_spec_proxy.review.console import ConsoleQueue, ConsoleReviewer, Decision
+from mcp_spec_proxy.review.policy import HumanReviewer
+from mcp_spec_proxy.trajectory import History, Segment, Step
 from tests.console_world import World, calling, console_world
 from tests.harness import proxied, recorded, text_of, toy
 
@@ -203,3 +211,63 @@ async def test_human_review_falls_back_to_the_console_for_a_client_that_cannot_a
             story = await client.get(f"/call/{item.call}")
     assert [v["decided_by"] for v in verdicts(world)] == ["human→console"]
     assert "toy__record" in history.text and "held" in story.text and "verdict" in story.text
+
+
+async def test_console_verdicts_label_leash_steps_and_the_card_shows_the_score(tmp_path: Path) -> None:
+    leash = {"encoder": "hashing", "dim": 64, "bank_dir": str(tmp_path / "banks"), "min_neighbours": 1}
+    async with console_world(tmp_path, leash=leash) as world:
+        assert world.p.proxy.leash is not None
+        steps = world.p.proxy.leash.steps
+        before = steps.stats()["count"]
+        first = calling(world, "toy__record", {"value": "a", "intent": "note a"})
+        [item] = await world.held()
+        async with opened(world) as client:
+            await decide(client, world, item, {"action": "deny", "reason": "not that"})
+            await first.wait()
+            assert steps.stats()["failures"] == 1 and steps.stats()["count"] == before + 1
+            second = calling(world, "toy__record", {"value": "a", "intent": "note a"})
+            [again] = await world.held()
+            assert again.leash is not None and again.leash["score"] == 1.0  # its one neighbour was refused
+            card = (await client.get(f"/pending/{again.id}")).text
+            assert "LEASH" in card and "1.00" in card
+            await decide(client, world, again, {"action": "approve"})
+            await second.wait()
+            plot = (await client.get("/leash")).text
+        assert steps.stats()["successes"] == 1
+    # The first verdict had no neighbours to score it; the second, scored 1.0, was accepted.
+    assert (
+        "<svg" in plot and "score 1.0 to 1.0: 0 of 1 refused" not in plot and "score 0.9 to 1.0: 0 of 1 refused" in plot
+    )
+
+
+async def test_the_console_shows_what_the_strong_model_said_before_it_sent_the_call_here() -> None:
+    class CannotAsk:
+        async def confirm(self, message: str, schema: dict[str, Any]) -> dict[str, Any] | None:
+            return None
+
+    queue = ConsoleQueue(60)
+    queue.url = "http://127.0.0.1:1/?token=t"
+    human = HumanReviewer(ConsoleReviewer(queue))
+    schema = {"type": "object", "properties": {"value": {"type": "string"}}}
+    definition = types.Tool(name="toy__record", input_schema=schema)
+    tool = CatalogTool("toy__record", "toy", "record", definition, "write", "default", "unannotated", None, None,
+                       "f", False)  # fmt: skip
+    segment = Segment((Step(tool.name, {"value": "x"}, "write"),))
+    request = ReviewRequest("s1", tool, {"value": "x"}, "note x", segment, History(), call="c1")
+    async with anyio.create_task_group() as tg:
+        verdicts_seen: list[Any] = []
+
+        async def review() -> None:
+            why = "the strong reviewer rejected it: the user never asked for x"
+            verdicts_seen.append(await human.review(request, CannotAsk(), context=why))
+
+        tg.start_soon(review)
+        with anyio.fail_after(10):
+            while not queue.pending():
+                await queue.changed_since(queue.version)
+        [item] = queue.pending()
+        assert "the user never asked for x" in item.context and item.call == "c1"
+        assert "What the reviewing model said" in card(item)
+        queue.decide(item.id, item.digest, Decision("approve"))
+    [verdict] = verdicts_seen
+    assert verdict.accepted and verdict.reviewer == "human→console"

@@ -230,7 +230,10 @@ class ConsoleReviewer:
             score,
             time.monotonic() + self.queue.timeout,
         )
-        self.queue.hold(item)
+        try:
+            self.queue.hold(item)
+        except ConsoleRefused as exc:  # a flood of held calls: the rest are refused, not queued
+            return Verdict(False, str(exc), held - 1, reviewer="console-unavailable")
         try:
             await item.decided.wait()
         finally:
