@@ -77,7 +77,7 @@ def calling(world: World, tool: str, arguments: dict[str, Any], *, progress: boo
 
 @asynccontextmanager
 async def console_world(
-    tmp_path: Path, review: dict[str, Any] | None = None, leash: dict[str, Any] | None = None
+    tmp_path: Path, review: dict[str, Any] | None = None, leash: dict[str, Any] | None = None, *, mode: str = "legacy"
 ) -> AsyncIterator[World]:
     ledger = tmp_path / "ledger"
     config: dict[str, Any] = {
@@ -86,7 +86,7 @@ async def console_world(
     }
     if leash is not None:
         config["leash"] = leash
-    async with proxied(config, tmp_path / "state", twins=True) as p:
+    async with proxied(config, tmp_path / "state", twins=True, mode=mode) as p:
         queue = p.proxy.console
         assert queue is not None
         async with anyio.create_task_group() as tg:

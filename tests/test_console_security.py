@@ -25,7 +25,7 @@ from mcp_spec_proxy.review.console import ConsoleQueue, ConsoleReviewer, Decisio
 from mcp_spec_proxy.review.policy import HumanReviewer
 from mcp_spec_proxy.trajectory import History, Segment, Step
 from tests.console_world import World, calling, console_world
-from tests.harness import proxied, recorded, text_of, toy
+from tests.harness import ERAS, proxied, recorded, text_of, toy
 
 pytestmark = pytest.mark.anyio
 
@@ -95,8 +95,9 @@ async def test_without_the_secret_the_console_shows_and_decides_nothing(tmp_path
     assert recorded(world.ledger) == []
 
 
-async def test_a_replayed_approval_spends_once(tmp_path: Path) -> None:
-    async with console_world(tmp_path) as world:
+@pytest.mark.parametrize("era", ERAS)
+async def test_a_replayed_approval_spends_once(tmp_path: Path, era: str) -> None:
+    async with console_world(tmp_path, mode=era) as world:
         call = calling(world, "toy__record", {"value": "once", "intent": "note it"})
         [item] = await world.held()
         async with opened(world) as client:
