@@ -24,7 +24,7 @@ article.call h2 { margin:.2rem 0; font-size:1.25rem; }
 .meta { color:var(--muted); margin:.2rem 0 .8rem; }
 table { border-collapse:collapse; width:100%; }
 th, td { text-align:left; vertical-align:top; padding:.35rem .5rem; border-bottom:1px solid var(--line); }
-table.arguments th { width:14rem; }
+table.arguments th, table.fields th { width:14rem; }
 .value, pre.value { white-space:pre-wrap; word-break:break-word; font-family:ui-monospace, monospace; font-size:.92em; }
 pre.value { margin:.3rem 0; background:#f1f3f6; padding:.5rem; border-radius:4px; }
 section { margin:.8rem 0; }
