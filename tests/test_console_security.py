@@ -258,6 +258,21 @@ async def test_the_console_shows_what_the_strong_model_said_before_it_sent_the_c
     async with anyio.create_task_group() as tg:
         verdicts_seen: list[Any] = []
 
+        ruled = anyio.Event()
+
+        async def plain() -> None:
+            verdicts_seen.append(await human.review(request, CannotAsk()))
+            ruled.set()
+
+        tg.start_soon(plain)  # first a call the person approves with a rule covering any value
+        with anyio.fail_after(10):
+            while not queue.pending():
+                await queue.changed_since(queue.version)
+        [first] = queue.pending()
+        queue.decide(first.id, first.digest, Decision("rule", patterns={"value": "*"}))
+        with anyio.fail_after(10):
+            await ruled.wait()
+
         async def review() -> None:
             why = "the strong reviewer rejected it: the user never asked for x"
             verdicts_seen.append(await human.review(request, CannotAsk(), context=why))
@@ -270,5 +285,7 @@ async def test_the_console_shows_what_the_strong_model_said_before_it_sent_the_c
         assert "the user never asked for x" in item.context and item.call == "c1"
         assert "What the reviewing model said" in card(item)
         queue.decide(item.id, item.digest, Decision("approve"))
-    [verdict] = verdicts_seen
+    by_rule, verdict = verdicts_seen
+    assert by_rule.accepted and by_rule.reviewer == "human→console"
+    # The rule covered the call, but the strong model had rejected it: the person decided it.
     assert verdict.accepted and verdict.reviewer == "human→console"

@@ -10,7 +10,8 @@ hands each decision back through `ConsoleQueue.decide`, which is the only way in
 * an edit carries new arguments, validated against the tool's schema before they count; the
   verdict carries them, and the gate forwards and audits them;
 * "allow this tool with these argument patterns for this session" adds a `Rule` bound to that
-  session; later calls it matches are accepted as `console-rule`, never calls of other sessions.
+  session; later calls it matches are accepted as `console-rule`, never calls of other sessions,
+  nor a call the strong model rejected (`strong_then_human`): the person sees that one.
 
 When no console is being served (`--no-console`, or a command that serves none) the reviewer
 refuses the call with a line that says so: a held write is never forwarded for want of a page.
@@ -205,7 +206,9 @@ class ConsoleReviewer:
     async def review(self, request: ReviewRequest, user: UserChannel, context: str = "") -> Verdict:
         held = len(request.segment)
         tool = request.tool
-        rule = self.queue.rule_for(request.session, tool.name, request.arguments) if tool else None
+        # A rule stands for the person on calls like the one they approved, not on a call a model
+        # reviewer rejected before sending it here: that one they see.
+        rule = self.queue.rule_for(request.session, tool.name, request.arguments) if tool and not context else None
         if rule is not None:
             return Verdict(True, f"allowed by a session rule set on the approval console: {rule.describe()}", held,
                            reviewer="console-rule")  # fmt: skip
