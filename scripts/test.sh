@@ -5,6 +5,8 @@
 #
 # Works on a fresh clone: creates .venv, installs '.[test]' (again only when
 # pyproject.toml changes), installs the real MCP backends under .backends/,
+# Debian's chromium for the approval console's browser tests (apt-get, when
+# run as root; otherwise it says how, and those tests are skipped),
 # and the local model the `real_model` tests run against (scripts/local-model.sh
 # --install-only: xllamacpp and SmolLM2-135M, once), then runs ruff check, ruff
 # format --check, mypy and pytest; pytest runs the `real_model` tests after the

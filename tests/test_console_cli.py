@@ -1,6 +1,6 @@
 """The console as a Claude Desktop user meets it: the real command on stdio, no model configured.
 
-The shipped default (`review: human`, `fallback: console`) with a client that cannot elicit: the
+The shipped `servers.yaml`'s review section (`human`, `fallback: console`) with a client that cannot elicit: the
 write waits, `mcp-spec-proxy console-url` prints the link, the person approves on the page, the
 client gets the result. The console's options fail in one line when misused.
 """
@@ -20,6 +20,8 @@ from click.testing import CliRunner
 from mcp_spec_proxy.cli import main
 from tests.harness import PROXY_COMMAND, recorded, spawned, text_of, toy
 
+REPO = Path(__file__).resolve().parent.parent
+
 
 def console_url(config: Path, state: Path) -> subprocess.CompletedProcess[str]:
     command = [PROXY_COMMAND, "console-url", "--config", str(config), "--state-dir", str(state)]
@@ -29,7 +31,9 @@ def console_url(config: Path, state: Path) -> subprocess.CompletedProcess[str]:
 @pytest.mark.anyio
 async def test_a_stdio_client_that_cannot_ask_gets_its_write_approved_on_the_console(tmp_path: Path) -> None:
     ledger = tmp_path / "ledger"
-    config = {"servers": {"toy": toy(ledger)}, "review": {"default": "human", "fallback": "console"}}
+    shipped = yaml.safe_load((REPO / "servers.yaml").read_text())["review"]  # as a new user has it
+    assert "models" not in shipped and shipped["fallback"] == "console"
+    config = {"servers": {"toy": toy(ledger)}, "review": shipped}
     result: list[str] = []
     async with spawned(config, tmp_path) as client, anyio.create_task_group() as tg:
 
