@@ -175,3 +175,22 @@ async def serving_hostile_page() -> AsyncIterator[str]:
         port = await tg.start(lambda task_status: serve_asgi(app, "127.0.0.1", 0, task_status=task_status))
         yield f"http://localhost:{port}/"
         tg.cancel_scope.cancel()
+
+
+async def test_a_person_allows_calls_like_this_for_the_session(tmp_path: Path) -> None:
+    async with console_world(tmp_path) as world, browser_page(world) as page:
+        call = calling(world, "toy__record", {"value": "notes/monday.md", "intent": "save the notes"})
+        card = page.locator("article.call")
+        await card.wait_for()
+        await card.get_by_text("Approve, and allow calls like this for the rest of this session").click()
+        await card.locator("input[name=pattern][data-key=value]").fill("notes/*.md")
+        await card.get_by_role("button", name="Approve and allow matching calls").click()
+        assert not (await call.wait()).is_error
+        later = await world.p.client.call_tool("toy__record", {"value": "notes/tuesday.md", "intent": "save"})
+        assert not later.is_error  # no one was asked
+        other = calling(world, "toy__record", {"value": "passwords.txt", "intent": "save"})
+        await page.locator("article.call:not(.done)").wait_for()  # outside the rule: it waits on the page
+        await page.locator("article.call:not(.done)").get_by_role("button", name="Deny").click()
+        assert (await other.wait()).is_error
+    assert values(world) == ["notes/monday.md", "notes/tuesday.md"]
+    assert [line["decided_by"] for line in audit_of(world, "verdict")] == ["console", "console-rule", "console"]
