@@ -56,7 +56,7 @@ class HumanReviewer:
         """Where else the user may answer while the client waits (the approval console's link)."""
         note = getattr(self._fallback, "waiting_note", None)
         text = note() if callable(note) else None
-        return text if isinstance(text, str) else None
+        return f"unless your client asks you, {text}" if isinstance(text, str) else None
 
     async def review(self, request: ReviewRequest, user: UserChannel, context: str = "") -> Verdict:
         message = approval_message(request) + (f"\n\nNote: {context}" if context else "")
