@@ -22,7 +22,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from mcp_spec_proxy.errors import ConfigError
 from mcp_spec_proxy.models import ModelConfig
 
-ReviewMode = Literal["strong", "human", "strong_then_human", "deny", "allow", "leash"]
+ReviewMode = Literal["strong", "human", "strong_then_human", "deny", "allow", "leash", "console"]
 OnReject = Literal["block", "replace", "repair"]
 OnError = Literal["deny", "allow"]
 TransportKind = Literal["stdio", "http", "sse"]
@@ -108,8 +108,9 @@ class ReviewConfig(_Strict):
     unreadable: Literal["reject", "error"] = "reject"
     model: str = "strong"  # which entry of `models:` reviews
     policy: str = ""  # rules the reviewer holds every call to, in plain words
-    # What `human` does when the client can neither elicit nor take `input_required`.
-    fallback: Literal["deny", "allow"] = "deny"
+    # What `human` does when the client can neither elicit nor take `input_required`; `console`
+    # shows the call on the proxy's approval console (refused when no console is served).
+    fallback: Literal["deny", "allow", "console"] = "deny"
     intent: bool = True
     timeout: float = Field(default=300.0, gt=0)
 

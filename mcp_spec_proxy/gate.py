@@ -11,7 +11,7 @@ replacement and the repair turn — and the gate applies one policy to all of th
 One call id joins a call's lines, with its `author` (client, weak, strong, replacement, repair)
 and its `reviewer`. The effective reviewer is the tool's override or `review.default`, then:
 
-* `deny` never runs, and `human` always asks, whoever authored the call;
+* `deny` never runs, and `human` (or `console`) always asks, whoever authored the call;
 * a call the strong model authored (strong-led steps, a replacement, a repair) counts as
   reviewed by `strong`, so it needs no second model verdict under `strong`, `strong_then_human`
   or `leash`;
@@ -21,6 +21,9 @@ and its `reviewer`. The effective reviewer is the tool's override or `review.def
 * `allow` forwards with an audit line — unless LEASH's shadow observer flags the call, which
   then goes to the strong model (or the user).
 
+A person may approve an edited call (the approval console): the verdict carries the edited
+arguments, the gate audits the edit (`edited`: both digests) and forwards those.
+
 A reviewer that fails or times out becomes a refusing verdict (or, with `review.on_error:
 allow`, an accepting one); the exception never reaches the door. A verdict and its reason are
 capped before they are written, so a model cannot flood the audit trail.
@@ -28,6 +31,7 @@ capped before they are written, so a model cannot flood the audit trail.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -60,6 +64,8 @@ STRONG_AUTHORS: frozenset[str] = frozenset({"strong", "replacement", "repair"})
 """Authors whose calls count as reviewed by the strong model: it wrote them itself."""
 MODEL_REVIEWS: frozenset[str] = frozenset({"strong", "strong_then_human", "leash"})
 """Reviewers a strong-authored call satisfies without another model call."""
+_PERSONS = frozenset({"human", "console"})
+"""Reviewers that are a person: `on_error: allow` never forgives their silence."""
 
 Executor = Callable[[CatalogTool, dict[str, Any], "Report | None"], Awaitable[types.CallToolResult]]
 """Runs an accepted call somewhere other than a backend (the gateway's client tools)."""
@@ -67,7 +73,18 @@ Executor = Callable[[CatalogTool, dict[str, Any], "Report | None"], Awaitable[ty
 HEARTBEAT_S = 5.0
 AUDIT_TEXT_CAP = 4000
 """Characters of one free-text audit field (a reviewer's reason); the rest is cut with a marker."""
-LABELLING_REVIEWERS = {"strong", "human", "strong→human", "strong+human"}
+LABELLING_REVIEWERS = {
+    "strong",
+    "human",
+    "strong→human",
+    "strong+human",
+    "console",
+    "human→console",
+    "strong→console",
+    "strong→human→console",
+    "strong+console",
+    "strong+human→console",
+}
 """Verdicts that are judgements (not policy, not LEASH's own) and so label their steps for LEASH."""
 
 
@@ -185,7 +202,8 @@ class Gate:
             await self._audit.record("leash-escalated", call=call.id, session=call.session, **flagged)
         started = time.perf_counter()
         try:
-            verdict = await self._review(reviewer, call.request, user, report)
+            request = dataclasses.replace(call.request, call=call.id)
+            verdict = await self._review(reviewer, request, user, report)
         except InputNeeded:
             await self._audit.record("awaiting-input", **common)
             raise
@@ -209,6 +227,11 @@ class Gate:
             await self._label(call, verdict)
             return Outcome(call.id, verdict, None, latency_ms)
         step = step or Step(tool.name, call.arguments, tool.effect, intent=call.intent)
+        if verdict.arguments is not None and verdict.arguments != call.arguments:
+            # A person edited the call on the approval console (validated there against its schema).
+            edited = {"original_digest": digest(call.arguments), "edited_digest": digest(verdict.arguments)}
+            await self._audit.record("edited", call=call.id, session=call.session, by=verdict.reviewer, **edited)
+            call.arguments = step.arguments = dict(verdict.arguments)
         try:
             if executor is not None:
                 started = time.perf_counter()
@@ -246,8 +269,8 @@ class Gate:
             mode = "human"
         if mode == "deny":
             return self._reviewers["deny"], None
-        if mode == "human":
-            human = self._reviewers["human"]
+        if mode in ("human", "console"):
+            human = self._reviewers[mode]
             if loop and strong is not None:
                 # The engine's drafted segment is verified first; only then is the user asked.
                 return _Both(strong, human), None
@@ -286,6 +309,8 @@ class Gate:
                 return await _with_heartbeat(reviewer, request, user, report)
         except TimeoutError:
             problem = f"review by {reviewer.name} timed out after {self._config.review.timeout:g}s"
+            if note := _waiting_note(reviewer):
+                problem += f" (no decision came: {note})"
         except InputNeeded:
             raise
         except ReviewFailed as exc:
@@ -293,7 +318,7 @@ class Gate:
         except Exception as exc:  # boundary: a reviewer failure must become a verdict, never a forward
             logger.exception("reviewer %s failed", reviewer.name)
             problem = f"review by {reviewer.name} failed: {type(exc).__name__}: {exc}"
-        if self._config.review.on_error == "allow" and "human" not in reviewer.name:
+        if self._config.review.on_error == "allow" and not any(p in reviewer.name for p in _PERSONS):
             # `on_error: allow` forgives a model's failure, never a person's silence.
             reason = f"{problem}; allowed because review.on_error is allow"
             return Verdict(True, reason, held, reviewer="on_error", model_calls=calls)
@@ -363,7 +388,11 @@ class _Both:
             second.accepted_steps,
             reviewer=f"{first.reviewer}+{second.reviewer}",
             model_calls=first.model_calls,
+            arguments=second.arguments,
         )
+
+    def waiting_note(self) -> str | None:
+        return _waiting_note(self._second)
 
 
 async def _with_heartbeat(reviewer: Reviewer, request: ReviewRequest, user: UserChannel, report: Report) -> Verdict:
@@ -372,7 +401,8 @@ async def _with_heartbeat(reviewer: Reviewer, request: ReviewRequest, user: User
     failure: Exception | None = None
     verdict: Verdict | None = None
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_heartbeat, report, f"held for review ({reviewer.name})")
+        note = _waiting_note(reviewer)
+        tg.start_soon(_heartbeat, report, f"held for review ({reviewer.name})" + (f"; {note}" if note else ""))
         try:
             verdict = await reviewer.review(request, user)
         except Exception as exc:  # kept out of the group, raised again below as itself
@@ -396,6 +426,13 @@ async def _heartbeat(report: Report, message: str) -> None:
             return
         tick += 1
         await anyio.sleep(HEARTBEAT_S)
+
+
+def _waiting_note(reviewer: Reviewer) -> str | None:
+    """Where a person may decide while the client waits (the approval console's link), if anywhere."""
+    note = getattr(reviewer, "waiting_note", None)
+    text = note() if callable(note) else None
+    return text if isinstance(text, str) else None
 
 
 def _observe(step: Step, result: types.CallToolResult, started: float) -> None:

@@ -29,7 +29,8 @@ from mcp_spec_proxy.fingerprints import FingerprintStore
 from mcp_spec_proxy.gate import Gate
 from mcp_spec_proxy.leash.layers import Leash, LeashWatch
 from mcp_spec_proxy.models import ChatModel
-from mcp_spec_proxy.review.build import build_reviewers
+from mcp_spec_proxy.review.build import build_reviewers, console_queue
+from mcp_spec_proxy.review.console import ConsoleQueue
 from mcp_spec_proxy.telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class Proxy:
     engine: Engine | None = None  # when a strong model is configured: `delegate`, `run`, the gateway
     leash: Leash | None = None
     listeners: list[ChangeListener] = field(default_factory=list)
+    console: ConsoleQueue | None = None  # the held writes the approval console front shows
 
     async def changed(self, what: str) -> None:
         for listener in list(self.listeners):
@@ -185,6 +187,7 @@ async def running_proxy(
             watch=LeashWatch(leash) if leash is not None else None,
         )
     proxy = Proxy(config, catalog, backends, barrier, gate, audit, events, engine, leash)
+    proxy.console = console_queue(reviewers)
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(backends.run)

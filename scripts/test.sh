@@ -5,6 +5,8 @@
 #
 # Works on a fresh clone: creates .venv, installs '.[test]' (again only when
 # pyproject.toml changes), installs the real MCP backends under .backends/,
+# Debian's chromium for the approval console's browser tests (apt-get, when
+# run as root; otherwise it says how, and those tests are skipped),
 # and the local model the `real_model` tests run against (scripts/local-model.sh
 # --install-only: xllamacpp and SmolLM2-135M, once), then runs ruff check, ruff
 # format --check, mypy and pytest; pytest runs the `real_model` tests after the
@@ -50,6 +52,16 @@ fi
 stage "backends: scripts/install-test-backends.sh"
 PYTHON="$PYTHON" bash "$REPO/scripts/install-test-backends.sh"
 echo "  ready in .backends/"
+
+stage "browser: chromium (the approval console's browser tests)"
+if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then
+  echo "  $(command -v chromium || command -v chromium-browser)"
+elif [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+  apt-get install -y -q chromium >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }
+  echo "  installed $(command -v chromium)"
+else
+  echo "  no chromium: the browser tests will be skipped; install it (Debian: sudo apt-get install chromium)"
+fi
 
 stage "local model: scripts/local-model.sh --install-only"
 PYTHON="$PYTHON" bash "$REPO/scripts/local-model.sh" --install-only

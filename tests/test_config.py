@@ -357,7 +357,7 @@ def test_unknown_review_mode_lists_the_allowed_ones() -> None:
 
     assert error.file == "servers.yaml:2"
     assert error.key == "review.default"
-    assert error.fix == "use 'strong', 'human', 'strong_then_human', 'deny', 'allow' or 'leash'"
+    assert error.fix == "use 'strong', 'human', 'strong_then_human', 'deny', 'allow', 'leash' or 'console'"
 
 
 def test_invalid_yaml_names_the_line(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ mcp-spec-proxy --config servers.yaml --http :8765    serve streamable HTTP on 12
 mcp-spec-proxy tools                                 every tool with its effect and why
 mcp-spec-proxy tools accept NAME                     accept a tool's changed definition, or a new tool
 mcp-spec-proxy check                                 validate the config and exit
+mcp-spec-proxy console-url                           the running proxy's approval console link
 mcp-spec-proxy run TASK / gateway / report-outcome   the SpecAgent engine
 mcp-spec-proxy bank stats / import / calibrate       LEASH's banks
 

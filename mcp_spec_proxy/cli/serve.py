@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 import anyio
+import anyio.abc
 import click
 
 from mcp_spec_proxy import __version__
@@ -17,17 +18,21 @@ from mcp_spec_proxy.cli.setup import (
     config_option,
     engine_problem,
     file_options,
+    load,
+    logger,
     run_loop,
     setup,
+    state_dir_of,
     state_option,
     stop_on_signal,
     token_from_env,
 )
 from mcp_spec_proxy.engine import MODES
+from mcp_spec_proxy.fronts.console import CONSOLE_URL_FILE, Console, serve_console
 from mcp_spec_proxy.fronts.http import serve_http
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.fronts.stdio import serve_stdio
-from mcp_spec_proxy.proxy import validate
+from mcp_spec_proxy.proxy import Proxy, StatePaths, validate
 
 
 def _parse_http(value: str) -> tuple[str, int]:
@@ -46,6 +51,13 @@ def _parse_http(value: str) -> tuple[str, int]:
 @click.option("--allow-host", multiple=True, help="Extra Host header value the HTTP front accepts.")
 @click.option("--telemetry", type=click.Path(dir_okay=False), help="Append one JSON line per decision to FILE.")
 @click.option(
+    "--console",
+    "console",
+    metavar="HOST:PORT",
+    help="Serve the approval console there (loopback only). Default with stdio: 127.0.0.1 on a free port.",
+)
+@click.option("--no-console", is_flag=True, help="Serve no approval console: writes that would wait there are refused.")
+@click.option(
     "--log-level", type=LOG_LEVELS, help="Default: INFO when serving, WARNING for `tools`, `run` and the rest."
 )
 @click.version_option(__version__, prog_name="mcp-spec-proxy")
@@ -58,6 +70,8 @@ def main(
     token_env: str | None,
     allow_host: tuple[str, ...],
     telemetry: str | None,
+    console: str | None,
+    no_console: bool,
     log_level: str | None,
 ) -> None:
     """An MCP server in front of your MCP servers: reads pass, writes wait for a verdict."""
@@ -69,12 +83,14 @@ def main(
     address = _parse_http(http) if http else None
     if address is not None:
         bind_check(*address, option="--http")
+    console_at = _console_address(console, no_console, stdio=address is None)
     built = setup(ctx, telemetry=telemetry, log_level="INFO")
 
     async def serve() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(stop_on_signal, tg.cancel_scope)
             async with built.running() as proxy:
+                await _start_console(tg, proxy, built.state, console_at)
                 front = McpFront(proxy, version=__version__)
                 if address is None:
                     await serve_stdio(front)
@@ -88,6 +104,67 @@ def main(
             tg.cancel_scope.cancel()
 
     run_loop(serve)
+
+
+def _console_address(console: str | None, no_console: bool, *, stdio: bool) -> tuple[str, int] | None:
+    """Where the approval console listens: `--console`, else a free loopback port when serving stdio."""
+    if no_console:
+        if console:
+            raise click.UsageError("--console and --no-console contradict each other; give one")
+        return None
+    if console is None:
+        return ("127.0.0.1", 0) if stdio else None
+    host, port = _parse_http(console)
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        raise click.BadParameter(
+            f"{console!r}: the approval console listens on loopback only (127.0.0.1, localhost or [::1])",
+            param_hint="--console",
+        )
+    bind_check(host, port, option="--console")
+    return host, port
+
+
+async def _start_console(
+    tg: anyio.abc.TaskGroup, proxy: Proxy, state: StatePaths, address: tuple[str, int] | None
+) -> None:
+    """Serve the approval console beside the front, or say once what its absence means."""
+    if proxy.console is None:
+        return
+    if address is None:
+        if _waits_on_console(proxy):
+            logger.warning(
+                "no approval console is served (--no-console, or --http without --console): writes whose review"
+                " would wait there are refused"
+            )
+        return
+    site = Console(proxy.console, state.audit, proxy.leash)
+    url_file = state.root / CONSOLE_URL_FILE
+    await tg.start(
+        lambda task_status: serve_console(site, *address, url_file=url_file, notify=True, task_status=task_status)
+    )
+
+
+def _waits_on_console(proxy: Proxy) -> bool:
+    review = proxy.config.review
+    modes = set(proxy.config.review_modes().values())
+    return "console" in modes or (review.fallback == "console" and bool(modes & {"human", "strong_then_human"}))
+
+
+@main.command("console-url")
+@file_options
+@click.pass_context
+def console_url(ctx: click.Context) -> None:
+    """Print the link to the running proxy's approval console (it holds the console's secret)."""
+    config = load(ctx.obj["config_path"])
+    path = state_dir_of(ctx.obj.get("state_dir"), config) / CONSOLE_URL_FILE
+    try:
+        click.echo(path.read_text(encoding="utf-8").strip())
+    except OSError:
+        raise click.ClickException(
+            f"no approval console is running for the state directory {path.parent} (no {path.name} there):"
+            " start the proxy (it serves the console with stdio, or with --console HOST:PORT), and pass the"
+            " same --config and --state-dir here"
+        ) from None
 
 
 @main.command()

@@ -131,10 +131,12 @@ async def serve_asgi(
     port: int,
     *,
     announce: str = "",
+    lifespan: bool = True,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until cancelled; `task_status.started(port)` once the socket listens, and `announce`
-    (a log format taking the host and the bound port) logged then.
+    (a log format taking the host and the bound port) logged then. `lifespan=False` for an app
+    that has nothing to start or stop.
 
     Clients that connect before uvicorn accepts wait in the socket's backlog, so there is no
     window in which the port is announced but refuses connections.
@@ -146,7 +148,8 @@ async def serve_asgi(
     sock.bind((host, port))
     sock.listen(128)
     sock.setblocking(False)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", log_config=None))
+    config = uvicorn.Config(app, log_level="warning", lifespan="on" if lifespan else "off", log_config=None)
+    server = uvicorn.Server(config)
     async with anyio.create_task_group() as tg:
         tg.start_soon(server.serve, [sock])
         bound = int(sock.getsockname()[1])

@@ -8,8 +8,9 @@ segment; the held call is its last step, so the call is accepted exactly when
 must ask the person behind the client does so through a `UserChannel`.
 
 The reviewers live beside this seam: `policy` (allow, deny, human), `strong` (the one-prefill
-verifier, the repair turn, strong_then_human), `leash` (LEASH's accept layer), `verdict`
-(reading the strong model's answer); `build` makes the set a config uses.
+verifier, the repair turn, strong_then_human), `leash` (LEASH's accept layer), `console` (the
+person at the proxy's approval console), `verdict` (reading the strong model's answer); `build`
+makes the set a config uses.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class Verdict:
     reviewer: str = ""
     model_calls: tuple[ModelCall, ...] = ()
     evidence: dict[str, Any] | None = None  # what a LEASH decision rested on: score and neighbours
+    arguments: dict[str, Any] | None = None  # a person's edit: the backend gets these instead (the gate audits it)
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class ReviewRequest:
     segment: Segment
     history: History = field(repr=False)
     task: str = ""  # the user's request, when the proxy drives the agent (engine)
+    call: str = ""  # the gate's call id (set by the gate): the approval console binds its decision to it
 
 
 class InputNeeded(ProxyError):

@@ -1,7 +1,9 @@
 """The reviewer set a config uses: one reviewer per review mode, and the repair turn.
 
 A mode the config names but cannot build (no model for `strong`, no `leash:` section for
-`leash`) is a `ConfigError` pointing at the key that names it.
+`leash`) is a `ConfigError` pointing at the key that names it. `console` is always built: its
+queue is what the approval console front serves (`console_queue`), and without that front it
+refuses every call it is given, with a line saying why.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from mcp_spec_proxy.errors import ConfigError
 from mcp_spec_proxy.leash.layers import Leash
 from mcp_spec_proxy.models import ChatModel
 from mcp_spec_proxy.review import Reviewer
+from mcp_spec_proxy.review.console import ConsoleQueue, ConsoleReviewer
 from mcp_spec_proxy.review.leash import LeashReviewer
 from mcp_spec_proxy.review.policy import AllowReviewer, DenyReviewer, HumanReviewer
 from mcp_spec_proxy.review.strong import EscalatingReviewer, Repairer, StrongReviewer
@@ -26,9 +29,16 @@ def build_reviewers(
 ) -> tuple[dict[ReviewMode, Reviewer], Repairer | None]:
     """A reviewer for every mode the config uses; a mode that cannot be built is a `ConfigError`."""
     deny = DenyReviewer()
-    refused = DenyReviewer("review.fallback is deny — use a client that can ask you, or set review.fallback: allow")
-    human = HumanReviewer(AllowReviewer() if config.review.fallback == "allow" else refused)
+    refused = DenyReviewer(
+        "review.fallback is deny — use a client that can ask you, or set review.fallback: console (the proxy's"
+        " approval page) or allow"
+    )
+    console = ConsoleReviewer(ConsoleQueue(config.review.timeout), leash)
+    fallbacks: dict[str, Reviewer] = {"allow": AllowReviewer(), "console": console, "deny": refused}
+    fallback = fallbacks[config.review.fallback]
+    human = HumanReviewer(fallback)
     reviewers: dict[ReviewMode, Reviewer] = {"allow": AllowReviewer(), "deny": deny, "human": human}
+    reviewers["console"] = console
     repairer = None
     model = models.get(config.review.model)
     if model is not None:
@@ -57,6 +67,15 @@ def build_reviewers(
                 f"add models: {{{config.review.model}: {{base_url: ..., model: ...}}}} or use human, deny or allow",
             )
         raise ConfigError(
-            source, key, f"review mode {mode!r} is not available in this version", "use strong, human, deny or allow"
+            source,
+            key,
+            f"review mode {mode!r} is not available in this version",
+            "use strong, human, console, deny or allow",
         )
     return reviewers, repairer
+
+
+def console_queue(reviewers: dict[ReviewMode, Reviewer]) -> ConsoleQueue | None:
+    """The approval console's queue among `reviewers` (None for a set built elsewhere)."""
+    console = reviewers.get("console")
+    return console.queue if isinstance(console, ConsoleReviewer) else None

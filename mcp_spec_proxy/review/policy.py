@@ -2,16 +2,19 @@
 
 `human` asks the person at the client through a `UserChannel` the front provides: elicitation
 on the handshake era, `input_required` on the 2026-07-28 era. When the client can do neither,
-it falls back to the configured policy (deny unless told otherwise) — it never forwards
-silently. The approval text shows every argument key, each value cut to a share of a budget.
+it falls back to the configured policy (`review.fallback`: deny, allow, or the approval
+console) — it never forwards silently. The approval text shows every argument key, each value
+cut to a share of a budget.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 from mcp_spec_proxy.review import Reviewer, ReviewRequest, UserChannel, Verdict
+from mcp_spec_proxy.review.console import ConsoleReviewer
 
 
 class AllowReviewer:
@@ -49,14 +52,24 @@ class HumanReviewer:
     def __init__(self, fallback: Reviewer) -> None:
         self._fallback = fallback
 
+    def waiting_note(self) -> str | None:
+        """Where else the user may answer while the client waits (the approval console's link)."""
+        note = getattr(self._fallback, "waiting_note", None)
+        text = note() if callable(note) else None
+        return f"unless your client asks you, {text}" if isinstance(text, str) else None
+
     async def review(self, request: ReviewRequest, user: UserChannel, context: str = "") -> Verdict:
         message = approval_message(request) + (f"\n\nNote: {context}" if context else "")
         answer = await user.confirm(message, APPROVAL_SCHEMA)
         held = len(request.segment)
         if answer is None:
-            verdict = await self._fallback.review(request, user)
+            fallback = self._fallback
+            if isinstance(fallback, ConsoleReviewer):  # the console shows what a model said before
+                verdict = await fallback.review(request, user, context=context)
+            else:
+                verdict = await fallback.review(request, user)
             reason = f"the client cannot ask the user (no elicitation); fallback {verdict.reviewer}: {verdict.reason}"
-            return Verdict(verdict.accepted, reason, verdict.accepted_steps, reviewer=f"human→{verdict.reviewer}")
+            return dataclasses.replace(verdict, reason=reason, reviewer=f"human→{verdict.reviewer}")
         content = answer.get("content") or {}
         note = str(content.get("note") or "").strip()
         if answer.get("action") == "accept" and content.get("approve") is True:

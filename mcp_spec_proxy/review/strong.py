@@ -238,6 +238,9 @@ class EscalatingReviewer:
         self._strong = strong
         self._human = human
 
+    def waiting_note(self) -> str | None:
+        return self._human.waiting_note()
+
     async def review(self, request: ReviewRequest, user: UserChannel) -> Verdict:
         memo: dict[str, Any] = getattr(user, "memo", None) or {}
         remembered = memo.get(self.MEMO)
@@ -263,4 +266,6 @@ class EscalatingReviewer:
             second.accepted_steps,
             reviewer=f"strong→{second.reviewer}",
             model_calls=calls,
+            evidence=second.evidence,
+            arguments=second.arguments,
         )

@@ -1,0 +1,227 @@
+"""The approval console: the proxy's own web page where a person decides on held writes.
+
+For clients that cannot ask their user (no elicitation, no `input_required`), a write under
+`review: console` — or under `human` with `review.fallback: console` — waits on the
+`ConsoleQueue` (`review/console.py`) while this page shows it. The page reads the queue and the
+audit log and posts decisions back to the queue; it never forwards anything itself: an approval
+is a verdict, and the gate forwards (or not) as for any other reviewer.
+
+Served on loopback only, behind `ConsoleGuard` (`guard.py`): the per-start secret in its link,
+then a `SameSite=Strict` cookie; a loopback Host; an Origin equal to its own on every POST; no
+CORS. `serve_console` binds, sets the queue's `url` (which the reviewers put in what the client
+sees), optionally writes the link to a file (`mcp-spec-proxy console-url` reads it) and
+announces new held calls on the desktop (`notify-send`, `osascript`) where one is available.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import secrets
+import shutil
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from mcp_spec_proxy.fronts.asgi import serve_asgi
+from mcp_spec_proxy.fronts.console import assets, history, pages
+from mcp_spec_proxy.fronts.console.guard import ConsoleGuard
+from mcp_spec_proxy.leash.layers import Leash
+from mcp_spec_proxy.review.console import ConsoleQueue, ConsoleRefused, Decision
+
+logger = logging.getLogger(__name__)
+
+CONSOLE_URL_FILE = "console-url"
+"""The file in the state directory that holds the running console's link (`mcp-spec-proxy console-url`)."""
+KEEPALIVE_S = 15.0
+MAX_BODY = 1_000_000
+ACTIONS = ("approve", "deny", "edit", "rule")
+
+
+class Console:
+    """The console's routes over one queue, one audit file and (maybe) LEASH's banks."""
+
+    def __init__(self, queue: ConsoleQueue, audit: Path | None, leash: Leash | None = None) -> None:
+        self.queue = queue
+        self.audit = audit
+        self.leash = leash
+        self.secret = secrets.token_urlsafe(24)
+
+    def app(self, port: int) -> ConsoleGuard:
+        routes = [
+            Route("/", self.index),
+            Route("/pending/{item}", self.pending),
+            Route("/events", self.events),
+            Route("/decide/{item}", self.decide, methods=["POST"]),
+            Route("/history", self.history),
+            Route("/call/{call}", self.story),
+            Route("/leash", self.leash_page),
+            Route("/console.js", lambda _: Response(assets.JS, media_type="text/javascript")),
+            Route("/console.css", lambda _: Response(assets.CSS, media_type="text/css")),
+        ]
+        return ConsoleGuard(Starlette(routes=routes), secret=self.secret, port=port)
+
+    async def index(self, request: Request) -> Response:
+        return HTMLResponse(pages.pending_page(self.queue.pending()))
+
+    async def pending(self, request: Request) -> Response:
+        item = self.queue.get(request.path_params["item"])
+        if item is None:
+            return HTMLResponse("", status_code=404)
+        return HTMLResponse(pages.card(item))
+
+    async def events(self, request: Request) -> Response:
+        async def stream() -> AsyncIterator[str]:
+            version = -1
+            while True:
+                ids = [item.id for item in self.queue.pending()]
+                version = self.queue.version
+                yield f"event: queue\ndata: {json.dumps({'ids': ids})}\n\n"
+                with anyio.move_on_after(KEEPALIVE_S):
+                    await self.queue.changed_since(version)
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    async def decide(self, request: Request) -> Response:
+        body = await request.body()
+        if len(body) > MAX_BODY:
+            return JSONResponse({"error": "the decision is too large"}, status_code=413)
+        try:
+            data = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return JSONResponse({"error": "the decision is not JSON"}, status_code=400)
+        if not isinstance(data, dict) or data.get("action") not in ACTIONS or not isinstance(data.get("digest"), str):
+            return JSONResponse({"error": f"a decision names an action ({', '.join(ACTIONS)}) and a digest"}, 400)
+        reason = data.get("reason")
+        decision = Decision(
+            data["action"],
+            reason if isinstance(reason, str) else "",
+            arguments=data.get("arguments") if data["action"] == "edit" else None,
+            patterns=data.get("patterns") if data["action"] == "rule" else None,
+        )
+        try:
+            item = self.queue.decide(request.path_params["item"], data["digest"], decision)
+        except ConsoleRefused as exc:
+            return JSONResponse({"error": str(exc)}, status_code=409)
+        done = {
+            "approve": "Approved: the call runs now.",
+            "deny": "Denied: the agent is told"
+            + (f" your reason: “{decision.reason.strip()}”." if decision.reason.strip() else " it was refused."),
+            "edit": "Approved with your edited arguments: the call runs now.",
+            "rule": "Approved; matching calls of this session now run without asking.",
+        }[decision.action]
+        return JSONResponse({"message": done, "call": item.call})
+
+    async def history(self, request: Request) -> Response:
+        lines = await anyio.to_thread.run_sync(history.audit_lines, self.audit)
+        filters = {name: request.query_params.get(name, "")[:200] for name in history.FILTERS}
+        return HTMLResponse(history.history_page(history.calls(lines), filters))
+
+    async def story(self, request: Request) -> Response:
+        lines = await anyio.to_thread.run_sync(history.audit_lines, self.audit)
+        return HTMLResponse(history.story_page(request.path_params["call"], lines))
+
+    async def leash_page(self, request: Request) -> Response:
+        lines = await anyio.to_thread.run_sync(history.audit_lines, self.audit)
+        stats = None
+        if self.leash is not None:
+            stats = {"task": self.leash.tasks.stats(), "step": self.leash.steps.stats()}
+        return HTMLResponse(history.leash_page(stats, lines))
+
+
+async def serve_console(
+    console: Console,
+    host: str,
+    port: int,
+    *,
+    url_file: Path | None = None,
+    notify: bool = False,
+    task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the console until cancelled; `task_status.started(url)` with its secret link once listening."""
+    async with anyio.create_task_group() as tg:
+        late = _Late()
+        bound: int = await tg.start(
+            lambda task_status: serve_asgi(late, host, port, lifespan=False, task_status=task_status)
+        )
+        late.current = console.app(bound)  # the guard needs the bound port: set before any request is read
+        url = f"http://{f'[{host}]' if ':' in host else host}:{bound}/?token={console.secret}"
+        console.queue.url = url
+        logger.info("approval console: %s (held writes wait there for your decision)", url)
+        with _url_written(url_file, url):
+            if notify:
+                tg.start_soon(_notify_new, console.queue, url)
+            task_status.started(url)
+            try:
+                await anyio.sleep_forever()
+            finally:
+                console.queue.url = None
+
+
+class _Late:
+    """The ASGI app, known once the port is bound (the guard checks the Host's port).
+
+    uvicorn reads requests only after `serve_asgi` reports the port, and `current` is set at once then.
+    """
+
+    def __init__(self) -> None:
+        self.current: ConsoleGuard | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        assert self.current is not None, "no request is read before the port is bound"
+        await self.current(scope, receive, send)
+
+
+@contextlib.contextmanager
+def _url_written(path: Path | None, url: str) -> Any:
+    """The link in `path` (owner-only: it holds the secret) while the console serves."""
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    path.touch(mode=0o600)
+    path.write_text(url + "\n", encoding="utf-8")
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            if path.read_text(encoding="utf-8").strip() == url:  # another proxy may have written its own since
+                path.unlink()
+
+
+async def _notify_new(queue: ConsoleQueue, url: str) -> None:
+    """A desktop notification for each newly held call, where the platform has a notifier."""
+    if sys.platform == "darwin" and shutil.which("osascript"):
+        command = ["osascript", "-e"]
+    elif shutil.which("notify-send"):
+        command = ["notify-send", "mcp-spec-proxy"]
+    else:
+        return
+    seen: set[str] = set()
+    version = queue.version
+    while True:
+        version = await queue.changed_since(version)
+        for item in queue.pending():
+            if item.id in seen:
+                continue
+            seen.add(item.id)
+            text = f"A change waits for your approval: {item.tool.name}. Open {url.split('?')[0]}"
+            if command[0] == "osascript":
+                quoted = text.replace("\\", "\\\\").replace('"', '\\"')
+                text = f'display notification "{quoted}" with title "mcp-spec-proxy"'
+            argv = [*command, text]
+            with contextlib.suppress(OSError, anyio.BrokenResourceError), anyio.move_on_after(5):
+                await anyio.run_process(argv, check=False)
+
+
+__all__ = ["CONSOLE_URL_FILE", "Console", "serve_console"]

@@ -1,0 +1,127 @@
+"""The console's two static files: its stylesheet and its script (plain JavaScript, no build step).
+
+The script keeps the waiting list live from the server-sent events at `/events` (cards are
+rendered by the server at `/pending/<id>`), and posts each decision as JSON to `/decide/<id>`
+with the digest of the arguments the card showed.
+"""
+
+CSS = """
+:root { --fg:#1d2330; --muted:#5b6475; --line:#d8dde6; --ok:#17663a; --no:#a61b1b; --bg:#f6f7f9; }
+* { box-sizing: border-box; }
+body { margin:0; font:15px/1.5 system-ui, -apple-system, "Segoe UI", sans-serif; color:var(--fg);
+  background:var(--bg); }
+header.top { display:flex; gap:1.5rem; align-items:center; padding:.6rem 1.2rem; background:#1d2330; color:#fff; }
+header.top nav a { color:#cfd6e4; margin-right:1rem; text-decoration:none; }
+header.top nav a[aria-current] { color:#fff; border-bottom:2px solid #fff; }
+main { max-width:1100px; margin:0 auto; padding:1rem 1.2rem 4rem; }
+.lead { color:var(--muted); max-width:60rem; }
+.note { color:var(--muted); font-size:.9em; }
+.empty { padding:2rem; text-align:center; color:var(--muted); border:2px dashed var(--line); border-radius:8px; }
+article.call { background:#fff; border:1px solid var(--line); border-left:6px solid #d08a00; border-radius:8px;
+  padding:1rem 1.2rem; margin:1rem 0; }
+article.call.done { opacity:.55; }
+article.call h2 { margin:.2rem 0; font-size:1.25rem; }
+.meta { color:var(--muted); margin:.2rem 0 .8rem; }
+table { border-collapse:collapse; width:100%; }
+th, td { text-align:left; vertical-align:top; padding:.35rem .5rem; border-bottom:1px solid var(--line); }
+table.arguments th, table.fields th { width:14rem; }
+.value, pre.value { white-space:pre-wrap; word-break:break-word; font-family:ui-monospace, monospace; font-size:.92em; }
+pre.value { margin:.3rem 0; background:#f1f3f6; padding:.5rem; border-radius:4px; }
+section { margin:.8rem 0; }
+section.claim blockquote { margin:.3rem 0; padding:.4rem .8rem; border-left:4px solid #9aa4b5; background:#f1f3f6; }
+section.model { background:#fff7e6; padding:.4rem .8rem; border-radius:4px; }
+.observation { color:var(--muted); margin-left:1rem; }
+form.decide { margin-top:1rem; border-top:1px solid var(--line); padding-top:.8rem; }
+form.decide .buttons { display:flex; gap:.6rem; }
+button { font:inherit; padding:.45rem 1rem; border-radius:6px; border:1px solid #9aa4b5; background:#fff;
+  cursor:pointer; }
+button.approve { background:var(--ok); color:#fff; border-color:var(--ok); }
+button.deny { background:var(--no); color:#fff; border-color:var(--no); }
+label.reason { display:block; margin:.6rem 0; }
+label.reason input { width:100%; padding:.35rem; font:inherit; }
+details { margin:.5rem 0; }
+details label { display:block; margin:.3rem 0; }
+details input, textarea { width:100%; font-family:ui-monospace, monospace; padding:.35rem; }
+.status { font-weight:600; }
+.status.error { color:var(--no); }
+.status.ok { color:var(--ok); }
+form.filters { display:flex; gap:.8rem; flex-wrap:wrap; align-items:end; margin:1rem 0; }
+table.history td:first-child { white-space:nowrap; }
+table.history tr.refused td:nth-child(6) { color:var(--no); font-weight:600; }
+table.history tr.accepted td:nth-child(6) { color:var(--ok); font-weight:600; }
+ol.story li { background:#fff; border:1px solid var(--line); border-radius:6px; padding:.4rem .8rem; margin:.6rem 0; }
+svg.plot { width:100%; max-width:640px; background:#fff; border:1px solid var(--line); }
+svg.plot .bar { fill:#4767a8; } svg.plot .axis { stroke:#5b6475; } svg.plot text { font-size:11px; fill:#1d2330; }
+"""
+
+JS = """
+"use strict";
+function post(card, body) {
+  const status = card.querySelector(".status");
+  status.className = "status"; status.textContent = "Sending…";
+  body.digest = card.dataset.digest;
+  return fetch("/decide/" + encodeURIComponent(card.dataset.id), {
+    method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(body),
+    credentials: "same-origin",
+  }).then(r => r.json().then(data => ({ok: r.ok, data: data}))).then(({ok, data}) => {
+    status.className = ok ? "status ok" : "status error";
+    status.textContent = ok ? data.message : (data.error || "refused");
+    if (ok) { card.classList.add("done"); card.querySelectorAll("button").forEach(b => b.disabled = true); }
+  }).catch(err => { status.className = "status error"; status.textContent = "Could not reach the proxy: " + err; });
+}
+function decide(event) {
+  const button = event.target.closest("button[data-action]");
+  if (!button) return;
+  const card = button.closest("article.call");
+  const action = button.dataset.action;
+  const body = {action: action, reason: card.querySelector("input[name=reason]").value};
+  if (action === "edit") {
+    try { body.arguments = JSON.parse(card.querySelector("textarea[name=arguments]").value); }
+    catch (err) {
+      const status = card.querySelector(".status");
+      status.className = "status error"; status.textContent = "The edited arguments are not valid JSON: " + err.message;
+      return;
+    }
+  }
+  if (action === "rule") {
+    body.patterns = {};
+    card.querySelectorAll("input[name=pattern]").forEach(i => { body.patterns[i.dataset.key] = i.value; });
+  }
+  post(card, body);
+}
+function refresh(ids) {
+  const list = document.getElementById("pending");
+  const empty = document.getElementById("empty");
+  if (!list) return;
+  list.querySelectorAll("article.call").forEach(card => {
+    if (!ids.includes(card.dataset.id) && !card.classList.contains("done")) {
+      card.classList.add("done");
+      card.querySelectorAll("button").forEach(b => b.disabled = true);
+      const status = card.querySelector(".status");
+      if (!status.textContent) status.textContent = "No longer waiting (decided elsewhere, timed out, or cancelled).";
+    }
+  });
+  ids.forEach(id => {
+    if (document.getElementById("call-" + id)) return;
+    fetch("/pending/" + encodeURIComponent(id), {credentials: "same-origin"}).then(r => r.ok ? r.text() : "")
+      .then(html => {
+        if (html && !document.getElementById("call-" + id)) list.insertAdjacentHTML("beforeend", html);
+      });
+  });
+  if (empty) empty.hidden = ids.length > 0;
+}
+function tick() {
+  document.querySelectorAll("article.call:not(.done)").forEach(card => {
+    const left = Math.max(0, Number(card.dataset.left) - 1);
+    card.dataset.left = String(left);
+    const span = card.querySelector(".left");
+    if (span) span.textContent = String(Math.round(left));
+  });
+}
+document.addEventListener("click", decide);
+if (document.getElementById("pending")) {
+  const events = new EventSource("/events");
+  events.addEventListener("queue", e => refresh(JSON.parse(e.data).ids));
+  setInterval(tick, 1000);
+}
+"""

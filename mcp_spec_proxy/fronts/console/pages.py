@@ -1,0 +1,169 @@
+"""The approval console's HTML, rendered on the server: a held call's card, the pages around it.
+
+Every value is escaped here; nothing a client, an agent or a backend wrote reaches the page as
+markup. A long value is folded (`<details>`, its length stated), never cut without saying so.
+The words are for someone who has never seen the proxy: what is asked, what each button does.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from html import escape
+from typing import Any
+
+from mcp_spec_proxy.review.console import Pending, exact_patterns
+
+FOLD_CHARS = 240
+"""A value longer than this is shown folded: its start, and the whole on a click."""
+
+
+def page(title: str, body: str, *, active: str) -> str:
+    nav = "".join(
+        f'<a href="{href}"{" aria-current=page" if key == active else ""}>{label}</a>'
+        for key, href, label in (
+            ("pending", "/", "Waiting for you"),
+            ("history", "/history", "History"),
+            ("leash", "/leash", "LEASH"),
+        )
+    )
+    return (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f'<title>{escape(title)} — mcp-spec-proxy</title><link rel="stylesheet" href="/console.css">'
+        '<script src="/console.js" defer></script></head><body>'
+        f'<header class="top"><strong>mcp-spec-proxy</strong> approval console<nav>{nav}</nav></header>'
+        f"<main>{body}</main></body></html>"
+    )
+
+
+def pending_page(items: list[Pending]) -> str:
+    intro = (
+        "<h1>Changes waiting for your approval</h1>"
+        '<p class="lead">An AI agent connected through mcp-spec-proxy wants to use tools that may change'
+        " something (write a file, commit, send a message). Each such call is <b>held here and has not run</b>"
+        " until you decide. Read what it will do, then approve it, refuse it, or change it first.</p>"
+    )
+    cards = "".join(card(item) for item in items)
+    empty = '<p id="empty" class="empty"' + (" hidden" if items else "") + ">Nothing is waiting. New calls appear"
+    empty += " here by themselves; keep this page open.</p>"
+    return page("Waiting for you", f'{intro}{empty}<div id="pending">{cards}</div>', active="pending")
+
+
+def card(item: Pending) -> str:
+    tool = item.tool
+    title = tool.definition.title or tool.original
+    description = tool.definition.description or ""
+    held = time.strftime("%H:%M:%S", time.localtime(item.held_at))
+    parts = [
+        f'<article class="call" id="call-{escape(item.id)}" data-id="{escape(item.id)}"'
+        f' data-digest="{escape(item.digest)}" data-left="{item.seconds_left():.0f}">',
+        f"<h2>The agent wants to run <code>{escape(tool.name)}</code></h2>",
+        f'<p class="meta">Tool “{escape(title)}” of the server <b>{escape(tool.server)}</b>, held at {held}'
+        f' in session <code>{escape(item.session)}</code>. If nobody decides within <span class="left">'
+        f"{item.seconds_left():.0f}</span> seconds it is refused.</p>",
+    ]
+    if description:
+        parts.append(f'<p class="tool-description">What the tool says it does: {folded(description)}</p>')
+    parts.append("<h3>What it will do</h3>" + arguments_table(item.arguments))
+    if item.intent:
+        parts.append(
+            '<section class="claim"><h3>Why, according to the agent</h3>'
+            f"<blockquote>{folded(item.intent)}</blockquote>"
+            '<p class="note">This is the agent\'s own claim. Nothing has checked it.</p></section>'
+        )
+    parts.append(reads_section(item))
+    if item.context:
+        parts.append(
+            '<section class="model"><h3>What the reviewing model said</h3>'
+            f"<p>{folded(item.context)}</p><p class=note>It sent this call to you to decide.</p></section>"
+        )
+    if item.leash:
+        parts.append(leash_section(item.leash))
+    parts.append(decision_form(item))
+    parts.append("</article>")
+    return "".join(parts)
+
+
+def arguments_table(arguments: dict[str, Any]) -> str:
+    if not arguments:
+        return '<p class="note">No arguments.</p>'
+    rows = "".join(
+        f"<tr><th scope=row><code>{escape(key)}</code></th><td>{folded(_text(value))}</td></tr>"
+        for key, value in arguments.items()
+    )
+    return f'<table class="arguments"><tbody>{rows}</tbody></table>'
+
+
+def reads_section(item: Pending) -> str:
+    if not item.reads:
+        return (
+            '<section class="reads"><h3>What it looked at first</h3>'
+            '<p class="note">No earlier steps in this session since the last change.</p></section>'
+        )
+    rows = []
+    for step in item.reads:
+        observation = step.observation if step.observation is not None else "(no result recorded)"
+        rows.append(
+            f"<li><code>{escape(step.tool)}</code> {folded(json.dumps(step.arguments, ensure_ascii=False))}"
+            f'<div class="observation">{"error: " if step.is_error else ""}result: {folded(observation)}</div></li>'
+        )
+    return (
+        '<section class="reads"><h3>What it looked at first (the steps that led here)</h3>'
+        f"<ol>{''.join(rows)}</ol></section>"
+    )
+
+
+def leash_section(leash: dict[str, Any]) -> str:
+    score = leash.get("score")
+    shown = "not enough similar past steps to judge" if score is None else f"{float(score):.2f}"
+    neighbours = "".join(
+        f"<li>{escape(str(n.get('label')))} — similarity {float(n.get('similarity') or 0):.2f}"
+        f" ({escape(str(n.get('source')))})</li>"
+        for n in leash.get("neighbours") or []
+    )
+    return (
+        '<section class="leash"><h3>How similar steps went before (LEASH)</h3>'
+        f"<p>Failure score: <b>{escape(shown)}</b> (0 = similar past steps were accepted, 1 = refused).</p>"
+        f"{'<ul>' + neighbours + '</ul>' if neighbours else ''}</section>"
+    )
+
+
+def decision_form(item: Pending) -> str:
+    patterns = "".join(
+        f'<label>{escape(key)} <input name="pattern" data-key="{escape(key)}" value="{escape(pattern)}"></label>'
+        for key, pattern in exact_patterns(item.arguments).items()
+    )
+    edit = json.dumps(item.arguments, ensure_ascii=False, indent=2)
+    return (
+        '<form class="decide" onsubmit="return false">'
+        '<div class="buttons"><button type="button" class="approve" data-action="approve">Approve: let it run</button>'
+        '<button type="button" class="deny" data-action="deny">Deny</button></div>'
+        '<label class="reason">Reason for denying (the agent is told it): <input name="reason"'
+        ' placeholder="e.g. not that file; ask me first"></label>'
+        "<details><summary>Change the arguments, then approve</summary>"
+        '<p class="note">Edit the JSON. It is checked against the tool\'s schema before anything runs,'
+        " and the change is written to the audit log.</p>"
+        f'<textarea name="arguments" rows="{min(20, edit.count(chr(10)) + 2)}">{escape(edit)}</textarea>'
+        '<button type="button" data-action="edit">Approve with these arguments</button></details>'
+        "<details><summary>Approve, and allow calls like this for the rest of this session</summary>"
+        f'<p class="note">Later calls of <code>{escape(item.tool.name)}</code> in this session run without asking'
+        " when every argument matches its pattern (<code>*</code> matches any text). Only this session.</p>"
+        f'{patterns}<button type="button" data-action="rule">Approve and allow matching calls</button></details>'
+        '<p class="status" role="status"></p></form>'
+    )
+
+
+def folded(text: str) -> str:
+    """`text` escaped; past FOLD_CHARS its start shows and the rest opens on a click, its length said."""
+    if len(text) <= FOLD_CHARS:
+        return f'<span class="value">{escape(text)}</span>'
+    return (
+        f'<details class="fold"><summary><span class="value">{escape(text[:FOLD_CHARS])}</span>… '
+        f"<em>({len(text)} characters: show all)</em></summary>"
+        f'<pre class="value">{escape(text)}</pre></details>'
+    )
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, indent=1)

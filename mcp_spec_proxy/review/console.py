@@ -1,0 +1,302 @@
+"""The approval console's reviewer: a held write waits until a person decides on the proxy's own page.
+
+`ConsoleReviewer` (`review: console`, or `review.fallback: console` behind `human`) puts the held
+call on a `ConsoleQueue` and waits. The console front (`fronts/console/`) shows the queue and
+hands each decision back through `ConsoleQueue.decide`, which is the only way in:
+
+* a decision names the pending item by its unguessable id *and* the digest of the arguments the
+  person was shown; it is taken once (a second decision finds nothing), and refused after
+  `review.timeout` (the gate stops waiting then as well);
+* an edit carries new arguments, validated against the tool's schema before they count; the
+  verdict carries them, and the gate forwards and audits them;
+* "allow this tool with these argument patterns for this session" adds a `Rule` bound to that
+  session; later calls it matches are accepted as `console-rule`, never calls of other sessions,
+  nor a call the strong model rejected (`strong_then_human`): the person sees that one.
+
+When no console is being served (`--no-console`, or a command that serves none) the reviewer
+refuses the call with a line that says so: a held write is never forwarded for want of a page.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import re
+import secrets
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anyio
+
+from mcp_spec_proxy.catalog import INTENT_ARGUMENT, CatalogTool, canonical_json, check_arguments, digest
+from mcp_spec_proxy.errors import InvalidArguments, ProxyError
+from mcp_spec_proxy.leash.layers import Leash
+from mcp_spec_proxy.review import ReviewRequest, UserChannel, Verdict
+from mcp_spec_proxy.trajectory import Step
+
+Action = Literal["approve", "deny", "edit", "rule"]
+MAX_PENDING = 256
+MAX_RULES = 256
+REASON_CHARS = 2_000
+
+
+class ConsoleRefused(ProxyError):
+    """A decision the queue will not take: unknown or spent item, other arguments, invalid edit."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: str = ""
+    arguments: dict[str, Any] | None = None  # `edit`: what the backend gets instead
+    patterns: dict[str, str] | None = None  # `rule`: one glob per argument key
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Calls of `tool` in `session` whose every argument matches its glob (and no other key) pass."""
+
+    session: str
+    tool: str
+    patterns: dict[str, str]
+
+    def matches(self, session: str, tool: str, arguments: dict[str, Any]) -> bool:
+        if session != self.session or tool != self.tool or set(arguments) != set(self.patterns):
+            return False
+        return all(fnmatch.fnmatchcase(_as_text(arguments[key]), pattern) for key, pattern in self.patterns.items())
+
+    def describe(self) -> str:
+        shown = ", ".join(f"{key}={pattern!r}" for key, pattern in self.patterns.items()) or "no arguments"
+        return f"{self.tool} with {shown} (session {self.session})"
+
+
+@dataclass
+class Pending:
+    """One held write on the console, as the page shows it."""
+
+    call: str
+    session: str
+    tool: CatalogTool
+    arguments: dict[str, Any]
+    intent: str | None
+    reads: tuple[Step, ...]  # the session's steps that led to it
+    context: str  # what a model reviewer said before it came here (strong_then_human)
+    leash: dict[str, Any] | None  # LEASH's score and nearest neighbours, when LEASH is on
+    expires: float  # time.monotonic()
+    held_at: float = field(default_factory=time.time)
+    id: str = field(default_factory=lambda: secrets.token_urlsafe(16))
+    digest: str = ""
+    decided: anyio.Event = field(default_factory=anyio.Event)
+    decision: Decision | None = None
+
+    def __post_init__(self) -> None:
+        self.digest = digest(self.arguments)
+
+    def seconds_left(self) -> float:
+        return max(0.0, self.expires - time.monotonic())
+
+
+class ConsoleQueue:
+    """The held writes waiting on the console, and the session rules its decisions made."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.url: str | None = None  # set by the front while it serves the console
+        self._pending: OrderedDict[str, Pending] = OrderedDict()
+        self._rules: list[Rule] = []
+        self._changed: anyio.Event | None = None  # made on first wait: the queue may be built outside a loop
+        self.version = 0
+
+    # -- what the page reads -------------------------------------------------------------------
+
+    def pending(self) -> list[Pending]:
+        self._expire()
+        return list(self._pending.values())
+
+    def get(self, item_id: str) -> Pending | None:
+        self._expire()
+        return self._pending.get(item_id)
+
+    def rules(self) -> list[Rule]:
+        return list(self._rules)
+
+    async def changed_since(self, version: int) -> int:
+        """Wait until the queue differs from `version`; the new version."""
+        while self.version == version:
+            if self._changed is None:
+                self._changed = anyio.Event()
+            await self._changed.wait()
+        return self.version
+
+    # -- the reviewer's side -------------------------------------------------------------------
+
+    def rule_for(self, session: str, tool: str, arguments: dict[str, Any]) -> Rule | None:
+        return next((rule for rule in self._rules if rule.matches(session, tool, arguments)), None)
+
+    def hold(self, item: Pending) -> None:
+        self._expire()
+        if len(self._pending) >= MAX_PENDING:
+            raise ConsoleRefused(f"the approval console already holds {MAX_PENDING} calls; refused")
+        self._pending[item.id] = item
+        self._bump()
+
+    def release(self, item: Pending) -> None:
+        if self._pending.pop(item.id, None) is not None:
+            self._bump()
+
+    # -- the page's side -----------------------------------------------------------------------
+
+    def decide(self, item_id: str, shown_digest: str, decision: Decision) -> Pending:
+        """Settle one pending call, once; `ConsoleRefused` says why a decision does not count."""
+        item = self.get(item_id)
+        if item is None or item.decision is not None:
+            raise ConsoleRefused("this call is no longer waiting: it was decided already, expired or abandoned")
+        if not secrets.compare_digest(shown_digest, item.digest):
+            raise ConsoleRefused("the arguments shown are not the arguments held; reload the page")
+        if decision.action == "edit":
+            decision = dataclasses.replace(decision, arguments=self._checked(item, decision.arguments))
+        elif decision.action == "rule":
+            rule = Rule(item.session, item.tool.name, _checked_patterns(item, decision.patterns))
+            if len(self._rules) >= MAX_RULES:
+                raise ConsoleRefused(f"this console already has {MAX_RULES} rules; approve or deny one by one")
+            self._rules.append(rule)
+        decision = dataclasses.replace(decision, reason=decision.reason.strip()[:REASON_CHARS])
+        item.decision = decision
+        self._pending.pop(item.id, None)
+        item.decided.set()
+        self._bump()
+        return item
+
+    def _checked(self, item: Pending, arguments: dict[str, Any] | None) -> dict[str, Any]:
+        if not isinstance(arguments, dict):
+            raise ConsoleRefused("edited arguments must be a JSON object")
+        try:
+            check_arguments({}, backend_view(item.tool), arguments)
+        except InvalidArguments as exc:
+            raise ConsoleRefused(f"the edit was not applied: {exc}") from None
+        return arguments
+
+    def _bump(self) -> None:
+        self.version += 1
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for key in [key for key, item in self._pending.items() if item.expires <= now]:
+            del self._pending[key]
+
+
+class ConsoleReviewer:
+    """`review: console`: the person at the approval console decides."""
+
+    name = "console"
+
+    def __init__(self, queue: ConsoleQueue, leash: Leash | None = None) -> None:
+        self.queue = queue
+        self._leash = leash
+
+    def waiting_note(self) -> str | None:
+        url = self.queue.url
+        return f"approve or deny it on the approval console: {url}" if url else None
+
+    async def review(self, request: ReviewRequest, user: UserChannel, context: str = "") -> Verdict:
+        held = len(request.segment)
+        tool = request.tool
+        # A rule stands for the person on calls like the one they approved, not on a call a model
+        # reviewer rejected before sending it here: that one they see.
+        rule = self.queue.rule_for(request.session, tool.name, request.arguments) if tool and not context else None
+        if rule is not None:
+            return Verdict(True, f"allowed by a session rule set on the approval console: {rule.describe()}", held,
+                           reviewer="console-rule")  # fmt: skip
+        if tool is None or self.queue.url is None:
+            reason = (
+                "review.fallback is console, but no approval console is being served (the proxy was started"
+                " with --no-console, or this command serves none) — start the proxy with its console, or set"
+                " review.fallback: deny"
+            )
+            return Verdict(False, reason, held - 1, reviewer="console-unavailable")
+        score = None
+        if self._leash is not None:
+            score = (await self._leash.step_score(request.segment.held)).as_json()
+        item = Pending(
+            request.call,
+            request.session,
+            tool,
+            dict(request.arguments),
+            request.intent,
+            request.segment.steps[:-1],
+            context,
+            score,
+            time.monotonic() + self.queue.timeout,
+        )
+        try:
+            self.queue.hold(item)
+        except ConsoleRefused as exc:  # a flood of held calls: the rest are refused, not queued
+            return Verdict(False, str(exc), held - 1, reviewer="console-unavailable")
+        try:
+            await item.decided.wait()
+        finally:
+            self.queue.release(item)
+        decision = item.decision
+        assert decision is not None
+        evidence = {"leash": score} if score else None
+        if decision.action == "deny":
+            why = decision.reason or "no reason given"
+            return Verdict(False, f"denied on the approval console: {why}", held - 1, reviewer=self.name,
+                           evidence=evidence)  # fmt: skip
+        how = {"approve": "approved", "edit": "approved with edited arguments", "rule": "approved, with a rule"}
+        reason = f"{how[decision.action]} on the approval console" + (f": {decision.reason}" if decision.reason else "")
+        if decision.action == "rule":
+            reason += f" ({self.queue.rules()[-1].describe()})"
+        return Verdict(True, reason, held, reviewer=self.name, evidence=evidence, arguments=decision.arguments)
+
+
+def backend_view(tool: CatalogTool) -> CatalogTool:
+    """`tool` with the schema its backend declared: the proxy's own `intent` argument taken out."""
+    if not tool.wants_intent:
+        return tool
+    schema = dict(tool.input_schema)
+    schema["properties"] = {k: v for k, v in (schema.get("properties") or {}).items() if k != INTENT_ARGUMENT}
+    schema["required"] = [k for k in schema.get("required") or [] if k != INTENT_ARGUMENT]
+    return dataclasses.replace(tool, definition=tool.definition.model_copy(update={"input_schema": schema}))
+
+
+def glob_escape(text: str) -> str:
+    """A glob that matches `text` only."""
+    return re.sub(r"([*?\[])", r"[\1]", text)
+
+
+def exact_patterns(arguments: dict[str, Any]) -> dict[str, str]:
+    return {key: glob_escape(_as_text(value)) for key, value in arguments.items()}
+
+
+def _as_text(value: Any) -> str:
+    return value if isinstance(value, str) else canonical_json(value)
+
+
+def _checked_patterns(item: Pending, patterns: dict[str, str] | None) -> dict[str, str]:
+    if not isinstance(patterns, dict) or set(patterns) != set(item.arguments):
+        raise ConsoleRefused("a rule needs one pattern for every argument of the call, and no other")
+    if not all(isinstance(value, str) for value in patterns.values()):
+        raise ConsoleRefused("argument patterns must be strings (globs: * and ? match any text)")
+    rule = Rule(item.session, item.tool.name, patterns)
+    if not rule.matches(item.session, item.tool.name, item.arguments):
+        raise ConsoleRefused("those patterns do not match the call they would approve; widen them")
+    return dict(patterns)
+
+
+__all__ = [
+    "ConsoleQueue",
+    "ConsoleRefused",
+    "ConsoleReviewer",
+    "Decision",
+    "Pending",
+    "Rule",
+    "backend_view",
+    "exact_patterns",
+    "glob_escape",
+]

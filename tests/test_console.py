@@ -1,0 +1,196 @@
+"""The approval console in a real browser: Debian's Chromium driven by Playwright.
+
+A client calls a write through the proxy; the page (opened before the call, so the card arrives
+by server-sent events) shows it; the test clicks as a person would. The toy backend's ledger
+says what ran, the client's result what the agent heard, the audit log who decided.
+Chromium comes from the system (`apt-get install chromium`; scripts/test.sh installs it): the
+Playwright browser download is not used.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from mcp_spec_proxy.audit import read_audit
+from mcp_spec_proxy.review.console import Decision
+from tests.console_world import World, calling, console_world
+from tests.harness import recorded, text_of
+
+playwright = pytest.importorskip("playwright.async_api", reason="pip install playwright (the test extra)")
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(CHROMIUM is None, reason="no system Chromium: apt-get install chromium (scripts/test.sh does)"),
+]
+WAIT_MS = 20_000
+
+
+@asynccontextmanager
+async def browser_page(world: World) -> AsyncIterator[Any]:
+    async with playwright.async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=CHROMIUM)
+        try:
+            page = await browser.new_page()
+            page.set_default_timeout(WAIT_MS)
+            await page.goto(world.url)
+            assert "token=" not in page.url  # the secret left the address bar for a cookie
+            yield page
+        finally:
+            await browser.close()
+
+
+def audit_of(world: World, event: str) -> list[dict[str, Any]]:
+    return [line for line in read_audit(world.p.state.audit) if line["event"] == event]
+
+
+def values(world: World) -> list[str]:
+    return [json.loads(line)["value"] for line in recorded(world.ledger)]
+
+
+async def test_a_person_approves_a_held_write_in_the_browser(tmp_path: Path) -> None:
+    async with console_world(tmp_path) as world, browser_page(world) as page:
+        await page.get_by_text("Nothing is waiting").wait_for()
+        await world.p.client.call_tool("toy__echo", {"text": "what is in the notes"})
+        call = calling(world, "toy__record", {"value": "buy milk", "intent": "the user asked to note milk"})
+        card = page.locator("article.call")
+        await card.wait_for()
+        assert "toy__record" in await card.inner_text()
+        assert "buy milk" in await card.inner_text()
+        assert "the user asked to note milk" in await card.locator("section.claim").inner_text()
+        assert "toy__echo" in await card.locator("section.reads").inner_text()  # the read that led here
+        assert values(world) == []  # shown, not run
+        await card.get_by_role("button", name="Approve: let it run").click()
+        result = await call.wait()
+        await card.locator(".status.ok").wait_for()
+    assert not result.is_error
+    assert values(world) == ["buy milk"]
+    [verdict] = audit_of(world, "verdict")
+    assert verdict["decided_by"] == "console" and verdict["reviewer"] == "console" and verdict["accepted"]
+    assert [line["event"] for line in read_audit(world.p.state.audit) if line.get("call") == verdict["call"]] == [
+        "held",
+        "verdict",
+        "forwarded",
+    ]
+
+
+async def test_a_person_denies_with_a_reason_the_agent_hears(tmp_path: Path) -> None:
+    async with console_world(tmp_path) as world, browser_page(world) as page:
+        call = calling(world, "toy__record", {"value": "rm -rf notes", "intent": "tidy up"})
+        card = page.locator("article.call")
+        await card.wait_for()
+        await card.locator("input[name=reason]").fill("never delete my notes; archive them instead")
+        await card.get_by_role("button", name="Deny").click()
+        result = await call.wait()
+        await card.locator(".status.ok").wait_for()
+    assert result.is_error
+    assert "never delete my notes; archive them instead" in text_of(result)
+    assert values(world) == []
+    [verdict] = audit_of(world, "verdict")
+    assert verdict["decided_by"] == "console" and not verdict["accepted"]
+
+
+async def test_a_person_edits_the_arguments_and_the_backend_gets_the_edit(tmp_path: Path) -> None:
+    async with console_world(tmp_path) as world, browser_page(world) as page:
+        call = calling(world, "toy__record", {"value": "meeting at 10", "intent": "note the meeting"})
+        card = page.locator("article.call")
+        await card.wait_for()
+        await card.get_by_text("Change the arguments, then approve").click()
+        editor = card.locator("textarea[name=arguments]")
+        await editor.fill(json.dumps({"value": 11}))  # not a string: the schema refuses it
+        await card.get_by_role("button", name="Approve with these arguments").click()
+        await card.locator(".status.error").wait_for()
+        assert "edit was not applied" in await card.locator(".status").inner_text()
+        assert values(world) == [] and len(world.queue.pending()) == 1
+        await editor.fill(json.dumps({"value": "meeting at 11"}))
+        await card.get_by_role("button", name="Approve with these arguments").click()
+        result = await call.wait()
+    assert not result.is_error
+    assert values(world) == ["meeting at 11"]
+    [edited] = audit_of(world, "edited")
+    [verdict] = audit_of(world, "verdict")
+    assert edited["call"] == verdict["call"] and edited["by"] == "console"
+    assert edited["original_digest"] != edited["edited_digest"]
+
+
+async def test_a_long_value_is_folded_never_cut(tmp_path: Path) -> None:
+    long = "line of text " * 400
+    async with console_world(tmp_path) as world, browser_page(world) as page:
+        call = calling(world, "toy__record", {"value": long, "intent": "store it"})
+        card = page.locator("article.call")
+        await card.wait_for()
+        fold = card.locator("table.arguments details.fold")
+        assert f"{len(long)} characters" in await fold.locator("summary").inner_text()
+        await fold.locator("summary").click()
+        assert (await fold.locator("pre").inner_text()).strip() == long.strip()
+        await card.get_by_role("button", name="Deny").click()
+        await call.wait()
+
+
+async def test_a_page_from_another_origin_cannot_approve(tmp_path: Path) -> None:
+    async with console_world(tmp_path) as world, browser_page(world) as page:
+        call = calling(world, "toy__record", {"value": "x", "intent": "note x"})
+        [item] = await world.held()
+        # Another site's page in the same browser (the console's cookie is in it) posts a decision.
+        async with serving_hostile_page() as hostile:
+            await page.goto(hostile)
+            status = await page.evaluate(
+                """async ([url, digest]) => {
+                    try {
+                        const body = JSON.stringify({action: "approve", digest});
+                        const r = await fetch(url, {method: "POST", credentials: "include", mode: "no-cors",
+                            headers: {"Content-Type": "text/plain"}, body});
+                        return r.type;
+                    } catch (e) { return "failed: " + e; }
+                }""",
+                [f"{world.origin}/decide/{item.id}", item.digest],
+            )
+            assert status  # the request went out (opaque answer) or failed; either way:
+        assert world.queue.get(item.id) is item  # still waiting: nothing approved it
+        assert values(world) == []
+        world.queue.decide(item.id, item.digest, Decision("deny", "test over"))
+        await call.wait()
+    assert values(world) == []
+
+
+@asynccontextmanager
+async def serving_hostile_page() -> AsyncIterator[str]:
+    """A page on another origin (127.0.0.2 is loopback too, but another site)."""
+    from starlette.responses import HTMLResponse
+
+    from mcp_spec_proxy.fronts.asgi import serve_asgi
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            await HTMLResponse("<h1>a page on another site</h1>")(scope, receive, send)
+
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(lambda task_status: serve_asgi(app, "127.0.0.1", 0, task_status=task_status))
+        yield f"http://localhost:{port}/"
+        tg.cancel_scope.cancel()
+
+
+async def test_a_person_allows_calls_like_this_for_the_session(tmp_path: Path) -> None:
+    async with console_world(tmp_path) as world, browser_page(world) as page:
+        call = calling(world, "toy__record", {"value": "notes/monday.md", "intent": "save the notes"})
+        card = page.locator("article.call")
+        await card.wait_for()
+        await card.get_by_text("Approve, and allow calls like this for the rest of this session").click()
+        await card.locator("input[name=pattern][data-key=value]").fill("notes/*.md")
+        await card.get_by_role("button", name="Approve and allow matching calls").click()
+        assert not (await call.wait()).is_error
+        later = await world.p.client.call_tool("toy__record", {"value": "notes/tuesday.md", "intent": "save"})
+        assert not later.is_error  # no one was asked
+        other = calling(world, "toy__record", {"value": "passwords.txt", "intent": "save"})
+        await page.locator("article.call:not(.done)").wait_for()  # outside the rule: it waits on the page
+        await page.locator("article.call:not(.done)").get_by_role("button", name="Deny").click()
+        assert (await other.wait()).is_error
+    assert values(world) == ["notes/monday.md", "notes/tuesday.md"]
+    assert [line["decided_by"] for line in audit_of(world, "verdict")] == ["console", "console-rule", "console"]
