@@ -179,13 +179,17 @@ async def test_a_session_rule_approves_matching_calls_of_that_session_only(tmp_p
     assert [v["decided_by"] for v in verdicts(world)] == ["console", "console-rule", "console"]
 
 
-async def test_the_waiting_client_hears_the_link_and_a_timeout_refuses_with_it(tmp_path: Path) -> None:
+async def test_the_waiting_client_hears_where_the_console_is_but_never_its_key(tmp_path: Path) -> None:
+    # The client's text reaches the agent's model; with the key an agent that can send HTTP requests
+    # (a shell tool outside the proxy) could approve its own writes.
     async with console_world(tmp_path, {"timeout": 0.5}) as world:
         call = calling(world, "toy__record", {"value": "x", "intent": "note x"}, progress=True)
         result = await call.wait()
+    address = world.url.split("?", 1)[0]
     assert result.is_error and recorded(world.ledger) == []
-    assert world.url in text_of(result) and "timed out" in text_of(result)
-    assert any(world.url in message for message in call.progress)
+    assert address in text_of(result) and "timed out" in text_of(result) and "console-url" in text_of(result)
+    assert call.progress and all(address in message for message in call.progress)
+    assert world.secret not in text_of(result) and not any(world.secret in message for message in call.progress)
 
 
 async def test_without_a_console_a_console_review_refuses_with_a_clear_line(tmp_path: Path) -> None:

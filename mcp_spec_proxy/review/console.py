@@ -103,7 +103,9 @@ class ConsoleQueue:
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
-        self.url: str | None = None  # set by the front while it serves the console
+        # The console's address while the front serves it — without its key: this text reaches the
+        # client (and so the agent's model), and an agent holding the key could approve its own writes.
+        self.url: str | None = None
         self._pending: OrderedDict[str, Pending] = OrderedDict()
         self._rules: list[Rule] = []
         self._changed: anyio.Event | None = None  # made on first wait: the queue may be built outside a loop
@@ -201,7 +203,12 @@ class ConsoleReviewer:
 
     def waiting_note(self) -> str | None:
         url = self.queue.url
-        return f"approve or deny it on the approval console: {url}" if url else None
+        if not url:
+            return None
+        return (
+            f"a person can approve or deny it on the proxy's approval console at {url} (open it with the link"
+            " that holds its key: run `mcp-spec-proxy console-url`, or see the proxy's log)"
+        )
 
     async def review(self, request: ReviewRequest, user: UserChannel, context: str = "") -> Verdict:
         held = len(request.segment)

@@ -154,8 +154,9 @@ async def serve_console(
             lambda task_status: serve_asgi(late, host, port, lifespan=False, task_status=task_status)
         )
         late.current = console.app(bound)  # the guard needs the bound port: set before any request is read
-        url = f"http://{f'[{host}]' if ':' in host else host}:{bound}/?token={console.secret}"
-        console.queue.url = url
+        address = f"http://{f'[{host}]' if ':' in host else host}:{bound}/"
+        url = f"{address}?token={console.secret}"
+        console.queue.url = address  # what clients are told: never the key
         logger.info("approval console: %s (held writes wait there for your decision)", url)
         with _url_written(url_file, url):
             if notify:

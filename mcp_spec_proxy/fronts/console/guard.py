@@ -41,7 +41,8 @@ _LOCKED = """<!doctype html><meta charset="utf-8"><title>Approval console: link 
 <h1>mcp-spec-proxy approval console</h1>
 <p>This page shows the changes an AI agent wants to make through mcp-spec-proxy, so you can allow
 or refuse them. It opens only with the link the proxy gave you: run <code>mcp-spec-proxy console-url</code>,
-or look for the link in the proxy's log or in the message your client showed.</p>"""
+or look for the line "approval console:" in the proxy's log. (The link is never shown to the AI agent:
+a program that had it could approve its own changes.)</p>"""
 
 
 def cookie_name(port: int) -> str:
