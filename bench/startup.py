@@ -14,10 +14,16 @@ alternating), and with N = 5 of which one never answers its handshake (the toy t
 `--hang-at-start`, `startup_timeout: 30`): there the bar is the other four's direct start. Each
 row also says how many of the N backends' tools the proxy's first answer held.
 
+For one backend the bare SDK hop (bench/bare_proxy.py) is timed too: the floor any proxy built
+on the SDK pays for starting its own interpreter and importing the SDK before it can spawn.
+
 Idle memory: RSS of the proxy process (children not counted) once it has answered `tools/list`
 and one call and sat idle for a second, ours (`review: deny`, one backend) against
 bench/bare_proxy.py (the bare SDK hop) in front of the same backend. Both processes are read from
 /proc side by side in one run.
+
+Process start and imports: `python -c "import mcp_spec_proxy.cli"` against the same for the SDK
+modules the bare hop imports, and an empty interpreter.
 
 Runs repeat `--repeat` times in rotation (direct, ours); the medians are printed.
 """
@@ -27,6 +33,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -132,13 +139,15 @@ class Row:
     direct: list[float]
     ours: list[float]
     present: list[int]
+    bare: list[float]  # the bare SDK hop in front of the same backend: one-backend rows only
 
     def line(self) -> str:
         d, o = statistics.median(self.direct), statistics.median(self.ours)
         verdict = "within" if o <= d + BUDGET_S else "ABOVE"
+        bare = f"{statistics.median(self.bare):.2f} ({statistics.median(self.bare) - d:+.2f})" if self.bare else "-"
         return (
-            f"| {self.label} | {d:.2f} | {o:.2f} | {o - d:+.2f} | {min(self.present)}-{max(self.present)} of {self.n}"
-            f" | {verdict} |"
+            f"| {self.label} | {d:.2f} | {o:.2f} | {o - d:+.2f} | {bare}"
+            f" | {min(self.present)}-{max(self.present)} of {self.n} | {verdict} |"
         )
 
 
@@ -148,13 +157,16 @@ async def startup_rows(tmp: Path, repeat: int, errlog: IO[str]) -> list[Row]:
     rows = []
     for label, backends in cases:
         print(f"measuring {label} ...", file=sys.stderr, flush=True)
-        row = Row(label, len(backends), [], [], [])
+        row = Row(label, len(backends), [], [], [], [])
         config = proxy_config(backends, tmp, f"n{len(backends)}{'h' if label.endswith('hung') else ''}")
         for _ in range(repeat):
             row.direct.append(await direct(backends, errlog))
             elapsed, present = await ours(config, tmp, backends, errlog)
             row.ours.append(elapsed)
             row.present.append(present)
+            if len(backends) == 1:
+                bare = [sys.executable, str(REPO / "bench" / "bare_proxy.py"), "--", *backends[0].argv]
+                row.bare.append((await _first_list(bare, errlog))[0])
         rows.append(row)
     return rows
 
@@ -205,6 +217,24 @@ async def idle_rss(tmp: Path, errlog: IO[str]) -> dict[str, float]:
         return {target: _rss_mib(int(pid)) for target, pid in found.items()}
 
 
+IMPORTS = {
+    "interpreter": "pass",
+    "sdk": "import mcp.client.stdio, mcp.server.lowlevel, mcp.server.stdio",  # what bare_proxy.py imports
+    "ours": "import mcp_spec_proxy.cli",
+}
+
+
+def import_times(repeat: int) -> dict[str, float]:
+    """Median wall seconds of `python -c <import>`, the three interleaved."""
+    samples: dict[str, list[float]] = {name: [] for name in IMPORTS}
+    for _ in range(repeat):
+        for name, code in IMPORTS.items():
+            started = time.perf_counter()
+            subprocess.run([sys.executable, "-c", code], check=True)
+            samples[name].append(time.perf_counter() - started)
+    return {name: statistics.median(found) for name, found in samples.items()}
+
+
 async def measure(args: argparse.Namespace, tmp: Path, errlog: IO[str]) -> tuple[list[Row], dict[str, float]]:
     rows = await startup_rows(tmp, args.repeat, errlog)
     print("measuring idle RSS ...", file=sys.stderr, flush=True)
@@ -218,16 +248,26 @@ def main() -> int:
     args = parser.parse_args()
     print(f"machine: {machine_line()}")
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print("measuring import times ...", file=sys.stderr, flush=True)
+    imports = import_times(max(5, args.repeat))
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as name:
         tmp = Path(name)
         with open(tmp / "stderr.log", "w") as errlog:
             rows, rss = anyio.run(measure, args, tmp, errlog)
     print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"\ntime to first tools/list, seconds (median of {args.repeat}); target: ours ≤ direct + {BUDGET_S} s")
-    print("| backends | direct, slowest (s) | ours (s) | ours - direct | backends in first list | target |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| backends | direct, slowest (s) | ours (s) | ours - direct | bare hop (s, - direct)"
+        " | backends in ours' first list | target |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for row in rows:
         print(row.line())
+    print(
+        f"\nprocess start and imports, seconds (median of {max(5, args.repeat)}): interpreter alone"
+        f" {imports['interpreter']:.2f}, the SDK as the bare hop imports it {imports['sdk']:.2f},"
+        f" mcp_spec_proxy.cli {imports['ours']:.2f} (ours - sdk {imports['ours'] - imports['sdk']:+.2f})"
+    )
     gap = rss["ours"] - rss["bare"]
     print(
         f"\nidle RSS, review: deny, one backend: ours {rss['ours']:.1f} MiB, bare hop {rss['bare']:.1f} MiB,"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import yaml
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
+from mcp_spec_proxy.backends.progress import descendants_cpu_s
 from mcp_spec_proxy.fingerprints import SERVERS
 from tests.harness import ERAS, proxied, text_of, toy
 from tests.test_resilience import ToolChanges
@@ -182,3 +184,19 @@ async def test_late_tools_meet_the_same_catalog_checks(tmp_path: Path, mode: str
         record = await p.client.call_tool("late__record", {"x": 1, "intent": "test"})
         assert record.is_error
     assert not (tmp_path / "late-rec").exists()  # the late backend's ledger: nothing reached it
+
+
+def test_cpu_of_child_processes_is_counted_while_they_run_and_after_they_are_reaped() -> None:
+    """What tells a backend still starting (busy) from one hung in its handshake (idle)."""
+    before = descendants_cpu_s()
+    assert before is not None
+    work = "sum(range(30_000_000)); print('done', flush=True); input()"
+    with subprocess.Popen([sys.executable, "-c", work], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as child:
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline() == b"done\n"
+        running = descendants_cpu_s()
+        child.stdin.close()
+    after = descendants_cpu_s()
+    assert running is not None and after is not None
+    assert running - before > 0.1  # the live child: its own utime and stime
+    assert after >= running  # reaped: still counted, through our cutime and cstime

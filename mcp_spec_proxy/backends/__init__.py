@@ -1,7 +1,8 @@
 """Connections to the wrapped MCP servers.
 
 `BackendPool` runs one supervised `Backend` per enabled server, each in its own task, so one
-that fails to start, hangs or dies never blocks or breaks the others.
+that fails to start, hangs or dies never blocks or breaks the others; `BackendPool.ready` says
+when the proxy may start serving, without waiting for a backend that hangs in its handshake.
 """
 
 from __future__ import annotations
@@ -101,11 +102,6 @@ class BackendPool:
                         break
                     spent = now
                 tg.cancel_scope.cancel()
-
-    async def settled(self) -> None:
-        """Wait until every backend has connected or given up its first attempt."""
-        for backend in self.backends.values():
-            await backend.first_attempt.wait()
 
 
 async def _tell_settled(backend: Backend, send: MemoryObjectSendStream[str]) -> None:
