@@ -11,8 +11,10 @@ Time to first `tools/list`: from spawning a process over stdio to the answer of 
 
 with N = 1, 5 and 10 backends (mcp-server-time, a Python server, and the npm filesystem server,
 alternating), and with N = 5 of which one never answers its handshake (the toy test server with
-`--hang-at-start`, `startup_timeout: 30`): there the bar is the other four's direct start. Each
-row also says how many of the N backends' tools the proxy's first answer held.
+`--hang-at-start`, `startup_timeout: 30`): there the bar is the other four's direct start, and
+ours is also timed with the same config less the hung backend, side by side, to show what the
+hung one alone costs the first list. Each row also says how many of the N backends' tools the
+proxy's first answer held.
 
 For one backend the bare SDK hop (bench/bare_proxy.py) is timed too: the floor any proxy built
 on the SDK pays for starting its own interpreter and importing the SDK before it can spawn.
@@ -140,6 +142,7 @@ class Row:
     ours: list[float]
     present: list[int]
     bare: list[float]  # the bare SDK hop in front of the same backend: one-backend rows only
+    without_hung: list[float]  # ours with the same config less its hung backend: the hung row only
 
     def line(self) -> str:
         d, o = statistics.median(self.direct), statistics.median(self.ours)
@@ -157,13 +160,16 @@ async def startup_rows(tmp: Path, repeat: int, errlog: IO[str]) -> list[Row]:
     rows = []
     for label, backends in cases:
         print(f"measuring {label} ...", file=sys.stderr, flush=True)
-        row = Row(label, len(backends), [], [], [], [])
+        row = Row(label, len(backends), [], [], [], [], [])
         config = proxy_config(backends, tmp, f"n{len(backends)}{'h' if label.endswith('hung') else ''}")
         for _ in range(repeat):
             row.direct.append(await direct(backends, errlog))
             elapsed, present = await ours(config, tmp, backends, errlog)
             row.ours.append(elapsed)
             row.present.append(present)
+            if any(b.hangs for b in backends):
+                others = [b for b in backends if not b.hangs]
+                row.without_hung.append((await ours(proxy_config(others, tmp, "others"), tmp, others, errlog))[0])
             if len(backends) == 1:
                 bare = [sys.executable, str(REPO / "bench" / "bare_proxy.py"), "--", *backends[0].argv]
                 row.bare.append((await _first_list(bare, errlog))[0])
@@ -263,6 +269,13 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|")
     for row in rows:
         print(row.line())
+    for row in rows:
+        if row.without_hung:
+            cost = statistics.median(row.ours) - statistics.median(row.without_hung)
+            print(
+                f"\n{row.label}: ours {statistics.median(row.ours):.2f} s, ours without the hung backend"
+                f" {statistics.median(row.without_hung):.2f} s: the hung backend costs the first list {cost:+.2f} s"
+            )
     print(
         f"\nprocess start and imports, seconds (median of {max(5, args.repeat)}): interpreter alone"
         f" {imports['interpreter']:.2f}, the SDK as the bare hop imports it {imports['sdk']:.2f},"
