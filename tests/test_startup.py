@@ -25,6 +25,7 @@ from mcp.client.stdio import stdio_client
 from mcp_spec_proxy.backends.progress import descendants_cpu_s
 from mcp_spec_proxy.fingerprints import SERVERS
 from tests.harness import ERAS, proxied, text_of, toy
+from tests.test_cli import TOY_TOOLS, effects, parse_rows, run_proxy, toy_config
 from tests.test_resilience import ToolChanges
 
 pytestmark = pytest.mark.anyio
@@ -200,3 +201,14 @@ def test_cpu_of_child_processes_is_counted_while_they_run_and_after_they_are_rea
     assert running is not None and after is not None
     assert running - before > 0.1  # the live child: its own utime and stime
     assert after >= running  # reaped: still counted, through our cutime and cstime
+
+
+def test_tools_command_waits_for_a_hung_backend_to_give_up_and_says_why(tmp_path: Path) -> None:
+    """A one-shot command hears no list change: it reports every backend, not those ready first."""
+    stuck = toy(tmp_path / "rec", "--hang-at-start", startup_timeout=2)
+    result = run_proxy("--config", str(toy_config(tmp_path, stuck=stuck)), "--state-dir", str(tmp_path / "s"), "tools")
+    assert result.returncode == 0, result.stderr
+    assert effects(parse_rows(result.stdout)) == TOY_TOOLS
+    unavailable = [line for line in result.stderr.splitlines() if line.startswith("unavailable  ")]
+    assert len(unavailable) == 1
+    assert unavailable[0].startswith("unavailable  stuck: backend 'stuck' did not finish its handshake within 2s")

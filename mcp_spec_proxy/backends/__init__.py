@@ -103,6 +103,12 @@ class BackendPool:
                     spent = now
                 tg.cancel_scope.cancel()
 
+    async def settled(self) -> None:
+        """Wait until every backend has connected or given up its first attempt: for one-shot
+        commands (`tools`, `run`), which hear no list change after they have looked."""
+        for backend in self.backends.values():
+            await backend.first_attempt.wait()
+
 
 async def _tell_settled(backend: Backend, send: MemoryObjectSendStream[str]) -> None:
     with send:
