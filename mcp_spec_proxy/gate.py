@@ -38,7 +38,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import mcp_types as types
@@ -49,10 +49,12 @@ from mcp_spec_proxy.backends import BackendPool
 from mcp_spec_proxy.catalog import CatalogTool, digest
 from mcp_spec_proxy.config import ProxyConfig, ReviewMode
 from mcp_spec_proxy.errors import BackendError
-from mcp_spec_proxy.leash.layers import Leash
 from mcp_spec_proxy.models import ModelCall
 from mcp_spec_proxy.review import InputNeeded, Reviewer, ReviewFailed, ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.trajectory import Step, observation_text
+
+if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section opens it
+    from mcp_spec_proxy.leash.layers import Leash
 
 logger = logging.getLogger(__name__)
 

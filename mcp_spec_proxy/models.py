@@ -22,8 +22,6 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-import openai
-
 from mcp_spec_proxy.actions import ToolCall, action_format, action_messages, action_text, parse_action, shorten
 from mcp_spec_proxy.errors import ProxyError
 from mcp_spec_proxy.providers import PROVIDERS, Actions, HiddenStates, ModelConfig, Provider, detect_provider
@@ -109,6 +107,8 @@ class ChatModel:
     calls: list[ModelCall] = field(default_factory=list)  # every call, for telemetry and figures
 
     def __post_init__(self) -> None:
+        import openai  # here, not at the top: a proxy without models never pays for the client (~0.3 s)
+
         self._client = openai.AsyncOpenAI(
             base_url=self.config.base_url,
             api_key=self.api_key or "not-needed",
@@ -131,6 +131,8 @@ class ChatModel:
         """One chat completion. With `tools` and `actions: json`, the tools become a JSON-schema
         `response_format` and the answer is parsed back into `tool_calls` (see the module
         docstring). `hidden_states` asks for one vector per drafted step (LEASH's `hidden` encoder)."""
+        import openai  # loaded by __post_init__; its exception classes are named below
+
         extra = _merge(self.config.extra_body, self.config.thinking_on if thinking else self.config.thinking_off)
         json_actions = bool(tools) and self.config.actions == "json"
         if json_actions:
@@ -238,6 +240,8 @@ class ChatModel:
         """The fallback for servers without hidden states: the same model's `/v1/embeddings` of each
         drafted step's text (last-token pooling is the server's setting, e.g. llama.cpp
         `--pooling last`). Advisory: a failure gives no vectors and a failed call, never an error."""
+        import openai  # loaded by __post_init__; its exception classes are named below
+
         started = time.perf_counter()
         problem: str | None = None
         vectors: tuple[list[float], ...] = ()

@@ -2,8 +2,16 @@
 
 `running_proxy(config, state_dir)` is an async context manager: on entry every enabled backend
 is started in its own task and given until its `startup_timeout` to connect (one that fails is
-logged as unavailable and retried with backoff; it never holds up the others); on exit every
-child process is stopped. The fronts (`fronts/mcp.py`) serve clients from the `Proxy` it yields.
+logged as unavailable and retried with backoff). It yields once the backends are ready in the
+sense of `BackendPool.ready`: all settled, or the rest quiet (none settling, our child processes
+idle) for a short grace. A backend hung in its handshake then never holds up the others for its
+`startup_timeout`; when it connects, its tools enter the catalog through the same checks as
+everyone's and `Proxy.changed("tools")` tells the fronts, which announce the change to their
+clients. On exit every child process is stopped. The fronts (`fronts/mcp.py`) serve clients
+from the `Proxy` it yields.
+
+Models (the `openai` client) and LEASH (numpy, FAISS) are imported only when the config names
+them: a plain proxy does not pay for them in start-up time or memory.
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from mcp.server import Server
@@ -27,11 +35,13 @@ from mcp_spec_proxy.engine import Engine
 from mcp_spec_proxy.errors import ConfigError
 from mcp_spec_proxy.fingerprints import FingerprintStore
 from mcp_spec_proxy.gate import Gate
-from mcp_spec_proxy.leash.layers import Leash, LeashWatch
 from mcp_spec_proxy.models import ChatModel
 from mcp_spec_proxy.review.build import build_reviewers, console_queue
 from mcp_spec_proxy.review.console import ConsoleQueue
 from mcp_spec_proxy.telemetry import Telemetry
+
+if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section opens it
+    from mcp_spec_proxy.leash.layers import Leash
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +106,8 @@ def open_leash(
     """The configured LEASH (its banks opened), or None without a `leash:` section."""
     if config.leash is None:
         return None
+    from mcp_spec_proxy.leash.layers import Leash  # numpy and FAISS: paid for only by a config that uses them
+
     embedding = config.leash.embedding
     key = _key(environ, embedding.api_key_env if embedding else None, "leash.embedding", source)
     weak = config.models.get("weak")
@@ -175,6 +187,11 @@ async def running_proxy(
     engine = None
     strong = models.get(config.review.model)
     if strong is not None:
+        watch = None
+        if leash is not None:
+            from mcp_spec_proxy.leash.layers import LeashWatch
+
+            watch = LeashWatch(leash)
         engine = Engine(
             catalog,
             gate,
@@ -184,7 +201,7 @@ async def running_proxy(
             policy=config.review.policy,
             unreadable=config.review.unreadable,
             limits=config.speculation,
-            watch=LeashWatch(leash) if leash is not None else None,
+            watch=watch,
         )
     proxy = Proxy(config, catalog, backends, barrier, gate, audit, events, engine, leash)
     proxy.console = console_queue(reviewers)

@@ -75,6 +75,8 @@ async def test_backend_that_hangs_at_start_does_not_hold_up_the_others(tmp_path:
     async with proxied(cfg, tmp_path / "state") as p:
         assert text_of(await p.client.call_tool("toy__echo", {"text": "fine"})) == "fine"
         stuck = p.proxy.backends.get("stuck")
+        with anyio.fail_after(30):
+            await stuck.first_attempt.wait()  # the proxy serves before it gives up; it gives up on time
         assert stuck.status == "unavailable"
         assert "did not finish its handshake within 1s" in (stuck.last_error or "")
 

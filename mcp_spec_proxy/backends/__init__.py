@@ -1,7 +1,8 @@
 """Connections to the wrapped MCP servers.
 
 `BackendPool` runs one supervised `Backend` per enabled server, each in its own task, so one
-that fails to start, hangs or dies never blocks or breaks the others.
+that fails to start, hangs or dies never blocks or breaks the others; `BackendPool.ready` says
+when the proxy may start serving, without waiting for a backend that hangs in its handshake.
 """
 
 from __future__ import annotations
@@ -11,13 +12,20 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from anyio.streams.memory import MemoryObjectSendStream
 from mcp.server import Server
 
 from mcp_spec_proxy.backends.connection import Backend, Listing, OnListing
+from mcp_spec_proxy.backends.progress import descendants_cpu_s
 from mcp_spec_proxy.config import ServerConfig
 from mcp_spec_proxy.errors import BackendUnavailable
 
 logger = logging.getLogger(__name__)
+
+STARTUP_GRACE_S = 0.2
+"""How long `BackendPool.ready` watches the backends still starting before it calls them quiet."""
+BUSY_SHARE = 0.1
+"""Child processes using this share of one core, or more, are still starting: keep waiting."""
 
 __all__ = ["Backend", "BackendPool", "Listing", "OnListing"]
 
@@ -30,8 +38,10 @@ class BackendPool:
         *,
         log_dir: Path | None = None,
         in_process: dict[str, Server[Any]] | None = None,
+        grace: float = STARTUP_GRACE_S,
     ) -> None:
         in_process = in_process or {}
+        self.grace = grace
         self.backends = {
             name: Backend(name, config, on_listing, log_dir=log_dir, in_process=in_process.get(name))
             for name, config in servers.items()
@@ -44,17 +54,63 @@ class BackendPool:
             raise BackendUnavailable(name, "is not configured") from None
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Run every backend until cancelled; `started` once each has connected or failed once."""
+        """Run every backend until cancelled; `started` once the pool is `ready()`."""
         async with anyio.create_task_group() as tg:
             for backend in self.backends.values():
                 tg.start_soon(backend.run, name=f"backend:{backend.name}")
-            await self.settled()
-            unavailable = [b.name for b in self.backends.values() if b.status != "connected"]
+            await self.ready()
+            settled = {b.name: b.first_attempt.is_set() for b in self.backends.values()}
+            starting = [name for name, done in settled.items() if not done]
+            unavailable = [name for name, done in settled.items() if done and self.backends[name].status != "connected"]
+            if starting:
+                logger.warning("still starting: %s — their tools are announced when they connect", ", ".join(starting))
             if unavailable:
                 logger.warning("unavailable at start: %s", ", ".join(unavailable))
             task_status.started()
 
+    async def ready(self) -> None:
+        """Wait until every backend has connected or given up its first attempt, or, once one has,
+        until the rest have gone quiet: `grace` seconds in which none settled and our child
+        processes spent less than `BUSY_SHARE` of a core (`progress.descendants_cpu_s`).
+
+        A server still starting burns CPU and is waited for; one that hangs in its handshake does
+        not, and holds up nobody past the grace, not for its `startup_timeout`. The proxy then
+        serves what is ready, and the late backend's tools reach clients as a list change when it
+        connects (or never, if it fails). With no backend settled there is nothing to serve yet,
+        so the first is waited for."""
+        pending = [b for b in self.backends.values() if not b.first_attempt.is_set()]
+        if not pending:
+            return
+        send, receive = anyio.create_memory_object_stream[str](len(pending))
+        async with anyio.create_task_group() as tg:
+            for backend in pending:
+                tg.start_soon(_tell_settled, backend, send.clone())
+            send.close()
+            with receive:
+                left = len(pending)
+                if left == len(self.backends):
+                    await receive.receive()  # nothing to serve before the first
+                    left -= 1
+                spent = await anyio.to_thread.run_sync(descendants_cpu_s)
+                while left:
+                    with anyio.move_on_after(self.grace) as quiet:
+                        await receive.receive()
+                        left -= 1
+                    now = await anyio.to_thread.run_sync(descendants_cpu_s)
+                    busy = spent is not None and now is not None and now - spent >= BUSY_SHARE * self.grace
+                    if quiet.cancelled_caught and not busy:
+                        break
+                    spent = now
+                tg.cancel_scope.cancel()
+
     async def settled(self) -> None:
-        """Wait until every backend has connected or given up its first attempt."""
+        """Wait until every backend has connected or given up its first attempt: for one-shot
+        commands (`tools`, `run`), which hear no list change after they have looked."""
         for backend in self.backends.values():
             await backend.first_attempt.wait()
+
+
+async def _tell_settled(backend: Backend, send: MemoryObjectSendStream[str]) -> None:
+    with send:
+        await backend.first_attempt.wait()
+        await send.send(backend.name)

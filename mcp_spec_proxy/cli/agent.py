@@ -64,6 +64,7 @@ def run(ctx: click.Context, task: str, mode: Mode, max_steps: int | None, teleme
     async def execute() -> RunResult:
         async with built.running() as proxy:
             assert proxy.engine is not None
+            await proxy.backends.settled()  # the task sees every backend's tools, not those ready first
             return await proxy.engine.run(task, mode, progress=progress, max_steps=max_steps, baseline=True)
 
     result = run_loop(execute)

@@ -8,24 +8,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from mcp_spec_proxy.cli.serve import main
 from mcp_spec_proxy.cli.setup import file_options, open_configured_leash, run_loop
-from mcp_spec_proxy.leash.bank import Label
-from mcp_spec_proxy.leash.calibrate import (
-    MIN_HELD_OUT,
-    Calibration,
-    accept_curve,
-    accept_table,
-    curve,
-    pick,
-    pick_accept,
-    table,
-)
-from mcp_spec_proxy.leash.layers import Leash, Score
 from mcp_spec_proxy.trajectory import Step
+
+if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads when a bank command runs, not with every command
+    from mcp_spec_proxy.leash.bank import Label
+    from mcp_spec_proxy.leash.layers import Leash, Score
 
 
 @main.group()
@@ -101,6 +94,8 @@ def bank_calibrate(
         return [await leash.step_score(step) for step, _ in steps]
 
     found = run_loop(scores)
+    from mcp_spec_proxy.leash.calibrate import curve, pick, table
+
     if max_false_accept is not None:
         _calibrate_accept(leash, file, found, failed, max_false_accept)
         return
@@ -115,6 +110,8 @@ def bank_calibrate(
 
 
 def _calibrate_accept(leash: Leash, file: str, found: list[Score], failed: list[bool], bound: float) -> None:
+    from mcp_spec_proxy.leash.calibrate import MIN_HELD_OUT, Calibration, accept_curve, accept_table, pick_accept
+
     if leash.encoder.info.name == "hashing":
         raise click.ClickException(
             "the hashing encoder cannot back `review: leash`: set leash.encoder to embedding (or hidden) first"

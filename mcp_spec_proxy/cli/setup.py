@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import click
@@ -25,8 +25,10 @@ import click
 from mcp_spec_proxy.config import ProxyConfig, load_config
 from mcp_spec_proxy.engine import Mode
 from mcp_spec_proxy.errors import ProxyError
-from mcp_spec_proxy.leash.layers import Leash
 from mcp_spec_proxy.proxy import Proxy, StatePaths, open_leash, running_proxy
+
+if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section opens it
+    from mcp_spec_proxy.leash.layers import Leash
 
 logger = logging.getLogger("mcp_spec_proxy")
 T = TypeVar("T")

@@ -29,6 +29,7 @@ def tools(ctx: click.Context) -> None:
 
     async def listing() -> list[Any]:
         async with built.running() as proxy:
+            await proxy.backends.settled()  # every backend's tools, or why it has none
             unavailable = [
                 f"{b.name}: {b.last_error}" for b in proxy.backends.backends.values() if b.status != "connected"
             ]

@@ -15,16 +15,18 @@ and the user channel of the call.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mcp_types as types
 
 from mcp_spec_proxy.barrier import Report, Session, error_result
 from mcp_spec_proxy.engine import MODES, Engine, Mode
 from mcp_spec_proxy.errors import ProxyError
-from mcp_spec_proxy.leash.layers import Leash
 from mcp_spec_proxy.proxy import Proxy
 from mcp_spec_proxy.review import UserChannel
+
+if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section opens it
+    from mcp_spec_proxy.leash.layers import Leash
 
 DELEGATE = "delegate"
 REPORT_OUTCOME = "report_outcome"

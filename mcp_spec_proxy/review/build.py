@@ -8,16 +8,19 @@ refuses every call it is given, with a line saying why.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from mcp_spec_proxy.catalog import Catalog
 from mcp_spec_proxy.config import ProxyConfig, ReviewMode
 from mcp_spec_proxy.errors import ConfigError
-from mcp_spec_proxy.leash.layers import Leash
 from mcp_spec_proxy.models import ChatModel
 from mcp_spec_proxy.review import Reviewer
 from mcp_spec_proxy.review.console import ConsoleQueue, ConsoleReviewer
-from mcp_spec_proxy.review.leash import LeashReviewer
 from mcp_spec_proxy.review.policy import AllowReviewer, DenyReviewer, HumanReviewer
 from mcp_spec_proxy.review.strong import EscalatingReviewer, Repairer, StrongReviewer
+
+if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section opens it
+    from mcp_spec_proxy.leash.layers import Leash
 
 
 def build_reviewers(
@@ -47,6 +50,8 @@ def build_reviewers(
         reviewers["strong_then_human"] = EscalatingReviewer(strong, human)
         repairer = Repairer(model, catalog, config.review.policy)
     if leash is not None:
+        from mcp_spec_proxy.review.leash import LeashReviewer  # with LEASH itself, never without
+
         untrusted = {name for name, server in config.servers.items() if not server.trust_annotations}
         reviewers["leash"] = LeashReviewer(leash, reviewers.get("strong", human), untrusted_servers=untrusted)
     used: dict[str, str] = {"review.default": config.review.default}

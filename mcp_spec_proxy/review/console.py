@@ -26,15 +26,17 @@ import secrets
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
 from mcp_spec_proxy.catalog import INTENT_ARGUMENT, CatalogTool, canonical_json, check_arguments, digest
 from mcp_spec_proxy.errors import InvalidArguments, ProxyError
-from mcp_spec_proxy.leash.layers import Leash
 from mcp_spec_proxy.review import ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.trajectory import Step
+
+if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section opens it
+    from mcp_spec_proxy.leash.layers import Leash
 
 Action = Literal["approve", "deny", "edit", "rule"]
 MAX_PENDING = 256

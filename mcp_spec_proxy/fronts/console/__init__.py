@@ -23,7 +23,7 @@ import shutil
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -35,8 +35,10 @@ from starlette.routing import Route
 from mcp_spec_proxy.fronts.asgi import serve_asgi
 from mcp_spec_proxy.fronts.console import assets, history, pages
 from mcp_spec_proxy.fronts.console.guard import ConsoleGuard
-from mcp_spec_proxy.leash.layers import Leash
 from mcp_spec_proxy.review.console import ConsoleQueue, ConsoleRefused, Decision
+
+if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section opens it
+    from mcp_spec_proxy.leash.layers import Leash
 
 logger = logging.getLogger(__name__)
 
