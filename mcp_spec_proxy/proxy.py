@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 from mcp.server import Server
 
-from mcp_spec_proxy.audit import AuditLog
+from mcp_spec_proxy.audit import AuditSink
 from mcp_spec_proxy.backends import BackendPool, Listing
 from mcp_spec_proxy.barrier import Barrier
 from mcp_spec_proxy.catalog import Catalog
@@ -30,29 +30,14 @@ from mcp_spec_proxy.gate import Gate
 from mcp_spec_proxy.leash.layers import Leash, LeashWatch
 from mcp_spec_proxy.models import ChatModel
 from mcp_spec_proxy.review.build import build_reviewers
+from mcp_spec_proxy.store import StatePaths as StatePaths  # where commands and tests have always found it
+from mcp_spec_proxy.store import Store, open_store, postgres_dsn
 from mcp_spec_proxy.telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
 
 ChangeListener = Callable[[str], Awaitable[None]]
 """Told `"tools"`, `"prompts"` or `"resources"` when that list changed."""
-
-
-@dataclass(frozen=True)
-class StatePaths:
-    root: Path
-
-    @property
-    def fingerprints(self) -> Path:
-        return self.root / "fingerprints.json"
-
-    @property
-    def audit(self) -> Path:
-        return self.root / "audit.jsonl"
-
-    @property
-    def logs(self) -> Path:
-        return self.root / "logs"
 
 
 @dataclass
@@ -62,8 +47,9 @@ class Proxy:
     backends: BackendPool
     barrier: Barrier
     gate: Gate
-    audit: AuditLog
+    audit: AuditSink
     telemetry: Telemetry
+    store: Store
     engine: Engine | None = None  # when a strong model is configured: `delegate`, `run`, the gateway
     leash: Leash | None = None
     listeners: list[ChangeListener] = field(default_factory=list)
@@ -118,6 +104,7 @@ def _key(environ: Mapping[str, str], variable: str | None, where: str, source: s
 async def validate(config: ProxyConfig, environ: Mapping[str, str], source: str = "config") -> None:
     """Everything `running_proxy` checks before it starts a backend: keys, LEASH's banks, the
     reviewers every review mode needs. `mcp-spec-proxy check` runs this, so `ok` means the proxy starts."""
+    postgres_dsn(config, environ, source)  # its variable is set (the database is reached at start)
     models = open_models(config, environ, source)
     leash: Leash | None = None
     try:
@@ -151,10 +138,36 @@ async def running_proxy(
     events = Telemetry(telemetry)
     if leash is None:
         leash = open_leash(config, environ, source, telemetry=events)
-    fingerprints = FingerprintStore(state.fingerprints if state else None)
-    catalog = Catalog(config, fingerprints)
+    try:
+        async with (
+            open_store(config, state, environ, source) as store,
+            _running(config, state, store, models, events, in_process, leash, source) as proxy,
+        ):
+            yield proxy
+    finally:
+        events.close()
+        if leash is not None:
+            with anyio.CancelScope(shield=True):
+                await leash.aclose()
+        for model in models.values():
+            with anyio.CancelScope(shield=True):
+                await model.aclose()
+
+
+@asynccontextmanager
+async def _running(
+    config: ProxyConfig,
+    state: StatePaths | None,
+    store: Store,
+    models: dict[str, ChatModel],
+    events: Telemetry,
+    in_process: dict[str, Server[Any]] | None,
+    leash: Leash | None,
+    source: str,
+) -> AsyncIterator[Proxy]:
+    catalog = Catalog(config, store.fingerprints)
     reviewers, repairer = build_reviewers(config, catalog, models, source, leash)
-    audit = AuditLog(state.audit if state else None)
+    audit = store.audit
     proxy: Proxy | None = None
 
     async def on_listing(server: str, listing: Listing | None) -> None:
@@ -169,7 +182,7 @@ async def running_proxy(
         config.active_servers(), on_listing, log_dir=state.logs if state else None, in_process=in_process
     )
     gate = Gate(config, backends, reviewers, audit, leash)
-    barrier = Barrier(config, catalog, gate, events, repairer)
+    barrier = Barrier(config, catalog, gate, events, repairer, store.sessions)
     engine = None
     strong = models.get(config.review.model)
     if strong is not None:
@@ -184,19 +197,10 @@ async def running_proxy(
             limits=config.speculation,
             watch=LeashWatch(leash) if leash is not None else None,
         )
-    proxy = Proxy(config, catalog, backends, barrier, gate, audit, events, engine, leash)
-    try:
-        async with anyio.create_task_group() as tg:
-            await tg.start(backends.run)
-            logger.info("serving %d tools from %s", len(catalog.tools()), ", ".join(catalog.servers()) or "no backend")
-            yield proxy
-            tg.cancel_scope.cancel()
-    finally:
-        audit.close()
-        events.close()
-        if leash is not None:
-            with anyio.CancelScope(shield=True):
-                await leash.aclose()
-        for model in models.values():
-            with anyio.CancelScope(shield=True):
-                await model.aclose()
+    proxy = Proxy(config, catalog, backends, barrier, gate, audit, events, store, engine, leash)
+    async with anyio.create_task_group() as tg:
+        await tg.start(store.run)
+        await tg.start(backends.run)
+        logger.info("serving %d tools from %s", len(catalog.tools()), ", ".join(catalog.servers()) or "no backend")
+        yield proxy
+        tg.cancel_scope.cancel()
