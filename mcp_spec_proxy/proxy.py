@@ -84,7 +84,19 @@ def open_leash(
     key = _key(environ, embedding.api_key_env if embedding else None, "leash.embedding", source)
     weak = config.models.get("weak")
     hidden = weak.hidden_state_source if weak else ""
-    return Leash.open(config.leash, api_key=key, hidden_model=hidden, telemetry=telemetry, strict=strict)
+    dsn = postgres_dsn(config, environ, source)
+    if dsn is None:
+        return Leash.open(config.leash, api_key=key, hidden_model=hidden, telemetry=telemetry, strict=strict)
+    try:
+        from mcp_spec_proxy.leash.pgvector import PgBank  # the banks of every replica, in pgvector
+    except ImportError as exc:
+        raise ConfigError(
+            source, "store.postgres", f"{exc.name} is not installed", "pip install 'mcp-spec-proxy[postgres]'"
+        ) from None
+    opener = PgBank.opener(dsn)
+    return Leash.open(
+        config.leash, api_key=key, hidden_model=hidden, telemetry=telemetry, strict=strict, open_bank=opener
+    )
 
 
 def _key(environ: Mapping[str, str], variable: str | None, where: str, source: str) -> str | None:
@@ -136,14 +148,13 @@ async def running_proxy(
     environ = environ if environ is not None else {}
     models = models if models is not None else open_models(config, environ, source)
     events = Telemetry(telemetry)
-    if leash is None:
-        leash = open_leash(config, environ, source, telemetry=events)
     try:
-        async with (
-            open_store(config, state, environ, source) as store,
-            _running(config, state, store, models, events, in_process, leash, source) as proxy,
-        ):
-            yield proxy
+        async with open_store(config, state, environ, source) as store:
+            # After the store: a Postgres store has migrated the tables its banks live in.
+            if leash is None:
+                leash = open_leash(config, environ, source, telemetry=events)
+            async with _running(config, state, store, models, events, in_process, leash, source) as proxy:
+                yield proxy
     finally:
         events.close()
         if leash is not None:

@@ -75,17 +75,27 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         "LEASH banks in pgvector",
         """
         CREATE EXTENSION IF NOT EXISTS vector;
+        -- One row per bank (`task`, `step`): the encoder whose vectors it takes, fixed by its first vectors.
+        CREATE TABLE banks (
+            name text PRIMARY KEY,
+            encoder text NOT NULL,
+            model text NOT NULL,
+            dim integer NOT NULL,
+            created double precision NOT NULL
+        );
         CREATE TABLE bank_vectors (
             id bigserial PRIMARY KEY,
-            bank text NOT NULL,
+            bank text NOT NULL REFERENCES banks (name),
             kind text NOT NULL,
             encoder text NOT NULL,
-            dim integer NOT NULL,
-            label real NOT NULL,
+            label text NOT NULL CHECK (label IN ('success', 'failure')),
+            source text NOT NULL,
+            metadata jsonb,
             vector vector NOT NULL,
             ts double precision NOT NULL
         );
-        CREATE INDEX bank_vectors_bank ON bank_vectors (bank, id);
+        -- The HNSW index of each bank is built by the proxy once the bank's dimension is known
+        -- (`leash/pgvector.py`): pgvector indexes only vectors of one declared dimension.
         """,
     ),
 ]
