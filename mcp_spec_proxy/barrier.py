@@ -78,7 +78,6 @@ class Barrier:
         report: Report | None = None,
     ) -> types.CallToolResult:
         tool = self._catalog.lookup(name)  # ToolNotFound is a protocol error, raised to the front
-        await self._sessions.load(session.id, session.history)  # what other replicas recorded meanwhile
         if tool.reason in ("changed-definition", "new-tool"):
             # `tools accept` may have run since: a small file, read only for tools under suspicion.
             self._catalog.refresh_fingerprints()

@@ -66,6 +66,8 @@ class PgBank(Bank):
             try:
                 conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=5)
                 register_vector(conn)
+                # Once per connection: a lookup is then one round trip (k above it takes its own SET).
+                conn.execute(f"SET hnsw.ef_search = {int(self._ef_search)}")
             except psycopg.Error as exc:
                 raise BankError(f"the {self.kind} bank cannot reach Postgres: {_first_line(exc)}") from None
             self._conn = conn
@@ -152,13 +154,16 @@ class PgBank(Bank):
         with self._conn_lock:
             try:
                 conn = self._connection()
-                with conn.transaction():
-                    conn.execute(f"SET LOCAL hnsw.ef_search = {max(int(self._ef_search), k)}")
-                    rows = conn.execute(
-                        f"SELECT id, label, source, metadata, (vector::vector({dim})) <#> %s AS distance"
-                        f" FROM bank_vectors WHERE bank = %s ORDER BY (vector::vector({dim})) <#> %s LIMIT %s",
-                        (query, self.kind, query, k),
-                    ).fetchall()
+                sql = (
+                    f"SELECT id, label, source, metadata, (vector::vector({dim})) <#> %s AS distance"
+                    f" FROM bank_vectors WHERE bank = %s ORDER BY (vector::vector({dim})) <#> %s LIMIT %s"
+                )
+                if k <= self._ef_search:
+                    rows = conn.execute(sql, (query, self.kind, query, k)).fetchall()
+                else:
+                    with conn.transaction():
+                        conn.execute(f"SET LOCAL hnsw.ef_search = {int(k)}")
+                        rows = conn.execute(sql, (query, self.kind, query, k)).fetchall()
             except psycopg.Error as exc:
                 raise BankError(f"the {self.kind} bank failed in Postgres: {_first_line(exc)}") from None
         # `<#>` is the negative inner product.

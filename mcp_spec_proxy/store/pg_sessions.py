@@ -1,9 +1,10 @@
 """Sessions and approval tickets in Postgres: a client's next request may land on another replica.
 
-Each change the barrier makes to a session is one short transaction on the session's row (its
-lock orders concurrent changes from several replicas), and the `History` in memory is then
-reloaded, so a reviewer on any replica sees every read the session made on any other. Steps
-keep their row (`Step.ref`), so settling a segment commits or drops exactly the reads it held.
+Each change the barrier makes to a session is one statement (a read: an insert; a write held:
+the count of held segments and the whole session, loaded as every replica left it; a verdict:
+the accepted prefix committed and the rest dropped), so a reviewer on any replica sees every read
+the session made on any other, and the `History` here follows each change without a reload.
+Steps keep their row (`Step.ref`), so settling a segment commits or drops exactly the reads it held.
 While the database is away, changes apply to the `History` in memory only (one warning): reads
 keep working, and writes are refused by the audit trail anyway.
 
@@ -33,12 +34,50 @@ from mcp_spec_proxy.trajectory import History, Segment, Step
 
 logger = logging.getLogger(__name__)
 
-TOUCH = (
-    "INSERT INTO sessions (id, held) VALUES (%s, %s) ON CONFLICT (id)"
-    " DO UPDATE SET held = greatest(sessions.held + %s, 0), discarded = sessions.discarded + %s, updated_at = now()"
-    " RETURNING held"
+READ = """
+WITH s AS (
+    INSERT INTO sessions (id) VALUES (%(id)s) ON CONFLICT (id) DO UPDATE SET updated_at = now() RETURNING held
+), i AS (
+    INSERT INTO session_steps (ref, session, state, step) VALUES (%(ref)s, %(id)s, 'open', %(step)s::jsonb) RETURNING 1
 )
-ADD = "INSERT INTO session_steps (ref, session, state, commit_seq, step) VALUES (%s, %s, %s, %s, %s::jsonb)"
+SELECT (SELECT held FROM s), (SELECT count(*) FROM session_steps WHERE session = %(id)s AND state = 'open'),
+       (SELECT count(*) FROM i)
+"""
+COMMIT_OPEN = """
+UPDATE session_steps SET state = 'committed', commit_seq = (SELECT nextval('session_commit_seq'))
+WHERE session = %(id)s AND state = 'open'
+  AND (SELECT held FROM sessions WHERE id = %(id)s) = 0
+  AND (SELECT count(*) FROM session_steps WHERE session = %(id)s AND state = 'open') >= %(every)s
+"""
+HOLD = """
+WITH h AS (
+    INSERT INTO sessions (id, held) VALUES (%(id)s, 1)
+    ON CONFLICT (id) DO UPDATE SET held = sessions.held + 1, updated_at = now() RETURNING held, discarded
+)
+SELECT h.held, h.discarded, st.ref, st.state, st.step FROM h
+LEFT JOIN session_steps st ON st.session = %(id)s AND st.state <> 'discarded'
+ORDER BY st.state = 'open', st.commit_seq, st.seq
+"""
+RELEASE = "UPDATE sessions SET held = greatest(held - 1, 0), updated_at = now() WHERE id = %(id)s"
+SETTLE = """
+WITH s AS (
+    UPDATE sessions SET held = greatest(held - 1, 0), discarded = discarded + %(dropped)s, updated_at = now()
+    WHERE id = %(id)s RETURNING id
+), n AS (
+    SELECT nextval('session_commit_seq') AS v
+), c AS (
+    UPDATE session_steps SET state = 'committed', commit_seq = (SELECT v FROM n)
+    WHERE ref = ANY(%(commit)s::uuid[]) AND state = 'open' RETURNING 1
+), d AS (
+    UPDATE session_steps SET state = 'discarded' WHERE ref = ANY(%(drop)s::uuid[]) AND state = 'open' RETURNING 1
+), i AS (
+    INSERT INTO session_steps (ref, session, state, commit_seq, step)
+    SELECT x.r, %(id)s, 'committed', (SELECT v FROM n), x.st
+    FROM unnest(%(new_refs)s::uuid[], %(new_steps)s::jsonb[]) WITH ORDINALITY AS x(r, st, o) ORDER BY x.o
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM c), (SELECT count(*) FROM d), (SELECT count(*) FROM i)
+"""
 
 
 def _step_json(step: Step) -> str:
@@ -86,107 +125,82 @@ class PgSessions:
             raise PoolTimeout("the database was unreachable moments ago")
         return self._pool.connection()
 
-    async def load(self, session: str, history: History) -> None:
-        try:
-            with anyio.fail_after(self._timeout):
-                async with self._connection() as conn:
-                    await self._load(conn, session, history)
-        except DB_ERRORS as exc:
-            self._failed(exc)
-
     async def read(self, session: str, history: History, step: Step) -> None:
+        """One round trip (two every `commit_every` reads); the `History` here follows without a reload."""
+        ref = uuid.uuid4()
         try:
             with anyio.fail_after(self._timeout):
                 async with self._connection() as conn:
-                    async with conn.transaction():
-                        held = await self._touch(conn, session, 0)
-                        await conn.execute(ADD, (uuid.uuid4(), session, "open", None, _step_json(step)))
-                        if held == 0:
-                            # A run of K reads with no write out for review commits without review.
-                            await conn.execute(
-                                "UPDATE session_steps SET state = 'committed',"
-                                " commit_seq = nextval('session_commit_seq') WHERE session = %s AND state = 'open' AND"
-                                " (SELECT count(*) FROM session_steps WHERE session = %s AND state = 'open') >= %s",
-                                (session, session, history.commit_every),
-                            )
-                    await self._load(conn, session, history)
+                    cursor = await conn.execute(READ, {"id": session, "ref": ref, "step": _step_json(step)})
+                    row = await cursor.fetchone()
+                    held, open_before = (int(row[0] or 0), int(row[1])) if row else (0, 0)
+                    if held == 0 and open_before + 1 >= history.commit_every:
+                        # A run of K reads with no write out for review commits without review.
+                        await conn.execute(COMMIT_OPEN, {"id": session, "every": history.commit_every})
+            self._recovered()
         except DB_ERRORS as exc:
             self._failed(exc)
-            await self._local.read(session, history, step)
+        else:
+            step.ref = str(ref)
+        await self._local.read(session, history, step)
 
     async def hold(self, session: str, history: History, held: Step) -> Segment:
+        """Count the held segment and load the session as every replica left it, in one statement."""
         try:
             with anyio.fail_after(self._timeout):
                 async with self._connection() as conn:
-                    await self._touch(conn, session, 1)
-                    await self._load(conn, session, history)
-            return Segment((*history.open, held))
+                    cursor = await conn.execute(HOLD, {"id": session})
+                    found = await cursor.fetchall()
+            self._recovered()
         except DB_ERRORS as exc:
             self._failed(exc)
             return await self._local.hold(session, history, held)
+        steps = [(ref, state, data) for _, _, ref, state, data in found if ref is not None]
+        history.committed = [_step(ref, data) for ref, state, data in steps if state == "committed"]
+        history.open = [_step(ref, data) for ref, state, data in steps if state == "open"]
+        history.held, history.discarded = (int(found[0][0]), int(found[0][1])) if found else (1, 0)
+        return Segment((*history.open, held))
 
     async def release(self, session: str, history: History, segment: Segment) -> None:
-        try:
-            with anyio.fail_after(self._timeout):
-                async with self._connection() as conn:
-                    await self._touch(conn, session, -1)
-                    await self._load(conn, session, history)
-        except DB_ERRORS as exc:
-            self._failed(exc)
-            await self._local.release(session, history, segment)
+        await self._apply(RELEASE, {"id": session})
+        await self._local.release(session, history, segment)
 
     async def settle(
         self, session: str, history: History, segment: Segment, accepted_steps: int, executed: Step | None = None
     ) -> None:
+        """Commit the accepted prefix, drop the rest and append `executed`, in one statement."""
         accepted_steps = max(0, min(accepted_steps, len(segment)))
+        committed = [*segment.steps[:accepted_steps], *([executed] if executed else [])]
+        new = [step for step in committed if step.ref is None]
+        refs = [uuid.uuid4() for _ in new]
+        applied = await self._apply(
+            SETTLE,
+            {
+                "id": session,
+                "dropped": len(segment) - accepted_steps,
+                "commit": [step.ref for step in committed if step.ref is not None],
+                "drop": [step.ref for step in segment.steps[accepted_steps:] if step.ref is not None],
+                "new_refs": refs,
+                "new_steps": [_step_json(step) for step in new],
+            },
+        )
+        if applied:
+            for step, ref in zip(new, refs, strict=True):
+                step.ref = str(ref)
+        await self._local.settle(session, history, segment, accepted_steps, executed)
+
+    async def _apply(self, sql: str, args: dict[str, Any]) -> bool:
         try:
             with anyio.fail_after(self._timeout):
                 async with self._connection() as conn:
-                    async with conn.transaction():
-                        await self._touch(conn, session, -1, discarded=len(segment) - accepted_steps)
-                        cursor = await conn.execute("SELECT nextval('session_commit_seq')")
-                        row = await cursor.fetchone()
-                        batch = row[0] if row else None
-                        committed = list(segment.steps[:accepted_steps]) + ([executed] if executed else [])
-                        for step in committed:
-                            if step.ref is None:
-                                await conn.execute(ADD, (uuid.uuid4(), session, "committed", batch, _step_json(step)))
-                            else:
-                                await conn.execute(
-                                    "UPDATE session_steps SET state = 'committed', commit_seq = %s"
-                                    " WHERE ref = %s AND state = 'open'",
-                                    (batch, step.ref),
-                                )
-                        dropped = [s.ref for s in segment.steps[accepted_steps:] if s.ref is not None]
-                        if dropped:
-                            await conn.execute(
-                                "UPDATE session_steps SET state = 'discarded' WHERE ref = ANY(%s::uuid[])"
-                                " AND state = 'open'",
-                                (dropped,),
-                            )
-                    await self._load(conn, session, history)
+                    await conn.execute(sql, args)
         except DB_ERRORS as exc:
             self._failed(exc)
-            await self._local.settle(session, history, segment, accepted_steps, executed)
+            return False
+        self._recovered()
+        return True
 
-    async def _touch(self, conn: AsyncConnection[Any], session: str, held: int, *, discarded: int = 0) -> int:
-        """Create or lock the session's row, moving its count of held segments by `held`."""
-        cursor = await conn.execute(TOUCH, (session, max(held, 0), held, discarded))
-        row = await cursor.fetchone()
-        return int(row[0]) if row else 0
-
-    async def _load(self, conn: AsyncConnection[Any], session: str, history: History) -> None:
-        cursor = await conn.execute("SELECT held, discarded FROM sessions WHERE id = %s", (session,))
-        head = await cursor.fetchone()
-        cursor = await conn.execute(
-            "SELECT ref, state, step FROM session_steps WHERE session = %s AND state <> 'discarded'"
-            " ORDER BY state = 'open', commit_seq, seq",
-            (session,),
-        )
-        rows = await cursor.fetchall()
-        history.committed = [_step(ref, data) for ref, state, data in rows if state == "committed"]
-        history.open = [_step(ref, data) for ref, state, data in rows if state == "open"]
-        history.held, history.discarded = (int(head[0]), int(head[1])) if head else (0, 0)
+    def _recovered(self) -> None:
         if self._failing:
             logger.warning("Postgres is reachable again: sessions are shared again")
         self._failing = False

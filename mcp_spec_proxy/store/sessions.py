@@ -22,14 +22,12 @@ MAX_PENDING_APPROVALS = 4096
 
 
 class SessionStore(Protocol):
-    async def load(self, session: str, history: History) -> None:
-        """Bring `history` up to date with what other replicas recorded for `session`."""
-
     async def read(self, session: str, history: History, step: Step) -> None:
         """A read ran: it joins the open segment."""
 
     async def hold(self, session: str, history: History, held: Step) -> Segment:
-        """A write is held: the open segment and the held call, as the reviewer sees them."""
+        """A write is held: the open segment and the held call, as the reviewer sees them (for a
+        shared store, with what every replica recorded for `session` up to now)."""
 
     async def release(self, session: str, history: History, segment: Segment) -> None:
         """The held call went nowhere (abandoned, or waiting for the user): its reads stay open."""
@@ -42,9 +40,6 @@ class SessionStore(Protocol):
 
 class LocalSessions:
     """The sessions of one process: the `History` in memory is the whole truth."""
-
-    async def load(self, session: str, history: History) -> None:
-        return None
 
     async def read(self, session: str, history: History, step: Step) -> None:
         history.record_read(step)
