@@ -49,7 +49,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from mcp_spec_proxy.barrier import Report, Session
 from mcp_spec_proxy.catalog import digest
-from mcp_spec_proxy.errors import ProxyError, ToolNotFound
+from mcp_spec_proxy.errors import ProxyError, StateError, ToolNotFound
 from mcp_spec_proxy.fronts.own_tools import OwnTools
 from mcp_spec_proxy.proxy import Proxy
 from mcp_spec_proxy.review import InputNeeded
@@ -248,17 +248,26 @@ class Approvals:
         self._tickets = tickets
 
     async def issue(self, binding: tuple[str, str, str], need: InputNeeded) -> str:
+        """A fresh ticket's `request_state`; a store that cannot keep it is a wire error (nothing ran)."""
         nonce = secrets.token_hex(16)
         ticket = Ticket(binding, time.time() + self._ttl, question(need.message), dict(need.memo))
-        await self._tickets.put(nonce, ticket)
-        return f"{nonce}.{await self._mac(nonce, binding)}"
+        try:
+            await self._tickets.put(nonce, ticket)
+            return f"{nonce}.{await self._mac(nonce, binding)}"
+        except StateError as exc:
+            raise _wire_error(exc) from exc
 
     async def take(self, state: str | None, binding: tuple[str, str, str]) -> Ticket | None:
-        """The ticket `state` names, once, if it is genuine, unexpired and bound to `binding`."""
+        """The ticket `state` names, once, if it is genuine, unexpired and bound to `binding`;
+        None too when the store cannot be asked (the user is then asked again)."""
         nonce, _, mac = (state or "").partition(".")
-        if not hmac.compare_digest(mac, await self._mac(nonce, binding)):
+        try:
+            if not hmac.compare_digest(mac, await self._mac(nonce, binding)):
+                return None
+            ticket = await self._tickets.take(nonce)
+        except StateError as exc:
+            logger.warning("approval ticket not checked: %s", exc)
             return None
-        ticket = await self._tickets.take(nonce)
         return ticket if ticket is not None and ticket.binding == binding else None
 
     async def _mac(self, nonce: str, binding: tuple[str, str, str]) -> str:

@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["LATEST", "PgFingerprints", "PgStore", "migrate_database", "read_audit_once"]
 
 SWEEP_S = 30.0
+SESSION_TTL = "1 day"  # a session untouched this long, with nothing held, is forgotten by the sweep
 SETTLED = ("blocked", "forwarded", "abandoned", "forward-interrupted", "awaiting-input")
 
 SWEEP = f"""
@@ -129,7 +130,8 @@ class PgStore:
                 await self.sweep()
 
     async def sweep(self) -> int:
-        """Mark abandoned every held call whose replica is gone; how many were marked."""
+        """Mark abandoned every held call whose replica is gone (how many were marked), and forget
+        sessions idle past `SESSION_TTL` (as the files store forgets the least recent in memory)."""
         try:
             with anyio.fail_after(self._timeout):
                 async with self.pool.connection() as conn:
@@ -137,6 +139,9 @@ class PgStore:
                     live = [int(row[0]) for row in await cursor.fetchall()]
                     cursor = await conn.execute(SWEEP, {"me": self.replica, "live": live})
                     marked = int(cursor.rowcount)
+                    await conn.execute(
+                        f"DELETE FROM sessions WHERE held = 0 AND updated_at < now() - interval '{SESSION_TTL}'"
+                    )
         except DB_ERRORS as exc:
             logger.warning("could not sweep held calls of stopped replicas: %s", problem(exc))
             return 0
