@@ -64,7 +64,6 @@ class Store(Protocol):
     fingerprints: FingerprintStore
     sessions: SessionStore
     approvals: ApprovalStore
-    shared: bool  # several replicas may share it
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None: ...
 
@@ -73,8 +72,6 @@ class Store(Protocol):
 
 class FileStore:
     """Today's state of one process: files in the state directory, sessions and tickets in memory."""
-
-    shared = False
 
     def __init__(self, state: StatePaths | None) -> None:
         self._state = state

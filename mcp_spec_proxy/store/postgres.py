@@ -73,8 +73,6 @@ async def migrate_database(dsn: str, limit_s: float) -> list[int]:
 
 
 class PgStore:
-    shared = True
-
     def __init__(
         self, pool: AsyncConnectionPool[Any], dsn: str, settings: PostgresSettings, replica: int, lock: Any
     ) -> None:
