@@ -39,9 +39,11 @@ from typing import Any
 
 import anyio
 import faiss
+import mcp_types as types
 import numpy as np
 import psycopg
 from mcp import Client
+from mcp.server import Server
 
 from bench.leash import Clustered
 from bench.measure import machine_line, percentile
@@ -52,7 +54,6 @@ from mcp_spec_proxy.leash.encoders import EncoderInfo
 from mcp_spec_proxy.leash.pgvector import PgBank
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
 from mcp_spec_proxy.store.postgres import migrate_database
-from tests.harness import toy, toy_twins
 
 DSN_ENV = "MCP_SPEC_PROXY_BENCH_DSN"
 K = 10
@@ -91,9 +92,31 @@ def ms(samples: list[float]) -> tuple[float, float]:
 
 # -- the write path ------------------------------------------------------------------------------
 
+TEXT = {"type": "object", "properties": {"text": {"type": "string"}}}
+
+
+def backend() -> Server[Any]:
+    """An in-process backend: `echo` (a read) and `record` (a write), both answering at once."""
+
+    async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
+        return types.ListToolsResult(
+            tools=[
+                types.Tool(name="echo", input_schema=TEXT, annotations=types.ToolAnnotations(read_only_hint=True)),
+                types.Tool(name="record", input_schema=TEXT, annotations=types.ToolAnnotations(read_only_hint=False)),
+            ]
+        )
+
+    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        text = json.dumps(params.arguments or {})
+        return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
+
+    server: Server[Any] = Server("bench", on_list_tools=list_tools, on_call_tool=call_tool)
+    return server
+
 
 async def write_path(store: str, dsn: str, writes: int, tmp: Path) -> dict[str, Any]:
-    raw: dict[str, Any] = {"servers": {"toy": toy(tmp / f"{store}-ledger")}, "review": {"default": "allow"}}
+    # The command is never run: the server of that name is the in-process `backend()`.
+    raw: dict[str, Any] = {"servers": {"toy": {"command": "unused"}}, "review": {"default": "allow"}}
     raw["review"]["intent"] = False
     environ = {}
     if store == "postgres":
@@ -102,11 +125,11 @@ async def write_path(store: str, dsn: str, writes: int, tmp: Path) -> dict[str, 
     config = ProxyConfig.model_validate(raw)
     timings: dict[str, list[float]] = {"write": [], "read": []}
     async with (
-        running_proxy(config, StatePaths(tmp / f"{store}-state"), in_process=toy_twins(raw), environ=environ) as p,
+        running_proxy(config, StatePaths(tmp / f"{store}-state"), in_process={"toy": backend()}, environ=environ) as p,
         Client(McpFront(p).server, mode="2026-07-28") as client,
     ):
         for kind, tool, arguments in (
-            ("write", "toy__record", {"value": "v"}),
+            ("write", "toy__record", {"text": "v"}),
             ("read", "toy__echo", {"text": "r"}),
         ):
             for n in range(writes + 10):
@@ -207,7 +230,8 @@ def banks(dsn: str, size: int, dim: int, queries_n: int) -> list[dict[str, Any]]
         plan = "\n".join(
             r[0]
             for r in conn.execute(
-                f"EXPLAIN SELECT id FROM bank_vectors WHERE bank = 'step' ORDER BY (vector::vector({dim})) <#> %s::vector LIMIT 10",
+                "EXPLAIN SELECT id FROM bank_vectors WHERE bank = 'step'"
+                f" ORDER BY (vector::vector({dim})) <#> %s::vector LIMIT 10",
                 ("[" + ",".join("0" for _ in range(dim)) + "]",),
             ).fetchall()
         )
@@ -262,19 +286,17 @@ def main() -> None:
     print("| store | write p50 ms | write p99 ms | read p50 ms | read p99 ms |")
     print("|---|---|---|---|---|")
     for row in writes:
-        print(
-            f"| {row['store']} | {row['write_p50_ms']:.2f} | {row['write_p99_ms']:.2f} | {row['read_p50_ms']:.2f} | {row['read_p99_ms']:.2f} |"
-        )
-    print(
-        f"\npostgres / files, write p50: {pg['write_p50_ms'] / files['write_p50_ms']:.2f}x; read p50: {pg['read_p50_ms'] / files['read_p50_ms']:.2f}x\n"
-    )
+        figures = (row[key] for key in ("write_p50_ms", "write_p99_ms", "read_p50_ms", "read_p99_ms"))
+        print(f"| {row['store']} | " + " | ".join(f"{x:.2f}" for x in figures) + " |")
+    write_ratio = pg["write_p50_ms"] / files["write_p50_ms"]
+    read_ratio = pg["read_p50_ms"] / files["read_p50_ms"]
+    print(f"\npostgres / files, write p50: {write_ratio:.2f}x; read p50: {read_ratio:.2f}x\n")
     if bank_rows:
         print(f"| bank ({options.size} x {options.dim}, k=10) | p50 ms | p99 ms | recall@10 | build s |")
         print("|---|---|---|---|---|")
         for row in bank_rows:
-            print(
-                f"| {row['bank']} | {row['p50_ms']:.3f} | {row['p99_ms']:.3f} | {row['recall_at_10']:.3f} | {row['build_s']:.1f} |"
-            )
+            figures = f"{row['p50_ms']:.3f} | {row['p99_ms']:.3f} | {row['recall_at_10']:.3f} | {row['build_s']:.1f}"
+            print(f"| {row['bank']} | {figures} |")
     print(f"\nload average after: {load_average()}")
     print("STORE_BENCH " + json.dumps({"machine": machine_line(), "writes": writes, "banks": bank_rows}))
 
