@@ -224,3 +224,25 @@ async def test_a_sweep_spares_the_held_calls_of_live_replicas(pg_dsn: str) -> No
     async with open_store(config, None, environ):  # A is gone now: its held call is abandoned
         pass
     assert rows(pg_dsn, "SELECT call FROM audit WHERE event = 'abandoned'") == [("live",)]
+
+
+async def test_tools_accept_on_any_machine_reaches_the_postgres_store(pg_dsn: str, tmp_path: Path) -> None:
+    await migrate_database(pg_dsn, 5)
+    prints = PgFingerprints(pg_dsn, 5)
+    try:
+        prints.observe({"toy/echo": "v1"}, server="toy")
+        prints.observe({"toy/echo": "v2"}, server="toy")  # the definition changed under a replica
+        config = tmp_path / "servers.yaml"
+        config.write_text(yaml.safe_dump({"servers": {}, "store": {"postgres": {"dsn_env": DSN_ENV}}}))
+        with anyio.fail_after(60):
+            run = await anyio.run_process(
+                [PROXY_COMMAND, "tools", "accept", "toy/echo", "--config", str(config)],
+                env={**os.environ, DSN_ENV: pg_dsn},
+                check=False,
+            )
+        prints.reload()
+        assert run.returncode == 0, run.stderr.decode()
+        assert run.stdout.decode().splitlines()[0] == "accepted the new definition of toy/echo"
+        assert prints.status("toy/echo", "v2") == "accepted"
+    finally:
+        prints.close()
