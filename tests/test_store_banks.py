@@ -11,7 +11,7 @@ import pytest
 
 from mcp_spec_proxy.leash.encoders import EncoderInfo
 from mcp_spec_proxy.leash.pgvector import PgBank
-from mcp_spec_proxy.leash.storage import BankMismatch
+from mcp_spec_proxy.leash.storage import BankError, BankMismatch
 from mcp_spec_proxy.store.postgres import migrate_database
 from mcp_spec_proxy.testing import ChatRequest, Respond, ScriptedModelServer
 from tests.harness import recorded, segment_length, text_of, toy, verdict
@@ -84,3 +84,12 @@ async def test_a_verdicts_labels_on_replica_a_are_the_neighbours_of_a_lookup_on_
     assert len(reviewed) == 2  # A's review, and B's escalation
     escalated = rows(pg_dsn, "SELECT data->>'to' FROM audit WHERE event = 'leash-escalated'")
     assert escalated == [("strong",)]
+
+
+def test_a_bank_on_a_database_never_migrated_says_how_to_migrate(pg_dsn: str) -> None:
+    bank = PgBank(pg_dsn, kind="task", encoder=HASHING)  # `check` opens it before any replica started
+    try:
+        with pytest.raises(BankError, match="store migrate"):
+            bank.add(np.ones((1, 16), dtype=np.float32), "success", source="verdict")
+    finally:
+        bank.close()

@@ -33,6 +33,7 @@ from mcp_spec_proxy.leash.encoders import EncoderInfo, normalise_rows
 from mcp_spec_proxy.leash.storage import LABELS, SOURCES, BankError, BankMismatch, Kind, Label
 
 _NAME = re.compile(r"^[a-z]+$")
+UNMIGRATED = "its tables do not exist yet: run `mcp-spec-proxy store migrate` (a replica also applies it at start)"
 HNSW_M = 16  # pgvector's defaults; it requires ef_construction >= 2 * m
 EF_CONSTRUCTION = 64
 EF_SEARCH = 40
@@ -65,7 +66,14 @@ class PgBank(Bank):
         if self._conn is None or self._conn.closed or self._conn.broken:
             try:
                 conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=5)
-                register_vector(conn)
+            except psycopg.Error as exc:
+                raise BankError(f"the {self.kind} bank cannot reach Postgres: {_first_line(exc)}") from None
+            try:
+                register_vector(conn)  # fails while the extension is not created (no migration yet)
+            except psycopg.Error:
+                conn.close()
+                raise BankError(f"the {self.kind} bank in Postgres: {UNMIGRATED}") from None
+            try:
                 # Once per connection: a lookup is then one round trip (k above it takes its own SET).
                 conn.execute(f"SET hnsw.ef_search = {int(self._ef_search)}")
             except psycopg.Error as exc:
@@ -93,11 +101,8 @@ class PgBank(Bank):
         try:
             found = self._run("SELECT encoder, model, dim FROM banks WHERE name = %s", (self.kind,))
         except BankError as exc:
-            if "banks" in str(exc) and "does not exist" in str(exc):
-                raise BankError(
-                    "the Postgres store has no bank tables yet: run `mcp-spec-proxy store migrate`"
-                    " (a replica also applies it when it starts)"
-                ) from None
+            if UNMIGRATED in exc.args[0]:
+                return  # `check` on a database no replica has started on yet: an empty bank
             raise
         if not found:
             return
@@ -266,4 +271,6 @@ class PgBank(Bank):
 
 
 def _first_line(exc: BaseException) -> str:
+    if isinstance(exc, psycopg.errors.UndefinedTable):
+        return UNMIGRATED
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
