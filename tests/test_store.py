@@ -246,3 +246,25 @@ async def test_tools_accept_on_any_machine_reaches_the_postgres_store(pg_dsn: st
         assert prints.status("toy/echo", "v2") == "accepted"
     finally:
         prints.close()
+
+
+async def test_store_migrate_applies_the_schema_once(pg_dsn: str, tmp_path: Path) -> None:
+    postgres, files = tmp_path / "postgres.yaml", tmp_path / "files.yaml"
+    postgres.write_text(yaml.safe_dump({"servers": {}, "store": {"postgres": {"dsn_env": DSN_ENV}}}))
+    files.write_text(yaml.safe_dump({"servers": {}}))
+    said = []
+    with anyio.fail_after(90):
+        for config in (postgres, postgres, files):
+            run = await anyio.run_process(
+                [PROXY_COMMAND, "store", "migrate", "--config", str(config)],
+                env={**os.environ, DSN_ENV: pg_dsn},
+                check=False,
+            )
+            assert run.returncode == 0, run.stderr.decode()
+            said.append(run.stdout.decode().strip())
+    assert said == [
+        f"applied migration(s) {', '.join(str(v) for v in range(1, LATEST + 1))}: schema at version {LATEST}",
+        f"schema is current (version {LATEST})",
+        "store: files — nothing to migrate",
+    ]
+    assert rows(pg_dsn, "SELECT max(version) FROM schema_version") == [(LATEST,)]
