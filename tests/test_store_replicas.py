@@ -128,6 +128,33 @@ async def test_an_approval_is_good_on_any_replica_and_only_once(tmp_path: Path, 
     assert recorded(ledger) == ['{"value": "v"}', '{"value": "w"}']
 
 
+async def test_the_strong_verdict_rides_with_the_ticket_to_the_other_replica(tmp_path: Path, pg_dsn: str) -> None:
+    ledger = tmp_path / "ledger"
+    async with ScriptedModelServer(Respond(lambda r: verdict(segment_length(r) - 1, "looks wrong"))) as server:
+        config = world(server, ledger, {"default": "strong_then_human"})
+        with replica(config, tmp_path, pg_dsn, "a") as a, replica(config, tmp_path, pg_dsn, "b") as b:
+            with anyio.fail_after(90):
+                async with (
+                    client(a.url, "agent-5", elicitation=approve(True)) as on_a,
+                    client(b.url, "agent-5", elicitation=approve(True)) as on_b,
+                ):
+                    asked = await on_a.session.call_tool("toy__record", {"value": "v"}, allow_input_required=True)
+                    assert isinstance(asked, types.InputRequiredResult)
+                    (key,) = (asked.input_requests or {}).keys()
+                    yes = {key: types.ElicitResult(action="accept", content={"approve": True})}
+                    done = await on_b.session.call_tool(
+                        "toy__record",
+                        {"value": "v"},
+                        input_responses=yes,
+                        request_state=asked.request_state,
+                        allow_input_required=True,
+                    )
+        model_calls = len(server.chat_requests)
+    assert isinstance(done, types.CallToolResult) and not done.is_error, done
+    assert model_calls == 1  # B read A's strong verdict from the ticket instead of asking again
+    assert recorded(ledger) == ['{"value": "v"}']
+
+
 async def test_a_replica_killed_with_writes_held_loses_no_audit_row_and_forwards_nothing(
     tmp_path: Path, pg_dsn: str
 ) -> None:
