@@ -268,3 +268,20 @@ async def test_store_migrate_applies_the_schema_once(pg_dsn: str, tmp_path: Path
         "store: files — nothing to migrate",
     ]
     assert rows(pg_dsn, "SELECT max(version) FROM schema_version") == [(LATEST,)]
+
+
+async def test_a_replica_whose_lock_connection_dropped_registers_again(pg_dsn: str) -> None:
+    config = ProxyConfig.model_validate({"store": {"postgres": {"dsn_env": DSN_ENV}}})
+    live = "SELECT objid::bigint FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 AND granted"
+    async with open_store(config, None, {DSN_ENV: pg_dsn}) as store:
+        assert isinstance(store, PgStore)
+        assert (store.replica,) in rows(pg_dsn, live)
+        # As when the database restarts: the replica's lock connection is cut, and the lock with it.
+        rows(
+            pg_dsn,
+            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND objid = %s",
+            (store.replica,),
+        )
+        assert (store.replica,) not in rows(pg_dsn, live)
+        await store._keep_registered()
+        assert (store.replica,) in rows(pg_dsn, live)

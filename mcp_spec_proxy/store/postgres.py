@@ -74,9 +74,15 @@ async def migrate_database(dsn: str, limit_s: float) -> list[int]:
 
 class PgStore:
     def __init__(
-        self, pool: AsyncConnectionPool[Any], dsn: str, settings: PostgresSettings, replica: int, lock: Any
+        self,
+        pool: AsyncConnectionPool[Any],
+        dsn: str,
+        settings: PostgresSettings,
+        replica: int,
+        lock: psycopg.AsyncConnection[Any],
     ) -> None:
         self.pool = pool
+        self._dsn = dsn
         self.replica = replica
         self._lock = lock
         self._timeout = settings.timeout
@@ -114,7 +120,7 @@ class PgStore:
                 await store.rows.flush_notes()
             store.prints.close()
             with anyio.CancelScope(shield=True):
-                await lock.close()
+                await store._lock.close()
                 await pool.close(timeout=settings.timeout)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -125,7 +131,29 @@ class PgStore:
                 await self.rows.wait_for_notes()
             await self.rows.flush_notes()
             if waited.cancelled_caught:
+                await self._keep_registered()
                 await self.sweep()
+
+    async def _keep_registered(self) -> None:
+        """Take this replica's lock again when its connection was lost (the database restarted):
+        until then, other replicas' sweeps take this replica for dead and its held calls are refused."""
+        try:
+            with anyio.fail_after(self._timeout):
+                await self._lock.execute("SELECT 1")
+            return
+        except DB_ERRORS:
+            pass
+        try:
+            with anyio.fail_after(self._timeout):
+                await self._lock.close()
+                self._lock = await _lock_connection(self._dsn, self._timeout)
+                cursor = await self._lock.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_NAMESPACE, self.replica))
+                row = await cursor.fetchone()
+        except DB_ERRORS as exc:
+            logger.warning("replica %d is not registered with Postgres: %s", self.replica, problem(exc))
+            return
+        if row and row[0]:
+            logger.warning("replica %d registered with Postgres again", self.replica)
 
     async def sweep(self) -> int:
         """Mark abandoned every held call whose replica is gone (how many were marked), and forget
@@ -154,9 +182,13 @@ class PgStore:
             raise StateError(f"cannot read the audit trail from Postgres: {problem(exc)}") from None
 
 
+async def _lock_connection(dsn: str, limit_s: float) -> psycopg.AsyncConnection[Any]:
+    return await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=max(1, round(limit_s)))
+
+
 async def _register(dsn: str, limit_s: float) -> tuple[psycopg.AsyncConnection[Any], int]:
     """A connection holding this replica's liveness lock, and the replica's number."""
-    conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=max(1, round(limit_s)))
+    conn = await _lock_connection(dsn, limit_s)
     for _ in range(32):
         replica = secrets.randbelow(2**31 - 3) + 2  # 1 is the migration lock's
         cursor = await conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_NAMESPACE, replica))
