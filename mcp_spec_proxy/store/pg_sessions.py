@@ -29,7 +29,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from mcp_spec_proxy.errors import StateError
 from mcp_spec_proxy.store.pg_audit import DB_ERRORS, json_text, problem
-from mcp_spec_proxy.store.sessions import LocalSessions, Ticket
+from mcp_spec_proxy.store.sessions import MAX_PENDING_APPROVALS, LocalSessions, Ticket
 from mcp_spec_proxy.trajectory import History, Segment, Step
 
 logger = logging.getLogger(__name__)
@@ -242,7 +242,12 @@ class PgApprovals:
 
     async def put(self, nonce: str, ticket: Ticket) -> None:
         async with self._connection() as conn:
-            await conn.execute("DELETE FROM approvals WHERE expires <= %s", (time.time(),))
+            # Expired tickets go, and past the cap the oldest: a flooding client cannot grow the table.
+            await conn.execute(
+                "DELETE FROM approvals WHERE expires <= %s"
+                " OR nonce IN (SELECT nonce FROM approvals ORDER BY expires DESC OFFSET %s)",
+                (time.time(), MAX_PENDING_APPROVALS - 1),
+            )
             await conn.execute(
                 "INSERT INTO approvals (nonce, binding, expires, question, memo) VALUES (%s, %s, %s, %s, %s::jsonb)",
                 (nonce, list(ticket.binding), ticket.expires, ticket.question, json_text(ticket.memo)),
