@@ -175,12 +175,16 @@ class PgBank(Bank):
         return [Neighbour(int(i), -float(d), label, source, dict(meta or {})) for i, label, source, meta, d in rows]
 
     def stats(self) -> dict[str, Any]:
-        counts = dict(
-            self._run("SELECT label, count(*) FROM bank_vectors WHERE bank = %s GROUP BY label", (self.kind,))
-        )
-        sources = dict(
-            self._run("SELECT source, count(*) FROM bank_vectors WHERE bank = %s GROUP BY source", (self.kind,))
-        )
+        """What the bank holds; with the database unreachable or not migrated, that problem instead."""
+        try:
+            counts = dict(
+                self._run("SELECT label, count(*) FROM bank_vectors WHERE bank = %s GROUP BY label", (self.kind,))
+            )
+            sources = dict(
+                self._run("SELECT source, count(*) FROM bank_vectors WHERE bank = %s GROUP BY source", (self.kind,))
+            )
+        except BankError as exc:
+            return {"kind": self.kind, "store": "postgres", "encoder": self._encoder.as_json(), "error": str(exc)}
         return {
             "kind": self.kind,
             "directory": None,
