@@ -22,6 +22,8 @@ from mcp_spec_proxy.store.pg_audit import problem
 
 logger = logging.getLogger(__name__)
 
+RETRY_S = 5.0  # after a failure, the last copy is used this long before the database is tried again
+
 
 class PgFingerprints(FingerprintStore):
     def __init__(self, dsn: str, timeout: float) -> None:
@@ -29,9 +31,13 @@ class PgFingerprints(FingerprintStore):
         self._timeout = timeout
         self._conn: psycopg.Connection[Any] | None = None
         self._failing = False
+        self._retry_at = 0.0
         super().__init__(None)
 
     def _connection(self) -> psycopg.Connection[Any]:
+        if self._failing and time.monotonic() < self._retry_at:
+            # The catalog asks on the event loop: while the database is away, do not wait on it each time.
+            raise psycopg.OperationalError("the database was unreachable moments ago")
         if self._conn is None or self._conn.closed:
             self._conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=max(1, round(self._timeout)))
         return self._conn
@@ -105,6 +111,7 @@ class PgFingerprints(FingerprintStore):
             self._conn.close()
 
     def _failed(self, exc: BaseException) -> None:
+        self._retry_at = time.monotonic() + RETRY_S
         if self._conn is not None and self._conn.broken:
             self._conn = None
         if not self._failing:
