@@ -67,6 +67,11 @@ def database_down(admin_dsn: str, name: str) -> None:
         conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
 
 
+def database_up(admin_dsn: str, name: str) -> None:
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(f"ALTER DATABASE {name} WITH ALLOW_CONNECTIONS true")
+
+
 def rows(dsn: str, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     with psycopg.connect(dsn) as conn:
         return conn.execute(sql, args).fetchall()  # type: ignore[arg-type]  # test SQL is a literal
