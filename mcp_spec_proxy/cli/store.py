@@ -88,7 +88,8 @@ def audit(ctx: click.Context, session: str | None, tail: int | None) -> None:
     async def rows() -> list[dict[str, Any]]:
         if dsn is None or config.store == "files":
             return await FileStore(StatePaths(state_dir_of(ctx.obj["state_dir"], config))).read_audit(session)
-        found: list[dict[str, Any]] = await _postgres(ctx).read_audit_once(dsn, config.store.postgres.timeout, session)
+        timeout = config.store.postgres.timeout
+        found: list[dict[str, Any]] = await _postgres(ctx).read_audit_once(dsn, timeout, session, tail)
         return found
 
     found = run_loop(rows)

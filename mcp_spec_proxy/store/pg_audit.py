@@ -110,12 +110,19 @@ class PgAudit:
         await self._wake.wait()
 
     def close(self) -> None:
-        return None  # the store flushes and closes the pool (`PgStore.aclose`)
+        return None  # the store flushes the notes and closes the pool as it closes (`PgStore.open`)
 
 
-async def read_rows(pool: AsyncConnectionPool[Any], *, session: str | None = None) -> list[dict[str, Any]]:
-    """Every audit row in order, as the file's lines read: `{"ts", "event", **fields}`."""
-    where, args = ("WHERE session = %s", (session,)) if session else ("", ())
+async def read_rows(
+    pool: AsyncConnectionPool[Any], *, session: str | None = None, tail: int | None = None
+) -> list[dict[str, Any]]:
+    """The audit rows in order (the last `tail` of them), as the file's lines read: `{"ts", "event", **fields}`."""
+    args: list[Any] = [session] if session else []
+    where = "WHERE session = %s" if session else ""
+    limit = ""
+    if tail is not None:
+        limit, args = "LIMIT %s", [*args, tail]
+    sql = f"SELECT * FROM (SELECT id, ts, event, data FROM audit {where} ORDER BY id DESC {limit}) last ORDER BY id"
     async with pool.connection() as conn:
-        cursor = await conn.execute(f"SELECT ts, event, data FROM audit {where} ORDER BY id", args)
-        return [{"ts": ts, "event": event, **data} for ts, event, data in await cursor.fetchall()]
+        cursor = await conn.execute(sql, args)
+        return [{"ts": ts, "event": event, **data} for _, ts, event, data in await cursor.fetchall()]

@@ -199,12 +199,14 @@ async def _register(dsn: str, limit_s: float) -> tuple[psycopg.AsyncConnection[A
     raise StateError("could not take a replica number in the Postgres store")
 
 
-async def read_audit_once(dsn: str, limit_s: float, session: str | None = None) -> list[dict[str, Any]]:
-    """`mcp-spec-proxy audit`: every audit row, in order, from one short connection."""
+async def read_audit_once(
+    dsn: str, limit_s: float, session: str | None = None, tail: int | None = None
+) -> list[dict[str, Any]]:
+    """`mcp-spec-proxy audit`: the audit rows in order (the last `tail`), from one short connection."""
     try:
         async with (
             AsyncConnectionPool(dsn, min_size=1, max_size=1, timeout=limit_s, kwargs={"autocommit": True}) as pool,
         ):
-            return await read_rows(pool, session=session)
+            return await read_rows(pool, session=session, tail=tail)
     except DB_ERRORS as exc:
         raise StateError(f"cannot read the audit trail from Postgres: {problem(exc)}") from None
