@@ -19,6 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 import mcp_types as types
 
 from mcp_spec_proxy.catalog import Catalog, CatalogTool, strip_intent
@@ -29,6 +30,7 @@ from mcp_spec_proxy.models import ModelCall
 from mcp_spec_proxy.prompts import step_json
 from mcp_spec_proxy.review import ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review.strong import ProposedStep, Repairer, check_step
+from mcp_spec_proxy.store.sessions import LocalSessions, SessionStore
 from mcp_spec_proxy.telemetry import Telemetry
 from mcp_spec_proxy.trajectory import History, Segment, Step
 
@@ -53,8 +55,11 @@ class Barrier:
         gate: Gate,
         telemetry: Telemetry | None = None,
         repairer: Repairer | None = None,
+        sessions: SessionStore | None = None,
     ) -> None:
         self._config = config
+        # Where each change to a session's history is kept: in memory, or shared by every replica.
+        self._sessions: SessionStore = sessions or LocalSessions()
         self._catalog = catalog
         self.gate = gate
         self._telemetry = telemetry or Telemetry(None)
@@ -85,7 +90,7 @@ class Barrier:
         if tool.effect == "read":
             step = Step(tool.name, forwarded, "read")
             result = await self.gate.read(session.id, tool, forwarded, step, "client", report)
-            session.history.record_read(step)
+            await self._sessions.read(session.id, session.history, step)
             return result
         return await self._hold(session, tool, forwarded, intent, user, report)
 
@@ -99,18 +104,19 @@ class Barrier:
         report: Report | None,
     ) -> types.CallToolResult:
         held = Step(tool.name, arguments, "write", intent=intent)
-        segment = session.history.segment(held)
+        segment = await self._sessions.hold(session.id, session.history, held)
         request = ReviewRequest(session.id, tool, arguments, intent, segment, session.history)
         call = GateCall(session.id, tool, arguments, "client", request, intent=intent)
         try:
             outcome = await self.gate.write(call, user, report, step=held)
         except BaseException:  # waiting for the user's answer, or the client went away: not settled
-            session.history.release(segment)
+            with anyio.CancelScope(shield=True):
+                await self._sessions.release(session.id, session.history, segment)
             raise
         verdict = outcome.verdict
         model_calls = list(verdict.model_calls)
         if outcome.result is not None:
-            session.history.settle(segment, len(segment))
+            await self._sessions.settle(session.id, session.history, segment, len(segment))
             result, action = outcome.result, "forwarded"
         else:
             try:
@@ -121,10 +127,11 @@ class Barrier:
                 else:
                     result, action = blocked_result(tool, verdict, alternative), "blocked"
             except BaseException:  # the substitute waits for the user, or the client left: the call stays rejected
-                session.history.settle(segment, min(verdict.accepted_steps, len(segment) - 1))
+                with anyio.CancelScope(shield=True):
+                    await self._settle_rejected(session, segment, verdict)
                 raise
             if action == "blocked":
-                session.history.settle(segment, min(verdict.accepted_steps, len(segment) - 1))
+                await self._settle_rejected(session, segment, verdict)
         await self._telemetry.record(
             "decision",
             session=session.id,
@@ -143,6 +150,11 @@ class Barrier:
             model_calls=[call.as_json() for call in model_calls],
         )
         return result
+
+    async def _settle_rejected(self, session: Session, segment: Segment, verdict: Verdict) -> None:
+        """The rejected call's segment: its accepted prefix commits, the held call never does."""
+        accepted = min(verdict.accepted_steps, len(segment) - 1)
+        await self._sessions.settle(session.id, session.history, segment, accepted)
 
     async def _alternative(
         self, tool: CatalogTool, request: ReviewRequest, verdict: Verdict, model_calls: list[ModelCall]
@@ -190,12 +202,12 @@ class Barrier:
             call = GateCall(session.id, step.tool, arguments, author, request, intent=intent, replaces=rejected.call)
             outcome = await self.gate.write(call, user, report, step=executed)
             if outcome.result is None:
-                session.history.settle(segment, min(verdict.accepted_steps, len(segment) - 1))
+                await self._settle_rejected(session, segment, verdict)
                 refusal = outcome.verdict
                 why = f"its {author} {step.tool.name} was refused too ({refusal.reviewer}: {refusal.reason})"
                 return blocked_result(tool, verdict, why)
             inner = outcome.result
-        session.history.settle(segment, verdict.accepted_steps, executed)
+        await self._sessions.settle(session.id, session.history, segment, verdict.accepted_steps, executed)
         how = "replaced it with" if step.source == "replacement" else "repaired it as"
         note = (
             f"[mcp-spec-proxy] {original} was rejected by the reviewer ({verdict.reason}); the reviewer "

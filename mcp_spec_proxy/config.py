@@ -168,6 +168,20 @@ class LeashConfig(_Strict):
         return self
 
 
+class PostgresSettings(_Strict):
+    """A PostgreSQL database shared by every replica (`pip install 'mcp-spec-proxy[postgres]'`)."""
+
+    dsn_env: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")  # the variable holding the DSN: it carries a password
+    pool_size: int = Field(default=10, ge=1, le=200)
+    timeout: float = Field(default=5.0, gt=0)  # seconds to reach the database before a write is refused
+
+
+class PostgresStore(_Strict):
+    """`store: {postgres: {dsn_env: VAR}}`: audit, sessions, approvals, fingerprints and banks in Postgres."""
+
+    postgres: PostgresSettings
+
+
 class ProxyConfig(_Strict):
     """The whole file."""
 
@@ -179,6 +193,8 @@ class ProxyConfig(_Strict):
     leash: LeashConfig | None = None
     telemetry: str | None = None
     state_dir: str | None = None
+    # Where state lives: `files` (the state directory; one process) or one Postgres for many replicas.
+    store: Literal["files"] | PostgresStore = "files"
     separator: str = "__"
     max_name_length: int = Field(default=64, ge=16, le=128)
     hold_open_world: bool = False  # every server's open-world reads are held, unless it says otherwise

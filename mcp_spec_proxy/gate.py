@@ -44,7 +44,7 @@ import anyio
 import mcp_types as types
 from mcp.shared.dispatcher import ProgressFnT
 
-from mcp_spec_proxy.audit import AuditLog
+from mcp_spec_proxy.audit import AuditSink
 from mcp_spec_proxy.backends import BackendPool
 from mcp_spec_proxy.catalog import CatalogTool, digest
 from mcp_spec_proxy.config import ProxyConfig, ReviewMode
@@ -126,7 +126,7 @@ class Gate:
         config: ProxyConfig,
         backends: BackendPool,
         reviewers: Mapping[ReviewMode, Reviewer],
-        audit: AuditLog,
+        audit: AuditSink,
         leash: Leash | None = None,
     ) -> None:
         self._config = config

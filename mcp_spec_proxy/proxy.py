@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from mcp.server import Server
 
-from mcp_spec_proxy.audit import AuditLog
+from mcp_spec_proxy.audit import AuditSink
 from mcp_spec_proxy.backends import BackendPool, Listing
 from mcp_spec_proxy.barrier import Barrier
 from mcp_spec_proxy.catalog import Catalog
@@ -38,6 +38,8 @@ from mcp_spec_proxy.gate import Gate
 from mcp_spec_proxy.models import ChatModel
 from mcp_spec_proxy.review.build import build_reviewers, console_queue
 from mcp_spec_proxy.review.console import ConsoleQueue
+from mcp_spec_proxy.store import StatePaths as StatePaths  # where commands and tests have always found it
+from mcp_spec_proxy.store import Store, open_store, postgres_dsn
 from mcp_spec_proxy.telemetry import Telemetry
 
 if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section opens it
@@ -49,23 +51,6 @@ ChangeListener = Callable[[str], Awaitable[None]]
 """Told `"tools"`, `"prompts"` or `"resources"` when that list changed."""
 
 
-@dataclass(frozen=True)
-class StatePaths:
-    root: Path
-
-    @property
-    def fingerprints(self) -> Path:
-        return self.root / "fingerprints.json"
-
-    @property
-    def audit(self) -> Path:
-        return self.root / "audit.jsonl"
-
-    @property
-    def logs(self) -> Path:
-        return self.root / "logs"
-
-
 @dataclass
 class Proxy:
     config: ProxyConfig
@@ -73,8 +58,9 @@ class Proxy:
     backends: BackendPool
     barrier: Barrier
     gate: Gate
-    audit: AuditLog
+    audit: AuditSink
     telemetry: Telemetry
+    store: Store
     engine: Engine | None = None  # when a strong model is configured: `delegate`, `run`, the gateway
     leash: Leash | None = None
     listeners: list[ChangeListener] = field(default_factory=list)
@@ -112,7 +98,19 @@ def open_leash(
     key = _key(environ, embedding.api_key_env if embedding else None, "leash.embedding", source)
     weak = config.models.get("weak")
     hidden = weak.hidden_state_source if weak else ""
-    return Leash.open(config.leash, api_key=key, hidden_model=hidden, telemetry=telemetry, strict=strict)
+    dsn = postgres_dsn(config, environ, source)
+    if dsn is None:
+        return Leash.open(config.leash, api_key=key, hidden_model=hidden, telemetry=telemetry, strict=strict)
+    try:
+        from mcp_spec_proxy.leash.pgvector import PgBank  # the banks of every replica, in pgvector
+    except ImportError as exc:
+        raise ConfigError(
+            source, "store.postgres", f"{exc.name} is not installed", "pip install 'mcp-spec-proxy[postgres]'"
+        ) from None
+    opener = PgBank.opener(dsn)
+    return Leash.open(
+        config.leash, api_key=key, hidden_model=hidden, telemetry=telemetry, strict=strict, open_bank=opener
+    )
 
 
 def _key(environ: Mapping[str, str], variable: str | None, where: str, source: str) -> str | None:
@@ -132,6 +130,7 @@ def _key(environ: Mapping[str, str], variable: str | None, where: str, source: s
 async def validate(config: ProxyConfig, environ: Mapping[str, str], source: str = "config") -> None:
     """Everything `running_proxy` checks before it starts a backend: keys, LEASH's banks, the
     reviewers every review mode needs. `mcp-spec-proxy check` runs this, so `ok` means the proxy starts."""
+    postgres_dsn(config, environ, source)  # its variable is set (the database is reached at start)
     models = open_models(config, environ, source)
     leash: Leash | None = None
     try:
@@ -163,12 +162,37 @@ async def running_proxy(
     environ = environ if environ is not None else {}
     models = models if models is not None else open_models(config, environ, source)
     events = Telemetry(telemetry)
-    if leash is None:
-        leash = open_leash(config, environ, source, telemetry=events)
-    fingerprints = FingerprintStore(state.fingerprints if state else None)
-    catalog = Catalog(config, fingerprints)
+    try:
+        async with open_store(config, state, environ, source) as store:
+            # After the store: a Postgres store has migrated the tables its banks live in.
+            if leash is None:
+                leash = open_leash(config, environ, source, telemetry=events)
+            async with _running(config, state, store, models, events, in_process, leash, source) as proxy:
+                yield proxy
+    finally:
+        events.close()
+        if leash is not None:
+            with anyio.CancelScope(shield=True):
+                await leash.aclose()
+        for model in models.values():
+            with anyio.CancelScope(shield=True):
+                await model.aclose()
+
+
+@asynccontextmanager
+async def _running(
+    config: ProxyConfig,
+    state: StatePaths | None,
+    store: Store,
+    models: dict[str, ChatModel],
+    events: Telemetry,
+    in_process: dict[str, Server[Any]] | None,
+    leash: Leash | None,
+    source: str,
+) -> AsyncIterator[Proxy]:
+    catalog = Catalog(config, store.fingerprints)
     reviewers, repairer = build_reviewers(config, catalog, models, source, leash)
-    audit = AuditLog(state.audit if state else None)
+    audit = store.audit
     proxy: Proxy | None = None
 
     async def on_listing(server: str, listing: Listing | None) -> None:
@@ -183,7 +207,7 @@ async def running_proxy(
         config.active_servers(), on_listing, log_dir=state.logs if state else None, in_process=in_process
     )
     gate = Gate(config, backends, reviewers, audit, leash)
-    barrier = Barrier(config, catalog, gate, events, repairer)
+    barrier = Barrier(config, catalog, gate, events, repairer, store.sessions)
     engine = None
     strong = models.get(config.review.model)
     if strong is not None:
@@ -203,20 +227,11 @@ async def running_proxy(
             limits=config.speculation,
             watch=watch,
         )
-    proxy = Proxy(config, catalog, backends, barrier, gate, audit, events, engine, leash)
+    proxy = Proxy(config, catalog, backends, barrier, gate, audit, events, store, engine, leash)
     proxy.console = console_queue(reviewers)
-    try:
-        async with anyio.create_task_group() as tg:
-            await tg.start(backends.run)
-            logger.info("serving %d tools from %s", len(catalog.tools()), ", ".join(catalog.servers()) or "no backend")
-            yield proxy
-            tg.cancel_scope.cancel()
-    finally:
-        audit.close()
-        events.close()
-        if leash is not None:
-            with anyio.CancelScope(shield=True):
-                await leash.aclose()
-        for model in models.values():
-            with anyio.CancelScope(shield=True):
-                await model.aclose()
+    async with anyio.create_task_group() as tg:
+        await tg.start(store.run)
+        await tg.start(backends.run)
+        logger.info("serving %d tools from %s", len(catalog.tools()), ", ".join(catalog.servers()) or "no backend")
+        yield proxy
+        tg.cancel_scope.cancel()

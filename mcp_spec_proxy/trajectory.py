@@ -27,6 +27,7 @@ class Step:
     is_error: bool = False
     duration_s: float = 0.0
     intent: str | None = None
+    ref: str | None = field(default=None, compare=False, repr=False)  # its row in a shared session store
 
     def as_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"tool": self.tool, "arguments": self.arguments, "effect": self.effect}

@@ -100,7 +100,7 @@ async def shoot(out: Path) -> None:
             queue = proxy.console
             assert queue is not None
             async with Client(McpFront(proxy).server, mode="legacy") as client, anyio.create_task_group() as tg:
-                site = Console(queue, state.audit, proxy.leash)
+                site = Console(queue, proxy.store.read_audit, proxy.leash)
                 url = await tg.start(lambda task_status: serve_console(site, "127.0.0.1", 0, task_status=task_status))
                 await history_of_earlier_calls(client, queue, tg)
                 await client.call_tool("fs__read_file", {"path": "todo.md"})

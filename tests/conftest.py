@@ -1,9 +1,13 @@
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from tests.pg import embedded_postgres, fresh_database
 from tests.real_model import local_model_server
 
 
@@ -22,3 +26,23 @@ def local_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """SmolLM2-135M behind llama.cpp for the whole session: its base URL (started on first use)."""
     with local_model_server(tmp_path_factory.mktemp("local-model") / "server.log") as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """One embedded PostgreSQL (with pgvector) for the whole suite: its maintenance DSN.
+
+    Not under pytest's temporary root: run as root, the server runs as its own system user, and
+    pytest closes that root to others (0o700) whenever a pytest session starts."""
+    root = Path(tempfile.mkdtemp(prefix="mcp-spec-proxy-pg-"))
+    try:
+        with embedded_postgres(root / "data") as dsn:
+            yield dsn
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def pg_dsn(postgres_server: str) -> str:
+    """A fresh, empty database of the suite's Postgres for this test."""
+    return fresh_database(postgres_server)

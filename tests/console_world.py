@@ -90,7 +90,7 @@ async def console_world(
         queue = p.proxy.console
         assert queue is not None
         async with anyio.create_task_group() as tg:
-            site = Console(queue, p.state.audit, p.proxy.leash)
+            site = Console(queue, p.proxy.store.read_audit, p.proxy.leash)
             url = await tg.start(lambda task_status: serve_console(site, "127.0.0.1", 0, task_status=task_status))
             yield World(p, url, queue, ledger, tg)
             tg.cancel_scope.cancel()

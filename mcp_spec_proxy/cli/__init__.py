@@ -8,13 +8,14 @@ mcp-spec-proxy check                                 validate the config and exi
 mcp-spec-proxy console-url                           the running proxy's approval console link
 mcp-spec-proxy run TASK / gateway / report-outcome   the SpecAgent engine
 mcp-spec-proxy bank stats / import / calibrate       LEASH's banks
+mcp-spec-proxy store migrate / audit                 the Postgres schema; the audit trail (files or Postgres)
 
 setup.py builds what commands share; serve.py holds the main group (serving, `check`); tools.py,
 agent.py and bank.py add their commands to it when imported here, so `main` is complete once this
 package is imported (the console script is `mcp_spec_proxy.cli:main`).
 """
 
-from mcp_spec_proxy.cli import agent, bank, tools  # noqa: F401 -- imported to register their commands on `main`
+from mcp_spec_proxy.cli import agent, bank, store, tools  # noqa: F401 -- imported to register their commands on `main`
 from mcp_spec_proxy.cli.serve import _parse_http as _parse_http  # tests parse --http values directly
 from mcp_spec_proxy.cli.serve import main
 

@@ -137,7 +137,7 @@ async def _start_console(
                 " would wait there are refused"
             )
         return
-    site = Console(proxy.console, state.audit, proxy.leash)
+    site = Console(proxy.console, proxy.store.read_audit, proxy.leash)
     url_file = state.root / CONSOLE_URL_FILE
     await tg.start(
         lambda task_status: serve_console(site, *address, url_file=url_file, notify=True, task_status=task_status)

@@ -11,10 +11,10 @@ import click
 
 from mcp_spec_proxy.catalog import public_name
 from mcp_spec_proxy.cli.serve import main
-from mcp_spec_proxy.cli.setup import file_options, load, run_loop, setup, state_dir_of
+from mcp_spec_proxy.cli.setup import file_options, load, run_loop, setup
+from mcp_spec_proxy.cli.store import fingerprint_store
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.fingerprints import FingerprintStore
-from mcp_spec_proxy.proxy import StatePaths
 
 
 @main.group(invoke_without_command=True)
@@ -54,7 +54,7 @@ def tools(ctx: click.Context) -> None:
 def tools_accept(ctx: click.Context, names: tuple[str, ...], accept_all: bool) -> None:
     """Accept the changed definition of NAME, or NAME as a new tool (its listed name, or server/tool)."""
     config = load(ctx.obj["config_path"])
-    store = FingerprintStore(StatePaths(state_dir_of(ctx.obj["state_dir"], config)).fingerprints)
+    store = fingerprint_store(ctx, config)
     pending = store.pending()
     targets = pending if accept_all else [_store_key(name, config, store) for name in names]
     if accept_all and not pending:

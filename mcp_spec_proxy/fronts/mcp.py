@@ -31,7 +31,6 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -50,11 +49,12 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from mcp_spec_proxy.barrier import Report, Session
 from mcp_spec_proxy.catalog import digest
-from mcp_spec_proxy.errors import ProxyError, ToolNotFound
+from mcp_spec_proxy.errors import ProxyError, StateError, ToolNotFound
 from mcp_spec_proxy.fronts.own_tools import OwnTools
 from mcp_spec_proxy.proxy import Proxy
 from mcp_spec_proxy.review import InputNeeded
 from mcp_spec_proxy.sdk import server_connection
+from mcp_spec_proxy.store import ApprovalStore, Ticket
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +63,6 @@ _APPROVAL_KEY = "mcp-spec-proxy/approval"
 SESSION_HEADER = "mcp-spec-proxy-session"
 SESSION_META = "mcp-spec-proxy/session"
 MAX_NAMED_SESSIONS = 4096  # 2026-07-28 sessions kept by name; the least recently used goes first
-MAX_PENDING_APPROVALS = 4096
 
 Ctx = ServerRequestContext[Any, Any]
 
@@ -92,7 +91,7 @@ class McpFront:
         self.proxy = proxy
         self.own_tools = OwnTools(proxy)
         self._connections: weakref.WeakSet[Connection] = weakref.WeakSet()
-        self._approvals = Approvals(proxy.config.review.timeout)
+        self._approvals = Approvals(proxy.config.review.timeout, proxy.store.approvals)
         self._named: OrderedDict[str, Session] = OrderedDict()
         self.stdio_session: Session | None = None  # set while serving stdio: one client, one session
         self._bus = InMemorySubscriptionBus()  # 2026-07-28 clients hear of changes on subscriptions/listen
@@ -176,7 +175,7 @@ class McpFront:
         unnamed = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS and self.stdio_session is None
         unnamed = unnamed and _session_name(ctx) is None
         binding = ("" if unnamed else session.id, params.name, digest(arguments))
-        ticket = self._approvals.take(params.request_state, binding) if params.input_responses else None
+        ticket = await self._approvals.take(params.request_state, binding) if params.input_responses else None
         user = _UserChannel(ctx, params, ticket)
         try:
             return await self.proxy.barrier.call(session, params.name, arguments, user, _reporter(ctx))
@@ -184,7 +183,7 @@ class McpFront:
             request = types.ElicitRequest(
                 params=types.ElicitRequestFormParams(message=need.message, requested_schema=need.schema)
             )
-            state = self._approvals.issue(binding, need)
+            state = await self._approvals.issue(binding, need)
             return types.InputRequiredResult(input_requests={need.key: request}, request_state=state)
         except ProxyError as exc:
             raise _wire_error(exc) from exc
@@ -234,57 +233,46 @@ class McpFront:
             raise _wire_error(exc) from exc
 
 
-@dataclass
-class Ticket:
-    """One `input_required` approval waiting for its retry."""
-
-    binding: tuple[str, str, str]  # session, tool, arguments digest
-    expires: float  # time.monotonic()
-    question: str  # digest of what the user was shown: the answer settles that question only
-    memo: dict[str, Any] = field(default_factory=dict)
-
-
 class Approvals:
     """Approval tickets of the 2026-07-28 era: issued with `input_required`, taken once by the retry.
 
     The `request_state` a client holds is `<nonce>.<hmac>`; the HMAC covers the nonce and the
     binding, so a ticket cannot be moved to another session, tool or argument set, and the nonce
-    is forgotten the first time it is used (or when it expires), so it cannot be used twice.
+    is forgotten the first time it is used (or when it expires), so it cannot be used twice. The
+    tickets and the key live in the store: in memory, or shared by every replica, where a ticket
+    taken on one is gone for all.
     """
 
-    def __init__(self, ttl: float) -> None:
-        self._key = secrets.token_bytes(32)
+    def __init__(self, ttl: float, tickets: ApprovalStore) -> None:
         self._ttl = ttl
-        self._pending: OrderedDict[str, Ticket] = OrderedDict()
+        self._tickets = tickets
 
-    def issue(self, binding: tuple[str, str, str], need: InputNeeded) -> str:
-        self._expire()
+    async def issue(self, binding: tuple[str, str, str], need: InputNeeded) -> str:
+        """A fresh ticket's `request_state`; a store that cannot keep it is a wire error (nothing ran)."""
         nonce = secrets.token_hex(16)
-        self._pending[nonce] = Ticket(binding, time.monotonic() + self._ttl, question(need.message), dict(need.memo))
-        while len(self._pending) > MAX_PENDING_APPROVALS:
-            self._pending.popitem(last=False)
-        return f"{nonce}.{self._mac(nonce, binding)}"
+        ticket = Ticket(binding, time.time() + self._ttl, question(need.message), dict(need.memo))
+        try:
+            await self._tickets.put(nonce, ticket)
+            return f"{nonce}.{await self._mac(nonce, binding)}"
+        except StateError as exc:
+            raise _wire_error(exc) from exc
 
-    def take(self, state: str | None, binding: tuple[str, str, str]) -> Ticket | None:
-        """The ticket `state` names, once, if it is genuine, unexpired and bound to `binding`."""
-        self._expire()
+    async def take(self, state: str | None, binding: tuple[str, str, str]) -> Ticket | None:
+        """The ticket `state` names, once, if it is genuine, unexpired and bound to `binding`;
+        None too when the store cannot be asked (the user is then asked again)."""
         nonce, _, mac = (state or "").partition(".")
-        if not hmac.compare_digest(mac, self._mac(nonce, binding)):
+        try:
+            if not hmac.compare_digest(mac, await self._mac(nonce, binding)):
+                return None
+            ticket = await self._tickets.take(nonce)
+        except StateError as exc:
+            logger.warning("approval ticket not checked: %s", exc)
             return None
-        ticket = self._pending.pop(nonce, None)
         return ticket if ticket is not None and ticket.binding == binding else None
 
-    def _mac(self, nonce: str, binding: tuple[str, str, str]) -> str:
+    async def _mac(self, nonce: str, binding: tuple[str, str, str]) -> str:
         message = "\0".join((nonce, *binding)).encode("utf-8", "surrogatepass")
-        return hmac.new(self._key, message, hashlib.sha256).hexdigest()
-
-    def _expire(self) -> None:
-        now = time.monotonic()
-        while self._pending:
-            nonce, ticket = next(iter(self._pending.items()))
-            if ticket.expires > now:
-                break
-            del self._pending[nonce]
+        return hmac.new(await self._tickets.key(), message, hashlib.sha256).hexdigest()
 
 
 class _UserChannel:

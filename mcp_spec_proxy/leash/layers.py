@@ -198,8 +198,11 @@ class Leash:
         hidden_model: str = "",
         telemetry: Telemetry | None = None,
         strict: bool = False,
+        open_bank: Callable[..., Bank] = Bank.open,
     ) -> Leash:
         """Build the configured encoder and open (or create) both banks; a bank that will not load is an error.
+
+        `open_bank` opens each bank: `Bank.open` (files in `bank_dir`), or the Postgres store's.
 
         `strict`: LEASH's failures propagate instead of becoming "no evidence" (see the module docstring).
         """
@@ -212,8 +215,8 @@ class Leash:
         else:
             encoder = HiddenStateEncoder(hidden_model, config.dim)
         root = Path(config.bank_dir).expanduser()
-        tasks = Bank.open(root / "task", kind="task", encoder=encoder.info)
-        steps = Bank.open(root / "step", kind="step", encoder=encoder.info)
+        tasks = open_bank(root / "task", kind="task", encoder=encoder.info)
+        steps = open_bank(root / "step", kind="step", encoder=encoder.info)
         return cls(config, encoder, tasks, steps, telemetry=telemetry, strict=strict)
 
     # -- scores --------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import logging
 import secrets
 import shutil
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,10 +49,15 @@ MAX_BODY = 1_000_000
 ACTIONS = ("approve", "deny", "edit", "rule")
 
 
-class Console:
-    """The console's routes over one queue, one audit file and (maybe) LEASH's banks."""
+AuditReader = Callable[[], Awaitable[list[dict[str, Any]]]]
+"""The audit trail as rows, oldest first: `Store.read_audit`."""
 
-    def __init__(self, queue: ConsoleQueue, audit: Path | None, leash: Leash | None = None) -> None:
+
+class Console:
+    """The console's routes over one queue, the store's audit trail (files or Postgres) and (maybe)
+    LEASH's banks."""
+
+    def __init__(self, queue: ConsoleQueue, audit: AuditReader, leash: Leash | None = None) -> None:
         self.queue = queue
         self.audit = audit
         self.leash = leash
@@ -124,16 +129,16 @@ class Console:
         return JSONResponse({"message": done, "call": item.call})
 
     async def history(self, request: Request) -> Response:
-        lines = await anyio.to_thread.run_sync(history.audit_lines, self.audit)
+        lines = await self.audit()
         filters = {name: request.query_params.get(name, "")[:200] for name in history.FILTERS}
         return HTMLResponse(history.history_page(history.calls(lines), filters))
 
     async def story(self, request: Request) -> Response:
-        lines = await anyio.to_thread.run_sync(history.audit_lines, self.audit)
+        lines = await self.audit()
         return HTMLResponse(history.story_page(request.path_params["call"], lines))
 
     async def leash_page(self, request: Request) -> Response:
-        lines = await anyio.to_thread.run_sync(history.audit_lines, self.audit)
+        lines = await self.audit()
         stats = None
         if self.leash is not None:
             stats = {"task": self.leash.tasks.stats(), "step": self.leash.steps.stats()}

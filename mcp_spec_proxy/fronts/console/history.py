@@ -1,7 +1,8 @@
 """The console's view of the audit trail: the calls table, one call's story, LEASH's record.
 
-The audit log is read as written (`audit.read_audit`), never changed. Lines of one call share
-its id, so a call's story is its lines in order: held → verdict → (edited) → forwarded or blocked.
+The audit trail is read as the store wrote it (`Store.read_audit`: files or Postgres), never
+changed. Lines of one call share its id, so a call's story is its lines in order: held →
+verdict → (edited) → forwarded or blocked.
 """
 
 from __future__ import annotations
@@ -10,10 +11,8 @@ import json
 import time
 from dataclasses import dataclass, field
 from html import escape
-from pathlib import Path
 from typing import Any
 
-from mcp_spec_proxy.audit import read_audit
 from mcp_spec_proxy.fronts.console.pages import folded, page
 
 ROWS_SHOWN = 500
@@ -35,10 +34,6 @@ class CallRow:
     reason: str = ""
     edited: bool = False
     lines: list[dict[str, Any]] = field(default_factory=list)
-
-
-def audit_lines(path: Path | None) -> list[dict[str, Any]]:
-    return read_audit(path) if path is not None and path.exists() else []
 
 
 def calls(lines: list[dict[str, Any]]) -> list[CallRow]:

@@ -1,0 +1,97 @@
+"""`mcp-spec-proxy store migrate` (the Postgres schema) and `mcp-spec-proxy audit` (the audit trail).
+
+Both read the configured `store:`: for `files`, the state directory; for `postgres`, the database
+named by `store.postgres.dsn_env`. psycopg is imported only when the config names Postgres.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import click
+
+from mcp_spec_proxy.cli.serve import main
+from mcp_spec_proxy.cli.setup import file_options, load, run_loop, state_dir_of
+from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.errors import ConfigError
+from mcp_spec_proxy.fingerprints import FingerprintStore
+from mcp_spec_proxy.store import FileStore, StatePaths, postgres_dsn
+
+
+def _dsn(ctx: click.Context, config: ProxyConfig) -> str | None:
+    try:
+        return postgres_dsn(config, os.environ, ctx.obj["config_path"])
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _postgres(ctx: click.Context) -> Any:
+    """The Postgres module, or one clear line when its extra is not installed."""
+    try:
+        from mcp_spec_proxy.store import postgres
+    except ImportError as exc:
+        raise click.ClickException(f"store.postgres needs {exc.name}: pip install 'mcp-spec-proxy[postgres]'") from None
+    return postgres
+
+
+def fingerprint_store(ctx: click.Context, config: ProxyConfig) -> FingerprintStore:
+    """The configured fingerprint store (`tools accept` writes it; running replicas read it)."""
+    dsn = _dsn(ctx, config)
+    if dsn is None or config.store == "files":
+        return FingerprintStore(StatePaths(state_dir_of(ctx.obj["state_dir"], config)).fingerprints)
+    found: FingerprintStore = _postgres(ctx).PgFingerprints(dsn, config.store.postgres.timeout)
+    return found
+
+
+@main.group()
+def store() -> None:
+    """The state store named by `store:` in the config."""
+
+
+@store.command("migrate")
+@file_options
+@click.pass_context
+def store_migrate(ctx: click.Context) -> None:
+    """Create or upgrade the Postgres schema (replicas also apply it when they start)."""
+    config = load(ctx.obj["config_path"])
+    dsn = _dsn(ctx, config)
+    if dsn is None or config.store == "files":
+        click.echo("store: files — nothing to migrate")
+        return
+    postgres = _postgres(ctx)
+    timeout = config.store.postgres.timeout
+
+    async def migrate() -> list[int]:
+        applied: list[int] = await postgres.migrate_database(dsn, timeout)
+        return applied
+
+    applied = run_loop(migrate)
+    latest = postgres.LATEST
+    if applied:
+        click.echo(f"applied migration(s) {', '.join(map(str, applied))}: schema at version {latest}")
+    else:
+        click.echo(f"schema is current (version {latest})")
+
+
+@main.command("audit")
+@file_options
+@click.option("--session", help="Only the rows of this session.")
+@click.option("--tail", type=click.IntRange(min=1), help="Only the last N rows.")
+@click.pass_context
+def audit(ctx: click.Context, session: str | None, tail: int | None) -> None:
+    """Print the audit trail as JSON lines, oldest first (from the files or from Postgres)."""
+    config = load(ctx.obj["config_path"])
+    dsn = _dsn(ctx, config)
+
+    async def rows() -> list[dict[str, Any]]:
+        if dsn is None or config.store == "files":
+            return await FileStore(StatePaths(state_dir_of(ctx.obj["state_dir"], config))).read_audit(session)
+        timeout = config.store.postgres.timeout
+        found: list[dict[str, Any]] = await _postgres(ctx).read_audit_once(dsn, timeout, session, tail)
+        return found
+
+    found = run_loop(rows)
+    for row in found[-tail:] if tail else found:
+        click.echo(json.dumps(row, ensure_ascii=False, default=str))

@@ -1,0 +1,280 @@
+"""LEASH banks in Postgres with pgvector: every replica's labels in one table, found by all.
+
+`PgBank` is a `Bank` (the layers cannot tell): `add` inserts its rows at once (so `save` has
+nothing left to do), `search` asks the database. A bank is a row of `banks` (`task` or `step`)
+naming its encoder and dimension, fixed by its first vectors; vectors of another encoder or
+dimension are refused, as by the files. Lookups use pgvector's HNSW index (m=32,
+ef_construction=40, inner product on unit vectors: cosine), one per bank, a partial index over
+`vector::vector(dim)` built when the dimension becomes known. Chosen over a FAISS copy kept in
+each replica: a label written on one replica is a neighbour on every other at its next lookup,
+with no cache to keep in sync, at the latency and recall `bench/store.py` measures
+(docs/BENCHMARKS.md).
+
+The layers call these methods from worker threads (`aadd`, `asearch`), so this module speaks to
+the database through one synchronous connection, behind the bank's lock.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psycopg
+from pgvector.psycopg import register_vector
+
+from mcp_spec_proxy.leash.bank import Bank, Neighbour
+from mcp_spec_proxy.leash.encoders import EncoderInfo, normalise_rows
+from mcp_spec_proxy.leash.storage import LABELS, SOURCES, BankError, BankMismatch, Kind, Label
+
+_NAME = re.compile(r"^[a-z]+$")
+UNMIGRATED = "its tables do not exist yet: run `mcp-spec-proxy store migrate` (a replica also applies it at start)"
+HNSW_M = 16  # pgvector's defaults; it requires ef_construction >= 2 * m
+EF_CONSTRUCTION = 64
+EF_SEARCH = 40
+
+
+class PgBank(Bank):
+    def __init__(self, dsn: str, *, kind: Kind, encoder: EncoderInfo, ef_search: int = EF_SEARCH) -> None:
+        super().__init__(kind=kind, encoder=EncoderInfo(encoder.name, encoder.model, 0), ef_search=ef_search)
+        self._dsn = dsn
+        self._encoder = encoder
+        self._conn_lock = threading.Lock()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._registered = False  # the bank's row (its encoder and dimension) exists in `banks`
+        if not _NAME.match(kind):
+            raise ValueError(f"bank kind must be a plain word, got {kind!r}")
+        self._check_encoder()
+
+    @classmethod
+    def opener(cls, dsn: str) -> Any:
+        """`Bank.open`'s signature for `Leash.open`: the directory is not used, the database is."""
+
+        def open_bank(directory: Path, *, kind: Kind, encoder: EncoderInfo, **_: Any) -> Bank:
+            return cls(dsn, kind=kind, encoder=encoder)
+
+        return open_bank
+
+    # -- the connection ------------------------------------------------------------------------
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            try:
+                conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=5)
+            except psycopg.Error as exc:
+                raise BankError(f"the {self.kind} bank cannot reach Postgres: {_first_line(exc)}") from None
+            try:
+                register_vector(conn)  # fails while the extension is not created (no migration yet)
+            except psycopg.Error:
+                conn.close()
+                raise BankError(f"the {self.kind} bank in Postgres: {UNMIGRATED}") from None
+            try:
+                # Once per connection: a lookup is then one round trip (k above it takes its own SET).
+                conn.execute(f"SET hnsw.ef_search = {int(self._ef_search)}")
+            except psycopg.Error as exc:
+                raise BankError(f"the {self.kind} bank cannot reach Postgres: {_first_line(exc)}") from None
+            self._conn = conn
+        return self._conn
+
+    def _run(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._conn_lock:
+            try:
+                cursor = self._connection().execute(sql, args)
+                return cursor.fetchall() if cursor.description else []
+            except psycopg.Error as exc:
+                raise BankError(f"the {self.kind} bank failed in Postgres: {_first_line(exc)}") from None
+
+    def close(self) -> None:
+        with self._conn_lock:
+            if self._conn is not None:
+                self._conn.close()
+
+    # -- the bank's encoder --------------------------------------------------------------------
+
+    def _check_encoder(self) -> None:
+        """Adopt the stored encoder's dimension, or refuse a bank made by another encoder."""
+        try:
+            found = self._run("SELECT encoder, model, dim FROM banks WHERE name = %s", (self.kind,))
+        except BankError as exc:
+            if UNMIGRATED in exc.args[0]:
+                return  # `check` on a database no replica has started on yet: an empty bank
+            raise
+        if not found:
+            return
+        self._registered = True
+        name, model, dim = found[0]
+        mine = self._encoder
+        if (name, model) != (mine.name, mine.model) or (mine.dim and dim != mine.dim):
+            stored = EncoderInfo(name, model, dim)
+            raise BankMismatch(
+                f"the {self.kind} bank in Postgres holds vectors of the {stored.describe()}, not of the"
+                f" {mine.describe()}: configure that encoder, or clear the bank (DELETE FROM bank_vectors"
+                f" WHERE bank = '{self.kind}'; DELETE FROM banks WHERE name = '{self.kind}')"
+            )
+        self._encoder = EncoderInfo(name, model, int(dim))
+
+    def _fix_dimension(self, dim: int) -> None:
+        """The first vectors fix the bank's encoder and dimension; its HNSW index is built for them."""
+        info = self._encoder
+        self._run(
+            "INSERT INTO banks (name, encoder, model, dim, created) VALUES (%s, %s, %s, %s, %s)"
+            " ON CONFLICT (name) DO NOTHING",
+            (self.kind, info.name, info.model, dim, time.time()),
+        )
+        self._encoder = EncoderInfo(info.name, info.model, dim)
+        self._check_encoder()
+        self._run(
+            f"CREATE INDEX IF NOT EXISTS bank_vectors_{self.kind}_hnsw ON bank_vectors"
+            f" USING hnsw ((vector::vector({int(self._encoder.dim)})) vector_ip_ops)"
+            f" WITH (m = {HNSW_M}, ef_construction = {EF_CONSTRUCTION}) WHERE bank = '{self.kind}'"
+        )
+
+    # -- reading -------------------------------------------------------------------------------
+
+    @property
+    def count(self) -> int:
+        return int(self._run("SELECT count(*) FROM bank_vectors WHERE bank = %s", (self.kind,))[0][0])
+
+    def __len__(self) -> int:
+        return self.count
+
+    @property
+    def approximate(self) -> bool:
+        return True
+
+    def search(self, vector: np.ndarray | Sequence[float], k: int = 10) -> list[Neighbour]:
+        if k < 1:
+            raise ValueError(f"k must be at least 1, got {k}")
+        if not self._encoder.dim:
+            self._check_encoder()
+            if not self._encoder.dim:
+                return []  # no vector yet: nothing near anything
+        query = self._query(vector)[0]
+        dim = int(self._encoder.dim)
+        with self._conn_lock:
+            try:
+                conn = self._connection()
+                sql = (
+                    f"SELECT id, label, source, metadata, (vector::vector({dim})) <#> %s AS distance"
+                    f" FROM bank_vectors WHERE bank = %s ORDER BY (vector::vector({dim})) <#> %s LIMIT %s"
+                )
+                if k <= self._ef_search:
+                    rows = conn.execute(sql, (query, self.kind, query, k)).fetchall()
+                else:
+                    with conn.transaction():
+                        conn.execute(f"SET LOCAL hnsw.ef_search = {int(k)}")
+                        rows = conn.execute(sql, (query, self.kind, query, k)).fetchall()
+            except psycopg.Error as exc:
+                raise BankError(f"the {self.kind} bank failed in Postgres: {_first_line(exc)}") from None
+        # `<#>` is the negative inner product.
+        return [Neighbour(int(i), -float(d), label, source, dict(meta or {})) for i, label, source, meta, d in rows]
+
+    def stats(self) -> dict[str, Any]:
+        """What the bank holds; with the database unreachable or not migrated, that problem instead."""
+        try:
+            counts = dict(
+                self._run("SELECT label, count(*) FROM bank_vectors WHERE bank = %s GROUP BY label", (self.kind,))
+            )
+            sources = dict(
+                self._run("SELECT source, count(*) FROM bank_vectors WHERE bank = %s GROUP BY source", (self.kind,))
+            )
+        except BankError as exc:
+            return {"kind": self.kind, "store": "postgres", "encoder": self._encoder.as_json(), "error": str(exc)}
+        return {
+            "kind": self.kind,
+            "directory": None,
+            "store": "postgres",
+            "encoder": self._encoder.as_json(),
+            "count": sum(counts.values()),
+            "successes": counts.get("success", 0),
+            "failures": counts.get("failure", 0),
+            "by_source": {source: sources.get(source, 0) for source in SOURCES},
+            "index": "pgvector-hnsw",
+            "hnsw": {"m": HNSW_M, "ef_construction": EF_CONSTRUCTION, "ef_search": self._ef_search},
+            "unsaved": False,
+        }
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def add(
+        self,
+        vectors: np.ndarray | Sequence[Sequence[float]],
+        labels: Label | Sequence[Label],
+        *,
+        source: str,
+        metadata: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
+    ) -> list[int]:
+        matrix = np.asarray(vectors, dtype=np.float32)
+        if matrix.ndim == 1:
+            matrix = matrix[None, :]
+        if matrix.ndim != 2:
+            raise ValueError(f"add takes an (n, dim) array, got shape {matrix.shape}")
+        if matrix.shape[0] == 0:
+            return []
+        count, dim = matrix.shape
+        if not self._encoder.dim:
+            self._check_encoder()
+        if self._encoder.dim and dim != self._encoder.dim:
+            raise ValueError(f"vectors have {dim} dims, this bank holds {self._encoder.dim}")
+        if dim == 0 or not np.isfinite(matrix).all():
+            raise ValueError("vectors must be finite and non-empty")
+        label_list = [labels] * count if isinstance(labels, str) else list(labels)
+        if len(label_list) != count or any(label not in LABELS for label in label_list):
+            raise ValueError(f"labels must be {count} of {LABELS}, got {labels!r}")
+        if source not in SOURCES:
+            raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
+        metas = [metadata] * count if metadata is None or isinstance(metadata, Mapping) else list(metadata)
+        if len(metas) != count:
+            raise ValueError(f"metadata must be one mapping per vector ({count}), got {len(metas)}")
+        try:
+            texts = [json.dumps(dict(m), ensure_ascii=False) if m else None for m in metas]
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"metadata must be JSON-serialisable: {exc}") from None
+        if not self._registered:
+            self._fix_dimension(dim)
+        normalised = normalise_rows(matrix)
+        now = time.time()
+        rows = [
+            (self.kind, self.kind, self._encoder.name, label, source, text, vector, now)
+            for label, text, vector in zip(label_list, texts, normalised, strict=True)
+        ]
+        with self._conn_lock:
+            try:
+                conn = self._connection()
+                with conn.transaction(), conn.cursor() as cursor:
+                    cursor.executemany(
+                        "INSERT INTO bank_vectors (bank, kind, encoder, label, source, metadata, vector, ts)"
+                        " VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s, %s) RETURNING id",
+                        rows,
+                        returning=True,
+                    )
+                    ids: list[int] = []
+                    while True:
+                        row = cursor.fetchone()
+                        if row is not None:
+                            ids.append(int(row[0]))
+                        if not cursor.nextset():
+                            break
+            except psycopg.Error as exc:
+                raise BankError(f"the {self.kind} bank failed in Postgres: {_first_line(exc)}") from None
+        return ids
+
+    def save(self) -> None:
+        return None  # every row was committed by `add`
+
+    def refresh(self) -> bool:
+        return False  # every lookup reads the table itself
+
+    def __repr__(self) -> str:
+        return f"PgBank({self.kind}, {self._encoder.describe()})"
+
+
+def _first_line(exc: BaseException) -> str:
+    if isinstance(exc, psycopg.errors.UndefinedTable):
+        return UNMIGRATED
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -1,0 +1,133 @@
+"""The state floor: where the audit trail, sessions, approval tickets and fingerprints live.
+
+One seam, two stores (`store:` in servers.yaml):
+
+* `files` (the default): the state directory of one process — the audit log and fingerprints
+  in files, sessions and tickets in memory. Nothing to install.
+* `postgres`: one database shared by many replicas behind a load balancer (`postgres.py`); a
+  session's next request may land on any replica. psycopg is imported only there, so a user who
+  never configures `store:` never needs it.
+
+`open_store(config, state, environ)` is an async context manager yielding a `Store`; `run` is
+its background work (the Postgres store batches read rows and sweeps the held calls of replicas
+that died), started in the proxy's task group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import anyio
+import anyio.abc
+
+from mcp_spec_proxy.audit import AuditLog, AuditSink, read_audit
+from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.errors import ConfigError
+from mcp_spec_proxy.fingerprints import FingerprintStore
+from mcp_spec_proxy.store.sessions import ApprovalStore, LocalApprovals, LocalSessions, SessionStore, Ticket
+
+__all__ = [
+    "ApprovalStore",
+    "FileStore",
+    "SessionStore",
+    "StatePaths",
+    "Store",
+    "Ticket",
+    "open_store",
+    "postgres_dsn",
+]
+
+
+@dataclass(frozen=True)
+class StatePaths:
+    root: Path
+
+    @property
+    def fingerprints(self) -> Path:
+        return self.root / "fingerprints.json"
+
+    @property
+    def audit(self) -> Path:
+        return self.root / "audit.jsonl"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+
+class Store(Protocol):
+    audit: AuditSink
+    fingerprints: FingerprintStore
+    sessions: SessionStore
+    approvals: ApprovalStore
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None: ...
+
+    async def read_audit(self, session: str | None = None) -> list[dict[str, Any]]: ...
+
+
+class FileStore:
+    """Today's state of one process: files in the state directory, sessions and tickets in memory."""
+
+    def __init__(self, state: StatePaths | None) -> None:
+        self._state = state
+        self.log = AuditLog(state.audit if state else None)
+        self.audit: AuditSink = self.log
+        self.fingerprints = FingerprintStore(state.fingerprints if state else None)
+        self.sessions: SessionStore = LocalSessions()
+        self.approvals: ApprovalStore = LocalApprovals()
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+
+    async def read_audit(self, session: str | None = None) -> list[dict[str, Any]]:
+        if self._state is None or not self._state.audit.exists():
+            return []
+        rows = await anyio.to_thread.run_sync(read_audit, self._state.audit)
+        return [row for row in rows if session is None or row.get("session") == session]
+
+    def close(self) -> None:
+        self.log.close()
+
+
+def postgres_dsn(config: ProxyConfig, environ: Mapping[str, str], source: str) -> str | None:
+    """The DSN of `store.postgres`, read from the variable it names; None for the files store."""
+    if config.store == "files":
+        return None
+    variable = config.store.postgres.dsn_env
+    dsn = environ.get(variable)
+    if not dsn:
+        raise ConfigError(
+            source,
+            "store.postgres.dsn_env",
+            f"environment variable {variable} is not set",
+            "export it with the database's DSN (postgresql://user:password@host/db), or remove `store:`",
+        )
+    return dsn
+
+
+@asynccontextmanager
+async def open_store(
+    config: ProxyConfig, state: StatePaths | None, environ: Mapping[str, str], source: str = "config"
+) -> AsyncIterator[Store]:
+    """The configured store, open: for Postgres, reached, migrated and registered as a live replica."""
+    dsn = postgres_dsn(config, environ, source)
+    if dsn is None or config.store == "files":
+        files = FileStore(state)
+        try:
+            yield files
+        finally:
+            files.close()
+        return
+    try:
+        from mcp_spec_proxy.store.postgres import PgStore  # psycopg is needed only here
+    except ImportError as exc:
+        raise ConfigError(
+            source, "store.postgres", f"{exc.name} is not installed", "pip install 'mcp-spec-proxy[postgres]'"
+        ) from None
+    async with PgStore.open(dsn, config.store.postgres) as store:
+        yield store

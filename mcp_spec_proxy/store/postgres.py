@@ -1,0 +1,212 @@
+"""The Postgres store: one database for every replica of the proxy.
+
+Opening it reaches the database (or fails in one line), applies the schema's migrations, and
+registers this process as a live replica by holding a session-level advisory lock on its own
+number for as long as it runs. The lock is the liveness signal: when a replica dies — even by
+`kill -9` — Postgres drops its connection and the lock with it, and the next sweep (at any
+replica's start, then every `SWEEP_S`) marks that replica's held calls abandoned. Abandoned calls
+are never forwarded, by anyone: the call's verdict row is refused once it is marked
+(`pg_audit.py`), and nothing re-sends a held call.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import anyio.abc
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from mcp_spec_proxy.audit import AuditSink
+from mcp_spec_proxy.config import PostgresSettings
+from mcp_spec_proxy.errors import StateError
+from mcp_spec_proxy.fingerprints import FingerprintStore
+from mcp_spec_proxy.store.migrations import LATEST, LOCK_NAMESPACE, migrate
+from mcp_spec_proxy.store.pg_audit import DB_ERRORS, PgAudit, problem, read_rows
+from mcp_spec_proxy.store.pg_fingerprints import PgFingerprints
+from mcp_spec_proxy.store.pg_sessions import PgApprovals, PgSessions
+from mcp_spec_proxy.store.sessions import ApprovalStore, SessionStore
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["LATEST", "PgFingerprints", "PgStore", "migrate_database", "read_audit_once"]
+
+SWEEP_S = 30.0
+SESSION_TTL = "1 day"  # a session untouched this long, with nothing held, is forgotten by the sweep
+SETTLED = ("blocked", "forwarded", "abandoned", "forward-interrupted", "awaiting-input")
+
+SWEEP = f"""
+INSERT INTO audit (ts, event, call, session, replica, data)
+SELECT extract(epoch FROM clock_timestamp()), 'abandoned', h.call, h.session, %(me)s,
+       jsonb_build_object('call', h.call, 'session', h.session, 'tool', h.data->>'tool',
+                          'replica', h.replica, 'reason', CASE WHEN EXISTS (
+                              SELECT 1 FROM audit v WHERE v.call = h.call AND v.event = 'verdict'
+                              AND (v.data->>'accepted')::boolean)
+                          THEN 'its replica stopped after the accepted verdict, before recording the forward:'
+                               ' the backend may or may not have run it; it is not sent again'
+                          ELSE 'its replica stopped while the call was held: it was never forwarded' END)
+FROM audit h
+WHERE h.event = 'held' AND NOT (h.replica = ANY(%(live)s))
+  AND NOT EXISTS (SELECT 1 FROM audit t WHERE t.call = h.call AND t.event IN ({", ".join(f"'{e}'" for e in SETTLED)}))
+ON CONFLICT DO NOTHING
+"""
+LIVE = (
+    "SELECT objid::bigint FROM pg_locks"
+    " WHERE locktype = 'advisory' AND classid::bigint = %s AND objsubid = 2 AND granted"
+)
+
+
+async def migrate_database(dsn: str, limit_s: float) -> list[int]:
+    """`mcp-spec-proxy store migrate`: the versions applied."""
+    try:
+        async with await psycopg.AsyncConnection.connect(
+            dsn, autocommit=True, connect_timeout=max(1, round(limit_s))
+        ) as conn:
+            return await migrate(conn)
+    except psycopg.Error as exc:
+        raise StateError(f"cannot migrate the Postgres store: {problem(exc)}") from None
+
+
+class PgStore:
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any],
+        dsn: str,
+        settings: PostgresSettings,
+        replica: int,
+        lock: psycopg.AsyncConnection[Any],
+    ) -> None:
+        self.pool = pool
+        self._dsn = dsn
+        self.replica = replica
+        self._lock = lock
+        self._timeout = settings.timeout
+        self.rows = PgAudit(pool, replica, settings.timeout)
+        self.audit: AuditSink = self.rows
+        self.sessions: SessionStore = PgSessions(pool, settings.timeout)
+        self.approvals: ApprovalStore = PgApprovals(pool, settings.timeout)
+        self.prints = PgFingerprints(dsn, settings.timeout)
+        self.fingerprints: FingerprintStore = self.prints
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, dsn: str, settings: PostgresSettings) -> AsyncIterator[PgStore]:
+        await migrate_database(dsn, settings.timeout)
+        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            dsn,
+            min_size=1,
+            max_size=settings.pool_size,
+            open=False,
+            timeout=settings.timeout,
+            kwargs={"autocommit": True, "connect_timeout": max(1, round(settings.timeout))},
+        )
+        try:
+            await pool.open(wait=True, timeout=settings.timeout)
+            lock, replica = await _register(dsn, settings.timeout)
+        except DB_ERRORS as exc:
+            await pool.close()
+            raise StateError(f"cannot reach the Postgres store: {problem(exc)}") from None
+        store = cls(pool, dsn, settings, replica, lock)
+        try:
+            await store.sweep()
+            yield store
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(settings.timeout):
+                await store.rows.flush_notes()
+            store.prints.close()
+            with anyio.CancelScope(shield=True):
+                await store._lock.close()
+                await pool.close(timeout=settings.timeout)
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Write batched read rows as they come, and sweep dead replicas' held calls every `SWEEP_S`."""
+        task_status.started()
+        while True:
+            with anyio.move_on_after(SWEEP_S) as waited:
+                await self.rows.wait_for_notes()
+            await self.rows.flush_notes()
+            if waited.cancelled_caught:
+                await self._keep_registered()
+                await self.sweep()
+
+    async def _keep_registered(self) -> None:
+        """Take this replica's lock again when its connection was lost (the database restarted):
+        until then, other replicas' sweeps take this replica for dead and its held calls are refused."""
+        try:
+            with anyio.fail_after(self._timeout):
+                await self._lock.execute("SELECT 1")
+            return
+        except DB_ERRORS:
+            pass
+        try:
+            with anyio.fail_after(self._timeout):
+                await self._lock.close()
+                self._lock = await _lock_connection(self._dsn, self._timeout)
+                cursor = await self._lock.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_NAMESPACE, self.replica))
+                row = await cursor.fetchone()
+        except DB_ERRORS as exc:
+            logger.warning("replica %d is not registered with Postgres: %s", self.replica, problem(exc))
+            return
+        if row and row[0]:
+            logger.warning("replica %d registered with Postgres again", self.replica)
+
+    async def sweep(self) -> int:
+        """Mark abandoned every held call whose replica is gone (how many were marked), and forget
+        sessions idle past `SESSION_TTL` (as the files store forgets the least recent in memory)."""
+        try:
+            with anyio.fail_after(self._timeout):
+                async with self.pool.connection() as conn:
+                    cursor = await conn.execute(LIVE, (LOCK_NAMESPACE,))
+                    live = [int(row[0]) for row in await cursor.fetchall()]
+                    cursor = await conn.execute(SWEEP, {"me": self.replica, "live": live})
+                    marked = int(cursor.rowcount)
+                    await conn.execute(
+                        f"DELETE FROM sessions WHERE held = 0 AND updated_at < now() - interval '{SESSION_TTL}'"
+                    )
+        except DB_ERRORS as exc:
+            logger.warning("could not sweep held calls of stopped replicas: %s", problem(exc))
+            return 0
+        if marked:
+            logger.warning("marked %d held call(s) of stopped replicas abandoned (never forwarded)", marked)
+        return marked
+
+    async def read_audit(self, session: str | None = None) -> list[dict[str, Any]]:
+        try:
+            return await read_rows(self.pool, session=session)
+        except DB_ERRORS as exc:
+            raise StateError(f"cannot read the audit trail from Postgres: {problem(exc)}") from None
+
+
+async def _lock_connection(dsn: str, limit_s: float) -> psycopg.AsyncConnection[Any]:
+    return await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=max(1, round(limit_s)))
+
+
+async def _register(dsn: str, limit_s: float) -> tuple[psycopg.AsyncConnection[Any], int]:
+    """A connection holding this replica's liveness lock, and the replica's number."""
+    conn = await _lock_connection(dsn, limit_s)
+    for _ in range(32):
+        replica = secrets.randbelow(2**31 - 3) + 2  # 1 is the migration lock's
+        cursor = await conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_NAMESPACE, replica))
+        row = await cursor.fetchone()
+        if row and row[0]:
+            return conn, replica
+    await conn.close()
+    raise StateError("could not take a replica number in the Postgres store")
+
+
+async def read_audit_once(
+    dsn: str, limit_s: float, session: str | None = None, tail: int | None = None
+) -> list[dict[str, Any]]:
+    """`mcp-spec-proxy audit`: the audit rows in order (the last `tail`), from one short connection."""
+    try:
+        async with (
+            AsyncConnectionPool(dsn, min_size=1, max_size=1, timeout=limit_s, kwargs={"autocommit": True}) as pool,
+        ):
+            return await read_rows(pool, session=session, tail=tail)
+    except DB_ERRORS as exc:
+        raise StateError(f"cannot read the audit trail from Postgres: {problem(exc)}") from None
