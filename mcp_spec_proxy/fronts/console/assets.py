@@ -43,6 +43,7 @@ details { margin:.5rem 0; }
 details label { display:block; margin:.3rem 0; }
 details input, textarea { width:100%; font-family:ui-monospace, monospace; padding:.35rem; }
 .status { font-weight:600; }
+.unseen { background:#ffe08a; color:#1d2330; border-radius:3px; padding:0 .2em; font-size:.8em; }
 .status.error { color:var(--no); }
 .status.ok { color:var(--ok); }
 form.filters { display:flex; gap:.8rem; flex-wrap:wrap; align-items:end; margin:1rem 0; }
@@ -119,6 +120,7 @@ function tick() {
   });
 }
 document.addEventListener("click", decide);
+document.addEventListener("submit", e => e.preventDefault());  // Enter in a field decides nothing
 if (document.getElementById("pending")) {
   const events = new EventSource("/events");
   events.addEventListener("queue", e => refresh(JSON.parse(e.data).ids));
