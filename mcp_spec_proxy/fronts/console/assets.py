@@ -20,6 +20,7 @@ main { max-width:1100px; margin:0 auto; padding:1rem 1.2rem 4rem; }
 article.call { background:#fff; border:1px solid var(--line); border-left:6px solid #d08a00; border-radius:8px;
   padding:1rem 1.2rem; margin:1rem 0; }
 article.call.done { opacity:.55; }
+article.call { overflow-wrap:anywhere; }  /* no unbroken text (a 3000-character key) pushes the values out of view */
 article.call h2 { margin:.2rem 0; font-size:1.25rem; }
 .meta { color:var(--muted); margin:.2rem 0 .8rem; }
 table { border-collapse:collapse; width:100%; }

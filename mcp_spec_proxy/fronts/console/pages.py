@@ -98,7 +98,7 @@ def arguments_table(arguments: dict[str, Any]) -> str:
     if not arguments:
         return '<p class="note">No arguments.</p>'
     rows = "".join(
-        f"<tr><th scope=row><code>{shown(key)}</code></th><td>{folded(_text(value))}</td></tr>"
+        f"<tr><th scope=row>{folded(key)}</th><td>{folded(_text(value))}</td></tr>"  # a key may be long too
         for key, value in arguments.items()
     )
     return f'<table class="arguments"><tbody>{rows}</tbody></table>'
@@ -139,10 +139,11 @@ def leash_section(leash: dict[str, Any]) -> str:
 
 
 def decision_form(item: Pending) -> str:
-    # An unseen character becomes `?` in its exact pattern: the rule then says there is one.
+    # An unseen character (or a line break, which an input drops) becomes `?` in its exact pattern:
+    # the rule then still matches the call, and says a character is there.
     patterns = "".join(
         f'<label>{shown(key)} <input name="pattern" data-key="{escape(key)}"'
-        f' value="{escape(UNSEEN.sub("?", pattern))}"></label>'
+        f' value="{escape(UNSEEN.sub("?", pattern).replace(chr(10), "?"))}"></label>'
         for key, pattern in exact_patterns(item.arguments).items()
     )
     # In JSON an unseen character can be written as its escape: the edit box shows it and stays exact.
