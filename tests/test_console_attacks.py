@@ -37,8 +37,9 @@ from mcp_spec_proxy.audit import read_audit
 from mcp_spec_proxy.catalog import digest
 from mcp_spec_proxy.fronts.console import Console, serve_console
 from mcp_spec_proxy.review.console import Decision, Pending
+from mcp_spec_proxy.testing import Respond, ScriptedModelServer
 from tests.console_world import Call, World, calling, console_world
-from tests.harness import proxied, recorded, text_of, toy
+from tests.harness import proxied, recorded, segment_length, text_of, toy, verdict
 
 pytestmark = pytest.mark.anyio
 
@@ -120,18 +121,19 @@ class Heard:
 
 @asynccontextmanager
 async def shifty_world(
-    tmp_path: Path, review: dict[str, Any] | None = None, *, mode: str = "legacy"
+    tmp_path: Path, review: dict[str, Any] | None = None, *, models: dict[str, Any] | None = None
 ) -> AsyncIterator[tuple[World, Shifty, Heard]]:
-    """`console_world` with the shifty backend beside the toy."""
+    """`console_world` with the shifty backend beside the toy (and `models`, when a test gives them)."""
     ledger = tmp_path / "ledger"
     shifty = Shifty(tmp_path / "sent")
     heard = Heard()
     config: dict[str, Any] = {
         "servers": {"toy": toy(ledger), "shifty": {"command": sys.executable, "args": ["-c", "pass"]}},
         "review": {"default": "console", "timeout": 60, **(review or {})},
+        **({"models": models} if models else {}),
     }
     twins = {"shifty": shifty.server()}
-    async with proxied(config, tmp_path / "state", twins=True, in_process=twins, mode=mode, messages=heard) as p:
+    async with proxied(config, tmp_path / "state", twins=True, in_process=twins, messages=heard) as p:
         queue = p.proxy.console
         assert queue is not None
         async with anyio.create_task_group() as tg:
@@ -427,6 +429,39 @@ async def test_an_edit_cannot_add_a_key_the_schema_refuses_nor_change_the_tool(t
     assert (line["original_digest"], line["edited_digest"]) == (digest(original), digest(edited))
     [held] = audit_of(world, "held")
     assert held["arguments_digest"] == digest(original) and held["tool"] == "shifty__send"
+
+
+async def test_an_edit_behind_a_rejecting_model_forwards_the_edit_once_and_no_rule_covers_rejected_calls(
+    tmp_path: Path,
+) -> None:
+    # strong_then_human → human (this client cannot ask) → console: the edit must survive every layer.
+    rejecting = Respond(lambda request: verdict(segment_length(request) - 1, "the user never asked for this"))
+    async with ScriptedModelServer(rejecting) as model:
+        strong = {"base_url": model.base_url, "model": "strong-model", "max_retries": 0}
+        review = {"default": "strong_then_human", "fallback": "console"}
+        async with shifty_world(tmp_path, review, models={"strong": strong}) as (world, shifty, _):
+            call = calling(world, "shifty__send", {"to": "mallory", "body": "the keys", "intent": "share"})
+            [item] = await world.held()
+            assert "the user never asked for this" in item.context
+            async with opened(world) as client:
+                assert "What the reviewing model said" in (await client.get(f"/pending/{item.id}")).text
+                edit = {"action": "edit", "arguments": {"to": "alice", "body": "the keys"}}
+                assert (await decide(client, world, item, edit)).status_code == 200
+                assert not (await call.wait()).is_error
+                later = calling(world, "shifty__send", {"to": "bob", "body": "x", "intent": "share"})
+                [second] = await world.held()
+                rule = {"action": "rule", "patterns": {"to": "*", "body": "*"}}
+                assert (await decide(client, world, second, rule)).status_code == 200
+                await later.wait()
+                third = calling(world, "shifty__send", {"to": "eve", "body": "y", "intent": "share"})
+                [asked] = await world.held()  # the model rejected it: the rule does not stand for the person
+                await settle(world, asked, third)
+    assert sent(shifty) == [{"to": "alice", "body": "the keys"}, {"to": "bob", "body": "x"}]
+    assert stories(world)[item.call] == ["held", "verdict", "edited", "forwarded"]
+    decided = [line["decided_by"] for line in audit_of(world, "verdict")]
+    assert decided == ["strong→human→console"] * 3
+    [line] = audit_of(world, "edited")
+    assert line["edited_digest"] == digest({"to": "alice", "body": "the keys"}) and line["call"] == item.call
 
 
 async def test_two_approvals_at_once_forward_the_call_once(tmp_path: Path) -> None:
