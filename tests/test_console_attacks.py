@@ -666,3 +666,20 @@ async def test_a_local_process_forging_every_header_but_the_key_decides_nothing(
         assert world.queue.get(item.id) is item
         await settle(world, item, call)
     assert values(world) == []
+
+
+async def test_a_person_silent_behind_leash_is_not_forgiven_by_on_error_allow(tmp_path: Path) -> None:
+    # LEASH without a strong model falls back to the person (here on the console). `on_error: allow`
+    # forgives a model's failure; a person who did not answer in time has not said yes.
+    async with ScriptedModelServer(Respond(lambda request: "")) as embedder:
+        embedding = {"base_url": embedder.base_url, "model": "embedder"}
+        leash = {"encoder": "embedding", "embedding": embedding, "bank_dir": str(tmp_path / "banks")}
+        review = {"default": "leash", "fallback": "console", "on_error": "allow", "timeout": 1}
+        async with console_world(tmp_path, review, leash=leash) as world:
+            # No strong model: LEASH hands the write to the person, on the console; nobody decides.
+            result = await calling(world, "toy__record", {"value": "unanswered", "intent": "note"}).wait()
+    assert result.is_error and values(world) == []
+    [held] = audit_of(world, "held")
+    [line] = audit_of(world, "verdict")
+    assert held["reviewer"] == "leash" and not line["accepted"] and "timed out" in line["reason"]
+    assert stories(world) == {held["call"]: ["held", "verdict", "blocked"]}
