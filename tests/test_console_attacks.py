@@ -649,6 +649,22 @@ async def test_no_text_the_client_receives_holds_the_console_key(tmp_path: Path)
 # -- a local process without the key ----------------------------------------------------------
 
 
+async def test_the_link_names_the_address_bound_not_a_name_another_socket_may_answer(tmp_path: Path) -> None:
+    # `--console localhost:PORT` binds 127.0.0.1; a browser given `localhost` may try [::1]:PORT first,
+    # where another local process could listen and receive the key.
+    async with proxied({"review": {"default": "console"}}, tmp_path / "state") as p:
+        queue = p.proxy.console
+        assert queue is not None
+        async with anyio.create_task_group() as tg:
+            site = Console(queue, p.state.audit)
+            url = await tg.start(lambda task_status: serve_console(site, "localhost", 0, task_status=task_status))
+            assert url.startswith("http://127.0.0.1:") and queue.url is not None
+            assert queue.url.startswith("http://127.0.0.1:")
+            async with httpx.AsyncClient() as client:
+                assert (await client.get(url)).status_code == 303  # the link opens the console it names
+            tg.cancel_scope.cancel()
+
+
 async def test_a_local_process_forging_every_header_but_the_key_decides_nothing(tmp_path: Path) -> None:
     async with console_world(tmp_path) as world:
         call = calling(world, "toy__record", {"value": "x", "intent": "note x"})

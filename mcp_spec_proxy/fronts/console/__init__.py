@@ -154,7 +154,10 @@ async def serve_console(
             lambda task_status: serve_asgi(late, host, port, lifespan=False, task_status=task_status)
         )
         late.current = console.app(bound)  # the guard needs the bound port: set before any request is read
-        address = f"http://{f'[{host}]' if ':' in host else host}:{bound}/"
+        # The link names the address bound, never `localhost`: a browser tries ::1 as well, where
+        # another local process could listen on the same port and be handed the key.
+        shown = "127.0.0.1" if host == "localhost" else host
+        address = f"http://{f'[{shown}]' if ':' in shown else shown}:{bound}/"
         url = f"{address}?token={console.secret}"
         console.queue.url = address  # what clients are told: never the key
         logger.info("approval console: %s (held writes wait there for your decision)", url)
