@@ -378,6 +378,36 @@ async def test_a_long_key_cannot_push_the_values_out_of_view(tmp_path: Path) -> 
     assert box is not None and box["x"] + box["width"] <= 1280, box
 
 
+async def test_an_edit_in_the_browser_keeps_every_digit_of_a_number_it_did_not_touch(tmp_path: Path) -> None:
+    # JavaScript numbers hold 53 bits: an account id of 2**53 + 1 parsed in the page would reach the
+    # backend as 2**53, a change nobody made, audited as the person's edit.
+    playwright = pytest.importorskip("playwright.async_api", reason="pip install playwright (the test extra)")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("no system Chromium: apt-get install chromium (scripts/test.sh does)")
+    account = 2**53 + 1
+    async with console_world(tmp_path) as world, playwright.async_playwright() as p:
+        call = calling(world, "toy__record", {"value": "pay 10", "account": account, "intent": "pay"})
+        await world.held()
+        browser = await p.chromium.launch(executable_path=chromium)
+        try:
+            page = await browser.new_page()
+            page.set_default_timeout(20_000)
+            await page.goto(world.url)
+            card = page.locator("article.call")
+            await card.get_by_text("Change the arguments, then approve").click()
+            editor = card.locator("textarea[name=arguments]")
+            shown = await editor.input_value()
+            assert str(account) in shown
+            await editor.fill(shown.replace("pay 10", "pay 5"))
+            await card.get_by_role("button", name="Approve with these arguments").click()
+            result = await call.wait()
+        finally:
+            await browser.close()
+    assert not result.is_error
+    assert [json.loads(line) for line in recorded(world.ledger)] == [{"value": "pay 5", "account": account}]
+
+
 async def test_a_backend_argument_named_intent_is_an_argument_not_the_agents_claim(tmp_path: Path) -> None:
     # The proxy adds `intent` only where the tool has none: the tool's own `intent` is shown and forwarded as is.
     async with shifty_world(tmp_path) as (world, shifty, _):

@@ -102,10 +102,16 @@ class Console:
         if not isinstance(data, dict) or data.get("action") not in ACTIONS or not isinstance(data.get("digest"), str):
             return JSONResponse({"error": f"a decision names an action ({', '.join(ACTIONS)}) and a digest"}, 400)
         reason = data.get("reason")
+        arguments = data.get("arguments") if data["action"] == "edit" else None
+        if isinstance(arguments, str):  # the page sends the edit box's text: parsed here, every digit kept
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError as exc:
+                return JSONResponse({"error": f"the edited arguments are not valid JSON: {exc}"}, status_code=409)
         decision = Decision(
             data["action"],
             reason if isinstance(reason, str) else "",
-            arguments=data.get("arguments") if data["action"] == "edit" else None,
+            arguments=arguments,
             patterns=data.get("patterns") if data["action"] == "rule" else None,
         )
         try:

@@ -2,7 +2,8 @@
 
 The script keeps the waiting list live from the server-sent events at `/events` (cards are
 rendered by the server at `/pending/<id>`), and posts each decision as JSON to `/decide/<id>`
-with the digest of the arguments the card showed.
+with the digest of the arguments the card showed; an edit goes as the edit box's text, which the
+proxy parses (a browser's numbers would lose the digits of an integer past 2**53).
 """
 
 CSS = """
@@ -78,7 +79,9 @@ function decide(event) {
   const action = button.dataset.action;
   const body = {action: action, reason: card.querySelector("input[name=reason]").value};
   if (action === "edit") {
-    try { body.arguments = JSON.parse(card.querySelector("textarea[name=arguments]").value); }
+    // Sent as typed and parsed by the proxy: JSON.parse would round an integer past 2**53.
+    body.arguments = card.querySelector("textarea[name=arguments]").value;
+    try { JSON.parse(body.arguments); }
     catch (err) {
       const status = card.querySelector(".status");
       status.className = "status error"; status.textContent = "The edited arguments are not valid JSON: " + err.message;
