@@ -494,6 +494,21 @@ async def test_an_edit_behind_a_rejecting_model_forwards_the_edit_once_and_no_ru
     assert line["edited_digest"] == digest({"to": "alice", "body": "the keys"}) and line["call"] == item.call
 
 
+async def test_a_decision_nested_too_deep_to_parse_is_refused_and_the_call_still_waits(tmp_path: Path) -> None:
+    async with console_world(tmp_path) as world:
+        call = calling(world, "toy__record", {"value": "x", "intent": "note"})
+        [item] = await world.held()
+        deep = "[" * 200_000 + "]" * 200_000
+        async with opened(world) as client:
+            as_text = await decide(client, world, item, {"action": "edit", "arguments": deep})
+            headers = {"origin": world.origin, "content-type": "application/json"}
+            as_body = await client.post(f"/decide/{item.id}", content=deep, headers=headers)
+        assert (as_text.status_code, as_body.status_code) == (409, 400)
+        assert world.queue.get(item.id) is item
+        await settle(world, item, call)
+    assert values(world) == []
+
+
 async def test_two_approvals_at_once_forward_the_call_once(tmp_path: Path) -> None:
     async with console_world(tmp_path) as world:
         call = calling(world, "toy__record", {"value": "once", "intent": "note"})

@@ -97,7 +97,7 @@ class Console:
             return JSONResponse({"error": "the decision is too large"}, status_code=413)
         try:
             data = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):  # nested past the parser's depth
             return JSONResponse({"error": "the decision is not JSON"}, status_code=400)
         if not isinstance(data, dict) or data.get("action") not in ACTIONS or not isinstance(data.get("digest"), str):
             return JSONResponse({"error": f"a decision names an action ({', '.join(ACTIONS)}) and a digest"}, 400)
@@ -106,7 +106,7 @@ class Console:
         if isinstance(arguments, str):  # the page sends the edit box's text: parsed here, every digit kept
             try:
                 arguments = json.loads(arguments)
-            except json.JSONDecodeError as exc:
+            except (json.JSONDecodeError, RecursionError) as exc:
                 return JSONResponse({"error": f"the edited arguments are not valid JSON: {exc}"}, status_code=409)
         decision = Decision(
             data["action"],
