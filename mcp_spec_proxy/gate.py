@@ -442,6 +442,9 @@ def _waiting_note(reviewer: Reviewer) -> str | None:
     """Where a person may decide while the client waits (the approval console's link), if anywhere."""
     note = getattr(reviewer, "waiting_note", None)
     text = note() if callable(note) else None
+    fallback = getattr(reviewer, "fallback", None)  # LEASH hands what it does not pass to its fallback
+    if text is None and fallback is not None:
+        return _waiting_note(fallback)
     return text if isinstance(text, str) else None
 
 

@@ -743,4 +743,5 @@ async def test_a_person_silent_behind_leash_is_not_forgiven_by_on_error_allow(tm
     [held] = audit_of(world, "held")
     [line] = audit_of(world, "verdict")
     assert held["reviewer"] == "leash" and not line["accepted"] and "timed out" in line["reason"]
+    assert world.url.split("?")[0] in text_of(result)  # and the client heard where the person could have decided
     assert stories(world) == {held["call"]: ["held", "verdict", "blocked"]}
