@@ -320,7 +320,7 @@ class Gate:
         except Exception as exc:  # boundary: a reviewer failure must become a verdict, never a forward
             logger.exception("reviewer %s failed", reviewer.name)
             problem = f"review by {reviewer.name} failed: {type(exc).__name__}: {exc}"
-        if self._config.review.on_error == "allow" and not any(p in reviewer.name for p in _PERSONS):
+        if self._config.review.on_error == "allow" and not _asks_a_person(reviewer):
             # `on_error: allow` forgives a model's failure, never a person's silence.
             reason = f"{problem}; allowed because review.on_error is allow"
             return Verdict(True, reason, held, reviewer="on_error", model_calls=calls)
@@ -430,10 +430,23 @@ async def _heartbeat(report: Report, message: str) -> None:
         await anyio.sleep(HEARTBEAT_S)
 
 
+def _asks_a_person(reviewer: Reviewer | None) -> bool:
+    """Whether `reviewer` may be waiting on a person: by its name, or by the reviewer it hands calls
+    to (LEASH without a strong model hands them to the user)."""
+    while reviewer is not None:
+        if any(p in reviewer.name for p in _PERSONS):
+            return True
+        reviewer = getattr(reviewer, "fallback", None)
+    return False
+
+
 def _waiting_note(reviewer: Reviewer) -> str | None:
     """Where a person may decide while the client waits (the approval console's link), if anywhere."""
     note = getattr(reviewer, "waiting_note", None)
     text = note() if callable(note) else None
+    fallback = getattr(reviewer, "fallback", None)  # LEASH hands what it does not pass to its fallback
+    if text is None and fallback is not None:
+        return _waiting_note(fallback)
     return text if isinstance(text, str) else None
 
 

@@ -10,8 +10,11 @@ hands each decision back through `ConsoleQueue.decide`, which is the only way in
 * an edit carries new arguments, validated against the tool's schema before they count; the
   verdict carries them, and the gate forwards and audits them;
 * "allow this tool with these argument patterns for this session" adds a `Rule` bound to that
-  session; later calls it matches are accepted as `console-rule`, never calls of other sessions,
-  nor a call the strong model rejected (`strong_then_human`): the person sees that one.
+  session and to the tool as the person saw it (its definition's fingerprint); later calls it
+  matches — the same keys, each value of the kind it had (text, number, list…) and matching its
+  glob — are accepted as `console-rule`, never calls of other sessions, nor calls of the tool
+  once its backend has changed its definition, nor a call the strong model rejected
+  (`strong_then_human`): the person sees those.
 
 When no console is being served (`--no-console`, or a command that serves none) the reviewer
 refuses the call with a line that says so: a held write is never forwarded for want of a page.
@@ -54,20 +57,31 @@ class Decision:
     reason: str = ""
     arguments: dict[str, Any] | None = None  # `edit`: what the backend gets instead
     patterns: dict[str, str] | None = None  # `rule`: one glob per argument key
+    rule: Rule | None = None  # `rule`, once taken: the rule it made (its verdict names this one)
 
 
 @dataclass(frozen=True)
 class Rule:
-    """Calls of `tool` in `session` whose every argument matches its glob (and no other key) pass."""
+    """Calls of `tool` in `session` whose every argument matches its glob (and no other key) pass.
+
+    `kinds` holds the JSON kind of each value the person approved: a glob set on text does not
+    pass a list or an object whose JSON text happens to match it. `fingerprint` is the tool's
+    definition as the person saw it; `ConsoleQueue.rule_for` applies the rule to that one only.
+    """
 
     session: str
     tool: str
     patterns: dict[str, str]
+    fingerprint: str
+    kinds: dict[str, str]
 
     def matches(self, session: str, tool: str, arguments: dict[str, Any]) -> bool:
         if session != self.session or tool != self.tool or set(arguments) != set(self.patterns):
             return False
-        return all(fnmatch.fnmatchcase(_as_text(arguments[key]), pattern) for key, pattern in self.patterns.items())
+        return all(
+            _kind(arguments[key]) == self.kinds.get(key) and fnmatch.fnmatchcase(_as_text(arguments[key]), pattern)
+            for key, pattern in self.patterns.items()
+        )
 
     def describe(self) -> str:
         shown = ", ".join(f"{key}={pattern!r}" for key, pattern in self.patterns.items()) or "no arguments"
@@ -136,8 +150,12 @@ class ConsoleQueue:
 
     # -- the reviewer's side -------------------------------------------------------------------
 
-    def rule_for(self, session: str, tool: str, arguments: dict[str, Any]) -> Rule | None:
-        return next((rule for rule in self._rules if rule.matches(session, tool, arguments)), None)
+    def rule_for(self, session: str, tool: CatalogTool, arguments: dict[str, Any]) -> Rule | None:
+        """The rule that covers this call: same session, same tool definition, matching arguments."""
+        for rule in self._rules:
+            if rule.fingerprint == tool.fingerprint and rule.matches(session, tool.name, arguments):
+                return rule
+        return None
 
     def hold(self, item: Pending) -> None:
         self._expire()
@@ -162,10 +180,11 @@ class ConsoleQueue:
         if decision.action == "edit":
             decision = dataclasses.replace(decision, arguments=self._checked(item, decision.arguments))
         elif decision.action == "rule":
-            rule = Rule(item.session, item.tool.name, _checked_patterns(item, decision.patterns))
+            rule = _checked_rule(item, decision.patterns)
             if len(self._rules) >= MAX_RULES:
                 raise ConsoleRefused(f"this console already has {MAX_RULES} rules; approve or deny one by one")
             self._rules.append(rule)
+            decision = dataclasses.replace(decision, patterns=rule.patterns, rule=rule)
         decision = dataclasses.replace(decision, reason=decision.reason.strip()[:REASON_CHARS])
         item.decision = decision
         self._pending.pop(item.id, None)
@@ -217,7 +236,7 @@ class ConsoleReviewer:
         tool = request.tool
         # A rule stands for the person on calls like the one they approved, not on a call a model
         # reviewer rejected before sending it here: that one they see.
-        rule = self.queue.rule_for(request.session, tool.name, request.arguments) if tool and not context else None
+        rule = self.queue.rule_for(request.session, tool, request.arguments) if tool and not context else None
         if rule is not None:
             return Verdict(True, f"allowed by a session rule set on the approval console: {rule.describe()}", held,
                            reviewer="console-rule")  # fmt: skip
@@ -259,8 +278,8 @@ class ConsoleReviewer:
                            evidence=evidence)  # fmt: skip
         how = {"approve": "approved", "edit": "approved with edited arguments", "rule": "approved, with a rule"}
         reason = f"{how[decision.action]} on the approval console" + (f": {decision.reason}" if decision.reason else "")
-        if decision.action == "rule":
-            reason += f" ({self.queue.rules()[-1].describe()})"
+        if decision.rule is not None:  # its own rule: another decision may have added one since
+            reason += f" ({decision.rule.describe()})"
         return Verdict(True, reason, held, reviewer=self.name, evidence=evidence, arguments=decision.arguments)
 
 
@@ -287,15 +306,25 @@ def _as_text(value: Any) -> str:
     return value if isinstance(value, str) else canonical_json(value)
 
 
-def _checked_patterns(item: Pending, patterns: dict[str, str] | None) -> dict[str, str]:
+def _kind(value: Any) -> str:
+    """A value's JSON kind: string, number, boolean, null, array or object."""
+    if isinstance(value, bool) or value is None:
+        return "boolean" if value is not None else "null"
+    kinds = ((str, "string"), (int | float, "number"), (list | tuple, "array"), (dict, "object"))
+    return next((name for cls, name in kinds if isinstance(value, cls)), type(value).__name__)
+
+
+def _checked_rule(item: Pending, patterns: dict[str, str] | None) -> Rule:
+    """The rule `patterns` make for calls like `item`, or `ConsoleRefused` saying why none."""
     if not isinstance(patterns, dict) or set(patterns) != set(item.arguments):
         raise ConsoleRefused("a rule needs one pattern for every argument of the call, and no other")
     if not all(isinstance(value, str) for value in patterns.values()):
         raise ConsoleRefused("argument patterns must be strings (globs: * and ? match any text)")
-    rule = Rule(item.session, item.tool.name, patterns)
+    kinds = {key: _kind(value) for key, value in item.arguments.items()}
+    rule = Rule(item.session, item.tool.name, dict(patterns), item.tool.fingerprint, kinds)
     if not rule.matches(item.session, item.tool.name, item.arguments):
         raise ConsoleRefused("those patterns do not match the call they would approve; widen them")
-    return dict(patterns)
+    return rule
 
 
 __all__ = [

@@ -41,6 +41,11 @@ class LeashReviewer:
         self._untrusted = frozenset(untrusted_servers)
         self._told: set[str] = set()
 
+    @property
+    def fallback(self) -> Reviewer:
+        """Who decides what LEASH does not pass alone: the strong model, or the person when there is none."""
+        return self._fallback
+
     async def review(self, request: ReviewRequest, user: UserChannel) -> Verdict:
         score = await self._leash.step_score(request.segment.held)
         evidence: dict[str, Any] = {"layer": "accept", **score.as_json()}

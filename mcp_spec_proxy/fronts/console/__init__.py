@@ -104,15 +104,21 @@ class Console:
             return JSONResponse({"error": "the decision is too large"}, status_code=413)
         try:
             data = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):  # nested past the parser's depth
             return JSONResponse({"error": "the decision is not JSON"}, status_code=400)
         if not isinstance(data, dict) or data.get("action") not in ACTIONS or not isinstance(data.get("digest"), str):
             return JSONResponse({"error": f"a decision names an action ({', '.join(ACTIONS)}) and a digest"}, 400)
         reason = data.get("reason")
+        arguments = data.get("arguments") if data["action"] == "edit" else None
+        if isinstance(arguments, str):  # the page sends the edit box's text: parsed here, every digit kept
+            try:
+                arguments = json.loads(arguments)
+            except (json.JSONDecodeError, RecursionError) as exc:
+                return JSONResponse({"error": f"the edited arguments are not valid JSON: {exc}"}, status_code=409)
         decision = Decision(
             data["action"],
             reason if isinstance(reason, str) else "",
-            arguments=data.get("arguments") if data["action"] == "edit" else None,
+            arguments=arguments,
             patterns=data.get("patterns") if data["action"] == "rule" else None,
         )
         try:
@@ -161,7 +167,10 @@ async def serve_console(
             lambda task_status: serve_asgi(late, host, port, lifespan=False, task_status=task_status)
         )
         late.current = console.app(bound)  # the guard needs the bound port: set before any request is read
-        address = f"http://{f'[{host}]' if ':' in host else host}:{bound}/"
+        # The link names the address bound, never `localhost`: a browser tries ::1 as well, where
+        # another local process could listen on the same port and be handed the key.
+        shown = "127.0.0.1" if host == "localhost" else host
+        address = f"http://{f'[{shown}]' if ':' in shown else shown}:{bound}/"
         url = f"{address}?token={console.secret}"
         console.queue.url = address  # what clients are told: never the key
         logger.info("approval console: %s (held writes wait there for your decision)", url)

@@ -2,7 +2,8 @@
 
 The script keeps the waiting list live from the server-sent events at `/events` (cards are
 rendered by the server at `/pending/<id>`), and posts each decision as JSON to `/decide/<id>`
-with the digest of the arguments the card showed.
+with the digest of the arguments the card showed; an edit goes as the edit box's text, which the
+proxy parses (a browser's numbers would lose the digits of an integer past 2**53).
 """
 
 CSS = """
@@ -20,6 +21,7 @@ main { max-width:1100px; margin:0 auto; padding:1rem 1.2rem 4rem; }
 article.call { background:#fff; border:1px solid var(--line); border-left:6px solid #d08a00; border-radius:8px;
   padding:1rem 1.2rem; margin:1rem 0; }
 article.call.done { opacity:.55; }
+article.call { overflow-wrap:anywhere; }  /* no unbroken text (a 3000-character key) pushes the values out of view */
 article.call h2 { margin:.2rem 0; font-size:1.25rem; }
 .meta { color:var(--muted); margin:.2rem 0 .8rem; }
 table { border-collapse:collapse; width:100%; }
@@ -43,6 +45,7 @@ details { margin:.5rem 0; }
 details label { display:block; margin:.3rem 0; }
 details input, textarea { width:100%; font-family:ui-monospace, monospace; padding:.35rem; }
 .status { font-weight:600; }
+.unseen { background:#ffe08a; color:#1d2330; border-radius:3px; padding:0 .2em; font-size:.8em; }
 .status.error { color:var(--no); }
 .status.ok { color:var(--ok); }
 form.filters { display:flex; gap:.8rem; flex-wrap:wrap; align-items:end; margin:1rem 0; }
@@ -76,7 +79,9 @@ function decide(event) {
   const action = button.dataset.action;
   const body = {action: action, reason: card.querySelector("input[name=reason]").value};
   if (action === "edit") {
-    try { body.arguments = JSON.parse(card.querySelector("textarea[name=arguments]").value); }
+    // Sent as typed and parsed by the proxy: JSON.parse would round an integer past 2**53.
+    body.arguments = card.querySelector("textarea[name=arguments]").value;
+    try { JSON.parse(body.arguments); }
     catch (err) {
       const status = card.querySelector(".status");
       status.className = "status error"; status.textContent = "The edited arguments are not valid JSON: " + err.message;
@@ -119,6 +124,7 @@ function tick() {
   });
 }
 document.addEventListener("click", decide);
+document.addEventListener("submit", e => e.preventDefault());  // Enter in a field decides nothing
 if (document.getElementById("pending")) {
   const events = new EventSource("/events");
   events.addEventListener("queue", e => refresh(JSON.parse(e.data).ids));

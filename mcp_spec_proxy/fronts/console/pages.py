@@ -1,13 +1,17 @@
 """The approval console's HTML, rendered on the server: a held call's card, the pages around it.
 
 Every value is escaped here; nothing a client, an agent or a backend wrote reaches the page as
-markup. A long value is folded (`<details>`, its length stated), never cut without saying so.
+markup. Nor does a character that shows nothing yet changes how the rest reads (a direction
+override that turns `dm.exe` into `exe.md`, a zero-width space, a control character): it is
+shown as its code point (`⟨U+202E⟩`), and kept exact where the person edits (`\u202e` in the
+JSON). A long value is folded (`<details>`, its length stated), never cut without saying so.
 The words are for someone who has never seen the proxy: what is asked, what each button does.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from html import escape
 from typing import Any
@@ -16,6 +20,11 @@ from mcp_spec_proxy.review.console import Pending, exact_patterns
 
 FOLD_CHARS = 240
 """A value longer than this is shown folded: its start, and the whole on a click."""
+UNSEEN = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180e\u200b-\u200f"
+    "\u2028-\u202e\u2060-\u206f\u3164\ufeff\uffa0\ufff9-\ufffb\U000e0000-\U000e0fff]"
+)
+"""Characters that show nothing (or move other text) yet change what a value is: controls, bidi, zero widths."""
 
 
 def page(title: str, body: str, *, active: str) -> str:
@@ -58,9 +67,9 @@ def card(item: Pending) -> str:
     parts = [
         f'<article class="call" id="call-{escape(item.id)}" data-id="{escape(item.id)}"'
         f' data-digest="{escape(item.digest)}" data-left="{item.seconds_left():.0f}">',
-        f"<h2>The agent wants to run <code>{escape(tool.name)}</code></h2>",
-        f'<p class="meta">Tool “{escape(title)}” of the server <b>{escape(tool.server)}</b>, held at {held}'
-        f' in session <code>{escape(item.session)}</code>. If nobody decides within <span class="left">'
+        f"<h2>The agent wants to run <code>{shown(tool.name)}</code></h2>",
+        f'<p class="meta">Tool “{shown(title)}” of the server <b>{shown(tool.server)}</b>, held at {held}'
+        f' in session <code>{shown(item.session)}</code>. If nobody decides within <span class="left">'
         f"{item.seconds_left():.0f}</span> seconds it is refused.</p>",
     ]
     if description:
@@ -89,7 +98,7 @@ def arguments_table(arguments: dict[str, Any]) -> str:
     if not arguments:
         return '<p class="note">No arguments.</p>'
     rows = "".join(
-        f"<tr><th scope=row><code>{escape(key)}</code></th><td>{folded(_text(value))}</td></tr>"
+        f"<tr><th scope=row>{folded(key)}</th><td>{folded(_text(value))}</td></tr>"  # a key may be long too
         for key, value in arguments.items()
     )
     return f'<table class="arguments"><tbody>{rows}</tbody></table>'
@@ -105,7 +114,7 @@ def reads_section(item: Pending) -> str:
     for step in item.reads:
         observation = step.observation if step.observation is not None else "(no result recorded)"
         rows.append(
-            f"<li><code>{escape(step.tool)}</code> {folded(json.dumps(step.arguments, ensure_ascii=False))}"
+            f"<li><code>{shown(step.tool)}</code> {folded(json.dumps(step.arguments, ensure_ascii=False))}"
             f'<div class="observation">{"error: " if step.is_error else ""}result: {folded(observation)}</div></li>'
         )
     return (
@@ -130,13 +139,17 @@ def leash_section(leash: dict[str, Any]) -> str:
 
 
 def decision_form(item: Pending) -> str:
+    # An unseen character (or a line break, which an input drops) becomes `?` in its exact pattern:
+    # the rule then still matches the call, and says a character is there.
     patterns = "".join(
-        f'<label>{escape(key)} <input name="pattern" data-key="{escape(key)}" value="{escape(pattern)}"></label>'
+        f'<label>{shown(key)} <input name="pattern" data-key="{escape(key)}"'
+        f' value="{escape(UNSEEN.sub("?", pattern).replace(chr(10), "?"))}"></label>'
         for key, pattern in exact_patterns(item.arguments).items()
     )
-    edit = json.dumps(item.arguments, ensure_ascii=False, indent=2)
+    # In JSON an unseen character can be written as its escape: the edit box shows it and stays exact.
+    edit = UNSEEN.sub(_json_escape, json.dumps(item.arguments, ensure_ascii=False, indent=2))
     return (
-        '<form class="decide" onsubmit="return false">'
+        '<form class="decide">'
         '<div class="buttons"><button type="button" class="approve" data-action="approve">Approve: let it run</button>'
         '<button type="button" class="deny" data-action="deny">Deny</button></div>'
         '<label class="reason">Reason for denying (the agent is told it): <input name="reason"'
@@ -147,8 +160,9 @@ def decision_form(item: Pending) -> str:
         f'<textarea name="arguments" rows="{min(20, edit.count(chr(10)) + 2)}">{escape(edit)}</textarea>'
         '<button type="button" data-action="edit">Approve with these arguments</button></details>'
         "<details><summary>Approve, and allow calls like this for the rest of this session</summary>"
-        f'<p class="note">Later calls of <code>{escape(item.tool.name)}</code> in this session run without asking'
-        " when every argument matches its pattern (<code>*</code> matches any text). Only this session.</p>"
+        f'<p class="note">Later calls of <code>{shown(item.tool.name)}</code> in this session run without asking'
+        " when every argument matches its pattern (<code>*</code> matches any text, <code>?</code> any one"
+        " character). Only this session, and only while the tool's server describes it as it does now.</p>"
         f'{patterns}<button type="button" data-action="rule">Approve and allow matching calls</button></details>'
         '<p class="status" role="status"></p></form>'
     )
@@ -157,12 +171,26 @@ def decision_form(item: Pending) -> str:
 def folded(text: str) -> str:
     """`text` escaped; past FOLD_CHARS its start shows and the rest opens on a click, its length said."""
     if len(text) <= FOLD_CHARS:
-        return f'<span class="value">{escape(text)}</span>'
+        return f'<span class="value">{shown(text)}</span>'
     return (
-        f'<details class="fold"><summary><span class="value">{escape(text[:FOLD_CHARS])}</span>… '
+        f'<details class="fold"><summary><span class="value">{shown(text[:FOLD_CHARS])}</span>… '
         f"<em>({len(text)} characters: show all)</em></summary>"
-        f'<pre class="value">{escape(text)}</pre></details>'
+        f'<pre class="value">{shown(text)}</pre></details>'
     )
+
+
+def shown(text: str) -> str:
+    """`text` escaped, each unseen character (`UNSEEN`) shown as its code point."""
+    return UNSEEN.sub(_mark, escape(text))
+
+
+def _mark(match: re.Match[str]) -> str:
+    return f'<span class="unseen" title="an invisible character">⟨U+{ord(match[0]):04X}⟩</span>'
+
+
+def _json_escape(match: re.Match[str]) -> str:
+    data = match[0].encode("utf-16-be")  # one code unit, or a surrogate pair past U+FFFF
+    return "".join(f"\\u{int.from_bytes(data[i : i + 2], 'big'):04x}" for i in range(0, len(data), 2))
 
 
 def _text(value: Any) -> str:
