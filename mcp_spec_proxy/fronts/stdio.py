@@ -1,99 +1,191 @@
 """The MCP front over stdio: one client on this process's stdin and stdout, one session.
 
 `serve_stdio(front)` serves until the client closes stdin. As the SDK's stdio server does, fd 0
-and 1 point elsewhere while serving (`sdk.claimed_stdio`). Unlike it, a line that is not a valid
-JSON-RPC message is answered (`malformed_answer`: -32700 or -32600, with the request's id where
-one can be read) instead of leaving the client to wait forever on that id.
+and 1 point elsewhere while serving (`sdk.claimed_stdio`). Unlike it:
+
+* the pipes are the event loop's own (asyncio pipe transports), not files read and written in
+  worker threads: a message costs no thread hand-off either way; where stdin or stdout is not a
+  pipe, socket or terminal (a regular file), worker threads serve it as before;
+* answers waiting together go out in one write;
+* a line that is not a valid JSON-RPC message is answered (`malformed_answer`: -32700 or
+  -32600, with the request's id where one can be read) instead of leaving the client to wait
+  forever on that id; a line over `MAX_LINE_BYTES` is answered -32600 and skipped.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import re
-from collections import deque
+import sys
 from collections.abc import AsyncIterator
-from typing import Any, cast
+from contextlib import asynccontextmanager, suppress
+from typing import BinaryIO, Protocol
 
 import anyio
+import anyio.abc
 import mcp_types as types
-from mcp.server.stdio import stdio_server
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.shared.message import SessionMessage
 from mcp_types import INVALID_REQUEST, PARSE_ERROR
 
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.sdk import claimed_stdio
 
+MAX_LINE_BYTES = 64 * 1024 * 1024
+"""The longest message a client may send on one line (and what the proxy buffers at most)."""
+
 
 async def serve_stdio(front: McpFront) -> None:
-    """Serve one client on this process's stdin/stdout until it closes them.
-
-    As the SDK's stdio server does, fd 0 and 1 point elsewhere while serving (stray prints and
-    children cannot touch the wire). Unlike it, a line that is not a valid message is answered
-    (JSON-RPC 2.0: -32700 or -32600, with the request's id where one can be read) instead of
-    leaving the client to wait forever on that id.
-    """
+    """Serve one client on this process's stdin/stdout until it closes them."""
     front.stdio_session = front.proxy.barrier.new_session()
     with claimed_stdio() as (wire_in, wire_out):
-        lines = _RecordedLines(anyio.wrap_file(wire_in))
-        async with stdio_server(stdin=cast(Any, lines), stdout=anyio.wrap_file(wire_out)) as (read, write):
-            answering = _AnswerMalformed(read, write, lines.taken)
-            await front.server.run(answering, write, front.server.create_initialization_options())
+        async with _open_wire(wire_in, wire_out) as wire:
+            read_writer, read = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+            write, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_read_messages, wire, read_writer, write)
+                async with anyio.create_task_group() as writing:
+                    writing.start_soon(_write_messages, wire, write_reader)
+                    try:
+                        await front.server.run(read, write, front.server.create_initialization_options())
+                    finally:
+                        write.close()  # the writer sends what is queued, then ends
+                tg.cancel_scope.cancel()
 
 
-class _RecordedLines:
-    """Lines of stdin as the SDK reads them, kept until the matching message is taken."""
-
-    def __init__(self, file: anyio.AsyncFile[str]) -> None:
-        self._file = file
-        self.taken: deque[str] = deque()
-
-    def __aiter__(self) -> AsyncIterator[str]:
-        return self._lines()
-
-    async def _lines(self) -> AsyncIterator[str]:
-        async for line in self._file:
-            self.taken.append(line)
-            yield line
+class _Wire(Protocol):
+    async def readline(self) -> bytes: ...  # b"" at the end
+    async def write(self, data: bytes) -> None: ...
 
 
-class _AnswerMalformed:
-    """The server's read stream; a line that failed to parse gets its JSON-RPC error answered."""
+class _LoopWire:
+    """stdin and stdout as asyncio pipe transports."""
 
-    def __init__(self, inner: Any, write: Any, lines: deque[str]) -> None:
-        self._inner = inner
-        self._write = write
-        self._lines = lines
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def receive(self) -> Any:
-        while True:
-            item = await self._inner.receive()
-            line = self._lines.popleft() if self._lines else ""
-            if not isinstance(item, Exception):
-                return item
-            error = malformed_answer(line)
-            if error is not None:
-                await self._write.send(SessionMessage(error))
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    def __aiter__(self) -> _AnswerMalformed:
-        return self
-
-    async def __anext__(self) -> Any:
+    async def readline(self) -> bytes:
         try:
-            return await self.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            raise StopAsyncIteration from None
+            return await self._reader.readline()
+        except ValueError:  # over the limit: the reader dropped what it had of the line
+            return _TOO_LONG
 
-    async def __aenter__(self) -> _AnswerMalformed:
-        return self
+    async def write(self, data: bytes) -> None:
+        self._writer.write(data)
+        await self._writer.drain()
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self._inner.aclose()
+
+class _ThreadWire:
+    """stdin and stdout as files read and written in worker threads (a regular file, say)."""
+
+    def __init__(self, wire_in: BinaryIO, wire_out: BinaryIO) -> None:
+        self._in = wire_in
+        self._out = wire_out
+
+    async def readline(self) -> bytes:
+        line = await anyio.to_thread.run_sync(self._in.readline, MAX_LINE_BYTES + 1)
+        if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+            while (rest := await anyio.to_thread.run_sync(self._in.readline, MAX_LINE_BYTES)) and not rest.endswith(
+                b"\n"
+            ):
+                pass
+            return _TOO_LONG
+        return line
+
+    async def write(self, data: bytes) -> None:
+        await anyio.to_thread.run_sync(self._write, data)
+
+    def _write(self, data: bytes) -> None:
+        self._out.write(data)
+        self._out.flush()
+
+
+_TOO_LONG = b"\0too long\n"  # never a line of JSON: stands for one that was skipped
+
+
+@asynccontextmanager
+async def _open_wire(wire_in: BinaryIO, wire_out: BinaryIO) -> AsyncIterator[_Wire]:
+    if wire_in is sys.stdin.buffer or wire_out is sys.stdout.buffer:
+        yield _ThreadWire(wire_in, wire_out)  # not our own duplicates: the transports would close them
+        return
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=MAX_LINE_BYTES, loop=loop)
+    try:
+        read_transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), wire_in)
+    except ValueError:  # not a pipe, socket or terminal
+        yield _ThreadWire(wire_in, wire_out)
+        return
+    try:
+        write_transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, wire_out)
+    except ValueError:
+        read_transport.close()
+        _blocking(wire_in)
+        yield _ThreadWire(wire_in, wire_out)
+        return
+    writer = asyncio.StreamWriter(write_transport, protocol, None, loop)
+    try:
+        yield _LoopWire(reader, writer)
+    finally:
+        read_transport.close()
+        write_transport.close()  # what is still buffered is written first
+        _blocking(wire_in, wire_out)
+
+
+def _blocking(*files: BinaryIO) -> None:
+    """Give the descriptors back in blocking mode (the pipe transports made them non-blocking)."""
+    for file in files:
+        with suppress(OSError, ValueError):
+            os.set_blocking(file.fileno(), True)
+
+
+async def _read_messages(
+    wire: _Wire,
+    messages: MemoryObjectSendStream[SessionMessage | Exception],
+    answers: MemoryObjectSendStream[SessionMessage],
+) -> None:
+    async with messages:
+        while line := await wire.readline():
+            if line is _TOO_LONG:
+                too_long = _invalid(None, f"Invalid Request: a message over {MAX_LINE_BYTES} bytes")
+                await answers.send(SessionMessage(too_long))
+                continue
+            text = line.decode("utf-8", "replace")
+            try:
+                message = types.jsonrpc_message_adapter.validate_json(text, by_name=False)
+            except Exception:  # boundary: whatever the client sent, it gets an answer, not a crash
+                error = malformed_answer(text)
+                if error is not None:
+                    await answers.send(SessionMessage(error))
+                continue
+            await messages.send(SessionMessage(message))
+
+
+async def _write_messages(wire: _Wire, messages: MemoryObjectReceiveStream[SessionMessage]) -> None:
+    async with messages:
+        async for message in messages:
+            chunks = [_encode(message)]
+            while True:  # whatever else is ready goes out in the same write
+                try:
+                    chunks.append(_encode(messages.receive_nowait()))
+                except (anyio.WouldBlock, anyio.EndOfStream):
+                    break
+            try:
+                await wire.write(b"".join(chunks))
+            except (OSError, RuntimeError):  # the client closed stdout: nothing more can reach it
+                return
+
+
+def _encode(message: SessionMessage) -> bytes:
+    return message.message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
+
+
+def _invalid(request_id: str | int | None, message: str) -> types.JSONRPCError:
+    return types.JSONRPCError(
+        jsonrpc="2.0", id=request_id, error=types.ErrorData(code=INVALID_REQUEST, message=message)
+    )
 
 
 _ANY_ID = re.compile(r'"id"\s*:\s*(-?\d{1,19}(?![\d.eE])|"(?:[^"\\]|\\.){0,200}")')

@@ -1,0 +1,134 @@
+"""The lean read path: a client's read served without the SDK's handler machinery.
+
+A read needs only this: validate the request, classify the tool, forward, return. `FastRead` is
+a server middleware (it sees each request before the SDK's lookup, validation and handler) that
+does just that for `tools/call` of a tool the catalog holds as a read, and hands the backend's
+result back as wire JSON — no model built for it, no span where no tracer is installed
+(`telemetry.tracing_configured`). The read is still the barrier's and the gate's: the same
+lookup, argument validation and audit line (`Barrier.read_json`).
+
+Everything else takes the SDK's path, unchanged: another method, an own tool, a call with a
+progress token (it may stream), a modern retry carrying input responses, a legacy call before
+the handshake, a request the SDK's own check refuses, and every call `Barrier.read_json`
+declines — a write, an unknown tool, a tool held for its new or changed definition.
+
+What goes out: a result of the plain shape (text blocks, a boolean `isError`, an object of
+structured content, `_meta`) as the backend sent it; any other shape through the SDK's own
+per-version check and sieve, and one that fails it as the backend's error. Each era gets what
+the SDK would give it: 2026-07-28 results carry `resultType` and the server's `serverInfo`
+stamp, handshake-era results carry neither key of that era.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp_types import methods
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
+
+from mcp_spec_proxy.gate import as_wire, error_result
+from mcp_spec_proxy.sdk import server_connection
+from mcp_spec_proxy.telemetry import tracing_configured
+
+if TYPE_CHECKING:
+    from mcp_spec_proxy.fronts.mcp import McpFront
+
+_PARAMS = frozenset({"name", "arguments", "_meta"})
+_RESULT_KEYS = frozenset({"content", "isError", "structuredContent", "_meta", "resultType"})
+_TEXT_BLOCK = frozenset({"type", "text"})
+SERVER_INFO_META = "io.modelcontextprotocol/serverInfo"
+
+
+def install(front: McpFront) -> None:
+    """Put the lean read path in front of the SDK's; drop the SDK's span middleware when no
+    tracer provider is installed (its spans would be no-ops that still cost their setup)."""
+    server = front.server
+    kept = list(server.middleware) if tracing_configured() else []
+    server.middleware = [*kept, FastRead(front)]
+
+
+class FastRead:
+    """Serves `tools/call` of a read straight from the barrier; passes everything else on."""
+
+    def __init__(self, front: McpFront) -> None:
+        self._front = front
+
+    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        if ctx.method == "tools/call":
+            answer = await self._read(ctx)
+            if answer is not None:
+                return answer
+        return await call_next(ctx)
+
+    async def _read(self, ctx: ServerRequestContext[Any, Any]) -> dict[str, Any] | None:
+        params = ctx.params
+        if not isinstance(params, Mapping) or not params.keys() <= _PARAMS:
+            return None  # input responses, request state, a task: the SDK's path knows them
+        name = params.get("name")
+        arguments = params.get("arguments")
+        arguments = {} if arguments is None else arguments
+        front = self._front
+        if not isinstance(name, str) or not isinstance(arguments, dict) or front.own_tools.owns(name):
+            return None
+        meta = params.get("_meta")
+        if isinstance(meta, Mapping) and ("progressToken" in meta or "progress_token" in meta):
+            return None  # progress may be streamed: the SDK's path reports it
+        version = ctx.protocol_version
+        modern = version in MODERN_PROTOCOL_VERSIONS
+        if not modern and (ctx.request_id is None or not server_connection(ctx).initialize_accepted):
+            return None  # before the handshake the SDK answers with its own error
+        try:
+            methods.validate_client_request("tools/call", version, params)
+        except (KeyError, ValueError, ValidationError):
+            return None  # the SDK's path refuses it, with its own error
+        result = await front.proxy.barrier.read_json(front.session_for(ctx), name, dict(arguments))
+        if result is None:
+            return None
+        return self._for_client(result, version, modern)
+
+    def _for_client(self, result: dict[str, Any], version: str, modern: bool) -> dict[str, Any]:
+        if _plain(result):
+            out = dict(result)
+            out.pop("resultType", None)
+        else:
+            # The 2026-07-28 surface requires `resultType`, which a handshake-era backend never sends.
+            shaped = {**result, "resultType": "complete"} if modern else result
+            try:
+                out = methods.serialize_server_result("tools/call", version, shaped)
+            except ValidationError:
+                out = as_wire(error_result("the backend answered with something that is not a tool result"))
+        if not modern:
+            out.pop("resultType", None)
+            return out
+        out["resultType"] = "complete"
+        meta = out.get("_meta")
+        if meta is None:
+            out["_meta"] = {SERVER_INFO_META: self._front.server.server_info_stamp}
+        elif isinstance(meta, dict) and meta.get(SERVER_INFO_META) is None:
+            out["_meta"] = {**meta, SERVER_INFO_META: self._front.server.server_info_stamp}
+        return out
+
+
+def _plain(result: dict[str, Any]) -> bool:
+    """The shape that goes out as it came: what the SDK's sieve would pass unchanged."""
+    content = result["content"]
+    return (
+        result.keys() <= _RESULT_KEYS
+        and isinstance(content, list)
+        and all(
+            isinstance(block, dict)
+            and block.keys() == _TEXT_BLOCK
+            and block["type"] == "text"
+            and isinstance(block["text"], str)
+            for block in content
+        )
+        and isinstance(result.get("isError", False), bool)
+        and isinstance(result.get("structuredContent", {}), dict)
+        and isinstance(result.get("_meta", {}), dict)
+    )
+
+
+__all__ = ["FastRead", "install"]

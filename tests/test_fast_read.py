@@ -1,0 +1,140 @@
+"""The lean read path (`fronts/fast_read.py`): only reads take it, and they stay audited.
+
+Ground truth is the toy's ledger (what the backend ran) and the audit log; a spy on the gate's
+two doors for reads tells which path a call took. A write, an unknown tool, a tool held for a
+changed definition and the proxy's own tools must never reach `Gate.read_json`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import mcp_types as types
+import pytest
+from mcp import MCPError
+
+from mcp_spec_proxy.audit import read_audit
+from mcp_spec_proxy.testing import Respond, ScriptedModelServer
+from tests.harness import ERAS, Proxied, proxied, recorded, text_of, toy
+
+pytestmark = pytest.mark.anyio
+
+
+def config(record: Path, review: str = "deny", **server: Any) -> dict[str, Any]:
+    return {"servers": {"toy": toy(record, **server)}, "review": {"default": review}}
+
+
+def audit_events(state: Path) -> list[dict[str, Any]]:
+    path = state / "audit.jsonl"
+    return list(read_audit(path)) if path.exists() else []
+
+
+@asynccontextmanager
+async def spied(p: Proxied) -> AsyncIterator[dict[str, list[str]]]:
+    """Which tools went through the gate's fast door (`read_json`) and its model door (`read`)."""
+    gate = p.proxy.gate
+    seen: dict[str, list[str]] = {"fast": [], "model": []}
+    fast, model = gate.read_json, gate.read
+
+    async def read_json(session: str, tool: Any, *args: Any) -> dict[str, Any]:
+        seen["fast"].append(tool.name)
+        return await fast(session, tool, *args)
+
+    async def read(session: str, tool: Any, *args: Any) -> types.CallToolResult:
+        seen["model"].append(tool.name)
+        return await model(session, tool, *args)
+
+    gate.read_json = read_json  # type: ignore[method-assign]
+    gate.read = read  # type: ignore[method-assign]
+    yield seen
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_read_takes_the_fast_path_and_is_audited(tmp_path: Path, mode: str) -> None:
+    # A real stdio backend: the read goes out on the proxy's own channel, past the SDK client.
+    async with proxied(config(tmp_path / "rec"), tmp_path / "state", mode=mode) as p, spied(p) as seen:
+        result = await p.client.call_tool("toy__echo", {"text": "héllo 😀"})
+    assert text_of(result) == "héllo 😀" and not result.is_error
+    assert seen == {"fast": ["toy__echo"], "model": []}
+    reads = [e for e in audit_events(tmp_path / "state") if e["event"] == "read"]
+    assert [(e["tool"], e["author"]) for e in reads] == [("toy__echo", "client")]
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_write_never_takes_the_fast_path(tmp_path: Path, mode: str) -> None:
+    record = tmp_path / "rec"
+    async with proxied(config(record), tmp_path / "state", mode=mode) as p, spied(p) as seen:
+        result = await p.client.call_tool("toy__record", {"value": "v", "intent": "test"})
+    assert result.is_error and "Blocked at the write barrier" in text_of(result)
+    assert recorded(record) == []  # the backend never ran it
+    assert seen == {"fast": [], "model": []}
+    assert [e["event"] for e in audit_events(tmp_path / "state")] == ["held", "verdict", "blocked"]
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_unknown_tool_never_takes_the_fast_path(tmp_path: Path, mode: str) -> None:
+    async with proxied(config(tmp_path / "rec"), tmp_path / "state", mode=mode, twins=True) as p, spied(p) as seen:
+        with pytest.raises(MCPError, match="unknown tool"):
+            await p.client.call_tool("toy__nope", {})
+    assert seen == {"fast": [], "model": []}
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_tool_with_a_changed_definition_is_held_not_read(tmp_path: Path, mode: str) -> None:
+    record = tmp_path / "rec"
+    async with proxied(config(record), tmp_path / "state", mode=mode) as p:
+        assert text_of(await p.client.call_tool("toy__echo", {"text": "before"})) == "before"
+        await p.client.call_tool("toy__rug_pull", {})
+        # The listing refresh lands when the backend's list_changed has been handled.
+        for _ in range(200):
+            if p.proxy.catalog.lookup("toy__echo").effect == "write":
+                break
+            await p.client.list_tools()
+        assert p.proxy.catalog.lookup("toy__echo").reason == "changed-definition"
+        async with spied(p) as seen:
+            result = await p.client.call_tool("toy__echo", {"text": "after", "intent": "test"})
+    assert result.is_error and "Blocked at the write barrier" in text_of(result)
+    assert seen == {"fast": [], "model": []}
+    held = [e for e in audit_events(tmp_path / "state") if e["event"] == "held"]
+    assert [e["tool"] for e in held] == ["toy__echo"]
+
+
+async def test_own_tools_never_take_the_fast_path(tmp_path: Path) -> None:
+    async with ScriptedModelServer(Respond(lambda request: "Nothing to do.")) as model:
+        cfg = config(tmp_path / "rec")
+        cfg["models"] = {"strong": {"base_url": model.base_url, "model": "strong-model", "max_retries": 0}}
+        async with proxied(cfg, tmp_path / "state", twins=True) as p, spied(p) as seen:
+            result = await p.client.call_tool("delegate", {"task": "Anything to do?"})
+    assert not result.is_error and text_of(result).startswith("Nothing to do.")
+    assert seen["fast"] == []
+
+
+async def test_read_with_a_progress_token_takes_the_sdk_path(tmp_path: Path) -> None:
+    updates: list[float] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        updates.append(progress)
+
+    async with proxied(config(tmp_path / "rec"), tmp_path / "state", twins=True) as p, spied(p) as seen:
+        result = await p.client.call_tool("toy__progress", {}, progress_callback=on_progress)
+    assert text_of(result) == "done" and updates == [1, 2, 3]
+    assert seen == {"fast": [], "model": ["toy__progress"]}
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_fast_read_refuses_invalid_arguments_before_the_backend(tmp_path: Path, mode: str) -> None:
+    async with proxied(config(tmp_path / "rec"), tmp_path / "state", mode=mode, twins=True) as p:
+        result = await p.client.call_tool("toy__echo", {"text": 5})
+    assert result.is_error and "text" in text_of(result)
+    assert audit_events(tmp_path / "state") == []  # refused before the gate: nothing ran
+
+
+async def test_fast_read_over_the_size_bound_is_withheld(tmp_path: Path) -> None:
+    async with proxied(config(tmp_path / "rec", max_result_bytes=1000), tmp_path / "state") as p:
+        result = await p.client.call_tool("toy__big", {"size": 5000})
+        small = await p.client.call_tool("toy__big", {"size": 10})
+    assert result.is_error and "max_result_bytes" in text_of(result)
+    assert text_of(small) == "x" * 10
