@@ -7,6 +7,7 @@ changed definition and the proxy's own tools must never reach `Gate.read_json`.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,6 +18,8 @@ import pytest
 from mcp import MCPError
 
 from mcp_spec_proxy.audit import read_audit
+from mcp_spec_proxy.backends.raw import RawCalls, tool_result
+from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.testing import Respond, ScriptedModelServer
 from tests.harness import ERAS, Proxied, proxied, recorded, text_of, toy
 
@@ -138,3 +141,46 @@ async def test_fast_read_over_the_size_bound_is_withheld(tmp_path: Path) -> None
         small = await p.client.call_tool("toy__big", {"size": 10})
     assert result.is_error and "max_result_bytes" in text_of(result)
     assert text_of(small) == "x" * 10
+
+
+async def test_param_header_check_gets_the_schema_the_client_was_shown(tmp_path: Path) -> None:
+    # The SDK checks a 2026-07-28 HTTP call's Mcp-Param-* headers against this schema; it must be
+    # the listed one (a write's added `intent` included), without running tools/list per call.
+    async with proxied(config(tmp_path / "rec"), tmp_path / "state", twins=True) as p:
+        listed = {tool.name: tool.input_schema for tool in (await p.client.list_tools()).tools}
+        front = McpFront(p.proxy)
+        lookup = front.server.get_tool_input_schema
+        assert lookup is not None
+        assert lookup("toy__record") == listed["toy__record"]
+        assert "intent" in listed["toy__record"]["properties"]
+        assert lookup("toy__echo") == listed["toy__echo"]
+        assert lookup("toy__nope") is None
+
+
+def test_raw_channel_takes_only_answers_to_its_own_requests() -> None:
+    # What a backend writes is hostile until shown otherwise: only an answer (no `method`) whose
+    # id is one the fast path is waiting for is taken; the rest goes to the SDK client as before.
+    raw = RawCalls()
+    loop = asyncio.new_event_loop()
+    try:
+        future: asyncio.Future[dict[str, Any] | None] = loop.create_future()
+        raw._pending["msp-7"] = future  # as `request` leaves it while it waits
+        assert not raw.answer(b'{"jsonrpc":"2.0","id":"msp-7","method":"roots/list"}')
+        assert not raw.answer(b'{"jsonrpc":"2.0","id":7,"result":{"content":[]}}')
+        assert not raw.answer(b'{"jsonrpc":"2.0","id":"msp-8","result":{}}')
+        assert not raw.answer(b"[" * 100_000 + b'"msp-7"')
+        assert not raw.answer(b'{"id": ["msp-7"]}')
+        assert not future.done()
+        assert raw.answer(b'{"jsonrpc":"2.0","id":"msp-7","result":{"content":[]}}')
+        assert future.result() == {"jsonrpc": "2.0", "id": "msp-7", "result": {"content": []}}
+        assert not raw.answer(b'{"jsonrpc":"2.0","id":"msp-7","result":{"content":[]}}')  # once only
+    finally:
+        loop.close()
+
+
+def test_only_a_finished_tool_result_passes() -> None:
+    assert tool_result({"content": [{"type": "text", "text": "x"}]}) is not None
+    assert tool_result({"content": [], "resultType": "complete"}) is not None
+    assert tool_result({"content": [], "resultType": "input_required"}) is None
+    assert tool_result({"content": "x"}) is None
+    assert tool_result(["content"]) is None

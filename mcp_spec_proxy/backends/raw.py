@@ -81,8 +81,8 @@ class RawCalls:
             return False
         try:
             data = json.loads(line)
-        except ValueError:
-            return False
+        except (ValueError, RecursionError):
+            return False  # the SDK's parser makes of it what it always has
         if not isinstance(data, dict) or "method" in data:
             return False  # a server's own request or notification, whatever its id
         key = data.get("id")

@@ -29,6 +29,7 @@ from mcp_types import methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
+from mcp_spec_proxy.errors import ToolNotFound
 from mcp_spec_proxy.gate import as_wire, error_result
 from mcp_spec_proxy.sdk import server_connection
 from mcp_spec_proxy.telemetry import tracing_configured
@@ -44,10 +45,25 @@ SERVER_INFO_META = "io.modelcontextprotocol/serverInfo"
 
 def install(front: McpFront) -> None:
     """Put the lean read path in front of the SDK's; drop the SDK's span middleware when no
-    tracer provider is installed (its spans would be no-ops that still cost their setup)."""
+    tracer provider is installed (its spans would be no-ops that still cost their setup).
+
+    Also give the SDK the one tool's input schema it needs to check a 2026-07-28 HTTP call's
+    `Mcp-Param-*` headers: without it, the SDK runs the whole tools/list handler for every call.
+    """
     server = front.server
     kept = list(server.middleware) if tracing_configured() else []
     server.middleware = [*kept, FastRead(front)]
+    server.get_tool_input_schema = lambda name: input_schema(front, name)
+
+
+def input_schema(front: McpFront, name: str) -> Mapping[str, Any] | None:
+    """The input schema the client was shown for `name` (intent included), or None if unknown."""
+    if front.own_tools.owns(name):
+        return next((tool.input_schema for tool in front.own_tools.definitions() if tool.name == name), None)
+    try:
+        return front.proxy.catalog.lookup(name).definition.input_schema
+    except ToolNotFound:
+        return None
 
 
 class FastRead:
