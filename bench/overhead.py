@@ -61,7 +61,7 @@ FASTMCP_SPEC = "fastmcp==4.2.3"
 
 ERAS = ("legacy", "2026-07-28")
 PROXIES = ("bare", "ours", "bare-http", "ours-http", "fastmcp", "fastmcp-http")
-BLOCK = 50
+BLOCK = 10
 TARGET_RATIO = 1.0
 STARTUP_S = 60.0
 
@@ -184,7 +184,7 @@ def _yaml(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-async def measure(row: Row, tmp: Path, errlog: IO[str], calls: int, warmup: int) -> None:
+async def measure(row: Row, tmp: Path, errlog: IO[str], calls: int, warmup: int, block_size: int) -> None:
     backend = row.backend
     async with AsyncExitStack() as stack:
         clients: dict[str, Callable[[], Any]] = {}
@@ -214,7 +214,7 @@ async def measure(row: Row, tmp: Path, errlog: IO[str], calls: int, warmup: int)
         rounds = 0
         targets = row.targets
         while done < calls:
-            block = min(BLOCK, calls - done)
+            block = min(block_size, calls - done)
             turn = rounds % len(targets)
             for target in targets[turn:] + targets[:turn]:
                 call = clients[target]
@@ -248,7 +248,7 @@ def _caller(client: Client, name: str, arguments: dict[str, Any]) -> Callable[[]
 def report(rows: list[Row], args: argparse.Namespace, machine: str, load: tuple[str, str], elapsed: float) -> int:
     print(f"machine: {machine}")
     print(f"load average (1, 5, 15 min): before {load[0]}; after {load[1]}")
-    print(f"calls per target: {args.calls} (+{args.warmup} warmup), blocks of {BLOCK} rotating; {elapsed:.0f}s")
+    print(f"calls per target: {args.calls} (+{args.warmup} warmup), blocks of {args.block} rotating; {elapsed:.0f}s")
     for row in rows:
         print(f"\n{row.backend.label}, client era {row.era}:")
         for target in row.targets:
@@ -307,13 +307,17 @@ def main() -> int:
         "--install-fastmcp", action="store_true", help=f"first install {FASTMCP_SPEC} into {FASTMCP_VENV}"
     )
     parser.add_argument("--no-http", action="store_true", help="measure the stdio targets only")
+    parser.add_argument("--no-fastmcp", action="store_true", help="leave fastmcp out even where it is installed")
+    parser.add_argument("--block", type=int, default=BLOCK, help=f"calls per target per block (default {BLOCK})")
     args = parser.parse_args()
     if args.calls < 2:
         parser.error("--calls must be at least 2")
     if args.install_fastmcp:
         install_fastmcp()
     targets = ["direct", "bare", "ours"] + ([] if args.no_http else ["bare-http", "ours-http"])
-    if FASTMCP_PYTHON.exists():
+    if args.no_fastmcp:
+        pass
+    elif FASTMCP_PYTHON.exists():
         targets += ["fastmcp"] + ([] if args.no_http else ["fastmcp-http"])
     else:
         print(f"fastmcp: not measured ({FASTMCP_VENV} is missing; add --install-fastmcp)", file=sys.stderr)
@@ -326,7 +330,7 @@ def main() -> int:
         with open(tmp / "stderr.log", "w") as errlog:
             for row in rows:
                 print(f"measuring {row.backend.name}, era {row.era} ...", file=sys.stderr, flush=True)
-                anyio.run(measure, row, tmp, errlog, args.calls, args.warmup)
+                anyio.run(measure, row, tmp, errlog, args.calls, args.warmup, args.block)
     elapsed = time.perf_counter() - started
     return report(rows, args, machine, (load_before, load_average()), elapsed)
 

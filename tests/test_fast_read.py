@@ -13,13 +13,17 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import mcp_types as types
 import pytest
-from mcp import MCPError
+from mcp import Client, MCPError
 
 from mcp_spec_proxy.audit import read_audit
 from mcp_spec_proxy.backends.raw import RawCalls, tool_result
+from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.fronts.http import serve_http
 from mcp_spec_proxy.fronts.mcp import McpFront
+from mcp_spec_proxy.proxy import StatePaths, running_proxy
 from mcp_spec_proxy.testing import Respond, ScriptedModelServer
 from tests.harness import ERAS, Proxied, proxied, recorded, text_of, toy
 
@@ -184,3 +188,33 @@ def test_only_a_finished_tool_result_passes() -> None:
     assert tool_result({"content": [], "resultType": "input_required"}) is None
     assert tool_result({"content": "x"}) is None
     assert tool_result(["content"]) is None
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_over_http_a_read_takes_the_fast_path_and_a_write_does_not(tmp_path: Path, mode: str) -> None:
+    record = tmp_path / "rec"
+    raw = config(record, review="allow")
+    seen: list[str] = []
+    with anyio.fail_after(60):
+        async with (
+            running_proxy(ProxyConfig.model_validate(raw), StatePaths(tmp_path / "state")) as proxy,
+            anyio.create_task_group() as tg,
+        ):
+            fast = proxy.gate.read_json
+
+            async def read_json(session: str, tool: Any, *args: Any) -> dict[str, Any]:
+                seen.append(tool.name)
+                return await fast(session, tool, *args)
+
+            proxy.gate.read_json = read_json  # type: ignore[method-assign]
+            front = McpFront(proxy)
+            port = await tg.start(lambda task_status: serve_http(front, "127.0.0.1", 0, task_status=task_status))
+            async with Client(f"http://127.0.0.1:{port}/mcp", mode=mode) as client:
+                echoed = await client.call_tool("toy__echo", {"text": "over http"})
+                written = await client.call_tool("toy__record", {"value": "v", "intent": "x"})
+            tg.cancel_scope.cancel()
+    assert text_of(echoed) == "over http" and not written.is_error
+    assert seen == ["toy__echo"]
+    assert len(recorded(record)) == 1
+    events = [(e["event"], e["tool"]) for e in audit_events(tmp_path / "state") if "tool" in e]
+    assert events[0] == ("read", "toy__echo") and ("held", "toy__record") in events
