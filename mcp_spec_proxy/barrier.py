@@ -10,9 +10,10 @@ The barrier owns the session's trajectory (what the reviewer sees: the reads tha
 write) and the client-facing texts of what happened; the gate owns policy, audit and forwarding.
 A call whose client goes away while it is held is abandoned, never forwarded later.
 
-`Barrier.read_json()` is the fast path of the same call for a client's read: the same lookup,
-validation and gate (its audit line included), the result as wire JSON, unchanged; it declines
-(None) every call that is not a read of a tool the catalog holds as one, and `call` takes those.
+`Barrier.read_tool()` and `read_json()` are the fast path of the same call for a client's read:
+the same lookup, validation and gate (its audit line included), the result as wire JSON,
+unchanged. `read_tool` declines (None) every call that is not a read of a tool the catalog holds
+as one, and `call` takes those.
 """
 
 from __future__ import annotations
@@ -106,16 +107,18 @@ class Barrier:
             return result
         return await self._hold(session, tool, forwarded, intent, user, report)
 
-    async def read_json(self, session: Session, name: str, arguments: dict[str, Any]) -> dict[str, Any] | None:
-        """`call` for a read, its result as wire JSON; None (nothing done) when `name` is not a tool
-        the catalog holds as a read right now: a write, a tool whose definition is held, an unknown
-        name. Those take `call`, which holds, re-checks or refuses them."""
+    def read_tool(self, name: str) -> CatalogTool | None:
+        """The tool, if `name` is one the catalog holds as a read right now; None for a write, a
+        tool whose definition is held, an unknown name. Those take `call`, which holds, re-checks
+        or refuses them; only a tool returned here may go to `read_json`."""
         try:
             tool = self._catalog.lookup(name)
         except ToolNotFound:
             return None
-        if tool.effect != "read" or tool.reason in HELD_REASONS:
-            return None
+        return tool if tool.effect == "read" and tool.reason not in HELD_REASONS else None
+
+    async def read_json(self, session: Session, tool: CatalogTool, arguments: dict[str, Any]) -> dict[str, Any]:
+        """`call` for a read (`read_tool`), its result as wire JSON."""
         try:
             self._catalog.validate(tool, arguments)
         except InvalidArguments as exc:

@@ -8,6 +8,8 @@ changed definition and the proxy's own tools must never reach `Gate.read_json`.
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -16,6 +18,7 @@ from typing import Any
 import anyio
 import mcp_types as types
 import pytest
+import yaml
 from mcp import Client, MCPError
 
 from mcp_spec_proxy.audit import read_audit
@@ -25,7 +28,7 @@ from mcp_spec_proxy.fronts.http import serve_http
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
 from mcp_spec_proxy.testing import Respond, ScriptedModelServer
-from tests.harness import ERAS, Proxied, proxied, recorded, text_of, toy
+from tests.harness import ERAS, PROXY_COMMAND, Proxied, proxied, recorded, spawned, text_of, toy
 
 pytestmark = pytest.mark.anyio
 
@@ -218,3 +221,49 @@ async def test_over_http_a_read_takes_the_fast_path_and_a_write_does_not(tmp_pat
     assert len(recorded(record)) == 1
     events = [(e["event"], e["tool"]) for e in audit_events(tmp_path / "state") if "tool" in e]
     assert events[0] == ("read", "toy__echo") and ("held", "toy__record") in events
+
+
+# -- the stdio front's own lean reads (lines taken before the SDK parses them) ----------------
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_spawned_proxy_reads_audited_and_writes_held(tmp_path: Path, mode: str) -> None:
+    record = tmp_path / "rec"
+    async with spawned(config(record), tmp_path, mode=mode) as client:
+        echoed = await client.call_tool("toy__echo", {"text": "héllo 😀"})
+        invalid = await client.call_tool("toy__echo", {"text": 5})
+        written = await client.call_tool("toy__record", {"value": "v", "intent": "test"})
+        with pytest.raises(MCPError, match="unknown tool"):
+            await client.call_tool("toy__nope", {})
+    assert text_of(echoed) == "héllo 😀" and not echoed.is_error
+    assert invalid.is_error and "text" in text_of(invalid)
+    assert written.is_error and "Blocked at the write barrier" in text_of(written)
+    assert recorded(record) == []
+    events = [(e["event"], e.get("tool")) for e in audit_events(tmp_path / "state")]
+    assert events == [("read", "toy__echo"), ("held", "toy__record"), ("verdict", "toy__record"), ("blocked", None)]
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_spawned_proxy_passes_a_cancelled_lean_read_to_the_backend(tmp_path: Path, mode: str) -> None:
+    async with spawned(config(tmp_path / "rec"), tmp_path, mode=mode) as client:
+        await client.list_tools()  # the proxy is serving: the call below reaches the backend before its cancel
+        with anyio.move_on_after(0.5):
+            await client.call_tool("toy__hang", {})
+        assert text_of(await client.call_tool("toy__was_cancelled", {})) == "true"
+        assert text_of(await client.call_tool("toy__echo", {"text": "after"})) == "after"
+
+
+async def test_a_legacy_call_before_the_handshake_gets_the_sdk_answer(tmp_path: Path) -> None:
+    cfg = tmp_path / "servers.yaml"
+    cfg.write_text(yaml.safe_dump(config(tmp_path / "rec")))
+    params = {"name": "toy__echo", "arguments": {"text": "x"}}
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
+    argv = [PROXY_COMMAND, "--config", str(cfg), "--state-dir", str(tmp_path / "state"), "--log-level", "WARNING"]
+    async with await anyio.open_process(argv, stderr=subprocess.DEVNULL) as process:
+        assert process.stdin is not None and process.stdout is not None
+        await process.stdin.send((json.dumps(call) + "\n").encode())
+        with anyio.fail_after(60):
+            answer = json.loads((await process.stdout.receive()).split(b"\n")[0])
+        await process.stdin.aclose()
+    assert answer["id"] == 1 and "error" in answer and "result" not in answer
+    assert audit_events(tmp_path / "state") == []  # nothing reached the backend

@@ -5,7 +5,9 @@ a server middleware (it sees each request before the SDK's lookup, validation an
 does just that for `tools/call` of a tool the catalog holds as a read, and hands the backend's
 result back as wire JSON — no model built for it, no span where no tracer is installed
 (`telemetry.tracing_configured`). The read is still the barrier's and the gate's: the same
-lookup, argument validation and audit line (`Barrier.read_json`).
+lookup, argument validation and audit line (`Barrier.read_tool`, `Barrier.read_json`). The
+stdio front goes one step further and takes such a call off the wire before the SDK parses it
+(`stdio._LeanReads`, through `FastRead.claim` and `run`).
 
 Everything else takes the SDK's path, unchanged: another method, an own tool, a call with a
 progress token (it may stream), a modern retry carrying input responses, a legacy call before
@@ -22,6 +24,7 @@ stamp, handshake-era results carry neither key of that era.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
@@ -29,6 +32,8 @@ from mcp_types import methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
+from mcp_spec_proxy.barrier import Session
+from mcp_spec_proxy.catalog import CatalogTool
 from mcp_spec_proxy.errors import ToolNotFound
 from mcp_spec_proxy.gate import as_wire, error_result
 from mcp_spec_proxy.sdk import server_connection
@@ -43,7 +48,7 @@ _TEXT_BLOCK = frozenset({"type", "text"})
 SERVER_INFO_META = "io.modelcontextprotocol/serverInfo"
 
 
-def install(front: McpFront) -> None:
+def install(front: McpFront) -> FastRead:
     """Put the lean read path in front of the SDK's; drop the SDK's span middleware when no
     tracer provider is installed (its spans would be no-ops that still cost their setup).
 
@@ -52,8 +57,10 @@ def install(front: McpFront) -> None:
     """
     server = front.server
     kept = list(server.middleware) if tracing_configured() else []
-    server.middleware = [*kept, FastRead(front)]
+    fast = FastRead(front)
+    server.middleware = [*kept, fast]
     server.get_tool_input_schema = lambda name: input_schema(front, name)
+    return fast
 
 
 def input_schema(front: McpFront, name: str) -> Mapping[str, Any] | None:
@@ -66,22 +73,40 @@ def input_schema(front: McpFront, name: str) -> Mapping[str, Any] | None:
         return None
 
 
+@dataclass(frozen=True)
+class Read:
+    """A `tools/call` the lean path has taken on: a read of `tool`, for a client of `version`."""
+
+    tool: CatalogTool
+    arguments: dict[str, Any]
+    version: str
+    modern: bool
+
+
 class FastRead:
-    """Serves `tools/call` of a read straight from the barrier; passes everything else on."""
+    """Serves `tools/call` of a read straight from the barrier; passes everything else on.
+
+    As a server middleware it sees each request the SDK has parsed; the stdio front also asks it
+    directly (`claim`, then `run`) for the lines it reads, before the SDK parses anything.
+    """
 
     def __init__(self, front: McpFront) -> None:
         self._front = front
 
     async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         if ctx.method == "tools/call":
-            answer = await self._read(ctx)
-            if answer is not None:
-                return answer
+            version = ctx.protocol_version
+            modern = version in MODERN_PROTOCOL_VERSIONS
+            # Before the handshake the SDK answers a legacy call with its own error.
+            initialized = modern or (ctx.request_id is not None and server_connection(ctx).initialize_accepted)
+            read = self.claim(ctx.params, version, initialized=initialized)
+            if read is not None:
+                return await self.run(read, self._front.session_for(ctx))
         return await call_next(ctx)
 
-    async def _read(self, ctx: ServerRequestContext[Any, Any]) -> dict[str, Any] | None:
-        params = ctx.params
-        if not isinstance(params, Mapping) or not params.keys() <= _PARAMS:
+    def claim(self, params: Any, version: str, *, initialized: bool) -> Read | None:
+        """The read these `tools/call` params ask for, or None: the SDK's path takes the call."""
+        if not initialized or not isinstance(params, Mapping) or not params.keys() <= _PARAMS:
             return None  # input responses, request state, a task: the SDK's path knows them
         name = params.get("name")
         arguments = params.get("arguments")
@@ -92,18 +117,19 @@ class FastRead:
         meta = params.get("_meta")
         if isinstance(meta, Mapping) and ("progressToken" in meta or "progress_token" in meta):
             return None  # progress may be streamed: the SDK's path reports it
-        version = ctx.protocol_version
-        modern = version in MODERN_PROTOCOL_VERSIONS
-        if not modern and (ctx.request_id is None or not server_connection(ctx).initialize_accepted):
-            return None  # before the handshake the SDK answers with its own error
         try:
             methods.validate_client_request("tools/call", version, params)
         except (KeyError, ValueError, ValidationError):
             return None  # the SDK's path refuses it, with its own error
-        result = await front.proxy.barrier.read_json(front.session_for(ctx), name, dict(arguments))
-        if result is None:
-            return None
-        return self._for_client(result, version, modern)
+        tool = front.proxy.barrier.read_tool(name)
+        if tool is None:
+            return None  # a write, a held or unknown tool: the barrier's `call`
+        return Read(tool, dict(arguments), version, version in MODERN_PROTOCOL_VERSIONS)
+
+    async def run(self, read: Read, session: Session) -> dict[str, Any]:
+        """The read's result, shaped for its client's era."""
+        result = await self._front.proxy.barrier.read_json(session, read.tool, read.arguments)
+        return self._for_client(result, read.version, read.modern)
 
     def _for_client(self, result: dict[str, Any], version: str, modern: bool) -> dict[str, Any]:
         if _plain(result):
@@ -147,4 +173,4 @@ def _plain(result: dict[str, Any]) -> bool:
     )
 
 
-__all__ = ["FastRead", "install"]
+__all__ = ["FastRead", "Read", "install"]

@@ -116,7 +116,7 @@ class McpFront:
             on_read_resource=self._read_resource,
             on_subscriptions_listen=ListenHandler(self._bus),
         )
-        fast_read.install(self)  # reads skip the SDK's handler machinery (fast_read.py)
+        self.fast_read = fast_read.install(self)  # reads skip the SDK's handler machinery (fast_read.py)
 
     # -- sessions and notifications ----------------------------------------------------------
 

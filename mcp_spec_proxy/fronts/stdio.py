@@ -6,6 +6,8 @@ and 1 point elsewhere while serving (`sdk.claimed_stdio`). Unlike it:
 * the pipes are the event loop's own (asyncio pipe transports), not files read and written in
   worker threads: a message costs no thread hand-off either way; where stdin or stdout is not a
   pipe, socket or terminal (a regular file), worker threads serve it as before;
+* a client's read is taken off the wire before the SDK parses it (`_LeanReads`, the lean read
+  path of `fast_read.py`) and answered from the line it came in, past the SDK's dispatcher;
 * answers waiting together go out in one write;
 * a line that is not a valid JSON-RPC message is answered (`malformed_answer`: -32700 or
   -32600, with the request's id where one can be read) instead of leaving the client to wait
@@ -16,22 +18,28 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
-from typing import BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol, TypeGuard, cast
 
 import anyio
 import anyio.abc
 import mcp_types as types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from mcp.shared.inbound import InboundLadderRejection, classify_inbound_request
 from mcp.shared.message import SessionMessage
-from mcp_types import INVALID_REQUEST, PARSE_ERROR
+from mcp_types import INTERNAL_ERROR, INVALID_REQUEST, PARSE_ERROR, RequestId
 
+from mcp_spec_proxy.barrier import Session
+from mcp_spec_proxy.fronts.fast_read import FastRead, Read
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.sdk import claimed_stdio
+
+logger = logging.getLogger(__name__)
 
 MAX_LINE_BYTES = 64 * 1024 * 1024
 """The longest message a client may send on one line (and what the proxy buffers at most)."""
@@ -39,20 +47,130 @@ MAX_LINE_BYTES = 64 * 1024 * 1024
 
 async def serve_stdio(front: McpFront) -> None:
     """Serve one client on this process's stdin/stdout until it closes them."""
-    front.stdio_session = front.proxy.barrier.new_session()
+    front.stdio_session = session = front.proxy.barrier.new_session()
     with claimed_stdio() as (wire_in, wire_out):
         async with _open_wire(wire_in, wire_out) as wire:
             read_writer, read = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-            write, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(_read_messages, wire, read_writer, write)
-                async with anyio.create_task_group() as writing:
-                    writing.start_soon(_write_messages, wire, write_reader)
-                    try:
-                        await front.server.run(read, write, front.server.create_initialization_options())
-                    finally:
-                        write.close()  # the writer sends what is queued, then ends
-                tg.cancel_scope.cancel()
+            write, write_reader = anyio.create_memory_object_stream[SessionMessage | bytes](0)
+            lean = _LeanReads(front.fast_read, session, write)
+            async with anyio.create_task_group() as writing:
+                writing.start_soon(_write_messages, wire, write_reader, lean)
+                try:
+                    async with anyio.create_task_group() as reads:
+                        lean.tasks = reads
+                        reads.start_soon(_read_messages, wire, read_writer, write, lean)
+                        # The SDK's server sees a stream of its own messages; ours go beside them.
+                        server_write = cast(MemoryObjectSendStream[SessionMessage], write.clone())
+                        await front.server.run(read, server_write, front.server.create_initialization_options())
+                        # The reads still in flight answer before the writer ends.
+                finally:
+                    write.close()  # the writer sends what is queued, then ends
+
+
+class _LeanReads:
+    """Reads taken off the wire before the SDK parses anything (`fast_read.FastRead.claim`).
+
+    A line is taken when it is a well-formed `tools/call` request the lean path claims: of the
+    2026-07-28 era (its `_meta` envelope passes the SDK's own ladder), or of the handshake era
+    once this session's `initialize` was answered. Every other line goes to the SDK as before.
+    A taken read runs as its own task; `notifications/cancelled` naming it cancels it (the
+    backend is told, and no answer is sent, as the SDK does).
+    """
+
+    def __init__(
+        self,
+        fast: FastRead,
+        session: Session,
+        answers: MemoryObjectSendStream[SessionMessage | bytes],
+    ) -> None:
+        self._fast = fast
+        self._session = session
+        self._answers = answers
+        self.tasks: anyio.abc.TaskGroup | None = None  # where taken reads run, while the front serves
+        self._initialize: RequestId | None = None  # the handshake's request id, until answered
+        self.handshake: str | None = None  # the era negotiated, once `initialize` was answered
+        self._inflight: dict[RequestId, anyio.CancelScope] = {}
+
+    def take(self, line: bytes) -> bool:
+        """True when the lean path took this line (its answer will follow)."""
+        if self.tasks is None:
+            return False
+        if b'"tools/call"' not in line:
+            if b'"initialize"' in line or b"notifications/cancelled" in line:
+                self._observe(line)
+            return False
+        try:
+            data = json.loads(line)
+        except (ValueError, RecursionError):
+            return False
+        if not isinstance(data, dict) or data.keys() != _REQUEST_KEYS or data["jsonrpc"] != "2.0":
+            return False
+        request_id, params = data["id"], data["params"]
+        if data["method"] != "tools/call" or not _is_id(request_id) or request_id in self._inflight:
+            return False
+        if self.handshake is not None:
+            version = self.handshake
+        else:
+            route = classify_inbound_request(data)
+            if isinstance(route, InboundLadderRejection):
+                return False
+            version = route.protocol_version
+        read = self._fast.claim(params, version, initialized=True)
+        if read is None:
+            return False
+        scope = anyio.CancelScope()
+        self._inflight[request_id] = scope
+        self.tasks.start_soon(self._answer, request_id, read, scope)
+        return True
+
+    def answered(self, message: SessionMessage) -> None:
+        """The writer's view: the SDK answered `initialize`, so the handshake era is settled."""
+        if self._initialize is None:
+            return
+        sent = message.message
+        if isinstance(sent, types.JSONRPCResponse) and sent.id == self._initialize:
+            version = sent.result.get("protocolVersion")
+            self.handshake = version if isinstance(version, str) else None
+            self._initialize = None
+
+    def _observe(self, line: bytes) -> None:
+        try:
+            data = json.loads(line)
+        except (ValueError, RecursionError):
+            return
+        if not isinstance(data, dict):
+            return
+        if data.get("method") == "initialize" and _is_id(data.get("id")) and self.handshake is None:
+            self._initialize = data["id"]
+        elif data.get("method") == "notifications/cancelled":
+            params = data.get("params")
+            request_id = params.get("requestId") if isinstance(params, dict) else None
+            scope = self._inflight.get(request_id) if _is_id(request_id) else None
+            if scope is not None:
+                scope.cancel()
+
+    async def _answer(self, request_id: RequestId, read: Read, scope: anyio.CancelScope) -> None:
+        answer: dict[str, Any] | None = None
+        try:
+            with scope:
+                try:
+                    answer = {"jsonrpc": "2.0", "id": request_id, "result": await self._fast.run(read, self._session)}
+                except Exception:  # boundary: a fault of ours is this call's error, never the front's end
+                    logger.exception("lean read of %s failed", read.tool.name)
+                    error = {"code": INTERNAL_ERROR, "message": "internal error"}
+                    answer = {"jsonrpc": "2.0", "id": request_id, "error": error}
+        finally:
+            self._inflight.pop(request_id, None)
+        if answer is not None:
+            with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+                await self._answers.send(json.dumps(answer, separators=(",", ":")).encode() + b"\n")
+
+
+_REQUEST_KEYS = frozenset({"jsonrpc", "id", "method", "params"})
+
+
+def _is_id(value: Any) -> TypeGuard[RequestId]:
+    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
 
 class _Wire(Protocol):
@@ -144,10 +262,13 @@ def _blocking(*files: BinaryIO) -> None:
 async def _read_messages(
     wire: _Wire,
     messages: MemoryObjectSendStream[SessionMessage | Exception],
-    answers: MemoryObjectSendStream[SessionMessage],
+    answers: MemoryObjectSendStream[SessionMessage | bytes],
+    lean: _LeanReads,
 ) -> None:
     async with messages:
         while line := await wire.readline():
+            if lean.take(line):
+                continue
             if line is _TOO_LONG:
                 too_long = _invalid(None, f"Invalid Request: a message over {MAX_LINE_BYTES} bytes")
                 await answers.send(SessionMessage(too_long))
@@ -163,9 +284,13 @@ async def _read_messages(
             await messages.send(SessionMessage(message))
 
 
-async def _write_messages(wire: _Wire, messages: MemoryObjectReceiveStream[SessionMessage]) -> None:
+async def _write_messages(
+    wire: _Wire, messages: MemoryObjectReceiveStream[SessionMessage | bytes], lean: _LeanReads
+) -> None:
     async with messages:
         async for message in messages:
+            if lean.handshake is None and isinstance(message, SessionMessage):
+                lean.answered(message)
             chunks = [_encode(message)]
             while True:  # whatever else is ready goes out in the same write
                 try:
@@ -178,7 +303,9 @@ async def _write_messages(wire: _Wire, messages: MemoryObjectReceiveStream[Sessi
                 return
 
 
-def _encode(message: SessionMessage) -> bytes:
+def _encode(message: SessionMessage | bytes) -> bytes:
+    if isinstance(message, bytes):
+        return message  # a lean read's answer, encoded where it was made
     return message.message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
 
 
