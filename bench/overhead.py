@@ -11,6 +11,7 @@ Sequential `tools/call` of a trivial read-only tool, to these targets:
     ours-http     mcp-spec-proxy serving streamable HTTP (`--http`) on 127.0.0.1
     fastmcp       fastmcp 4.x's proxy (bench/fastmcp_proxy.py), stdio   } when .bench/fastmcp exists
     fastmcp-http  the same over streamable HTTP                         } (`--install-fastmcp`)
+    ours-asyncio  ours over stdio on asyncio's own loop (bench/no_uvloop.py), with `--uvloop-ab`
 
 for two backends (mcp-server-time, a 2026-07-28-era Python server, and the npm filesystem
 server, handshake era only) and both client protocol eras (`mode="legacy"`, `mode="2026-07-28"`).
@@ -60,7 +61,7 @@ FASTMCP_PYTHON = FASTMCP_VENV / "bin" / "python"
 FASTMCP_SPEC = "fastmcp==4.2.3"
 
 ERAS = ("legacy", "2026-07-28")
-PROXIES = ("bare", "ours", "bare-http", "ours-http", "fastmcp", "fastmcp-http")
+PROXIES = ("bare", "ours", "bare-http", "ours-http", "fastmcp", "fastmcp-http", "ours-asyncio")
 BLOCK = 10
 TARGET_RATIO = 1.0
 STARTUP_S = 60.0
@@ -98,7 +99,13 @@ class Row:
 
     def ratios(self) -> list[tuple[str, str, float]]:
         """(ours, other, ours/other at p50) for each other proxy measured on the same transport."""
-        pairs = [("ours", "bare"), ("ours-http", "bare-http"), ("ours", "fastmcp"), ("ours-http", "fastmcp-http")]
+        pairs = [
+            ("ours", "bare"),
+            ("ours-http", "bare-http"),
+            ("ours", "fastmcp"),
+            ("ours-http", "fastmcp-http"),
+            ("ours", "ours-asyncio"),
+        ]
         return [(a, b, self.ratio(a, b)) for a, b in pairs if a in self.samples and b in self.samples]
 
 
@@ -157,7 +164,10 @@ def spawn_argv(target: str, backend: Backend, tmp: Path, port: int | None = None
     config.write_text("\n".join(lines) + "\n")
     state = tmp / f"state-{backend.name}-{target}"
     serve = ["--http", f"127.0.0.1:{port}"] if port is not None else []
-    return [str(VENV_BIN / "mcp-spec-proxy"), "--config", str(config), "--state-dir", str(state), *serve]
+    command = [str(VENV_BIN / "mcp-spec-proxy")]
+    if target == "ours-asyncio":
+        command = [sys.executable, str(REPO / "bench" / "no_uvloop.py")]
+    return [*command, "--config", str(config), "--state-dir", str(state), *serve]
 
 
 def free_port() -> int:
@@ -260,7 +270,8 @@ def report(rows: list[Row], args: argparse.Namespace, machine: str, load: tuple[
             )
         for ours, other, ratio in row.ratios():
             verdict = "within" if ratio <= TARGET_RATIO else "ABOVE"
-            print(f"  {ours}/{other} overhead at p50: {ratio:.2f}x ({verdict} the {TARGET_RATIO}x target)")
+            target = f" ({verdict} the {TARGET_RATIO}x target)" if other.startswith("bare") else ""
+            print(f"  {ours}/{other} overhead at p50: {ratio:.2f}x{target}")
     proxies = [t for t in PROXIES if t in rows[0].targets]
     pairs = [f"{a} / {b}" for a, b, _ in rows[0].ratios()]
     print(
@@ -308,6 +319,9 @@ def main() -> int:
     )
     parser.add_argument("--no-http", action="store_true", help="measure the stdio targets only")
     parser.add_argument("--no-fastmcp", action="store_true", help="leave fastmcp out even where it is installed")
+    parser.add_argument(
+        "--uvloop-ab", action="store_true", help="also measure ours on asyncio's own loop (ours-asyncio)"
+    )
     parser.add_argument("--block", type=int, default=BLOCK, help=f"calls per target per block (default {BLOCK})")
     args = parser.parse_args()
     if args.calls < 2:
@@ -321,6 +335,8 @@ def main() -> int:
         targets += ["fastmcp"] + ([] if args.no_http else ["fastmcp-http"])
     else:
         print(f"fastmcp: not measured ({FASTMCP_VENV} is missing; add --install-fastmcp)", file=sys.stderr)
+    if args.uvloop_ab:
+        targets.append("ours-asyncio")
     machine = machine_line()
     load_before = load_average()
     started = time.perf_counter()
