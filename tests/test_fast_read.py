@@ -267,3 +267,21 @@ async def test_a_legacy_call_before_the_handshake_gets_the_sdk_answer(tmp_path: 
         await process.stdin.aclose()
     assert answer["id"] == 1 and "error" in answer and "result" not in answer
     assert audit_events(tmp_path / "state") == []  # nothing reached the backend
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_concurrent_reads_each_get_their_own_answer(tmp_path: Path, mode: str) -> None:
+    # Many reads in flight at once share the backend's stdin (written together when they queue)
+    # and its stdout: each answer must reach the call that asked, whatever the order.
+    results: dict[int, str] = {}
+    async with spawned(config(tmp_path / "rec"), tmp_path, mode=mode) as client:
+
+        async def echo(n: int) -> None:
+            results[n] = text_of(await client.call_tool("toy__echo", {"text": f"call {n}"}))
+
+        async with anyio.create_task_group() as tg:
+            for n in range(40):
+                tg.start_soon(echo, n)
+    assert results == {n: f"call {n}" for n in range(40)}
+    reads = [e for e in audit_events(tmp_path / "state") if e["event"] == "read"]
+    assert len(reads) == 40
