@@ -112,6 +112,23 @@ async def test_tool_with_a_changed_definition_is_held_not_read(tmp_path: Path, m
     assert [e["tool"] for e in held] == ["toy__echo"]
 
 
+@pytest.mark.parametrize("mode", ERAS)
+async def test_tool_added_after_the_first_listing_is_held_not_read(tmp_path: Path, mode: str) -> None:
+    record = tmp_path / "rec"
+    async with proxied(config(record), tmp_path / "state", mode=mode) as p:
+        await p.client.call_tool("toy__add_tool", {})
+        for _ in range(200):  # the refresh lands once the backend's list_changed is handled
+            if any(tool.name == "toy__extra" for tool in (await p.client.list_tools()).tools):
+                break
+        assert p.proxy.catalog.lookup("toy__extra").reason == "new-tool"  # annotated read-only, yet held
+        async with spied(p) as seen:
+            result = await p.client.call_tool("toy__extra", {"intent": "test"})
+    assert result.is_error and "Blocked at the write barrier" in text_of(result)
+    assert seen == {"fast": [], "model": []}
+    held = [e["tool"] for e in audit_events(tmp_path / "state") if e["event"] == "held"]
+    assert held == ["toy__extra"]
+
+
 async def test_own_tools_never_take_the_fast_path(tmp_path: Path) -> None:
     async with ScriptedModelServer(Respond(lambda request: "Nothing to do.")) as model:
         cfg = config(tmp_path / "rec")
