@@ -302,3 +302,25 @@ async def test_concurrent_reads_each_get_their_own_answer(tmp_path: Path, mode: 
     assert results == {n: f"call {n}" for n in range(40)}
     reads = [e for e in audit_events(tmp_path / "state") if e["event"] == "read"]
     assert len(reads) == 40
+
+
+def test_stdio_front_serves_regular_files_too(tmp_path: Path) -> None:
+    # Pipe transports cannot serve a regular file (uvloop would abort the process on one): a
+    # front whose stdin and stdout are files falls back to reading and writing in threads.
+    cfg = tmp_path / "servers.yaml"
+    cfg.write_text(yaml.safe_dump(config(tmp_path / "rec")))
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    }
+    requests, answers = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    requests.write_text(json.dumps(initialize) + "\nnot json\n")
+    argv = [PROXY_COMMAND, "--config", str(cfg), "--state-dir", str(tmp_path / "state"), "--log-level", "WARNING"]
+    with requests.open("rb") as stdin, answers.open("wb") as stdout:
+        done = subprocess.run(argv, stdin=stdin, stdout=stdout, stderr=subprocess.PIPE, timeout=60)
+    assert done.returncode == 0, done.stderr
+    by_id = {line["id"]: line for line in map(json.loads, answers.read_text().splitlines())}
+    assert set(by_id) == {1, None}  # each answered, in whichever order they were done
+    assert "serverInfo" in by_id[1]["result"] and by_id[None]["error"]["code"] == -32700

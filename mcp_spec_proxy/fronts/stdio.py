@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import re
+import stat
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
@@ -226,23 +227,20 @@ _TOO_LONG = b"\0too long\n"  # never a line of JSON: stands for one that was ski
 
 @asynccontextmanager
 async def _open_wire(wire_in: BinaryIO, wire_out: BinaryIO) -> AsyncIterator[_Wire]:
-    if wire_in is sys.stdin.buffer or wire_out is sys.stdout.buffer:
-        yield _ThreadWire(wire_in, wire_out)  # not our own duplicates: the transports would close them
+    if wire_in is sys.stdin.buffer or wire_out is sys.stdout.buffer or not (_pipe(wire_in) and _pipe(wire_out)):
+        # Not our own duplicates (the transports would close them), or a regular file, which pipe
+        # transports cannot serve (uvloop aborts the process on one instead of refusing it).
+        yield _ThreadWire(wire_in, wire_out)
         return
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=MAX_LINE_BYTES, loop=loop)
-    try:
-        read_transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), wire_in)
-    except ValueError:  # not a pipe, socket or terminal
-        yield _ThreadWire(wire_in, wire_out)
-        return
+    read_transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), wire_in)
     try:
         write_transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, wire_out)
-    except ValueError:
+    except BaseException:
         read_transport.close()
         _blocking(wire_in)
-        yield _ThreadWire(wire_in, wire_out)
-        return
+        raise
     writer = asyncio.StreamWriter(write_transport, protocol, None, loop)
     try:
         yield _LoopWire(reader, writer)
@@ -250,6 +248,15 @@ async def _open_wire(wire_in: BinaryIO, wire_out: BinaryIO) -> AsyncIterator[_Wi
         read_transport.close()
         write_transport.close()  # what is still buffered is written first
         _blocking(wire_in, wire_out)
+
+
+def _pipe(file: BinaryIO) -> bool:
+    """Whether `file` is a pipe, a socket or a terminal: what the loop's pipe transports serve."""
+    try:
+        mode = os.fstat(file.fileno()).st_mode
+    except (OSError, ValueError):
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode)
 
 
 def _blocking(*files: BinaryIO) -> None:
