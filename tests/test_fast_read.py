@@ -305,8 +305,8 @@ async def test_concurrent_reads_each_get_their_own_answer(tmp_path: Path, mode: 
 
 
 def test_stdio_front_serves_regular_files_too(tmp_path: Path) -> None:
-    # Pipe transports cannot serve a regular file (uvloop would abort the process on one): a
-    # front whose stdin and stdout are files falls back to reading and writing in threads.
+    # Pipe transports cannot serve a regular file or /dev/null (uvloop would abort the process on
+    # one): a front whose stdin and stdout are such falls back to reading and writing in threads.
     cfg = tmp_path / "servers.yaml"
     cfg.write_text(yaml.safe_dump(config(tmp_path / "rec")))
     initialize = {
@@ -324,3 +324,6 @@ def test_stdio_front_serves_regular_files_too(tmp_path: Path) -> None:
     by_id = {line["id"]: line for line in map(json.loads, answers.read_text().splitlines())}
     assert set(by_id) == {1, None}  # each answered, in whichever order they were done
     assert "serverInfo" in by_id[1]["result"] and by_id[None]["error"]["code"] == -32700
+    # A device it cannot poll: the client is gone at once, and the proxy ends cleanly.
+    done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60)
+    assert done.returncode == 0, done.stderr

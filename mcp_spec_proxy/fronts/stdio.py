@@ -5,7 +5,7 @@ and 1 point elsewhere while serving (`sdk.claimed_stdio`). Unlike it:
 
 * the pipes are the event loop's own (asyncio pipe transports), not files read and written in
   worker threads: a message costs no thread hand-off either way; where stdin or stdout is not a
-  pipe, socket or terminal (a regular file), worker threads serve it as before;
+  pipe or socket (a regular file, a terminal, /dev/null), worker threads serve it as before;
 * a client's read is taken off the wire before the SDK parses it (`_LeanReads`, the lean read
   path of `fast_read.py`) and answered from the line it came in, past the SDK's dispatcher;
 * answers waiting together go out in one write;
@@ -228,8 +228,8 @@ _TOO_LONG = b"\0too long\n"  # never a line of JSON: stands for one that was ski
 @asynccontextmanager
 async def _open_wire(wire_in: BinaryIO, wire_out: BinaryIO) -> AsyncIterator[_Wire]:
     if wire_in is sys.stdin.buffer or wire_out is sys.stdout.buffer or not (_pipe(wire_in) and _pipe(wire_out)):
-        # Not our own duplicates (the transports would close them), or a regular file, which pipe
-        # transports cannot serve (uvloop aborts the process on one instead of refusing it).
+        # Not our own duplicates (the transports would close them), or not a pipe or socket, which
+        # pipe transports cannot always serve (uvloop aborts the process on one instead of refusing it).
         yield _ThreadWire(wire_in, wire_out)
         return
     loop = asyncio.get_running_loop()
@@ -251,12 +251,13 @@ async def _open_wire(wire_in: BinaryIO, wire_out: BinaryIO) -> AsyncIterator[_Wi
 
 
 def _pipe(file: BinaryIO) -> bool:
-    """Whether `file` is a pipe, a socket or a terminal: what the loop's pipe transports serve."""
+    """Whether `file` is a pipe or a socket: what the loop's pipe transports serve for certain
+    (a regular file or a device like /dev/null they cannot poll, and uvloop aborts on one)."""
     try:
         mode = os.fstat(file.fileno()).st_mode
     except (OSError, ValueError):
         return False
-    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode)
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
 def _blocking(*files: BinaryIO) -> None:
