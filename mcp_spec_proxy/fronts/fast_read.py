@@ -11,7 +11,7 @@ stdio front goes one step further and takes such a call off the wire before the 
 
 Everything else takes the SDK's path, unchanged: another method, an own tool, a call with a
 progress token (it may stream), a modern retry carrying input responses, a legacy call before
-the handshake, a request the SDK's own check refuses, and every call `Barrier.read_json`
+the handshake, a request the SDK's own check refuses, and every call `Barrier.read_tool`
 declines — a write, an unknown tool, a tool held for its new or changed definition.
 
 What goes out: a result of the plain shape (text blocks, a boolean `isError`, an object of
