@@ -1,10 +1,11 @@
 """The baseline for bench/overhead.py: a bare pass-through MCP proxy on the `mcp` SDK alone.
 
-    python bench/bare_proxy.py -- <command> <args...>
+    python bench/bare_proxy.py [--http PORT] -- <command> <args...>
 
-Connects to ONE stdio backend (`mode="auto"`: whichever era it speaks) and serves it over stdio
-with the SDK's low-level `Server`, forwarding tools/list and tools/call as they come: no
-namespacing, no catalog, no validation, no review. What a hop costs when it does nothing else.
+Connects to ONE stdio backend (`mode="auto"`: whichever era it speaks) and serves it with the
+SDK's low-level `Server`, over stdio or (with `--http`) streamable HTTP on 127.0.0.1:PORT/mcp,
+forwarding tools/list and tools/call as they come: no namespacing, no catalog, no validation,
+no review. What a hop costs when it does nothing else.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ from typing import Any
 
 import anyio
 import mcp_types as types
+import uvicorn
 from mcp import Client, StdioServerParameters
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
 
-async def serve(argv: list[str]) -> None:
+async def serve(argv: list[str], port: int | None) -> None:
     params = StdioServerParameters(command=argv[0], args=argv[1:])
     async with Client(params, mode="auto") as backend:
 
@@ -35,17 +37,25 @@ async def serve(argv: list[str]) -> None:
             return await backend.call_tool(params.name, params.arguments)
 
         server: Server[Any] = Server("bare-proxy", on_list_tools=list_tools, on_call_tool=call_tool)
+        if port is not None:
+            app = server.streamable_http_app(host="127.0.0.1")
+            config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+            await uvicorn.Server(config).serve()
+            return
         async with stdio_server() as (read, write):
             await server.run(read, write, server.create_initialization_options())
 
 
 def main() -> None:
     argv = sys.argv[1:]
+    port = None
+    if argv[:1] == ["--http"]:
+        port, argv = int(argv[1]), argv[2:]
     if argv[:1] == ["--"]:
         argv = argv[1:]
     if not argv:
-        sys.exit("usage: bare_proxy.py -- <command> <args...>")
-    anyio.run(serve, argv)
+        sys.exit("usage: bare_proxy.py [--http PORT] -- <command> <args...>")
+    anyio.run(serve, argv, port)
 
 
 if __name__ == "__main__":

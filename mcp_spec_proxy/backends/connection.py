@@ -30,13 +30,15 @@ from mcp.client.session import IncomingMessage
 from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
 from mcp.server import Server
 from mcp.shared.dispatcher import ProgressFnT
-from mcp_types import CONNECTION_CLOSED, METHOD_NOT_FOUND, REQUEST_TIMEOUT
+from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, METHOD_NOT_FOUND, REQUEST_TIMEOUT
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from mcp_spec_proxy.backends.raw import RawCalls, json_size, tool_result
 from mcp_spec_proxy.backends.stdio import RESULT_TOO_LARGE
 from mcp_spec_proxy.backends.transports import WatchedTransport, open_transport
 from mcp_spec_proxy.config import ServerConfig
 from mcp_spec_proxy.errors import BackendError, BackendTimeout, BackendUnavailable, ResultTooLarge
+from mcp_spec_proxy.sdk import stamp_request
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +78,7 @@ class Backend:
         self._log_dir = log_dir
         self._in_process = in_process  # the in-memory twin: tests hand a Server instead of a command
         self._client: Client | None = None
+        self._raw: RawCalls | None = None  # the fast path's channel while a stdio connection is up
         self._wake = anyio.Event()  # set by a list_changed notification or the end of the stream
         self.connected = anyio.Event()
         self.first_attempt = anyio.Event()  # set once the first connect has succeeded or failed
@@ -104,6 +107,41 @@ class Backend:
         except MCPError as exc:
             raise self._translate(exc, f"tools/call {tool}") from exc
         size = result_size(result)
+        if size > self.config.max_result_bytes:
+            raise self._too_large(tool, f"{size / 1e6:.1f} MB")
+        return result
+
+    async def call_tool_json(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """A read's result as wire JSON, for the fast path: written and read past the SDK client
+        where the transport allows (`backends/raw.py`), through it elsewhere. Same timeout, size
+        bound and errors as `call_tool`; a result of another shape is the backend's error."""
+        client = self.client
+        raw = self._raw
+        if raw is None or not raw.open:
+            dumped: dict[str, Any] = (await self.call_tool(tool, arguments)).model_dump(
+                by_alias=True, mode="json", exclude_none=True
+            )
+            return dumped
+        request: dict[str, Any] = {"method": "tools/call", "params": {"name": tool, "arguments": arguments}}
+        stamp_request(client, request)
+        request["jsonrpc"] = "2.0"
+        try:
+            with anyio.fail_after(self.config.timeout):
+                answer = await raw.request(request)
+        except TimeoutError:
+            why = f"did not answer tools/call {tool} within {self.config.timeout:g}s (timeout)"
+            raise BackendTimeout(self.name, why) from None
+        if answer is None:
+            raise BackendUnavailable(self.name, f"went away during tools/call {tool}; it is being restarted")
+        error = answer.get("error")
+        if error is not None:
+            code, message = (error.get("code"), error.get("message")) if isinstance(error, dict) else (None, None)
+            code = code if isinstance(code, int) else INTERNAL_ERROR
+            raise self._translate(MCPError(code, str(message or "error")), f"tools/call {tool}")
+        result = tool_result(answer.get("result"))
+        if result is None:
+            raise BackendError(self.name, f"answered tools/call {tool} with something that is not a tool result")
+        size = json_size(result)
         if size > self.config.max_result_bytes:
             raise self._too_large(tool, f"{size / 1e6:.1f} MB")
         return result
@@ -187,6 +225,7 @@ class Backend:
     async def _serve(self, client: Client, transport: WatchedTransport | None, listing: Listing) -> None:
         """Publish the listing, then keep it fresh until the connection ends."""
         self._client = client
+        self._raw = transport.raw if transport is not None else None
         self.status = "connected"
         self.last_error = None
         self.connected.set()
@@ -222,6 +261,7 @@ class Backend:
                     await self._on_listing(self.name, listing)
         finally:
             self._client = None
+            self._raw = None
             self.connected = anyio.Event()
             with anyio.CancelScope(shield=True):
                 await self._on_listing(self.name, None)

@@ -5,6 +5,10 @@ shutdown: close stdin, wait, terminate the tree, kill), with its own stdout read
 split in linear time, and a line longer than `max_line_bytes` is never held in memory. It is
 skipped to its end, and if its first bytes name a request id, that request is answered with a
 `RESULT_TOO_LARGE` error so the caller learns why instead of waiting out its timeout.
+
+Messages waiting for stdin go out together, one write for all of them, and with `raw` the same
+pipes carry the fast path's reads (`raw.RawCalls`): its lines are written beside the SDK's, and
+the reader hands their answers back to it before the SDK parses anything.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncGenerator, Callable
 from contextlib import asynccontextmanager
-from typing import TextIO
+from typing import Any, TextIO, cast
 
 import anyio
 import mcp_types as types
@@ -20,6 +24,7 @@ from mcp import StdioServerParameters
 from mcp.client.stdio import get_default_environment
 from mcp.shared.message import SessionMessage
 
+from mcp_spec_proxy.backends.raw import RawCalls
 from mcp_spec_proxy.sdk import (  # the SDK's own spawn and shutdown, so both behave the same
     TransportStreams,
     create_platform_compatible_process,
@@ -41,9 +46,11 @@ async def bounded_stdio_client(
     errlog: TextIO,
     max_line_bytes: int,
     on_exit: Callable[[int | None], None] | None = None,
+    raw: RawCalls | None = None,
 ) -> AsyncGenerator[TransportStreams, None]:
     """`on_exit` hears the process's exit status once it is stopped (or found dead): the
-    supervisor names it when a server exits during its handshake."""
+    supervisor names it when a server exits during its handshake. `raw` is attached to these
+    pipes while they are open."""
     process = await create_platform_compatible_process(
         command=server.command,
         args=server.args,
@@ -52,10 +59,13 @@ async def bounded_stdio_client(
         cwd=server.cwd,
     )
     read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-    write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
+    # The SDK sends its messages; the fast path sends lines it encoded itself.
+    write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage | bytes](0)
     writer_done = anyio.Event()
 
     async def deliver(line: bytes) -> None:
+        if raw is not None and raw.answer(line):
+            return
         if line.strip():
             await read_writer.send(parse_line(line.decode(server.encoding, server.encoding_error_handler)))
 
@@ -63,8 +73,8 @@ async def bounded_stdio_client(
         found = _ID.search(head)
         if found is None:
             return  # a notification, or no id in sight: dropping it is all we can do
-        raw = found.group(1)
-        request_id: int | str = int(raw) if raw[:1] != b'"' else raw[1:-1].decode(errors="replace")
+        named = found.group(1)
+        request_id: int | str = int(named) if named[:1] != b'"' else named[1:-1].decode(errors="replace")
         error = types.JSONRPCError(
             jsonrpc="2.0",
             id=request_id,
@@ -72,6 +82,8 @@ async def bounded_stdio_client(
                 code=RESULT_TOO_LARGE, message=f"response of {size} bytes is over the {max_line_bytes}-byte bound"
             ),
         )
+        if raw is not None and raw.answer(error.model_dump_json(by_alias=True, exclude_none=True).encode()):
+            return  # it answered one of the fast path's reads
         await read_writer.send(SessionMessage(error))
 
     async def stdout_reader() -> None:
@@ -101,6 +113,8 @@ async def bounded_stdio_client(
                             skipping = (bytes(buffer[:512]), len(buffer))
                             buffer.clear()
                 finally:
+                    if raw is not None:
+                        raw.detach()  # no answer can come now
                     await drain_stdout(process)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError):
             pass  # the session or the process went away; the read stream's end tells the session
@@ -110,19 +124,38 @@ async def bounded_stdio_client(
         try:
             async with write_reader:
                 async for message in write_reader:
-                    data = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
-                    await process.stdin.send(data.encode(server.encoding, server.encoding_error_handler))
+                    # Whatever else is already waiting goes out in the same write: one system call.
+                    chunks = [encode(message)]
+                    while True:
+                        try:
+                            chunks.append(encode(write_reader.receive_nowait()))
+                        except (anyio.WouldBlock, anyio.EndOfStream):
+                            break
+                    await process.stdin.send(b"".join(chunks))
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             await read_writer.aclose()
         finally:
             writer_done.set()
 
+    def encode(message: SessionMessage | bytes) -> bytes:
+        if isinstance(message, bytes):
+            return message
+        data = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
+        return data.encode(server.encoding, server.encoding_error_handler)
+
+    async def send_line(line: bytes) -> None:
+        await write_stream.send(line)
+
     async with anyio.create_task_group() as tg:
         tg.start_soon(stdout_reader)
         tg.start_soon(stdin_writer)
+        if raw is not None:
+            raw.attach(send_line)
         try:
-            yield read_stream, write_stream
+            yield read_stream, cast(Any, write_stream)  # the SDK sees a stream of SessionMessage
         finally:
+            if raw is not None:
+                raw.detach()
             with anyio.CancelScope(shield=True):
                 read_stream.close()
                 write_stream.close()

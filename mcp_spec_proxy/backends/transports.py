@@ -4,7 +4,7 @@
 to: stdio parameters, a streamable HTTP transport with the configured headers, or an SSE
 transport. The read side is wrapped so the supervisor learns the moment a backend's stream
 ends (a stdio server that exited, an HTTP session that was dropped) instead of discovering it
-on the next call.
+on the next call. A stdio transport also carries the fast path's reads (`WatchedTransport.raw`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.message import SessionMessage
 
+from mcp_spec_proxy.backends.raw import RawCalls
 from mcp_spec_proxy.backends.stdio import bounded_stdio_client
 from mcp_spec_proxy.config import ServerConfig
 from mcp_spec_proxy.errors import BackendError
@@ -94,11 +95,13 @@ class _WatchedReadStream:
 
 
 class WatchedTransport:
-    """A `Transport` whose `ended` event fires when the backend stops talking."""
+    """A `Transport` whose `ended` event fires when the backend stops talking; `raw` is the fast
+    path's channel on the same connection where the transport has one (stdio)."""
 
-    def __init__(self, inner: Transport, on_end: Callable[[], None]) -> None:
+    def __init__(self, inner: Transport, on_end: Callable[[], None], raw: RawCalls | None = None) -> None:
         self._inner = inner
         self.ended = _EndSignal(on_end)
+        self.raw = raw
 
     async def __aenter__(self) -> TransportStreams:
         read, write = await self._inner.__aenter__()
@@ -157,7 +160,8 @@ def open_transport(
         )
         # A margin over the result cap for the JSON-RPC envelope and escaping.
         bound = int(config.max_result_bytes * 1.5) + 65_536
-        return WatchedTransport(bounded_stdio_client(params, errlog, bound, on_exit), on_end)
+        raw = RawCalls()
+        return WatchedTransport(bounded_stdio_client(params, errlog, bound, on_exit, raw), on_end, raw)
     assert config.url is not None
     if config.transport == "sse":
         return WatchedTransport(sse_client(config.url, headers=config.headers or None), on_end)

@@ -8,6 +8,7 @@ task groups, into a one-line CLI error.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import signal
@@ -185,9 +186,10 @@ def token_from_env(token_env: str | None) -> str | None:
 
 
 def run_loop(main: Callable[[], Awaitable[T]]) -> T:
-    """Run the event loop; a ProxyError, however deep in task groups, becomes a clean CLI error."""
+    """Run the event loop (uvloop's where it is installed: the `fast` extra); a ProxyError,
+    however deep in task groups, becomes a clean CLI error."""
     try:
-        return anyio.run(main)
+        return anyio.run(main, backend_options={"use_uvloop": importlib.util.find_spec("uvloop") is not None})
     except KeyboardInterrupt:
         raise SystemExit(130) from None
     except BaseException as exc:

@@ -50,6 +50,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from mcp_spec_proxy.barrier import Report, Session
 from mcp_spec_proxy.catalog import digest
 from mcp_spec_proxy.errors import ProxyError, StateError, ToolNotFound
+from mcp_spec_proxy.fronts import fast_read
 from mcp_spec_proxy.fronts.own_tools import OwnTools
 from mcp_spec_proxy.proxy import Proxy
 from mcp_spec_proxy.review import InputNeeded
@@ -114,6 +115,7 @@ class McpFront:
             on_read_resource=self._read_resource,
             on_subscriptions_listen=ListenHandler(self._bus),
         )
+        self.fast_read = fast_read.install(self)  # reads skip the SDK's handler machinery (fast_read.py)
 
     # -- sessions and notifications ----------------------------------------------------------
 

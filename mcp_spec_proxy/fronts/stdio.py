@@ -1,99 +1,326 @@
 """The MCP front over stdio: one client on this process's stdin and stdout, one session.
 
 `serve_stdio(front)` serves until the client closes stdin. As the SDK's stdio server does, fd 0
-and 1 point elsewhere while serving (`sdk.claimed_stdio`). Unlike it, a line that is not a valid
-JSON-RPC message is answered (`malformed_answer`: -32700 or -32600, with the request's id where
-one can be read) instead of leaving the client to wait forever on that id.
+and 1 point elsewhere while serving (`sdk.claimed_stdio`). Unlike it:
+
+* the pipes are the event loop's own (asyncio pipe transports), not files read and written in
+  worker threads: a message costs no thread hand-off either way; where stdin or stdout is not a
+  pipe or socket (a regular file, a terminal, /dev/null), worker threads serve it as before;
+* a client's read is taken off the wire before the SDK parses it (`_LeanReads`, the lean read
+  path of `fast_read.py`) and answered from the line it came in, past the SDK's dispatcher;
+* answers waiting together go out in one write;
+* a line that is not a valid JSON-RPC message is answered (`malformed_answer`: -32700 or
+  -32600, with the request's id where one can be read) instead of leaving the client to wait
+  forever on that id; a line over `MAX_LINE_BYTES` is answered -32600 and skipped.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import os
 import re
-from collections import deque
+import stat
+import sys
 from collections.abc import AsyncIterator
-from typing import Any, cast
+from contextlib import asynccontextmanager, suppress
+from typing import Any, BinaryIO, Protocol, TypeGuard, cast
 
 import anyio
+import anyio.abc
 import mcp_types as types
-from mcp.server.stdio import stdio_server
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from mcp.shared.inbound import InboundLadderRejection, classify_inbound_request
 from mcp.shared.message import SessionMessage
-from mcp_types import INVALID_REQUEST, PARSE_ERROR
+from mcp_types import INTERNAL_ERROR, INVALID_REQUEST, PARSE_ERROR, RequestId
 
+from mcp_spec_proxy.barrier import Session
+from mcp_spec_proxy.fronts.fast_read import FastRead, Read
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.sdk import claimed_stdio
 
+logger = logging.getLogger(__name__)
+
+MAX_LINE_BYTES = 64 * 1024 * 1024
+"""The longest message a client may send on one line (and what the proxy buffers at most)."""
+
 
 async def serve_stdio(front: McpFront) -> None:
-    """Serve one client on this process's stdin/stdout until it closes them.
-
-    As the SDK's stdio server does, fd 0 and 1 point elsewhere while serving (stray prints and
-    children cannot touch the wire). Unlike it, a line that is not a valid message is answered
-    (JSON-RPC 2.0: -32700 or -32600, with the request's id where one can be read) instead of
-    leaving the client to wait forever on that id.
-    """
-    front.stdio_session = front.proxy.barrier.new_session()
+    """Serve one client on this process's stdin/stdout until it closes them."""
+    front.stdio_session = session = front.proxy.barrier.new_session()
     with claimed_stdio() as (wire_in, wire_out):
-        lines = _RecordedLines(anyio.wrap_file(wire_in))
-        async with stdio_server(stdin=cast(Any, lines), stdout=anyio.wrap_file(wire_out)) as (read, write):
-            answering = _AnswerMalformed(read, write, lines.taken)
-            await front.server.run(answering, write, front.server.create_initialization_options())
+        async with _open_wire(wire_in, wire_out) as wire:
+            read_writer, read = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+            write, write_reader = anyio.create_memory_object_stream[SessionMessage | bytes](0)
+            lean = _LeanReads(front.fast_read, session, write)
+            async with anyio.create_task_group() as writing:
+                writing.start_soon(_write_messages, wire, write_reader, lean)
+                try:
+                    async with anyio.create_task_group() as reads:
+                        lean.tasks = reads
+                        reads.start_soon(_read_messages, wire, read_writer, write, lean)
+                        # The SDK's server sees a stream of its own messages; ours go beside them.
+                        server_write = cast(MemoryObjectSendStream[SessionMessage], write.clone())
+                        await front.server.run(read, server_write, front.server.create_initialization_options())
+                        # The reads still in flight answer before the writer ends.
+                finally:
+                    write.close()  # the writer sends what is queued, then ends
 
 
-class _RecordedLines:
-    """Lines of stdin as the SDK reads them, kept until the matching message is taken."""
+class _LeanReads:
+    """Reads taken off the wire before the SDK parses anything (`fast_read.FastRead.claim`).
 
-    def __init__(self, file: anyio.AsyncFile[str]) -> None:
-        self._file = file
-        self.taken: deque[str] = deque()
+    A line is taken when it is a well-formed `tools/call` request the lean path claims: of the
+    2026-07-28 era (its `_meta` envelope passes the SDK's own ladder), or of the handshake era
+    once this session's `initialize` was answered. Every other line goes to the SDK as before.
+    A taken read runs as its own task; `notifications/cancelled` naming it cancels it (the
+    backend is told, and no answer is sent, as the SDK does).
+    """
 
-    def __aiter__(self) -> AsyncIterator[str]:
-        return self._lines()
+    def __init__(
+        self,
+        fast: FastRead,
+        session: Session,
+        answers: MemoryObjectSendStream[SessionMessage | bytes],
+    ) -> None:
+        self._fast = fast
+        self._session = session
+        self._answers = answers
+        self.tasks: anyio.abc.TaskGroup | None = None  # where taken reads run, while the front serves
+        self._initialize: RequestId | None = None  # the handshake's request id, until answered
+        self.handshake: str | None = None  # the era negotiated, once `initialize` was answered
+        self._inflight: dict[RequestId, anyio.CancelScope] = {}
 
-    async def _lines(self) -> AsyncIterator[str]:
-        async for line in self._file:
-            self.taken.append(line)
-            yield line
-
-
-class _AnswerMalformed:
-    """The server's read stream; a line that failed to parse gets its JSON-RPC error answered."""
-
-    def __init__(self, inner: Any, write: Any, lines: deque[str]) -> None:
-        self._inner = inner
-        self._write = write
-        self._lines = lines
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def receive(self) -> Any:
-        while True:
-            item = await self._inner.receive()
-            line = self._lines.popleft() if self._lines else ""
-            if not isinstance(item, Exception):
-                return item
-            error = malformed_answer(line)
-            if error is not None:
-                await self._write.send(SessionMessage(error))
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    def __aiter__(self) -> _AnswerMalformed:
-        return self
-
-    async def __anext__(self) -> Any:
+    def take(self, line: bytes) -> bool:
+        """True when the lean path took this line (its answer will follow)."""
+        if self.tasks is None:
+            return False
+        if b'"tools/call"' not in line:
+            if b'"initialize"' in line or b"notifications/cancelled" in line:
+                self._observe(line)
+            return False
         try:
-            return await self.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            raise StopAsyncIteration from None
+            data = json.loads(line)
+        except (ValueError, RecursionError):
+            return False
+        if not isinstance(data, dict) or data.keys() != _REQUEST_KEYS or data["jsonrpc"] != "2.0":
+            return False
+        request_id, params = data["id"], data["params"]
+        if data["method"] != "tools/call" or not _is_id(request_id) or request_id in self._inflight:
+            return False
+        if self.handshake is not None:
+            version = self.handshake
+        else:
+            route = classify_inbound_request(data)
+            if isinstance(route, InboundLadderRejection):
+                return False
+            version = route.protocol_version
+        read = self._fast.claim(params, version, initialized=True)
+        if read is None:
+            return False
+        scope = anyio.CancelScope()
+        self._inflight[request_id] = scope
+        self.tasks.start_soon(self._answer, request_id, read, scope)
+        return True
 
-    async def __aenter__(self) -> _AnswerMalformed:
-        return self
+    def answered(self, message: SessionMessage) -> None:
+        """The writer's view: the SDK answered `initialize`, so the handshake era is settled."""
+        if self._initialize is None:
+            return
+        sent = message.message
+        if isinstance(sent, types.JSONRPCResponse) and sent.id == self._initialize:
+            version = sent.result.get("protocolVersion")
+            self.handshake = version if isinstance(version, str) else None
+            self._initialize = None
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self._inner.aclose()
+    def _observe(self, line: bytes) -> None:
+        try:
+            data = json.loads(line)
+        except (ValueError, RecursionError):
+            return
+        if not isinstance(data, dict):
+            return
+        if data.get("method") == "initialize" and _is_id(data.get("id")) and self.handshake is None:
+            self._initialize = data["id"]
+        elif data.get("method") == "notifications/cancelled":
+            params = data.get("params")
+            request_id = params.get("requestId") if isinstance(params, dict) else None
+            scope = self._inflight.get(request_id) if _is_id(request_id) else None
+            if scope is not None:
+                scope.cancel()
+
+    async def _answer(self, request_id: RequestId, read: Read, scope: anyio.CancelScope) -> None:
+        answer: dict[str, Any] | None = None
+        try:
+            with scope:
+                try:
+                    answer = {"jsonrpc": "2.0", "id": request_id, "result": await self._fast.run(read, self._session)}
+                except Exception:  # boundary: a fault of ours is this call's error, never the front's end
+                    logger.exception("lean read of %s failed", read.tool.name)
+                    error = {"code": INTERNAL_ERROR, "message": "internal error"}
+                    answer = {"jsonrpc": "2.0", "id": request_id, "error": error}
+        finally:
+            self._inflight.pop(request_id, None)
+        if answer is not None:
+            with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+                await self._answers.send(json.dumps(answer, separators=(",", ":")).encode() + b"\n")
+
+
+_REQUEST_KEYS = frozenset({"jsonrpc", "id", "method", "params"})
+
+
+def _is_id(value: Any) -> TypeGuard[RequestId]:
+    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+class _Wire(Protocol):
+    async def readline(self) -> bytes: ...  # b"" at the end
+    async def write(self, data: bytes) -> None: ...
+
+
+class _LoopWire:
+    """stdin and stdout as asyncio pipe transports."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+
+    async def readline(self) -> bytes:
+        try:
+            return await self._reader.readline()
+        except ValueError:  # over the limit: the reader dropped what it had of the line
+            return _TOO_LONG
+
+    async def write(self, data: bytes) -> None:
+        self._writer.write(data)
+        await self._writer.drain()
+
+
+class _ThreadWire:
+    """stdin and stdout as files read and written in worker threads (a regular file, say)."""
+
+    def __init__(self, wire_in: BinaryIO, wire_out: BinaryIO) -> None:
+        self._in = wire_in
+        self._out = wire_out
+
+    async def readline(self) -> bytes:
+        line = await anyio.to_thread.run_sync(self._in.readline, MAX_LINE_BYTES + 1)
+        if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+            while (rest := await anyio.to_thread.run_sync(self._in.readline, MAX_LINE_BYTES)) and not rest.endswith(
+                b"\n"
+            ):
+                pass
+            return _TOO_LONG
+        return line
+
+    async def write(self, data: bytes) -> None:
+        await anyio.to_thread.run_sync(self._write, data)
+
+    def _write(self, data: bytes) -> None:
+        self._out.write(data)
+        self._out.flush()
+
+
+_TOO_LONG = b"\0too long\n"  # never a line of JSON: stands for one that was skipped
+
+
+@asynccontextmanager
+async def _open_wire(wire_in: BinaryIO, wire_out: BinaryIO) -> AsyncIterator[_Wire]:
+    if wire_in is sys.stdin.buffer or wire_out is sys.stdout.buffer or not (_pipe(wire_in) and _pipe(wire_out)):
+        # Not our own duplicates (the transports would close them), or not a pipe or socket, which
+        # pipe transports cannot always serve (uvloop aborts the process on one instead of refusing it).
+        yield _ThreadWire(wire_in, wire_out)
+        return
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=MAX_LINE_BYTES, loop=loop)
+    read_transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), wire_in)
+    try:
+        write_transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, wire_out)
+    except BaseException:
+        read_transport.close()
+        _blocking(wire_in)
+        raise
+    writer = asyncio.StreamWriter(write_transport, protocol, None, loop)
+    try:
+        yield _LoopWire(reader, writer)
+    finally:
+        read_transport.close()
+        write_transport.close()  # what is still buffered is written first
+        _blocking(wire_in, wire_out)
+
+
+def _pipe(file: BinaryIO) -> bool:
+    """Whether `file` is a pipe or a socket: what the loop's pipe transports serve for certain
+    (a regular file or a device like /dev/null they cannot poll, and uvloop aborts on one)."""
+    try:
+        mode = os.fstat(file.fileno()).st_mode
+    except (OSError, ValueError):
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
+def _blocking(*files: BinaryIO) -> None:
+    """Give the descriptors back in blocking mode (the pipe transports made them non-blocking)."""
+    for file in files:
+        with suppress(OSError, ValueError):
+            os.set_blocking(file.fileno(), True)
+
+
+async def _read_messages(
+    wire: _Wire,
+    messages: MemoryObjectSendStream[SessionMessage | Exception],
+    answers: MemoryObjectSendStream[SessionMessage | bytes],
+    lean: _LeanReads,
+) -> None:
+    async with messages:
+        while line := await wire.readline():
+            if lean.take(line):
+                continue
+            if line is _TOO_LONG:
+                too_long = _invalid(None, f"Invalid Request: a message over {MAX_LINE_BYTES} bytes")
+                await answers.send(SessionMessage(too_long))
+                continue
+            text = line.decode("utf-8", "replace")
+            try:
+                message = types.jsonrpc_message_adapter.validate_json(text, by_name=False)
+            except Exception:  # boundary: whatever the client sent, it gets an answer, not a crash
+                error = malformed_answer(text)
+                if error is not None:
+                    await answers.send(SessionMessage(error))
+                continue
+            await messages.send(SessionMessage(message))
+
+
+async def _write_messages(
+    wire: _Wire, messages: MemoryObjectReceiveStream[SessionMessage | bytes], lean: _LeanReads
+) -> None:
+    async with messages:
+        async for message in messages:
+            if lean.handshake is None and isinstance(message, SessionMessage):
+                lean.answered(message)
+            chunks = [_encode(message)]
+            while True:  # whatever else is ready goes out in the same write
+                try:
+                    chunks.append(_encode(messages.receive_nowait()))
+                except (anyio.WouldBlock, anyio.EndOfStream):
+                    break
+            try:
+                await wire.write(b"".join(chunks))
+            except (OSError, RuntimeError):  # the client closed stdout: nothing more can reach it
+                return
+
+
+def _encode(message: SessionMessage | bytes) -> bytes:
+    if isinstance(message, bytes):
+        return message  # a lean read's answer, encoded where it was made
+    return message.message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
+
+
+def _invalid(request_id: str | int | None, message: str) -> types.JSONRPCError:
+    return types.JSONRPCError(
+        jsonrpc="2.0", id=request_id, error=types.ErrorData(code=INVALID_REQUEST, message=message)
+    )
 
 
 _ANY_ID = re.compile(r'"id"\s*:\s*(-?\d{1,19}(?![\d.eE])|"(?:[^"\\]|\\.){0,200}")')

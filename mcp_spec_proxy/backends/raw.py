@@ -1,0 +1,147 @@
+"""Reads past the SDK client: requests the proxy writes to a stdio backend and reads back itself.
+
+A read needs no more than its request written and its answer read: the SDK client's dispatcher,
+its request and result models, spans and output-schema checks cost more than the backend's own
+work for a small tool. `RawCalls` is that short path on a stdio backend's pipes, beside the SDK
+client on the same pipes: its request ids are strings `msp-<n>`, which the SDK's integer ids
+never equal, and the transport's reader hands a line to it only when it answers one of them
+(anything else, a server's own request with such an id included, goes to the SDK as before).
+
+`tool_result` is the least a result must be to be one; the front decides what goes out as it came.
+The proxy runs on asyncio (uvloop where installed): waits are asyncio futures, which are cheaper
+than anyio's events and honour anyio's cancel scopes like any other await.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from contextlib import suppress
+from typing import Any
+
+import anyio
+
+PREFIX = "msp-"
+_PREFIX_BYTES = PREFIX.encode()
+_CANCEL_TIMEOUT = 1.0
+
+Send = Callable[[bytes], Awaitable[None]]
+
+
+class RawCalls:
+    """JSON-RPC requests written to a backend's stdin and answered from its stdout, by id."""
+
+    def __init__(self) -> None:
+        self._send: Send | None = None
+        self._pending: dict[str, asyncio.Future[dict[str, Any] | None]] = {}
+        self._count = 0
+
+    @property
+    def open(self) -> bool:
+        return self._send is not None
+
+    def attach(self, send: Send) -> None:
+        """The transport is up: `send` writes one encoded line (batched with whatever else waits)."""
+        self._send = send
+
+    def detach(self) -> None:
+        """The transport ended: every request still waiting learns so (its answer is None)."""
+        self._send = None
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_result(None)
+
+    async def request(self, message: dict[str, Any]) -> dict[str, Any] | None:
+        """Send `message` (a request; its id is set here) and return the answer, or None when the
+        backend's stream ended first. Cancelled while waiting (a timeout, a client that left),
+        the backend is told with `notifications/cancelled`."""
+        send = self._send
+        if send is None:
+            return None
+        self._count += 1
+        key = f"{PREFIX}{self._count}"
+        message["id"] = key
+        future: asyncio.Future[dict[str, Any] | None] = asyncio.get_running_loop().create_future()
+        self._pending[key] = future
+        try:
+            await send(encode(message))
+            return await future
+        except BaseException:
+            if self._pending.pop(key, None) is not None and self._send is not None:
+                await self._cancel(key)
+            raise
+        finally:
+            self._pending.pop(key, None)
+
+    def answer(self, line: bytes) -> bool:
+        """Take `line` if it answers one of our requests; False leaves it to the SDK client."""
+        if not self._pending or _PREFIX_BYTES not in line:
+            return False
+        try:
+            data = json.loads(line)
+        except (ValueError, RecursionError):
+            return False  # the SDK's parser makes of it what it always has
+        if not isinstance(data, dict) or "method" in data:
+            return False  # a server's own request or notification, whatever its id
+        key = data.get("id")
+        future = self._pending.pop(key, None) if isinstance(key, str) else None
+        if future is None:
+            return False
+        if not future.done():
+            future.set_result(data)
+        return True
+
+    async def _cancel(self, key: str) -> None:
+        send = self._send
+        if send is None:
+            return
+        notice = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": key}}
+        # A backend that is gone has nothing left to cancel.
+        with (
+            anyio.move_on_after(_CANCEL_TIMEOUT, shield=True),
+            suppress(anyio.ClosedResourceError, anyio.BrokenResourceError, OSError),
+        ):
+            await send(encode(notice))
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    """One JSON line; ASCII-escaped, so no argument (a lone surrogate included) can fail to encode."""
+    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
+
+
+def tool_result(result: Any) -> dict[str, Any] | None:
+    """`result` if it is a finished tool result (a JSON object with a content list), else None.
+
+    Its blocks are not checked here: the front passes the plain shape as it is and has the SDK's
+    model check and sieve any other (`fronts/fast_read.py`). A result that asks for input
+    (`resultType: input_required`) is None: a proxied read has no one to ask.
+    """
+    if not isinstance(result, dict) or not isinstance(result.get("content"), list):
+        return None
+    return result if result.get("resultType", "complete") == "complete" else None
+
+
+def json_size(result: dict[str, Any]) -> int:
+    """Roughly how many bytes a wire result carries, as `connection.result_size` counts a model."""
+    size = 0
+    for block in result.get("content") or ():
+        if not isinstance(block, dict):
+            continue
+        kind = block.get("type")
+        if kind == "text":
+            size += len(str(block.get("text", "")))
+        elif kind in ("image", "audio"):
+            size += len(str(block.get("data", "")))
+        elif kind == "resource":
+            resource = block.get("resource")
+            resource = resource if isinstance(resource, dict) else {}
+            size += len(str(resource.get("text") or resource.get("blob") or ""))
+    structured = result.get("structuredContent")
+    if structured is not None:
+        size += len(str(structured))
+    return size
+
+
+__all__ = ["PREFIX", "RawCalls", "encode", "json_size", "tool_result"]

@@ -1,0 +1,176 @@
+"""The lean read path: a client's read served without the SDK's handler machinery.
+
+A read needs only this: validate the request, classify the tool, forward, return. `FastRead` is
+a server middleware (it sees each request before the SDK's lookup, validation and handler) that
+does just that for `tools/call` of a tool the catalog holds as a read, and hands the backend's
+result back as wire JSON — no model built for it, no span where no tracer is installed
+(`telemetry.tracing_configured`). The read is still the barrier's and the gate's: the same
+lookup, argument validation and audit line (`Barrier.read_tool`, `Barrier.read_json`). The
+stdio front goes one step further and takes such a call off the wire before the SDK parses it
+(`stdio._LeanReads`, through `FastRead.claim` and `run`).
+
+Everything else takes the SDK's path, unchanged: another method, an own tool, a call with a
+progress token (it may stream), a modern retry carrying input responses, a legacy call before
+the handshake, a request the SDK's own check refuses, and every call `Barrier.read_tool`
+declines — a write, an unknown tool, a tool held for its new or changed definition.
+
+What goes out: a result of the plain shape (text blocks, a boolean `isError`, an object of
+structured content, `_meta`) as the backend sent it; any other shape through the SDK's own
+per-version check and sieve, and one that fails it as the backend's error. Each era gets what
+the SDK would give it: 2026-07-28 results carry `resultType` and the server's `serverInfo`
+stamp, handshake-era results carry neither key of that era.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp_types import methods
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
+
+from mcp_spec_proxy.barrier import Session
+from mcp_spec_proxy.catalog import CatalogTool
+from mcp_spec_proxy.errors import ToolNotFound
+from mcp_spec_proxy.gate import as_wire, error_result
+from mcp_spec_proxy.sdk import server_connection
+from mcp_spec_proxy.telemetry import tracing_configured
+
+if TYPE_CHECKING:
+    from mcp_spec_proxy.fronts.mcp import McpFront
+
+_PARAMS = frozenset({"name", "arguments", "_meta"})
+_RESULT_KEYS = frozenset({"content", "isError", "structuredContent", "_meta", "resultType"})
+_TEXT_BLOCK = frozenset({"type", "text"})
+SERVER_INFO_META = "io.modelcontextprotocol/serverInfo"
+
+
+def install(front: McpFront) -> FastRead:
+    """Put the lean read path in front of the SDK's; drop the SDK's span middleware when no
+    tracer provider is installed (its spans would be no-ops that still cost their setup).
+
+    Also give the SDK the one tool's input schema it needs to check a 2026-07-28 HTTP call's
+    `Mcp-Param-*` headers: without it, the SDK runs the whole tools/list handler for every call.
+    """
+    server = front.server
+    kept = list(server.middleware) if tracing_configured() else []
+    fast = FastRead(front)
+    server.middleware = [*kept, fast]
+    server.get_tool_input_schema = lambda name: input_schema(front, name)
+    return fast
+
+
+def input_schema(front: McpFront, name: str) -> Mapping[str, Any] | None:
+    """The input schema the client was shown for `name` (intent included), or None if unknown."""
+    if front.own_tools.owns(name):
+        return next((tool.input_schema for tool in front.own_tools.definitions() if tool.name == name), None)
+    try:
+        return front.proxy.catalog.lookup(name).definition.input_schema
+    except ToolNotFound:
+        return None
+
+
+@dataclass(frozen=True)
+class Read:
+    """A `tools/call` the lean path has taken on: a read of `tool`, for a client of `version`."""
+
+    tool: CatalogTool
+    arguments: dict[str, Any]
+    version: str
+    modern: bool
+
+
+class FastRead:
+    """Serves `tools/call` of a read straight from the barrier; passes everything else on.
+
+    As a server middleware it sees each request the SDK has parsed; the stdio front also asks it
+    directly (`claim`, then `run`) for the lines it reads, before the SDK parses anything.
+    """
+
+    def __init__(self, front: McpFront) -> None:
+        self._front = front
+
+    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        if ctx.method == "tools/call":
+            version = ctx.protocol_version
+            modern = version in MODERN_PROTOCOL_VERSIONS
+            # Before the handshake the SDK answers a legacy call with its own error.
+            initialized = modern or (ctx.request_id is not None and server_connection(ctx).initialize_accepted)
+            read = self.claim(ctx.params, version, initialized=initialized)
+            if read is not None:
+                return await self.run(read, self._front.session_for(ctx))
+        return await call_next(ctx)
+
+    def claim(self, params: Any, version: str, *, initialized: bool) -> Read | None:
+        """The read these `tools/call` params ask for, or None: the SDK's path takes the call."""
+        if not initialized or not isinstance(params, Mapping) or not params.keys() <= _PARAMS:
+            return None  # input responses, request state, a task: the SDK's path knows them
+        name = params.get("name")
+        arguments = params.get("arguments")
+        arguments = {} if arguments is None else arguments
+        front = self._front
+        if not isinstance(name, str) or not isinstance(arguments, dict) or front.own_tools.owns(name):
+            return None
+        meta = params.get("_meta")
+        if isinstance(meta, Mapping) and ("progressToken" in meta or "progress_token" in meta):
+            return None  # progress may be streamed: the SDK's path reports it
+        try:
+            methods.validate_client_request("tools/call", version, params)
+        except (KeyError, ValueError, ValidationError):
+            return None  # the SDK's path refuses it, with its own error
+        tool = front.proxy.barrier.read_tool(name)
+        if tool is None:
+            return None  # a write, a held or unknown tool: the barrier's `call`
+        return Read(tool, dict(arguments), version, version in MODERN_PROTOCOL_VERSIONS)
+
+    async def run(self, read: Read, session: Session) -> dict[str, Any]:
+        """The read's result, shaped for its client's era."""
+        result = await self._front.proxy.barrier.read_json(session, read.tool, read.arguments)
+        return self._for_client(result, read.version, read.modern)
+
+    def _for_client(self, result: dict[str, Any], version: str, modern: bool) -> dict[str, Any]:
+        if _plain(result):
+            out = dict(result)
+            out.pop("resultType", None)
+        else:
+            # The 2026-07-28 surface requires `resultType`, which a handshake-era backend never sends.
+            shaped = {**result, "resultType": "complete"} if modern else result
+            try:
+                out = methods.serialize_server_result("tools/call", version, shaped)
+            except ValidationError:
+                out = as_wire(error_result("the backend answered with something that is not a tool result"))
+        if not modern:
+            out.pop("resultType", None)
+            return out
+        out["resultType"] = "complete"
+        meta = out.get("_meta")
+        if meta is None:
+            out["_meta"] = {SERVER_INFO_META: self._front.server.server_info_stamp}
+        elif isinstance(meta, dict) and meta.get(SERVER_INFO_META) is None:
+            out["_meta"] = {**meta, SERVER_INFO_META: self._front.server.server_info_stamp}
+        return out
+
+
+def _plain(result: dict[str, Any]) -> bool:
+    """The shape that goes out as it came: what the SDK's sieve would pass unchanged."""
+    content = result["content"]
+    return (
+        result.keys() <= _RESULT_KEYS
+        and isinstance(content, list)
+        and all(
+            isinstance(block, dict)
+            and block.keys() == _TEXT_BLOCK
+            and block["type"] == "text"
+            and isinstance(block["text"], str)
+            for block in content
+        )
+        and isinstance(result.get("isError", False), bool)
+        and isinstance(result.get("structuredContent", {}), dict)
+        and isinstance(result.get("_meta", {}), dict)
+    )
+
+
+__all__ = ["FastRead", "Read", "install"]
