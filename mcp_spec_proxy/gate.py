@@ -51,6 +51,7 @@ from mcp_spec_proxy.config import ProxyConfig, ReviewMode
 from mcp_spec_proxy.errors import BackendError
 from mcp_spec_proxy.models import ModelCall
 from mcp_spec_proxy.review import InputNeeded, Reviewer, ReviewFailed, ReviewRequest, UserChannel, Verdict
+from mcp_spec_proxy.review.waiting import Both, asks_a_person, waiting_note, with_heartbeat
 from mcp_spec_proxy.trajectory import Step, observation_text
 
 if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section opens it
@@ -66,13 +67,10 @@ STRONG_AUTHORS: frozenset[str] = frozenset({"strong", "replacement", "repair"})
 """Authors whose calls count as reviewed by the strong model: it wrote them itself."""
 MODEL_REVIEWS: frozenset[str] = frozenset({"strong", "strong_then_human", "leash"})
 """Reviewers a strong-authored call satisfies without another model call."""
-_PERSONS = frozenset({"human", "console"})
-"""Reviewers that are a person: `on_error: allow` never forgives their silence."""
 
 Executor = Callable[[CatalogTool, dict[str, Any], "Report | None"], Awaitable[types.CallToolResult]]
 """Runs an accepted call somewhere other than a backend (the gateway's client tools)."""
 
-HEARTBEAT_S = 5.0
 AUDIT_TEXT_CAP = 4000
 """Characters of one free-text audit field (a reviewer's reason); the rest is cut with a marker."""
 LABELLING_REVIEWERS = {
@@ -295,7 +293,7 @@ class Gate:
             human = self._reviewers[mode]
             if loop and strong is not None:
                 # The engine's drafted segment is verified first; only then is the user asked.
-                return _Both(strong, human), None
+                return Both(strong, human), None
             return human, None
         if loop and strong is not None:
             return strong, None  # SpecAgent's own verification; a rejection goes to its repair turn
@@ -328,10 +326,10 @@ class Gate:
             with anyio.fail_after(self._config.review.timeout):
                 if report is None:
                     return await reviewer.review(request, user)
-                return await _with_heartbeat(reviewer, request, user, report)
+                return await with_heartbeat(reviewer, request, user, report)
         except TimeoutError:
             problem = f"review by {reviewer.name} timed out after {self._config.review.timeout:g}s"
-            if note := _waiting_note(reviewer):
+            if note := waiting_note(reviewer):
                 problem += f" (no decision came: {note})"
         except InputNeeded:
             raise
@@ -340,7 +338,7 @@ class Gate:
         except Exception as exc:  # boundary: a reviewer failure must become a verdict, never a forward
             logger.exception("reviewer %s failed", reviewer.name)
             problem = f"review by {reviewer.name} failed: {type(exc).__name__}: {exc}"
-        if self._config.review.on_error == "allow" and not _asks_a_person(reviewer):
+        if self._config.review.on_error == "allow" and not asks_a_person(reviewer):
             # `on_error: allow` forgives a model's failure, never a person's silence.
             reason = f"{problem}; allowed because review.on_error is allow"
             return Verdict(True, reason, held, reviewer="on_error", model_calls=calls)
@@ -389,85 +387,6 @@ class _Authored:
 
     async def review(self, request: ReviewRequest, user: UserChannel) -> Verdict:
         return Verdict(True, self._reason, len(request.segment), reviewer=self.name)
-
-
-class _Both:
-    """Two reviewers that must both accept, the first (a model) before the user is troubled."""
-
-    def __init__(self, first: Reviewer, second: Reviewer) -> None:
-        self._first = first
-        self._second = second
-        self.name = f"{first.name}+{second.name}"
-
-    async def review(self, request: ReviewRequest, user: UserChannel) -> Verdict:
-        first = await self._first.review(request, user)
-        if not first.accepted:
-            return first
-        second = await self._second.review(request, user)
-        return Verdict(
-            second.accepted,
-            f"{second.reason} (after {first.reviewer} accepted: {first.reason})",
-            second.accepted_steps,
-            reviewer=f"{first.reviewer}+{second.reviewer}",
-            model_calls=first.model_calls,
-            arguments=second.arguments,
-        )
-
-    def waiting_note(self) -> str | None:
-        return _waiting_note(self._second)
-
-
-async def _with_heartbeat(reviewer: Reviewer, request: ReviewRequest, user: UserChannel, report: Report) -> Verdict:
-    """Review while telling the client it waits. The reviewer's own exception (an `InputNeeded`
-    signal above all) leaves as itself, never wrapped in the task group's `ExceptionGroup`."""
-    failure: Exception | None = None
-    verdict: Verdict | None = None
-    async with anyio.create_task_group() as tg:
-        note = _waiting_note(reviewer)
-        tg.start_soon(_heartbeat, report, f"held for review ({reviewer.name})" + (f"; {note}" if note else ""))
-        try:
-            verdict = await reviewer.review(request, user)
-        except Exception as exc:  # kept out of the group, raised again below as itself
-            failure = exc
-        tg.cancel_scope.cancel()
-    if failure is not None:
-        raise failure
-    assert verdict is not None
-    return verdict
-
-
-async def _heartbeat(report: Report, message: str) -> None:
-    started = time.monotonic()
-    tick = 0
-    while True:
-        waited = time.monotonic() - started
-        try:
-            await report(float(tick), None, f"{message}: waiting {waited:.0f}s")
-        except Exception:  # boundary: a client that cannot hear progress still gets its verdict
-            logger.debug("progress notification failed", exc_info=True)
-            return
-        tick += 1
-        await anyio.sleep(HEARTBEAT_S)
-
-
-def _asks_a_person(reviewer: Reviewer | None) -> bool:
-    """Whether `reviewer` may be waiting on a person: by its name, or by the reviewer it hands calls
-    to (LEASH without a strong model hands them to the user)."""
-    while reviewer is not None:
-        if any(p in reviewer.name for p in _PERSONS):
-            return True
-        reviewer = getattr(reviewer, "fallback", None)
-    return False
-
-
-def _waiting_note(reviewer: Reviewer) -> str | None:
-    """Where a person may decide while the client waits (the approval console's link), if anywhere."""
-    note = getattr(reviewer, "waiting_note", None)
-    text = note() if callable(note) else None
-    fallback = getattr(reviewer, "fallback", None)  # LEASH hands what it does not pass to its fallback
-    if text is None and fallback is not None:
-        return _waiting_note(fallback)
-    return text if isinstance(text, str) else None
 
 
 def _observe(step: Step, result: types.CallToolResult, started: float) -> None:
