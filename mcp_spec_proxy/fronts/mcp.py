@@ -51,6 +51,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from mcp_spec_proxy.barrier import Report, Session
 from mcp_spec_proxy.catalog import digest
 from mcp_spec_proxy.errors import ProxyError, ToolNotFound
+from mcp_spec_proxy.fronts.catalog_search import CatalogSearch
 from mcp_spec_proxy.fronts.own_tools import OwnTools
 from mcp_spec_proxy.proxy import Proxy
 from mcp_spec_proxy.review import InputNeeded
@@ -91,6 +92,7 @@ class McpFront:
     def __init__(self, proxy: Proxy, *, name: str = "mcp-spec-proxy", version: str = "") -> None:
         self.proxy = proxy
         self.own_tools = OwnTools(proxy)
+        self.catalog_search = CatalogSearch(proxy) if proxy.config.catalog.mode == "search" else None
         self._connections: weakref.WeakSet[Connection] = weakref.WeakSet()
         self._approvals = Approvals(proxy.config.review.timeout)
         self._named: OrderedDict[str, Session] = OrderedDict()
@@ -139,6 +141,8 @@ class McpFront:
         return session
 
     async def _broadcast(self, what: str) -> None:
+        if what == "tools" and self.catalog_search is not None:
+            return  # in search mode the listed tools never change (see fronts/catalog_search.py)
         await self._bus.publish(_EVENTS[what])
         method = f"notifications/{what}/list_changed"
         for connection in list(self._connections):
@@ -155,6 +159,8 @@ class McpFront:
 
     async def _list_tools(self, ctx: Ctx, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         self.session_for(ctx)
+        if self.catalog_search is not None:
+            return types.ListToolsResult(tools=self.catalog_search.definitions() + self.own_tools.definitions())
         tools = [tool.definition for tool in self.proxy.catalog.tools()]
         return types.ListToolsResult(tools=tools + self.own_tools.definitions())
 
@@ -169,6 +175,11 @@ class McpFront:
                 report=_reporter(ctx),
                 user=_UserChannel(ctx, params, None),
             )
+        if self.catalog_search is not None:  # search mode: a search, or the tools/call a call_tool stands for
+            routed = await self.catalog_search.route(params)
+            if isinstance(routed, types.CallToolResult):
+                return routed
+            params = routed
         session = self.session_for(ctx)
         arguments = dict(params.arguments or {})
         # A 2026-07-28 request that names no session is a session of its own: its ticket binds
