@@ -234,6 +234,23 @@ def fuse(rankings: Sequence[Sequence[int]], size: int, k: int = RRF_K) -> np.nda
     return fused
 
 
+@dataclass(frozen=True)
+class Hit:
+    tool: CatalogTool
+    also: tuple[str, ...] = ()  # the public names of the same tool on other servers
+
+
+def _grouped(ranked: list[CatalogTool], limit: int) -> list[Hit]:
+    groups: dict[tuple[str, str, str], list[CatalogTool]] = {}
+    for tool in ranked:
+        key = (tool.original, tool.fingerprint, tool.effect)
+        if key in groups:
+            groups[key].append(tool)
+        elif len(groups) < limit:
+            groups[key] = [tool]
+    return [Hit(first, tuple(other.name for other in rest)) for first, *rest in groups.values()]
+
+
 class ToolIndex:
     """Ranks the callable tools of a tool list (the live catalog) for a request in words.
 
@@ -257,8 +274,12 @@ class ToolIndex:
         self._lock = anyio.Lock()
         self._encoder_failed_at: float | None = None
 
-    async def search(self, query: str, limit: int) -> list[CatalogTool]:
-        """The best `limit` callable tools for `query`, best first; none when nothing matches."""
+    async def search(self, query: str, limit: int, *, group: bool = True) -> list[Hit]:
+        """The best `limit` callable tools for `query`, best first; none when nothing matches.
+
+        One tool served by several servers alike (the same name, definition and effect: one
+        server connected for two accounts) is one hit, its other names in `also`, so copies do not
+        crowd other tools out of the few hits a client reads (`group=False`: each its own hit)."""
         async with self._lock:
             await self._refresh()
             listed, bm25, matrix = self._listed, self._bm25, self._matrix
@@ -275,8 +296,10 @@ class ToolIndex:
         else:  # words, hybrid, or an encoder that cannot answer now: the words rank
             lexical = top(bm25.scores(words(query)), depth)
             fused = bool(semantic and lexical) and self._rank == "hybrid"
-            ranking = top(fuse([lexical, semantic], len(listed)), limit) if fused else lexical or semantic
-        return [listed[i] for i in ranking[:limit]]
+            ranking = top(fuse([lexical, semantic], len(listed)), depth) if fused else lexical or semantic
+        if not group:
+            return [Hit(listed[i]) for i in ranking[:limit]]
+        return _grouped([listed[i] for i in ranking], limit)
 
     # -- internals ---------------------------------------------------------------------------
 

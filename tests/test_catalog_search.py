@@ -253,14 +253,34 @@ async def test_the_index_never_offers_a_held_tool_and_follows_the_catalog(tmp_pa
     first = types.Tool(name="send_invoice", description="Send an invoice to a customer.", input_schema={})
     catalog.set_tools("a", [first])
     index = ToolIndex(catalog.tools, _Broken(), "hybrid")
-    assert [t.name for t in await index.search("send the invoice", 5)] == ["a__send_invoice"]
+    assert [hit.tool.name for hit in await index.search("send the invoice", 5)] == ["a__send_invoice"]
 
     # A tool that appears after the server's first listing is held: never a hit until accepted.
     later = types.Tool(name="pay_invoice", description="Pay an invoice now.", input_schema={})
     catalog.set_tools("a", [first, later])
-    assert [t.name for t in await index.search("pay the invoice", 5)] == ["a__send_invoice"]
+    assert [hit.tool.name for hit in await index.search("pay the invoice", 5)] == ["a__send_invoice"]
     store.accept("a/pay_invoice")
     catalog.refresh_fingerprints()
-    assert next(t.name for t in await index.search("pay the invoice", 5)) == "a__pay_invoice"
+    assert next(hit.tool.name for hit in await index.search("pay the invoice", 5)) == "a__pay_invoice"
     catalog.set_tools("a", None)
     assert await index.search("pay the invoice", 5) == []
+
+
+async def test_one_tool_served_by_several_servers_is_one_hit_naming_the_others() -> None:
+    cfg = ProxyConfig.model_validate(
+        {"servers": {"work": {"command": "x"}, "home": {"command": "x"}, "other": {"command": "x"}}}
+    )
+    catalog = Catalog(cfg, FingerprintStore(None))
+    send = types.Tool(name="send_mail", description="Send an email message.", input_schema={})
+    draft = types.Tool(name="draft_mail", description="Draft an email message to send later.", input_schema={})
+    catalog.set_tools("work", [send])
+    catalog.set_tools("home", [send])
+    catalog.set_tools("other", [draft])
+    hits = await ToolIndex(catalog.tools, None, "words").search("send an email", 2)
+    ungrouped = await ToolIndex(catalog.tools, None, "words").search("send an email", 2, group=False)
+
+    assert [(hit.tool.name, hit.also) for hit in hits] == [
+        ("home__send_mail", ("work__send_mail",)),
+        ("other__draft_mail", ()),
+    ]
+    assert [hit.tool.name for hit in ungrouped] == ["home__send_mail", "work__send_mail"]

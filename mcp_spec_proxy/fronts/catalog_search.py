@@ -30,7 +30,7 @@ from mcp_spec_proxy.catalog import CatalogTool
 from mcp_spec_proxy.errors import ToolNotFound
 from mcp_spec_proxy.leash.encoders import Encoder, HashingEncoder
 from mcp_spec_proxy.proxy import Proxy
-from mcp_spec_proxy.toolsearch import SEARCH_HASH_DIM, ToolIndex, is_held
+from mcp_spec_proxy.toolsearch import SEARCH_HASH_DIM, Hit, ToolIndex, is_held
 
 SEARCH = "search_tools"
 CALL = "call_tool"
@@ -142,19 +142,22 @@ class CatalogSearch:
         return types.CallToolResult(content=[types.TextContent(type="text", text=results_text(hits))])
 
 
-def results_text(hits: list[CatalogTool]) -> str:
+def results_text(hits: list[Hit]) -> str:
     """What a search answers: compact JSON of the hits, best first."""
     if not hits:
         return json.dumps({"tools": [], "note": "no tool matches; try other words"}, separators=(",", ":"))
-    return json.dumps({"tools": [hit(tool) for tool in hits]}, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps({"tools": [as_json(hit) for hit in hits]}, ensure_ascii=False, separators=(",", ":"))
 
 
-def hit(tool: CatalogTool) -> dict[str, Any]:
+def as_json(hit: Hit) -> dict[str, Any]:
     """One search hit as the client reads it."""
+    tool = hit.tool
     definition = tool.definition
     found: dict[str, Any] = {"name": tool.name, "server": tool.server, "effect": tool.effect}
     if definition.title:
         found["title"] = definition.title
     found["description"] = definition.description or ""
     found["inputSchema"] = definition.input_schema
+    if hit.also:
+        found["also"] = list(hit.also)  # the same tool on other servers, callable by these names
     return found
