@@ -1,7 +1,7 @@
 """Tool search at catalog scale: retrieval quality and the bytes a client reads, side by side.
 
     .venv/bin/python -m bench.retrieval [--sizes 1000,5000] [--dump]
-        [--embedding-url URL --embedding-model NAME]
+        [--minilm | --embedding-url URL --embedding-model NAME]
 
 The catalog is the real servers the tests use — their tools/list as dumped into
 `bench/retrieval_servers.json` (`--dump` re-dumps it from `.backends/`: npm filesystem, memory,
@@ -24,7 +24,10 @@ the share of requests whose right tool is among the first five hits. Rankers, on
     words          ours: BM25 over split identifiers, folded plurals, argument names/descriptions
     hashing        ours: LEASH's hashing encoder alone, cosine
     hybrid         ours (the default): words and the encoder fused by reciprocal rank
-    embedding      (with --embedding-url) LEASH's embedding encoder alone, and fused (hybrid-emb)
+    words-ungrouped  `words` without grouping one tool served by several servers into one hit
+    embedding      (with --minilm or --embedding-url) an embedding model alone, and fused with
+                   words (hybrid-emb): --minilm runs all-MiniLM-L6-v2 in process
+                   (bench/minilm.py), --embedding-url any OpenAI-compatible /v1/embeddings
 
 Bytes: the full tools/list a client reads in list mode (as the proxy serves it, with `intent`
 on writes; with the old, longer `intent`; and the backends' own, without it) against search
@@ -416,11 +419,20 @@ async def main() -> None:
     parser.add_argument("--dump", action="store_true", help="re-dump the real servers' tools/list from .backends")
     parser.add_argument("--embedding-url", help="an OpenAI-compatible /v1 base URL serving embeddings")
     parser.add_argument("--embedding-model", default="", help="the embedding model's name")
+    parser.add_argument(
+        "--minilm", action="store_true", help="embed with all-MiniLM-L6-v2 in process (bench/minilm.py)"
+    )
     args = parser.parse_args()
     if args.dump:
         SERVERS_FILE.write_text(json.dumps(await dump(), indent=1) + "\n")
     requests = json.loads(REQUESTS_FILE.read_text())
-    embedding = EmbeddingEncoder(args.embedding_url, args.embedding_model) if args.embedding_url else None
+    embedding: Encoder | None = None
+    if args.minilm:
+        from bench.minilm import MiniLmEncoder
+
+        embedding = MiniLmEncoder()
+    elif args.embedding_url:
+        embedding = EmbeddingEncoder(args.embedding_url, args.embedding_model)
     real = sum(map(len, real_listings().values()))
     sizes = [real, *(int(s) for s in args.sizes.split(","))]
     print(f"machine: {machine_line()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

@@ -19,6 +19,7 @@ from mcp_spec_proxy.audit import read_audit
 from mcp_spec_proxy.catalog import INTENT_ARGUMENT, INTENT_SCHEMA, Catalog
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.fingerprints import FingerprintStore
+from mcp_spec_proxy.fronts import catalog_search
 from mcp_spec_proxy.leash.encoders import EncoderError, EncoderInfo, StepView
 from mcp_spec_proxy.testing import Reply, Respond, ScriptedModelServer
 from mcp_spec_proxy.toolsearch import ToolIndex
@@ -138,7 +139,10 @@ async def test_call_of_a_human_tool_asks_the_user_and_runs_only_if_approved(
 
 
 @pytest.mark.parametrize("mode", ERAS)
-async def test_unknown_and_held_tools_are_refused_with_a_clear_error(tmp_path: Path, mode: str) -> None:
+async def test_unknown_and_held_tools_are_refused_with_a_clear_error(
+    tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(catalog_search, "ACCEPT_RECHECK_S", 0.0)  # reread `tools accept` at every search
     changed = Changed()
     async with proxied(config(tmp_path / "rec", {"default": "allow"}), tmp_path / "state", twins=True, mode=mode) as p:
         p.proxy.listeners.append(changed)
@@ -152,7 +156,8 @@ async def test_unknown_and_held_tools_are_refused_with_a_clear_error(tmp_path: P
         through_search = await p.client.call_tool("call_tool", {"name": "toy__echo", "arguments": {"text": "hi"}})
         direct = await p.client.call_tool("toy__echo", {"text": "hi"})
 
-        FingerprintStore(p.state.fingerprints).accept("toy/echo")
+        FingerprintStore(p.state.fingerprints).accept("toy/echo")  # as `tools accept` does, from outside
+        found_again = await search(p.client, "echo the text back")
         accepted = await p.client.call_tool("call_tool", {"name": "toy__echo", "arguments": {"text": "hi"}})
 
     assert unknown.is_error and "there is no tool 'toy__nope'" in text_of(unknown)
@@ -160,6 +165,7 @@ async def test_unknown_and_held_tools_are_refused_with_a_clear_error(tmp_path: P
     for refused in (through_search, direct):
         assert refused.is_error and "toy__echo is held" in text_of(refused)
         assert "definition changed" in text_of(refused) and "tools accept toy__echo" in text_of(refused)
+    assert found_again[0]["name"] == "toy__echo"
     assert not accepted.is_error and text_of(accepted) == "hi"
     assert [e["tool"] for e in audit(tmp_path / "state") if e["event"] == "read"].count("toy__echo") == 1
 

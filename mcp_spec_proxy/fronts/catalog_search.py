@@ -21,6 +21,7 @@ meta-tools) never changes, and every search reads the live catalog. The front do
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import mcp_types as types
@@ -35,6 +36,8 @@ from mcp_spec_proxy.toolsearch import SEARCH_HASH_DIM, Hit, ToolIndex, is_held
 SEARCH = "search_tools"
 CALL = "call_tool"
 MAX_QUERY_CHARS = 1000
+ACCEPT_RECHECK_S = 10.0
+"""While some tool is held, a search rereads the operator's `tools accept` decisions at most this often."""
 
 
 def search_tool(most: int) -> types.Tool:
@@ -90,6 +93,7 @@ class CatalogSearch:
         config = proxy.config.catalog
         self.most = config.results
         self.index = ToolIndex(proxy.catalog.tools, search_encoder(proxy), config.rank)
+        self._accepts_read = time.monotonic()
 
     def definitions(self) -> list[types.Tool]:
         return [search_tool(self.most), CALL_TOOL]
@@ -120,6 +124,13 @@ class CatalogSearch:
             return params  # the barrier answers an unknown name as it always does
         return self._held(tool) or params
 
+    def _reread_accepts(self) -> None:
+        """A tool accepted since (`tools accept` in another process) becomes findable without a restart."""
+        now = time.monotonic()
+        if now - self._accepts_read >= ACCEPT_RECHECK_S and any(is_held(t) for t in self.proxy.catalog.tools()):
+            self._accepts_read = now
+            self.proxy.catalog.refresh_fingerprints()
+
     def _held(self, tool: CatalogTool) -> types.CallToolResult | None:
         """The refusal of a held tool, or None. `tools accept` may have run since: reread then."""
         if is_held(tool):
@@ -138,6 +149,7 @@ class CatalogSearch:
             return error_result(f"{SEARCH} needs `query`: what you want to do, in words")
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= self.most:
             return error_result(f"{SEARCH}: `limit` must be a whole number from 1 to {self.most}")
+        self._reread_accepts()
         hits = await self.index.search(query[:MAX_QUERY_CHARS], limit)
         return types.CallToolResult(content=[types.TextContent(type="text", text=results_text(hits))])
 
