@@ -23,7 +23,7 @@ from mcp_spec_proxy.fronts import catalog_search
 from mcp_spec_proxy.leash.encoders import EncoderError, EncoderInfo, StepView
 from mcp_spec_proxy.testing import Reply, Respond, ScriptedModelServer
 from mcp_spec_proxy.toolsearch import ToolIndex
-from tests.harness import ERAS, approve, proxied, recorded, text_of, toy
+from tests.harness import ERAS, approve, proxied, recorded, spawned, text_of, toy
 
 pytestmark = pytest.mark.anyio
 
@@ -290,3 +290,17 @@ async def test_one_tool_served_by_several_servers_is_one_hit_naming_the_others()
         ("other__draft_mail", ()),
     ]
     assert [hit.tool.name for hit in ungrouped] == ["home__send_mail", "work__send_mail"]
+
+
+async def test_the_installed_command_serves_search_mode_from_servers_yaml(tmp_path: Path) -> None:
+    record = tmp_path / "rec"
+    async with spawned(config(record, {"default": "deny"}), tmp_path) as client:
+        listed = [tool.name for tool in (await client.list_tools()).tools]
+        hits = await search(client, "append a value to the record file")
+        denied = await client.call_tool(
+            "call_tool", {"name": hits[0]["name"], "arguments": {"value": "x", "intent": "y"}}
+        )
+
+    assert listed == ["search_tools", "call_tool"]
+    assert hits[0]["name"] == "toy__record" and denied.is_error
+    assert recorded(record) == []
