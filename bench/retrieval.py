@@ -56,7 +56,7 @@ from mcp_spec_proxy.catalog import INTENT_ARGUMENT, Catalog, CatalogTool
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.fingerprints import FingerprintStore
 from mcp_spec_proxy.fronts.catalog_search import CALL_TOOL, results_text, search_tool
-from mcp_spec_proxy.leash.encoders import EmbeddingEncoder, Encoder, HashingEncoder
+from mcp_spec_proxy.leash.encoders import EmbeddingEncoder, Encoder, HashingEncoder, StepView
 from mcp_spec_proxy.toolsearch import SEARCH_HASH_DIM, Bm25, Hit, Rank, ToolIndex, top
 
 HERE = Path(__file__).resolve().parent
@@ -345,6 +345,25 @@ def with_old_intent(tool: CatalogTool) -> types.Tool:
     return tool.definition.model_copy(update={"input_schema": schema})
 
 
+class Remembered:
+    """An encoder whose vectors are kept by text, so two rankers over one model embed each text once."""
+
+    def __init__(self, encoder: Encoder) -> None:
+        self.encoder = encoder
+        self.info = encoder.info
+        self._seen: dict[str, np.ndarray] = {}
+
+    async def encode_steps(self, steps: list[StepView]) -> np.ndarray:
+        return await self.encoder.encode_steps(steps)
+
+    async def encode_texts(self, texts: list[str]) -> np.ndarray:
+        new = list(dict.fromkeys(t for t in texts if t not in self._seen))
+        if new:
+            for text, vector in zip(new, await self.encoder.encode_texts(new), strict=True):
+                self._seen[text] = vector
+        return np.stack([self._seen[t] for t in texts])
+
+
 async def measure(size: int, requests: list[dict[str, Any]], embedding: Encoder | None) -> dict[str, Any]:
     catalog = padded(size)
     tools = catalog.tools()
@@ -416,7 +435,9 @@ def report(rows: list[dict[str, Any]], labels: list[str]) -> None:
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="1000,5000", help="catalog sizes (real tools + synthetic padding)")
-    parser.add_argument("--dump", action="store_true", help="re-dump the real servers' tools/list from .backends")
+    parser.add_argument(
+        "--dump", action="store_true", help="re-dump the real servers' tools/list from .backends, then stop"
+    )
     parser.add_argument("--embedding-url", help="an OpenAI-compatible /v1 base URL serving embeddings")
     parser.add_argument("--embedding-model", default="", help="the embedding model's name")
     parser.add_argument(
@@ -424,7 +445,10 @@ async def main() -> None:
     )
     args = parser.parse_args()
     if args.dump:
-        SERVERS_FILE.write_text(json.dumps(await dump(), indent=1) + "\n")
+        listings = await dump()
+        SERVERS_FILE.write_text(json.dumps(listings, indent=1) + "\n")
+        print(f"wrote {SERVERS_FILE.name}: " + ", ".join(f"{name} {len(tools)}" for name, tools in listings.items()))
+        return
     requests = json.loads(REQUESTS_FILE.read_text())
     embedding: Encoder | None = None
     if args.minilm:
@@ -437,7 +461,11 @@ async def main() -> None:
     sizes = [real, *(int(s) for s in args.sizes.split(","))]
     print(f"machine: {machine_line()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"{len(requests)} requests over {real} real tools (fs, memory, everything, git, time, sqlite)")
-    rows = [await measure(size, requests, embedding) for size in sizes]
+    remembered = Remembered(embedding) if embedding else None  # the sizes share their real and first synthetic tools
+    rows = []
+    for size in sizes:
+        rows.append(await measure(size, requests, remembered))
+        print(f"measured {size} tools", flush=True)
     labels = ["mcpproxy-bm25", "words-ungrouped", "words", "hashing", "hybrid"]
     labels += ["embedding", "hybrid-emb"] if embedding else []
     report(rows, labels)
