@@ -465,7 +465,8 @@ async def main() -> None:
     rows = []
     for size in sizes:
         rows.append(await measure(size, requests, remembered))
-        print(f"measured {size} tools", flush=True)
+        recalls = ", ".join(f"{k} {v[0]:.3f}" for k, v in rows[-1].items() if isinstance(v, tuple))
+        print(f"measured {rows[-1]['size']} tools: recall@5 {recalls}", flush=True)
     labels = ["mcpproxy-bm25", "words-ungrouped", "words", "hashing", "hybrid"]
     labels += ["embedding", "hybrid-emb"] if embedding else []
     report(rows, labels)
