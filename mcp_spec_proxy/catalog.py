@@ -48,12 +48,11 @@ from mcp_spec_proxy.trajectory import Effect
 logger = logging.getLogger(__name__)
 
 INTENT_ARGUMENT = "intent"
+# Lean on purpose: it is repeated in every write tool a client lists (the server's instructions
+# say the rest); `python -m bench.retrieval` counts the bytes it adds.
 INTENT_SCHEMA: dict[str, Any] = {
     "type": "string",
-    "description": (
-        "What the user asked for and why this call serves it, in one or two sentences. "
-        "A reviewer reads it before the call is allowed to change anything."
-    ),
+    "description": "What the user asked for and why this call serves it.",
 }
 
 _ILLEGAL = re.compile(r"[^A-Za-z0-9_.-]")

@@ -182,6 +182,18 @@ class PostgresStore(_Strict):
     postgres: PostgresSettings
 
 
+class CatalogConfig(_Strict):
+    """How clients see the tools: every one listed, or a few meta-tools that search the catalog."""
+
+    # list: tools/list holds every tool. search: it holds `search_tools` and `call_tool` (and the
+    # proxy's own tools); a client finds tools by words and calls them through the same write gate.
+    mode: Literal["list", "search"] = "list"
+    results: int = Field(default=5, ge=1, le=50)  # the most hits one search returns
+    # How hits are ranked: words (BM25), encoder (LEASH's: hashing, or its embedding endpoint), hybrid
+    # (both fused); auto: hybrid with `leash.encoder: embedding`, else words (see toolsearch.py).
+    rank: Literal["auto", "hybrid", "words", "encoder"] = "auto"
+
+
 class ProxyConfig(_Strict):
     """The whole file."""
 
@@ -191,6 +203,7 @@ class ProxyConfig(_Strict):
     speculation: SpeculationConfig = Field(default_factory=lambda: SpeculationConfig())
     gateway: GatewayConfig = Field(default_factory=lambda: GatewayConfig())
     leash: LeashConfig | None = None
+    catalog: CatalogConfig = Field(default_factory=lambda: CatalogConfig())
     telemetry: str | None = None
     state_dir: str | None = None
     # Where state lives: `files` (the state directory; one process) or one Postgres for many replicas.
@@ -377,6 +390,7 @@ def _suggest(key: str) -> str:
         ModelConfig,
         SpeculationConfig,
         GatewayConfig,
+        CatalogConfig,
     ):
         candidates.extend(model.model_fields)
     close = [name for name in dict.fromkeys(candidates) if _similar(key, name)]

@@ -31,7 +31,7 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import mcp_types as types
@@ -56,6 +56,9 @@ from mcp_spec_proxy.proxy import Proxy
 from mcp_spec_proxy.review import InputNeeded
 from mcp_spec_proxy.sdk import server_connection
 from mcp_spec_proxy.store import ApprovalStore, Ticket
+
+if TYPE_CHECKING:
+    from mcp_spec_proxy.fronts.catalog_search import CatalogSearch
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +94,11 @@ class McpFront:
     def __init__(self, proxy: Proxy, *, name: str = "mcp-spec-proxy", version: str = "") -> None:
         self.proxy = proxy
         self.own_tools = OwnTools(proxy)
+        self.catalog_search: CatalogSearch | None = None
+        if proxy.config.catalog.mode == "search":  # numpy and the encoders: paid for only in search mode
+            from mcp_spec_proxy.fronts.catalog_search import CatalogSearch
+
+            self.catalog_search = CatalogSearch(proxy)
         self._connections: weakref.WeakSet[Connection] = weakref.WeakSet()
         self._approvals = Approvals(proxy.config.review.timeout, proxy.store.approvals)
         self._named: OrderedDict[str, Session] = OrderedDict()
@@ -140,6 +148,8 @@ class McpFront:
         return session
 
     async def _broadcast(self, what: str) -> None:
+        if what == "tools" and self.catalog_search is not None:
+            return  # in search mode the listed tools never change (see fronts/catalog_search.py)
         await self._bus.publish(_EVENTS[what])
         method = f"notifications/{what}/list_changed"
         for connection in list(self._connections):
@@ -156,6 +166,8 @@ class McpFront:
 
     async def _list_tools(self, ctx: Ctx, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         self.session_for(ctx)
+        if self.catalog_search is not None:
+            return types.ListToolsResult(tools=self.catalog_search.definitions() + self.own_tools.definitions())
         tools = [tool.definition for tool in self.proxy.catalog.tools()]
         return types.ListToolsResult(tools=tools + self.own_tools.definitions())
 
@@ -170,6 +182,11 @@ class McpFront:
                 report=_reporter(ctx),
                 user=_UserChannel(ctx, params, None),
             )
+        if self.catalog_search is not None:  # search mode: a search, or the tools/call a call_tool stands for
+            routed = await self.catalog_search.route(params)
+            if isinstance(routed, types.CallToolResult):
+                return routed
+            params = routed
         session = self.session_for(ctx)
         arguments = dict(params.arguments or {})
         # A 2026-07-28 request that names no session is a session of its own: its ticket binds

@@ -1,0 +1,477 @@
+"""Tool search at catalog scale: retrieval quality and the bytes a client reads, side by side.
+
+    .venv/bin/python -m bench.retrieval [--sizes 1000,5000] [--dump]
+        [--minilm | --embedding-url URL --embedding-model NAME]
+
+The catalog is the real servers the tests use — their tools/list as dumped into
+`bench/retrieval_servers.json` (`--dump` re-dumps it from `.backends/`: npm filesystem, memory,
+everything; PyPI git, time; sqlite) — padded to each size with **synthetic tools** that simulate
+the many SaaS/API backends a team connects: servers generated from domain templates (cloud
+storage, code hosting, databases, wiki, CRM, tickets, calendar, chat, mail, monitoring, billing,
+…) in several accounts each, every tool a verb and an entity with a one-sentence description and a
+small argument schema, read-only for list/get/search/count/export verbs and a write otherwise.
+Their words overlap the real tools' on purpose (files, folders, commits, branches, tables,
+queries, time zones, notes, contacts), so they are distractors, not noise.
+
+`bench/retrieval_requests.json` holds plain-language requests written for this benchmark, each
+with the real tool(s) that serve it (a second tool only where two are equally right). Recall@5:
+the share of requests whose right tool is among the first five hits. Rankers, on one catalog:
+
+    mcpproxy-bm25  the baseline, in the style of mcpproxy-go's `retrieve_tools` (Bleve): BM25
+                   over tool name, full name, description and parameter JSON with a standard
+                   analyzer (Unicode words — `read_file` stays one token —, lower case, English
+                   stop words), the searchable-text field boosted 1.5, plus exact/prefix name boosts
+    words          ours: BM25 over split identifiers, folded plurals, argument names/descriptions
+    hashing        ours: LEASH's hashing encoder alone, cosine
+    hybrid         ours (the default): words and the encoder fused by reciprocal rank
+    words-ungrouped  `words` without grouping one tool served by several servers into one hit
+    embedding      (with --minilm or --embedding-url) an embedding model alone, and fused with
+                   words (hybrid-emb): --minilm runs all-MiniLM-L6-v2 in process
+                   (bench/minilm.py), --embedding-url any OpenAI-compatible /v1/embeddings
+
+Bytes: the full tools/list a client reads in list mode (as the proxy serves it, with `intent`
+on writes; with the old, longer `intent`; and the backends' own, without it) against search
+mode's tools/list plus one search result (the mean over the requests, limit 5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import numpy as np
+
+from bench.measure import machine_line
+from mcp_spec_proxy.catalog import INTENT_ARGUMENT, Catalog, CatalogTool
+from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.fingerprints import FingerprintStore
+from mcp_spec_proxy.fronts.catalog_search import CALL_TOOL, results_text, search_tool
+from mcp_spec_proxy.leash.encoders import EmbeddingEncoder, Encoder, HashingEncoder, StepView
+from mcp_spec_proxy.toolsearch import SEARCH_HASH_DIM, Bm25, Hit, Rank, ToolIndex, top
+
+HERE = Path(__file__).resolve().parent
+SERVERS_FILE = HERE / "retrieval_servers.json"
+REQUESTS_FILE = HERE / "retrieval_requests.json"
+K = 5
+OLD_INTENT = {
+    "type": "string",
+    "description": (
+        "What the user asked for and why this call serves it, in one or two sentences. "
+        "A reviewer reads it before the call is allowed to change anything."
+    ),
+}
+
+# -- the real servers' listings ------------------------------------------------------------------
+
+
+async def dump() -> dict[str, list[dict[str, Any]]]:
+    """tools/list of each real test server, started from .backends as the tests start them."""
+    from mcp import Client, StdioServerParameters
+
+    from tests import backends
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "repo").mkdir()
+        await anyio.run_process(["git", "init", "-q", str(root / "repo")])
+        commands = {
+            "fs": backends.filesystem(root),
+            "memory": backends.memory(root / "memory.jsonl"),
+            "everything": backends.everything(),
+            "git": backends.git(root / "repo"),
+            "time": backends.time(),
+            "sqlite": backends.sqlite(root / "db.sqlite"),
+        }
+        listings: dict[str, list[dict[str, Any]]] = {}
+        for name, command in commands.items():
+            params = StdioServerParameters(command=command.command, args=command.args, env=command.env or None)
+            async with Client(params, mode="legacy") as client:
+                listed = await client.list_tools()
+            listings[name] = [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in listed.tools]
+    return listings
+
+
+# -- synthetic padding ---------------------------------------------------------------------------
+
+DOMAINS: dict[str, tuple[str, list[str]]] = {
+    # domain: (what the system is, its entities)
+    "drive": ("cloud file storage", ["file", "folder", "shared link", "file version", "upload", "trash item"]),
+    "objects": ("object storage", ["bucket", "object", "object tag", "lifecycle rule", "access policy"]),
+    "code": (
+        "code hosting",
+        ["repository", "branch", "commit", "pull request", "merge request", "tag", "release", "code review"],
+    ),
+    "ci": ("continuous integration", ["pipeline", "build", "job", "artifact", "runner", "deployment"]),
+    "pg": ("PostgreSQL database", ["table", "query", "index", "view", "row", "schema", "database user"]),
+    "warehouse": ("data warehouse", ["dataset", "table", "saved query", "scheduled query", "column"]),
+    "wiki": ("team wiki", ["page", "space", "page comment", "attachment", "page revision", "template"]),
+    "notes": ("note-taking app", ["note", "notebook", "tag", "checklist", "reminder"]),
+    "crm": ("CRM", ["contact", "company", "deal", "lead", "activity", "pipeline stage", "relationship"]),
+    "tickets": ("issue tracker", ["ticket", "issue", "sprint", "board", "label", "comment", "epic"]),
+    "calendar": ("calendar", ["event", "calendar", "meeting room", "time slot", "availability", "time zone"]),
+    "chat": ("team chat", ["message", "channel", "thread", "reaction", "direct message", "user status"]),
+    "mail": ("email", ["email", "draft", "mailbox folder", "attachment", "filter rule", "signature"]),
+    "monitor": ("monitoring", ["alert", "metric", "dashboard", "log entry", "incident", "uptime check"]),
+    "billing": ("billing", ["invoice", "payment", "subscription", "customer", "refund", "coupon"]),
+    "hr": ("HR system", ["employee", "time off request", "team", "job posting", "candidate", "review cycle"]),
+    "shop": ("online shop", ["product", "order", "cart", "shipment", "inventory item", "discount"]),
+    "kb": ("knowledge base", ["article", "entity", "relation", "fact", "topic", "collection"]),
+    "cloud": ("cloud infrastructure", ["virtual machine", "disk", "network", "firewall rule", "snapshot"]),
+    "secrets": ("secrets manager", ["secret", "secret version", "access key", "environment variable"]),
+    "analytics": ("product analytics", ["event", "funnel", "cohort", "report", "chart"]),
+    "docs": ("document editor", ["document", "spreadsheet", "presentation", "comment", "revision"]),
+}
+ACCOUNTS = ["", "eu", "us", "staging", "sandbox", "prod", "legacy", "team2", "acme", "partner", "test", "archive"]
+# verb: (read-only?, description templates; {e} entity, {es} plural, {s} system)
+VERBS: dict[str, tuple[bool, list[str]]] = {
+    "list": (True, ["List {es} in the {s}, newest first.", "Returns a page of {es} from the {s} with filters."]),
+    "get": (True, ["Get one {e} from the {s} by its id.", "Fetch the details of a {e} in the {s}."]),
+    "search": (True, ["Search {es} in the {s} by keywords.", "Find {es} in the {s} matching a text query."]),
+    "count": (True, ["Count the {es} in the {s} that match a filter."]),
+    "export": (True, ["Export {es} from the {s} as CSV or JSON."]),
+    "history": (True, ["Show the change history of a {e} in the {s}."]),
+    "create": (False, ["Create a new {e} in the {s}.", "Add a {e} to the {s} with the given fields."]),
+    "update": (False, ["Update fields of an existing {e} in the {s}.", "Modify a {e} in the {s}."]),
+    "delete": (False, ["Delete a {e} from the {s} permanently.", "Remove a {e} from the {s}."]),
+    "archive": (False, ["Archive a {e} in the {s} so it is hidden but kept."]),
+    "move": (False, ["Move a {e} to another place in the {s}.", "Rename or relocate a {e} in the {s}."]),
+    "share": (False, ["Share a {e} in the {s} with a user or group."]),
+}
+
+
+def _plural(entity: str) -> str:
+    if entity.endswith(("s", "x", "ch", "sh")):
+        return entity + "es"
+    if entity.endswith("y") and entity[-2:-1] not in "aeiou":
+        return entity[:-1] + "ies"
+    return entity + "s"
+
+
+def _pick(options: Sequence[str], *key: str) -> str:
+    index = int(hashlib.sha256("/".join(key).encode()).hexdigest()[:8], 16) % len(options)
+    return options[index]
+
+
+def synthetic(count: int) -> dict[str, list[types.Tool]]:
+    """`count` synthetic tools on generated servers (see the module docstring); deterministic."""
+    servers: dict[str, list[types.Tool]] = {}
+    made = 0
+    for account in ACCOUNTS:
+        for domain, (system, entities) in DOMAINS.items():
+            server = f"{domain}_{account}" if account else domain
+            tools: list[types.Tool] = []
+            for entity in entities:
+                for verb, (read_only, templates) in VERBS.items():
+                    if made == count:
+                        break
+                    slug = entity.replace(" ", "_")
+                    name = f"{verb}_{slug}" if verb != "history" else f"get_{slug}_history"
+                    words = {"e": entity, "es": _plural(entity), "s": system}
+                    description = _pick(templates, server, name).format(**words)
+                    properties: dict[str, Any] = {}
+                    if verb in ("list", "search", "count", "export"):
+                        properties["query"] = {"type": "string", "description": f"Text to match in {words['es']}."}
+                        properties["limit"] = {"type": "integer"}
+                    else:
+                        properties[f"{slug}_id"] = {"type": "string", "description": f"The {entity}'s id."}
+                    if verb in ("create", "update"):
+                        properties["fields"] = {"type": "object", "description": f"The {entity}'s fields."}
+                    if verb in ("move", "share"):
+                        properties["target"] = {"type": "string"}
+                    annotations = types.ToolAnnotations(read_only_hint=read_only, destructive_hint=verb == "delete")
+                    schema = {"type": "object", "properties": properties, "required": list(properties)[:1]}
+                    tools.append(
+                        types.Tool(name=name, description=description, input_schema=schema, annotations=annotations)
+                    )
+                    made += 1
+            if tools:
+                servers[server] = tools
+            if made == count:
+                return servers
+    raise ValueError(f"the templates make at most {made} synthetic tools, asked for {count}")
+
+
+# -- the catalog as the proxy builds it ----------------------------------------------------------
+
+
+def real_listings() -> dict[str, list[types.Tool]]:
+    raw = json.loads(SERVERS_FILE.read_text())
+    return {server: [types.Tool.model_validate(t) for t in tools] for server, tools in raw.items()}
+
+
+def build_catalog(listings: dict[str, list[types.Tool]]) -> Catalog:
+    config = ProxyConfig.model_validate(
+        {"servers": {name: {"command": "unused"} for name in listings}, "catalog": {"mode": "search"}}
+    )
+    catalog = Catalog(config, FingerprintStore(None))
+    for server, tools in listings.items():
+        catalog.set_tools(server, tools)
+    return catalog
+
+
+def padded(size: int) -> Catalog:
+    real = real_listings()
+    count = sum(map(len, real.values()))
+    return build_catalog({**real, **synthetic(max(0, size - count))})
+
+
+# -- the baseline: BM25 in the style of mcpproxy-go's retrieve_tools ----------------------------
+
+_UNICODE_WORD = re.compile(r"\w+")  # Bleve's unicode tokenizer keeps `_` inside a word
+_ENGLISH_STOP = frozenset(
+    {
+        "a",
+        "an",
+        "and",
+        "are",
+        "as",
+        "at",
+        "be",
+        "but",
+        "by",
+        "for",
+        "if",
+        "in",
+        "into",
+        "is",
+        "it",
+        "no",
+        "not",
+        "of",
+        "on",
+        "or",
+        "such",
+        "that",
+        "the",
+        "their",
+        "then",
+        "there",
+        "these",
+        "they",
+        "this",
+        "to",
+        "was",
+        "will",
+        "with",
+    }
+)
+
+
+def _standard(text: str) -> list[str]:
+    return [w for w in _UNICODE_WORD.findall(text.lower()) if w not in _ENGLISH_STOP]
+
+
+class McpproxyBm25:
+    """mcpproxy-go's query: should-clauses over a Bleve index, each scored by BM25 and summed."""
+
+    def __init__(self, tools: list[CatalogTool]) -> None:
+        self.tools = tools
+        names = [t.original.lower() for t in tools]
+        full = [f"{t.server}:{t.original}".lower() for t in tools]
+        params = [json.dumps(t.input_schema) for t in tools]
+        searchable = [
+            f"{t.original} {t.server}:{t.original} {t.definition.description or ''} {p}"
+            for t, p in zip(tools, params, strict=True)
+        ]
+        everything = [
+            f"{n} {f} {t.server} {t.definition.description or ''} {p}"
+            for n, f, t, p in zip(names, full, tools, params, strict=True)
+        ]
+        self._names, self._full = names, full
+        self._all = Bm25([_standard(text) for text in everything])
+        self._searchable = Bm25([_standard(text) for text in searchable])
+
+    def search(self, query: str, limit: int) -> list[CatalogTool]:
+        terms = _standard(query)
+        scores = self._all.scores(terms) + 1.5 * self._searchable.scores(terms)
+        q = query.lower()
+        scores += np.array(
+            [
+                5.0 * (n == q) + 4.0 * (f == q) + 3.0 * n.startswith(q)
+                for n, f in zip(self._names, self._full, strict=True)
+            ]
+        )
+        return [self.tools[i] for i in top(scores, limit)]
+
+
+# -- measurement ---------------------------------------------------------------------------------
+
+
+def recall(found: list[list[str]], requests: list[dict[str, Any]]) -> float:
+    """Found: per request, the names its first K hits offer."""
+    hits = sum(bool(set(offered) & set(r["tools"])) for offered, r in zip(found, requests, strict=True))
+    return hits / len(requests)
+
+
+async def rank_all(index: ToolIndex, queries: list[str], group: bool) -> tuple[list[list[Hit]], float]:
+    started = time.perf_counter()
+    found = [await index.search(q, K, group=group) for q in queries]
+    return found, (time.perf_counter() - started) * 1000 / len(queries)
+
+
+def names(hits: list[Hit]) -> list[str]:
+    """Every name the hits offer: a hit's own, and the same tool's on other servers."""
+    return [name for hit in hits for name in (hit.tool.name, *hit.also)]
+
+
+def wire_bytes(tools: list[types.Tool]) -> int:
+    result = types.ListToolsResult(tools=tools)
+    return len(json.dumps(result.model_dump(mode="json", by_alias=True, exclude_none=True), separators=(",", ":")))
+
+
+def without_intent(tool: CatalogTool) -> types.Tool:
+    schema = dict(tool.input_schema)
+    if tool.wants_intent:
+        schema["properties"] = {k: v for k, v in schema["properties"].items() if k != INTENT_ARGUMENT}
+        schema["required"] = [r for r in schema.get("required", []) if r != INTENT_ARGUMENT]
+    return tool.definition.model_copy(update={"input_schema": schema})
+
+
+def with_old_intent(tool: CatalogTool) -> types.Tool:
+    if not tool.wants_intent:
+        return tool.definition
+    schema = dict(tool.input_schema)
+    schema["properties"] = {**schema["properties"], INTENT_ARGUMENT: OLD_INTENT}
+    return tool.definition.model_copy(update={"input_schema": schema})
+
+
+class Remembered:
+    """An encoder whose vectors are kept by text, so two rankers over one model embed each text once."""
+
+    def __init__(self, encoder: Encoder) -> None:
+        self.encoder = encoder
+        self.info = encoder.info
+        self._seen: dict[str, np.ndarray] = {}
+
+    async def encode_steps(self, steps: list[StepView]) -> np.ndarray:
+        return await self.encoder.encode_steps(steps)
+
+    async def encode_texts(self, texts: list[str]) -> np.ndarray:
+        new = list(dict.fromkeys(t for t in texts if t not in self._seen))
+        if new:
+            for text, vector in zip(new, await self.encoder.encode_texts(new), strict=True):
+                self._seen[text] = vector
+        return np.stack([self._seen[t] for t in texts])
+
+
+async def measure(size: int, requests: list[dict[str, Any]], embedding: Encoder | None) -> dict[str, Any]:
+    catalog = padded(size)
+    tools = catalog.tools()
+    queries = [r["request"] for r in requests]
+    row: dict[str, Any] = {"size": len(tools), "writes": sum(t.effect == "write" for t in tools)}
+    baseline = McpproxyBm25(tools)
+    started = time.perf_counter()
+    found = [[t.name for t in baseline.search(q, K)] for q in queries]
+    row["mcpproxy-bm25"] = (recall(found, requests), (time.perf_counter() - started) * 1000 / len(queries))
+    hashing = HashingEncoder(dim=SEARCH_HASH_DIM)
+    rankers: list[tuple[str, Encoder | None, Rank, bool]] = [
+        ("words-ungrouped", None, "words", False),
+        ("words", None, "words", True),
+        ("hashing", hashing, "encoder", True),
+        ("hybrid", hashing, "hybrid", True),
+    ]
+    if embedding is not None:
+        rankers += [("embedding", embedding, "encoder", True), ("hybrid-emb", embedding, "hybrid", True)]
+    default: list[list[Hit]] = []
+    for label, encoder, rank, group in rankers:
+        index = ToolIndex(catalog.tools, encoder, rank)
+        started = time.perf_counter()
+        await index.search("warm up: build the index", K)
+        row[f"{label}-build-ms"] = (time.perf_counter() - started) * 1000
+        hits, per_query = await rank_all(index, queries, group)
+        row[label] = (recall([names(h) for h in hits], requests), per_query)
+        if label == "words":  # what `rank: auto` does under the default (hashing) encoder
+            default = hits
+    # Bytes: list mode (ours, old intent, the backends' own) against search mode.
+    row["list-bytes"] = wire_bytes([t.definition for t in tools])
+    row["list-bytes-old-intent"] = wire_bytes([with_old_intent(t) for t in tools])
+    row["list-bytes-backends"] = wire_bytes([without_intent(t) for t in tools])
+    row["search-list-bytes"] = wire_bytes([search_tool(K), CALL_TOOL])
+    sizes = [len(results_text(hits).encode()) for hits in default]
+    row["search-result-bytes"] = sum(sizes) / len(sizes)
+    return row
+
+
+def report(rows: list[dict[str, Any]], labels: list[str]) -> None:
+    print("\n## Recall@5 (share of requests whose right tool is in the first 5 hits), ms per query")
+    print("| tools | " + " | ".join(labels) + " |")
+    print("|---|" + "---|" * len(labels))
+    for row in rows:
+        cells = [f"{row[label][0]:.3f} ({row[label][1]:.1f} ms)" for label in labels]
+        print(f"| {row['size']} | " + " | ".join(cells) + " |")
+    print(
+        "\nIndex build (first search) ms: "
+        + "; ".join(
+            f"{row['size']}: " + ", ".join(f"{label} {row[f'{label}-build-ms']:.0f}" for label in labels[1:])
+            for row in rows
+        )
+    )
+    print("\n## Bytes a client reads (tokens ≈ bytes / 4)")
+    print(
+        "| tools | writes | full tools/list | its intent share | old intent | backends' own | search mode:"
+        " tools/list + one search | ratio |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        full, own, old = row["list-bytes"], row["list-bytes-backends"], row["list-bytes-old-intent"]
+        search = row["search-list-bytes"] + row["search-result-bytes"]
+        print(
+            f"| {row['size']} | {row['writes']} | {full:,} | +{(full - own) / own:.1%} ({full - own:,} B) |"
+            f" +{(old - own) / own:.1%} ({old - own:,} B) | {own:,} | {row['search-list-bytes']:,} +"
+            f" {row['search-result-bytes']:,.0f} = {search:,.0f} | {search / full:.4f} |"
+        )
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="1000,5000", help="catalog sizes (real tools + synthetic padding)")
+    parser.add_argument(
+        "--dump", action="store_true", help="re-dump the real servers' tools/list from .backends, then stop"
+    )
+    parser.add_argument("--embedding-url", help="an OpenAI-compatible /v1 base URL serving embeddings")
+    parser.add_argument("--embedding-model", default="", help="the embedding model's name")
+    parser.add_argument(
+        "--minilm", action="store_true", help="embed with all-MiniLM-L6-v2 in process (bench/minilm.py)"
+    )
+    args = parser.parse_args()
+    if args.dump:
+        listings = await dump()
+        SERVERS_FILE.write_text(json.dumps(listings, indent=1) + "\n")
+        print(f"wrote {SERVERS_FILE.name}: " + ", ".join(f"{name} {len(tools)}" for name, tools in listings.items()))
+        return
+    requests = json.loads(REQUESTS_FILE.read_text())
+    embedding: Encoder | None = None
+    if args.minilm:
+        from bench.minilm import MiniLmEncoder
+
+        embedding = MiniLmEncoder()
+    elif args.embedding_url:
+        embedding = EmbeddingEncoder(args.embedding_url, args.embedding_model)
+    real = sum(map(len, real_listings().values()))
+    sizes = [real, *(int(s) for s in args.sizes.split(","))]
+    print(f"machine: {machine_line()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"{len(requests)} requests over {real} real tools (fs, memory, everything, git, time, sqlite)")
+    remembered = Remembered(embedding) if embedding else None  # the sizes share their real and first synthetic tools
+    rows = []
+    for size in sizes:
+        rows.append(await measure(size, requests, remembered))
+        recalls = ", ".join(f"{k} {v[0]:.3f}" for k, v in rows[-1].items() if isinstance(v, tuple))
+        print(f"measured {rows[-1]['size']} tools: recall@5 {recalls}", flush=True)
+    labels = ["mcpproxy-bm25", "words-ungrouped", "words", "hashing", "hybrid"]
+    labels += ["embedding", "hybrid-emb"] if embedding else []
+    report(rows, labels)
+    print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    anyio.run(main)

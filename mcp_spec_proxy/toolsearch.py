@@ -1,0 +1,373 @@
+"""Tool search: rank the catalog's callable tools for a request in plain words.
+
+Under `catalog: {mode: search}` a client does not read every tool; it asks `search_tools`
+(`fronts/catalog_search.py`) and reads the few that fit. `ToolIndex` ranks them three ways:
+
+* `words` — BM25 over each tool's words: its name (split at `_`, `-`, `.` and camelCase), title,
+  description, server, and its arguments' names and descriptions; plurals and `-ing` folded,
+  common English words dropped;
+* `encoder` — cosine similarity under one of LEASH's encoders: `hashing` (the default, nothing
+  to install or serve: it hashes the same words and their bigrams) or, where `leash.encoder:
+  embedding` is configured, that very embedding endpoint (the tool's text in plain words);
+* `hybrid` — both, fused by reciprocal rank.
+
+`auto` (the default) is `hybrid` under an embedding encoder and `words` under hashing: on
+`bench/retrieval.py` hashed words alone, and fused with BM25, ranked the right tool lower than
+BM25 alone (docs/BENCHMARKS.md), so the hashing encoder is there to choose, not the default.
+
+What it promises: a held tool (its definition changed since first seen, or it appeared after its
+server's first listing) is never a hit, so search never offers a tool the operator has not
+accepted. Words and vectors are computed once per tool definition (public name and fingerprint)
+and kept while that definition is in the catalog. An encoder that fails (an embedding endpoint
+that is down) is logged once and retried after `ENCODER_RETRY_S`; meanwhile the words alone rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import anyio
+import numpy as np
+
+from mcp_spec_proxy.catalog import CatalogTool
+from mcp_spec_proxy.leash.encoders import Encoder, LeashError
+
+logger = logging.getLogger(__name__)
+
+Rank = Literal["auto", "hybrid", "words", "encoder"]
+
+HELD_REASONS = frozenset({"changed-definition", "new-tool"})
+"""A tool classified for one of these reasons waits for `tools accept`: never a hit, never called."""
+SEARCH_HASH_DIM = 4096
+"""The hashing encoder's dimension for tool search (LEASH's banks keep their own `leash.dim`)."""
+DESCRIPTION_CHARS = 1500
+"""Characters of a description (a tool's, an argument's) that are indexed; the rest is noise."""
+RRF_K = 60
+"""Reciprocal rank fusion's constant: a hit's fused score is the sum of 1 / (RRF_K + its rank)."""
+FUSE_DEPTH = 100
+"""Hits each ranker contributes to the fusion."""
+ENCODER_RETRY_S = 60.0
+"""After an encoder fails, the words alone rank for this long before the encoder is tried again."""
+# Tuned on bench/retrieval.py (k1 0.9-1.2, b 0.3-0.75 tried): tool texts differ in length far more
+# than the words that matter, so length counts for less than in prose search.
+BM25_K1 = 0.9
+BM25_B = 0.5
+
+_TOKEN = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
+_STOP = frozenset(
+    {
+        "a",
+        "an",
+        "and",
+        "are",
+        "as",
+        "at",
+        "be",
+        "by",
+        "can",
+        "do",
+        "does",
+        "for",
+        "from",
+        "get",
+        "give",
+        "has",
+        "have",
+        "how",
+        "i",
+        "in",
+        "is",
+        "it",
+        "its",
+        "me",
+        "my",
+        "of",
+        "on",
+        "or",
+        "please",
+        "show",
+        "tell",
+        "that",
+        "the",
+        "their",
+        "them",
+        "then",
+        "there",
+        "these",
+        "this",
+        "to",
+        "up",
+        "us",
+        "was",
+        "we",
+        "what",
+        "when",
+        "where",
+        "which",
+        "who",
+        "will",
+        "with",
+        "you",
+        "your",
+    }
+)
+# `get` is a stop word in requests ("get me the log") but it is also the head of many tool names;
+# a name keeps all its words (see `_terms`), so `get_current_time` still matches "current time".
+
+
+def fold(word: str) -> str:
+    """A word's indexed form: lower case, plural and `-ing` folded (`files` → `file`, `listing` → `list`)."""
+    w = word.lower()
+    if len(w) > 5 and w.endswith("ing"):
+        return w[:-3]
+    if len(w) > 4 and w.endswith(("sses", "ches", "shes", "xes")):
+        return w[:-2]
+    if len(w) > 4 and w.endswith("ies"):
+        return w[:-3] + "y"
+    if len(w) > 3 and w.endswith("s") and not w.endswith(("ss", "us", "is")):
+        return w[:-1]
+    return w
+
+
+def words(text: str, *, keep_stop: bool = False) -> list[str]:
+    """The folded words of `text`: identifiers split at `_`, `-`, `.` and camelCase; stop words
+    dropped unless `keep_stop`."""
+    out = [fold(token) for token in _TOKEN.findall(text)]
+    return out if keep_stop else [w for w in out if w not in _STOP]
+
+
+def is_held(tool: CatalogTool) -> bool:
+    return tool.reason in HELD_REASONS
+
+
+@dataclass(frozen=True)
+class _Document:
+    terms: tuple[str, ...]  # what BM25 and the hashing encoder see
+    text: str  # what an embedding model sees: the tool in plain words
+
+
+def document(tool: CatalogTool) -> _Document:
+    """What is indexed of one tool: its name's words, title, description, server, arguments."""
+    definition = tool.definition
+    name = _terms(tool.original)
+    description = (definition.description or "")[:DESCRIPTION_CHARS]
+    arguments = _argument_lines(tool.input_schema)
+    terms = [
+        *name,
+        *words(definition.title or ""),
+        *words(description),
+        *words(tool.server),
+        *(w for line in arguments for w in words(line)),
+    ]
+    title = f" ({definition.title})" if definition.title else ""
+    text = f"{' '.join(_terms(tool.original))}{title}, on {tool.server}: {description}"
+    if arguments:
+        text += " Arguments: " + "; ".join(arguments)
+    return _Document(tuple(terms), text)
+
+
+def _terms(identifier: str) -> list[str]:
+    return words(identifier, keep_stop=True)
+
+
+def _argument_lines(schema: Any) -> list[str]:
+    properties = schema.get("properties") if isinstance(schema, dict) else None
+    if not isinstance(properties, dict):
+        return []
+    lines = []
+    for key, spec in list(properties.items())[:30]:
+        about = spec.get("description") if isinstance(spec, dict) else None
+        about = about if isinstance(about, str) else ""
+        lines.append(f"{key}: {about[:200]}" if about else str(key))
+    return lines
+
+
+class Bm25:
+    """Okapi BM25 over documents of terms; `scores(query)` gives one score per document."""
+
+    def __init__(self, documents: Sequence[Sequence[str]], k1: float = BM25_K1, b: float = BM25_B) -> None:
+        self._n = len(documents)
+        lengths = np.array([len(d) for d in documents], dtype=np.float64)
+        average = float(lengths.mean()) if self._n else 0.0
+        self._postings: dict[str, list[tuple[int, int]]] = {}
+        for index, terms in enumerate(documents):
+            for term, count in Counter(terms).items():
+                self._postings.setdefault(term, []).append((index, count))
+        # Per document, the length part of BM25's denominator, computed once.
+        self._norm = k1 * (1 - b + b * lengths / average) if average else np.full(self._n, k1)
+        self._k1 = k1
+
+    def scores(self, query: Iterable[str]) -> np.ndarray:
+        out = np.zeros(self._n, dtype=np.float64)
+        for term in set(query):
+            postings = self._postings.get(term)
+            if not postings:
+                continue
+            idf = math.log(1 + (self._n - len(postings) + 0.5) / (len(postings) + 0.5))
+            rows = np.fromiter((row for row, _ in postings), dtype=np.int64, count=len(postings))
+            tf = np.fromiter((count for _, count in postings), dtype=np.float64, count=len(postings))
+            out[rows] += idf * tf * (self._k1 + 1) / (tf + self._norm[rows])
+        return out
+
+
+def top(scores: np.ndarray, limit: int) -> list[int]:
+    """Indices of the `limit` best positive scores, best first (ties by position: stable)."""
+    if limit <= 0 or not len(scores):
+        return []
+    order = np.argsort(-scores, kind="stable")[:limit]
+    return [int(i) for i in order if scores[i] > 0]
+
+
+def fuse(rankings: Sequence[Sequence[int]], size: int, k: int = RRF_K) -> np.ndarray:
+    """Reciprocal rank fusion of best-first index lists into one score per document."""
+    fused = np.zeros(size, dtype=np.float64)
+    for ranking in rankings:
+        for rank, index in enumerate(ranking, 1):
+            fused[index] += 1.0 / (k + rank)
+    return fused
+
+
+@dataclass(frozen=True)
+class Hit:
+    tool: CatalogTool
+    also: tuple[str, ...] = ()  # the public names of the same tool on other servers
+
+
+def _grouped(ranked: list[CatalogTool], limit: int) -> list[Hit]:
+    groups: dict[tuple[str, str, str], list[CatalogTool]] = {}
+    for tool in ranked:
+        key = (tool.original, tool.fingerprint, tool.effect)
+        if key in groups:
+            groups[key].append(tool)
+        elif len(groups) < limit:
+            groups[key] = [tool]
+    return [Hit(first, tuple(other.name for other in rest)) for first, *rest in groups.values()]
+
+
+class ToolIndex:
+    """Ranks the callable tools of a tool list (the live catalog) for a request in words.
+
+    `tools` is read at every search, so the index follows backends that come and go and
+    definitions that are accepted; only what changed is encoded again.
+    """
+
+    def __init__(self, tools: Callable[[], list[CatalogTool]], encoder: Encoder | None, rank: Rank = "auto") -> None:
+        self._tools = tools
+        self._hashing = encoder is not None and encoder.info.name == "hashing"
+        if rank == "auto":
+            rank = "words" if encoder is None or self._hashing else "hybrid"
+        self._encoder = encoder if rank != "words" else None
+        self._rank: Rank = rank
+        self._documents: dict[tuple[str, str], _Document] = {}
+        self._vectors: dict[tuple[str, str], np.ndarray] = {}
+        self._keys: tuple[tuple[str, str], ...] = ()
+        self._listed: list[CatalogTool] = []
+        self._bm25 = Bm25([])
+        self._matrix: np.ndarray | None = None
+        self._lock = anyio.Lock()
+        self._encoder_failed_at: float | None = None
+
+    async def search(self, query: str, limit: int, *, group: bool = True) -> list[Hit]:
+        """The best `limit` callable tools for `query`, best first; none when nothing matches.
+
+        One tool served by several servers alike (the same name, definition and effect: one
+        server connected for two accounts) is one hit, its other names in `also`, so copies do not
+        crowd other tools out of the few hits a client reads (`group=False`: each its own hit)."""
+        async with self._lock:
+            await self._refresh()
+            listed, bm25, matrix = self._listed, self._bm25, self._matrix
+        if not listed:
+            return []
+        depth = max(limit, FUSE_DEPTH)
+        semantic: list[int] = []
+        if matrix is not None:
+            vector = await self._encode_query(query)
+            if vector is not None:
+                semantic = top(matrix @ vector, depth)
+        if semantic and self._rank == "encoder":
+            ranking = semantic
+        else:  # words, hybrid, or an encoder that cannot answer now: the words rank
+            lexical = top(bm25.scores(words(query)), depth)
+            fused = bool(semantic and lexical) and self._rank == "hybrid"
+            ranking = top(fuse([lexical, semantic], len(listed)), depth) if fused else lexical or semantic
+        if not group:
+            return [Hit(listed[i]) for i in ranking[:limit]]
+        return _grouped([listed[i] for i in ranking], limit)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _encoder_usable(self) -> bool:
+        if self._encoder is None:
+            return False
+        failed = self._encoder_failed_at
+        return failed is None or time.monotonic() - failed >= ENCODER_RETRY_S
+
+    def _encoder_failed(self, exc: Exception) -> None:
+        if self._encoder_failed_at is None:
+            logger.warning("tool search ranks by words alone for now: the encoder failed (%s)", exc)
+        self._encoder_failed_at = time.monotonic()
+
+    def _encoder_back(self) -> None:
+        if self._encoder_failed_at is not None:
+            logger.warning("tool search uses its encoder again")
+        self._encoder_failed_at = None
+
+    async def _refresh(self) -> None:
+        listed = [tool for tool in self._tools() if not is_held(tool)]
+        keys = tuple((tool.name, tool.fingerprint) for tool in listed)
+        missing_vectors = self._encoder_usable() and any(key not in self._vectors for key in keys)
+        if keys == self._keys and not missing_vectors:
+            return
+        for tool, key in zip(listed, keys, strict=True):
+            if key not in self._documents:
+                self._documents[key] = document(tool)
+        live = set(keys)
+        self._documents = {key: doc for key, doc in self._documents.items() if key in live}
+        self._vectors = {key: vector for key, vector in self._vectors.items() if key in live}
+        docs = [self._documents[key] for key in keys]
+        if keys != self._keys:
+            self._bm25 = await anyio.to_thread.run_sync(Bm25, [doc.terms for doc in docs])
+        if self._encoder_usable():
+            await self._encode_documents(keys, docs)
+        self._matrix = np.stack([self._vectors[key] for key in keys]) if self._vectors_complete(keys) else None
+        self._keys, self._listed = keys, listed
+
+    def _vectors_complete(self, keys: Sequence[tuple[str, str]]) -> bool:
+        return bool(keys) and all(key in self._vectors for key in keys)
+
+    async def _encode_documents(self, keys: Sequence[tuple[str, str]], docs: Sequence[_Document]) -> None:
+        assert self._encoder is not None
+        wanted = [(key, doc) for key, doc in zip(keys, docs, strict=True) if key not in self._vectors]
+        if not wanted:
+            return
+        try:
+            vectors = await self._encoder.encode_texts([self._encodable(doc) for _, doc in wanted])
+        except LeashError as exc:
+            self._encoder_failed(exc)
+            return
+        self._encoder_back()
+        for (key, _), vector in zip(wanted, vectors, strict=True):
+            self._vectors[key] = vector
+
+    async def _encode_query(self, query: str) -> np.ndarray | None:
+        if self._encoder is None or not self._encoder_usable():
+            return None
+        text = " ".join(words(query)) if self._hashing else query
+        try:
+            vectors = await self._encoder.encode_texts([text])
+        except LeashError as exc:
+            self._encoder_failed(exc)
+            return None
+        vector: np.ndarray = vectors[0]
+        return vector
+
+    def _encodable(self, doc: _Document) -> str:
+        # Hashed words need the same folded words the query gets; a model reads plain text.
+        return " ".join(doc.terms) if self._hashing else doc.text
