@@ -124,6 +124,12 @@ class Barrier:
 
     async def read_json(self, session: Session, tool: CatalogTool, arguments: dict[str, Any]) -> dict[str, Any]:
         """`call` for a read (`read_tool`), its result as wire JSON."""
+        current = self.read_tool(tool.name)
+        if current is None:
+            # A listing refresh landed since `read_tool` said read (a rug pull, a tool withdrawn).
+            why = f"{tool.name} changed while this call waited to run, and nothing ran; call it again"
+            return as_wire(error_result(why))
+        tool = current
         try:
             self._catalog.validate(tool, arguments)
         except InvalidArguments as exc:

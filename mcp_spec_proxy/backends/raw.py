@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from typing import Any
@@ -80,7 +81,7 @@ class RawCalls:
         if not self._pending or _PREFIX_BYTES not in line:
             return False
         try:
-            data = json.loads(line)
+            data = decode(line)
         except (ValueError, RecursionError):
             return False  # the SDK's parser makes of it what it always has
         if not isinstance(data, dict) or "method" in data:
@@ -106,9 +107,40 @@ class RawCalls:
             await send(encode(notice))
 
 
+def decode(line: bytes | str) -> Any:
+    """`line` as JSON. What Python's parser reads but JSON cannot carry (`NaN`, `Infinity`, a
+    number past a float's range) is None, as the SDK writes such a number back out: nothing the
+    proxy passes on from a backend carries it to a client."""
+
+    def number(text: str) -> float | None:
+        value = float(text)
+        return value if math.isfinite(value) else None
+
+    return json.loads(line, parse_constant=_null, parse_float=number)
+
+
+def _null(text: str) -> None:
+    return None
+
+
 def encode(message: dict[str, Any]) -> bytes:
-    """One JSON line; ASCII-escaped, so no argument (a lone surrogate included) can fail to encode."""
-    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
+    """One JSON line; ASCII-escaped, so no argument (a lone surrogate included) can fail to encode.
+    A float JSON cannot carry (NaN, an infinity: Python's parser reads them from a client) is
+    written null, as the SDK writes it."""
+    try:
+        return json.dumps(message, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+    except ValueError:
+        return json.dumps(_finite(message), separators=(",", ":"), allow_nan=False).encode() + b"\n"
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
 
 
 def tool_result(result: Any) -> dict[str, Any] | None:
@@ -144,4 +176,4 @@ def json_size(result: dict[str, Any]) -> int:
     return size
 
 
-__all__ = ["PREFIX", "RawCalls", "encode", "json_size", "tool_result"]
+__all__ = ["PREFIX", "RawCalls", "decode", "encode", "json_size", "tool_result"]

@@ -1,0 +1,295 @@
+"""Attacks on the lean read path: the second route to the backends must lead nowhere else.
+
+The stdio front takes a client's read off the wire before the SDK parses it (`fronts/stdio.py`),
+and the proxy reads the answer off the backend's pipe before the SDK client does
+(`backends/raw.py`). Both are parsers of hostile bytes beside the SDK's own. Ground truth: the
+toy's ledger (a write that ran), the audit log, and the exact lines the proxy writes to its
+client, read here from a real spawned proxy with request shapes no SDK client would send.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from anyio.abc import Process
+
+from mcp_spec_proxy.audit import read_audit
+from tests.harness import ERAS, PROXY_COMMAND, proxied, recorded, spawned, text_of, toy, verdict
+
+pytestmark = pytest.mark.anyio
+
+RAW_SERVER = Path(__file__).parent / "fixtures" / "raw_server.py"
+WRITE = {"name": "toy__record", "arguments": {"value": "v", "intent": "x"}}
+
+
+def config(record: Path, review: str = "deny") -> dict[str, Any]:
+    return {"servers": {"toy": toy(record)}, "review": {"default": review}}
+
+
+def audit(state: Path) -> list[dict[str, Any]]:
+    path = state / "audit.jsonl"
+    return list(read_audit(path)) if path.exists() else []
+
+
+def strict(line: bytes) -> Any:
+    """`line` as JSON, refusing what Python's parser accepts but JSON is not (NaN, Infinity)."""
+
+    def refuse(constant: str) -> Any:
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+class Wire:
+    """A spawned proxy's stdin and stdout, one JSON line at a time."""
+
+    def __init__(self, process: Process) -> None:
+        assert process.stdin is not None and process.stdout is not None
+        self._process = process
+        self._buffer = b""
+        self.seen: dict[Any, dict[str, Any]] = {}  # every answer read so far, by id (JSON-encoded)
+
+    async def send(self, line: str | dict[str, Any]) -> None:
+        text = line if isinstance(line, str) else json.dumps(line)
+        assert self._process.stdin is not None
+        await self._process.stdin.send(text.encode() + b"\n")
+
+    async def line(self) -> dict[str, Any]:
+        assert self._process.stdout is not None
+        while b"\n" not in self._buffer:
+            self._buffer += await self._process.stdout.receive()
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        message: dict[str, Any] = strict(line)  # every line the client gets is one strict JSON message
+        return message
+
+    async def answer(self, request_id: Any) -> dict[str, Any]:
+        key = json.dumps(request_id)
+        while key not in self.seen:
+            message = await self.line()
+            if "id" in message and "method" not in message:
+                assert json.dumps(message["id"]) not in self.seen, f"answered twice: {message}"
+                self.seen[json.dumps(message["id"])] = message
+        return self.seen[key]
+
+    async def call(self, request_id: Any, params: dict[str, Any]) -> dict[str, Any]:
+        await self.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params})
+        return await self.answer(request_id)
+
+
+@asynccontextmanager
+async def wired(cfg: dict[str, Any], tmp: Path, *, handshake: bool = True) -> AsyncIterator[Wire]:
+    """A spawned proxy (the installed command) on raw pipes, after a handshake-era `initialize`."""
+    import yaml
+
+    config_file = tmp / "servers.yaml"
+    config_file.write_text(yaml.safe_dump(cfg))
+    argv = [PROXY_COMMAND, "--config", str(config_file), "--state-dir", str(tmp / "state"), "--log-level", "WARNING"]
+    with anyio.fail_after(90):
+        async with await anyio.open_process(argv, stderr=subprocess.DEVNULL) as process:
+            wire = Wire(process)
+            if handshake:
+                info = {"name": "attacker", "version": "1"}
+                params = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": info}
+                await wire.send({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": params})
+                await wire.answer("init")
+                await wire.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            try:
+                yield wire
+            finally:
+                assert process.stdin is not None
+                await process.stdin.aclose()
+
+
+# -- which requests the lean path may take -----------------------------------------------------
+
+
+def _call(request_id: Any, params: Any) -> str:
+    return json.dumps({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params})
+
+
+WRITE_ARGS = '"arguments":{"value":"v","intent":"x","text":"t"}'
+SHAPES: dict[str, str] = {
+    # Duplicate keys: whichever one a parser keeps, a write must meet the gate.
+    "name read then write": '{"jsonrpc":"2.0","id":"d1","method":"tools/call","params":{"name":"toy__echo",'
+    '"name":"toy__record",' + WRITE_ARGS + "}}",
+    "name write then read": '{"jsonrpc":"2.0","id":"d2","method":"tools/call","params":{"name":"toy__record",'
+    '"name":"toy__echo",' + WRITE_ARGS + "}}",
+    "params twice": '{"jsonrpc":"2.0","id":"d3","method":"tools/call","params":{"name":"toy__echo",'
+    + WRITE_ARGS
+    + '},"params":{"name":"toy__record",'
+    + WRITE_ARGS
+    + "}}",
+    "method twice": '{"jsonrpc":"2.0","id":"d4","method":"tools/list","method":"tools/call","params":{"name":'
+    '"toy__record",' + WRITE_ARGS + "}}",
+    "escaped name": '{"jsonrpc":"2.0","id":"e1","method":"tools/call","params":{"name":"toy__\\u0072ecord",'
+    + WRITE_ARGS
+    + "}}",
+    "escaped method": '{"jsonrpc":"2.0","id":"e2","method":"tools\\/call","params":{"name":"toy__record",'
+    + WRITE_ARGS
+    + "}}",
+    "extra params field": _call("x1", {**WRITE, "task": {"ttl": 1000}}),
+    "progress token": _call("p1", {**WRITE, "_meta": {"progressToken": "t"}}),
+    "progress token deep": _call("p2", {**WRITE, "arguments": {**WRITE["arguments"], "_meta": {"progressToken": 1}}}),
+    "float id": _call(1.5, WRITE),
+    "object id": _call({"a": 1}, WRITE),
+    "cyrillic o": _call("u1", {**WRITE, "name": "toy__rec\u043erd"}),
+    "zero-width space": _call("u2", {**WRITE, "name": "toy__record\u200b"}),
+    "fullwidth": _call("u3", {**WRITE, "name": "\uff54\uff4f\uff59__record"}),
+    "lone surrogate": '{"jsonrpc":"2.0","id":"u4","method":"tools/call","params":{"name":"toy__record\\ud800",'
+    + WRITE_ARGS
+    + "}}",
+    "own tool": _call("o1", {"name": "report_outcome", "arguments": {"outcome": "done"}}),
+    "meta tool of search mode": _call("o2", {"name": "call_tool", "arguments": WRITE}),
+    "batch": "[" + _call("b1", WRITE) + "," + _call("b2", {"name": "toy__echo", "arguments": {"text": "t"}}) + "]",
+    "notification": json.dumps({"jsonrpc": "2.0", "method": "tools/call", "params": WRITE}),
+}
+
+
+async def test_no_request_shape_takes_a_write_past_the_gate(tmp_path: Path) -> None:
+    # Every shape aims at the write `toy__record` under `deny`: whichever parser reads it, and
+    # whichever path takes it, the toy's ledger stays empty, and the client still gets one
+    # strict JSON line per answer.
+    record = tmp_path / "rec"
+    async with wired(config(record), tmp_path) as wire:
+        for shape in SHAPES.values():
+            await wire.send(shape)
+        # A read after them all: once it is answered, the shapes before it were handled.
+        answered = await wire.call("last", {"name": "toy__echo", "arguments": {"text": "last"}})
+    assert answered["result"]["content"] == [{"type": "text", "text": "last"}]
+    assert recorded(record) == []
+    for event in audit(tmp_path / "state"):
+        assert event["event"] != "forwarded"
+        if event.get("tool") == "toy__record":
+            assert event["event"] in ("held", "verdict"), event
+
+
+async def test_a_read_before_the_handshake_is_not_taken_and_nothing_runs(tmp_path: Path) -> None:
+    async with wired(config(tmp_path / "rec"), tmp_path, handshake=False) as wire:
+        answer = await wire.call(1, {"name": "toy__echo", "arguments": {"text": "early"}})
+    assert "error" in answer and "result" not in answer
+    assert audit(tmp_path / "state") == []
+
+
+async def test_a_tool_pulled_from_read_to_changed_is_held_on_the_stdio_front(tmp_path: Path) -> None:
+    async with wired(config(tmp_path / "rec"), tmp_path) as wire:
+        before = await wire.call("a", {"name": "toy__echo", "arguments": {"text": "before"}})
+        await wire.call("pull", {"name": "toy__rug_pull", "arguments": {}})
+        for n in range(200):  # the listing refresh lands once the backend's list_changed is handled
+            await wire.send({"jsonrpc": "2.0", "id": f"list{n}", "method": "tools/list"})
+            tools = (await wire.answer(f"list{n}"))["result"]["tools"]
+            if any("ignore previous" in (tool.get("description") or "") for tool in tools):
+                break
+        after = await wire.call("b", {"name": "toy__echo", "arguments": {"text": "after", "intent": "x"}})
+    assert before["result"]["content"][0]["text"] == "before"
+    assert after["result"]["isError"] and "Blocked at the write barrier" in after["result"]["content"][0]["text"]
+    reads = [e["tool"] for e in audit(tmp_path / "state") if e["event"] == "read"]
+    held = [e["tool"] for e in audit(tmp_path / "state") if e["event"] == "held"]
+    assert reads == ["toy__echo", "toy__rug_pull"] and held == ["toy__echo"]
+
+
+async def test_a_read_claimed_before_a_rug_pull_does_not_run_after_it(tmp_path: Path) -> None:
+    # The stdio front claims a read (`read_tool`) and runs it (`read_json`) in a task of its own:
+    # a listing refresh may land between the two. The read must then not go out as a read.
+    async with proxied(config(tmp_path / "rec"), tmp_path / "state") as p:
+        barrier = p.proxy.barrier
+        tool = barrier.read_tool("toy__echo")
+        assert tool is not None
+        await p.client.call_tool("toy__rug_pull", {})
+        for _ in range(200):
+            if p.proxy.catalog.lookup("toy__echo").reason == "changed-definition":
+                break
+            await p.client.list_tools()
+        assert barrier.read_tool("toy__echo") is None
+        forwarded: list[str] = []
+        fast = p.proxy.gate.read_json
+
+        async def read_json(session: str, tool: Any, *args: Any) -> dict[str, Any]:
+            forwarded.append(tool.name)
+            return await fast(session, tool, *args)
+
+        p.proxy.gate.read_json = read_json  # type: ignore[method-assign]
+        result = await barrier.read_json(barrier.new_session(), tool, {"text": "late"})
+    assert forwarded == []
+    assert result["isError"] is True and "changed" in result["content"][0]["text"]
+
+
+# -- what a lean read leaves behind ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_a_lean_read_is_in_the_history_the_reviewer_of_a_later_write_sees(tmp_path: Path, mode: str) -> None:
+    from mcp_spec_proxy.testing import Respond, ScriptedModelServer
+
+    async with ScriptedModelServer(Respond(lambda request: verdict(0, "no"))) as model:
+        cfg = config(tmp_path / "rec", review="strong")
+        cfg["models"] = {"strong": {"base_url": model.base_url, "model": "strong-model", "max_retries": 0}}
+        cfg["review"]["on_reject"] = "block"
+        async with spawned(cfg, tmp_path, mode=mode) as client:
+            echoed = await client.call_tool("toy__echo", {"text": "marker-7f3a"})
+            written = await client.call_tool("toy__record", {"value": "v", "intent": "x"})
+        asked = json.dumps(model.chat_requests[0].raw["messages"])
+    assert text_of(echoed) == "marker-7f3a" and written.is_error
+    assert "toy__echo" in asked and "marker-7f3a" in asked
+    assert recorded(tmp_path / "rec") == []
+
+
+# -- a hostile backend on the raw channel ------------------------------------------------------
+
+
+def raw_config(record: Path) -> dict[str, Any]:
+    server = {"command": sys.executable, "args": [str(RAW_SERVER)], "env": {"RAW_RECORD_FILE": str(record)}}
+    return {"servers": {"raw": server}, "review": {"default": "deny"}}
+
+
+async def test_numbers_json_cannot_carry_reach_the_client_as_null(tmp_path: Path) -> None:
+    # Python's parser reads NaN, Infinity and 1e400 (as inf); written back they are no JSON at
+    # all, and the client's parser would drop the whole answer. The SDK's path writes null.
+    async with wired(raw_config(tmp_path / "rec"), tmp_path) as wire:
+        answer = await wire.call(1, {"name": "raw__odd_numbers", "arguments": {}})
+    assert answer["result"]["structuredContent"] == {"nan": None, "inf": None, "ninf": None, "big": None}
+
+
+async def test_a_client_number_json_cannot_carry_is_not_written_to_the_backend(tmp_path: Path) -> None:
+    # The same numbers from the client: the lean path must not write them to the backend as
+    # they are (NaN is no JSON); the read still gets an answer.
+    async with wired(raw_config(tmp_path / "rec"), tmp_path) as wire:
+        line = '{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"raw__stray","arguments":{"n":NaN}}}'
+        await wire.send(line)
+        answer = await wire.answer(7)
+    assert "result" in answer or "error" in answer
+    calls = [json.loads(call) for call in recorded(tmp_path / "rec")]
+    assert [call["tool"] for call in calls] == ["stray"]
+    for call in calls:
+        strict(call["line"].encode())
+
+
+async def test_answers_to_ids_never_asked_are_dropped_and_the_channel_goes_on(tmp_path: Path) -> None:
+    # `stray` answers the next `msp-` id and an integer id before its own: neither may reach a
+    # later call (the next read is asked under that very id) nor the SDK client's requests.
+    async with wired(raw_config(tmp_path / "rec"), tmp_path) as wire:
+        first = await wire.call(1, {"name": "raw__stray", "arguments": {}})
+        second = await wire.call(2, {"name": "raw__stray", "arguments": {}})
+        await wire.send({"jsonrpc": "2.0", "id": 3, "method": "tools/list"})
+        listed = await wire.answer(3)
+    assert first["result"]["content"] == [{"type": "text", "text": "real"}]
+    assert second["result"]["content"] == [{"type": "text", "text": "real"}]
+    assert {tool["name"] for tool in listed["result"]["tools"]} == {"raw__odd_numbers", "raw__stray", "raw__smuggle"}
+
+
+async def test_a_result_cannot_smuggle_a_message_into_the_clients_stream(tmp_path: Path) -> None:
+    from tests.fixtures.raw_server import SMUGGLED
+
+    async with wired(raw_config(tmp_path / "rec"), tmp_path) as wire:
+        answer = await wire.call(2, {"name": "raw__smuggle", "arguments": {}})
+        await wire.send({"jsonrpc": "2.0", "id": "after", "method": "ping"})
+        nxt = await wire.line()  # the very next line is the ping's answer: nothing was smuggled in
+    assert answer["result"]["content"] == [{"type": "text", "text": SMUGGLED}]
+    assert nxt["id"] == "after" and nxt["result"] == {}
