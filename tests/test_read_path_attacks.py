@@ -293,3 +293,46 @@ async def test_a_result_cannot_smuggle_a_message_into_the_clients_stream(tmp_pat
         nxt = await wire.line()  # the very next line is the ping's answer: nothing was smuggled in
     assert answer["result"]["content"] == [{"type": "text", "text": SMUGGLED}]
     assert nxt["id"] == "after" and nxt["result"] == {}
+
+
+async def test_two_http_clients_reading_at_once_each_get_their_own_answers_and_history(tmp_path: Path) -> None:
+    # Two sessions (handshake era: one per Mcp-Session-Id) share one backend and its raw channel:
+    # each read's answer reaches the client that asked, and goes into that client's history only
+    # (the reviewer of A's write sees A's reads, never B's).
+    from mcp import Client
+
+    from mcp_spec_proxy.config import ProxyConfig
+    from mcp_spec_proxy.fronts.http import serve_http
+    from mcp_spec_proxy.fronts.mcp import McpFront
+    from mcp_spec_proxy.proxy import StatePaths, running_proxy
+    from mcp_spec_proxy.testing import Respond, ScriptedModelServer
+
+    answers: dict[str, str] = {}
+    async with ScriptedModelServer(Respond(lambda request: verdict(0, "no"))) as model:
+        cfg = config(tmp_path / "rec", review="strong")
+        cfg["models"] = {"strong": {"base_url": model.base_url, "model": "strong-model", "max_retries": 0}}
+        cfg["review"]["on_reject"] = "block"
+        with anyio.fail_after(60):
+            async with (
+                running_proxy(ProxyConfig.model_validate(cfg), StatePaths(tmp_path / "state")) as proxy,
+                anyio.create_task_group() as tg,
+            ):
+                front = McpFront(proxy)
+                port = await tg.start(lambda task_status: serve_http(front, "127.0.0.1", 0, task_status=task_status))
+                url = f"http://127.0.0.1:{port}/mcp"
+                async with Client(url, mode="legacy") as a, Client(url, mode="legacy") as b:
+
+                    async def echo(client: Client, text: str) -> None:
+                        answers[text] = text_of(await client.call_tool("toy__echo", {"text": text}))
+
+                    async with anyio.create_task_group() as readers:
+                        for n in range(20):
+                            readers.start_soon(echo, a, f"alpha-{n}")
+                            readers.start_soon(echo, b, f"bravo-{n}")
+                    written = await a.call_tool("toy__record", {"value": "v", "intent": "x"})
+                tg.cancel_scope.cancel()
+        asked = json.dumps(model.chat_requests[0].raw["messages"])
+    assert answers == {text: text for text in answers} and len(answers) == 40
+    assert written.is_error and recorded(tmp_path / "rec") == []
+    assert all(f"alpha-{n}" in asked for n in range(20))
+    assert not any(f"bravo-{n}" in asked for n in range(20))
