@@ -336,3 +336,36 @@ async def test_two_http_clients_reading_at_once_each_get_their_own_answers_and_h
     assert written.is_error and recorded(tmp_path / "rec") == []
     assert all(f"alpha-{n}" in asked for n in range(20))
     assert not any(f"bravo-{n}" in asked for n in range(20))
+
+
+async def test_a_late_tools_lean_read_meets_the_same_checks_on_the_stdio_front(tmp_path: Path) -> None:
+    # The spawned proxy serves before `late` arrives. An earlier run pinned `late`'s first listing
+    # with another `echo`: its `echo` is changed and its other tools are new, and none may be read
+    # on the lean path once it arrives; until then a call is a clear error at once.
+    import os
+
+    from mcp_spec_proxy.fingerprints import SERVERS
+
+    fifo = tmp_path / "start"
+    os.mkfifo(fifo)
+    state = tmp_path / "state"
+    state.mkdir()
+    seen = {"accepted": "0" * 64, "latest": "0" * 64, "first_seen": 0}
+    (state / "fingerprints.json").write_text(json.dumps({SERVERS: {"late": {"first_listing": 0}}, "late/echo": seen}))
+    late = toy(tmp_path / "late-rec", "--start-after", str(fifo), startup_timeout=600)
+    cfg = {"servers": {"late": late, "toy": toy(tmp_path / "rec")}, "review": {"default": "deny"}}
+    async with wired(cfg, tmp_path) as wire:
+        early = await wire.call("early", {"name": "late__echo", "arguments": {"text": "too soon"}})
+        os.close(os.open(fifo, os.O_WRONLY))  # the late toy starts
+        for n in range(400):
+            await wire.send({"jsonrpc": "2.0", "id": f"list{n}", "method": "tools/list"})
+            if any(tool["name"] == "late__echo" for tool in (await wire.answer(f"list{n}"))["result"]["tools"]):
+                break
+            await anyio.sleep(0.05)
+        echo = await wire.call("echo", {"name": "late__echo", "arguments": {"text": "x", "intent": "x"}})
+        pulled = await wire.call("rug", {"name": "late__was_cancelled", "arguments": {"intent": "x"}})
+    assert "error" in early and "not in the catalog" in early["error"]["message"]
+    assert echo["result"]["isError"] and "Blocked at the write barrier" in echo["result"]["content"][0]["text"]
+    assert pulled["result"]["isError"]  # every `late` tool is new to a server first listed before
+    reads = [e["tool"] for e in audit(state) if e["event"] == "read"]
+    assert not any(tool.startswith("late__") for tool in reads)
