@@ -98,6 +98,10 @@ class CatalogSearch:
     def definitions(self) -> list[types.Tool]:
         return [search_tool(self.most), CALL_TOOL]
 
+    def owns(self, name: str) -> bool:
+        """Whether `name` is a meta-tool's: its calls are ours, whatever backend tool shares the name."""
+        return name in (SEARCH, CALL)
+
     async def route(self, params: types.CallToolRequestParams) -> types.CallToolResult | types.CallToolRequestParams:
         """A result for a search or a refused call; else the `tools/call` request to carry on with."""
         arguments = params.arguments or {}

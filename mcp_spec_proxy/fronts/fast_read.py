@@ -9,10 +9,11 @@ lookup, argument validation and audit line (`Barrier.read_tool`, `Barrier.read_j
 stdio front goes one step further and takes such a call off the wire before the SDK parses it
 (`stdio._LeanReads`, through `FastRead.claim` and `run`).
 
-Everything else takes the SDK's path, unchanged: another method, an own tool, a call with a
-progress token (it may stream), a modern retry carrying input responses, a legacy call before
-the handshake, a request the SDK's own check refuses, and every call `Barrier.read_tool`
-declines — a write, an unknown tool, a tool held for its new or changed definition.
+Everything else takes the SDK's path, unchanged: another method, an own tool or a search-mode
+meta-tool (whatever backend tool shares its name), a call with a progress token (it may stream),
+a modern retry carrying input responses, a legacy call before the handshake, a request the SDK's
+own check refuses, and every call `Barrier.read_tool` declines — a write, an unknown tool, a
+tool held for its new or changed definition.
 
 What goes out: a result of the plain shape (text blocks, a boolean `isError`, an object of
 structured content, `_meta`) as the backend sent it; any other shape through the SDK's own
@@ -114,6 +115,8 @@ class FastRead:
         front = self._front
         if not isinstance(name, str) or not isinstance(arguments, dict) or front.own_tools.owns(name):
             return None
+        if front.catalog_search is not None and front.catalog_search.owns(name):
+            return None  # a meta-call of search mode, even where a backend tool's public name is the same
         meta = params.get("_meta")
         if isinstance(meta, Mapping) and ("progressToken" in meta or "progress_token" in meta):
             return None  # progress may be streamed: the SDK's path reports it
