@@ -119,3 +119,38 @@ async def test_a_backend_tool_named_like_a_meta_tool_never_takes_its_calls(tmp_p
     assert json.loads(text_of(found))["tools"][0]["name"] == "toy_record"
     assert not calls.exists()  # neither hostile backend saw the meta-calls or their arguments
     assert recorded(record) == []
+
+
+async def test_an_approval_ticket_for_one_call_tool_is_spent_on_no_other_call(tmp_path: Path) -> None:
+    # 2026-07-28 on the real stdio front, no handshake: call_tool(record, a) asks the person and
+    # hands out a ticket. Retries that name another call (call_tool with other arguments, a
+    # direct call of them) carrying that ticket and an approval are asked again; only the call
+    # the ticket was issued for runs.
+    from tests.test_read_path_attacks import wired
+
+    envelope = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}},
+    }
+    record = tmp_path / "rec"
+    cfg = {"servers": {"toy": toy(record)}, "review": {"default": "human"}, "catalog": {"mode": "search"}}
+
+    def meta_call(value: str) -> dict[str, Any]:
+        inner = {"value": value, "intent": "x"}
+        return {"name": "call_tool", "arguments": {"name": "toy__record", "arguments": inner}, "_meta": envelope}
+
+    async with wired(cfg, tmp_path, handshake=False) as wire:
+        asked = (await wire.call(1, meta_call("a")))["result"]
+        assert asked["resultType"] == "input_required", asked
+        (key,) = asked["inputRequests"]
+        approval = {"inputResponses": {key: {"action": "accept", "content": {"approve": True}}}}
+        retry = {**approval, "requestState": asked["requestState"]}
+        other = (await wire.call(2, {**meta_call("b"), **retry}))["result"]
+        direct_call = {"name": "toy__record", "arguments": {"value": "b", "intent": "x"}, "_meta": envelope}
+        direct = (await wire.call(3, {**direct_call, **retry}))["result"]
+        genuine = (await wire.call(4, {**meta_call("a"), **retry}))["result"]
+        replayed = (await wire.call(5, {**meta_call("a"), **retry}))["result"]
+    assert other["resultType"] == "input_required" and direct["resultType"] == "input_required"
+    assert genuine["resultType"] == "complete" and not genuine.get("isError"), genuine
+    assert replayed["resultType"] == "input_required"  # single use
+    assert [json.loads(line)["value"] for line in recorded(record)] == ["a"]
