@@ -26,6 +26,7 @@ import click
 from mcp_spec_proxy.config import ProxyConfig, load_config
 from mcp_spec_proxy.engine import Mode
 from mcp_spec_proxy.errors import ProxyError
+from mcp_spec_proxy.launch import state_dir_of as state_dir_of  # the console script needs it before this package loads
 from mcp_spec_proxy.proxy import Proxy, StatePaths, open_leash, running_proxy
 
 if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section opens it
@@ -33,15 +34,6 @@ if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section op
 
 logger = logging.getLogger("mcp_spec_proxy")
 T = TypeVar("T")
-
-
-def state_dir_of(option: str | None, config: ProxyConfig) -> Path:
-    """The state directory: `--state-dir`, else the config's `state_dir`, else under $XDG_STATE_HOME."""
-    chosen = option or config.state_dir
-    if chosen:
-        return Path(os.path.expanduser(chosen))
-    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-    return Path(base) / "mcp-spec-proxy"
 
 
 def load(path: str) -> ProxyConfig:
