@@ -4,8 +4,9 @@ Loading the command line imports the `mcp` SDK, most of the proxy's own start. W
 serves (no subcommand: stdio, or `--http`), this module first reads the config with the project's
 loader and spawns its stdio backends (`early.spawn_early`), so their start overlaps ours; their
 first connection adopts them. Anything else (a subcommand, `--help`, an option this module does
-not know, a config that does not load) goes straight to the command line, which reports it. A
-failure here is one log line, and the backends start after the proxy loads, as they would anyway.
+not know, a config that does not load, an address of `--http` or `--console` that cannot be
+listened on: the command refuses it before any backend starts) goes straight to the command line,
+which reports it. A failure here is one log line, and the backends start after the proxy loads.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,6 +37,27 @@ def state_dir_of(option: str | None, config: ProxyConfig) -> Path:
     return Path(base) / "mcp-spec-proxy"
 
 
+def listen_problem(host: str, port: int) -> str | None:
+    """Why `host:port` cannot be listened on, or None (port 0 always can)."""
+    if port == 0:
+        return None
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds it
+        try:
+            sock.bind((host, port))
+            sock.listen(1)
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
+
+
+def _listenable(value: str) -> bool:
+    """Whether a HOST:PORT option's address parses and can be listened on (as cli/serve.py reads it)."""
+    host, _, port = value.rpartition(":")
+    return port.isdigit() and listen_problem(host.strip("[]") or "127.0.0.1", int(port)) is None
+
+
 def serving_files(argv: list[str]) -> tuple[str, str | None] | None:
     """(config path, --state-dir) when `argv` runs the serving command, else None (not sure is None)."""
     values: dict[str, str] = {}
@@ -50,6 +73,8 @@ def serving_files(argv: list[str]) -> tuple[str, str | None] | None:
             values[arg] = found
         elif arg not in _FLAGS:
             return None  # a subcommand, --help, --version, or something click will explain
+    if not all(_listenable(values[option]) for option in ("--http", "--console") if option in values):
+        return None
     return values.get("--config", values.get("-c", "servers.yaml")), values.get("--state-dir")
 
 

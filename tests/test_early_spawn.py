@@ -8,6 +8,7 @@ by a DEBUG line with the PID; the ledger shows a write went through the adopted 
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import socket
@@ -113,19 +114,14 @@ def test_backends_never_adopted_are_stopped_when_the_proxy_exits(tmp_path: Path)
         "stubborn": counted(pids, stubborn, tmp_path / "ledger2"),
     }
     config = write_config(tmp_path, servers)
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen(1)
-        port = taken.getsockname()[1]
-        # The backends start, then the command fails before serving: the port is taken.
-        result = subprocess.run(
-            [PROXY_COMMAND, "--config", str(config), "--state-dir", str(tmp_path / "state"), "--http", f":{port}"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            stdin=subprocess.DEVNULL,
-        )
-    assert result.returncode == 1 and "cannot listen" in result.stderr, result.stderr
+    # The backends start, then the command fails before serving: the bearer token's variable is unset.
+    unset = "MCP_SPEC_PROXY_TEST_UNSET_TOKEN"
+    args = ["--config", str(config), "--state-dir", str(tmp_path / "state"), "--http", ":0", "--token-env", unset]
+    env = {key: value for key, value in os.environ.items() if key != unset}
+    result = subprocess.run(
+        [PROXY_COMMAND, *args], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, env=env
+    )
+    assert result.returncode == 1 and unset in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
     started = spawned(pids)
     assert len(started) == 2, started  # both were spawned before the proxy loaded
@@ -154,6 +150,17 @@ def test_the_early_environment_is_the_sdks() -> None:
     assert early.default_environment() == get_default_environment()
 
 
+def test_a_port_in_use_spawns_nothing_early() -> None:
+    """The command refuses an address it cannot listen on before any backend starts; so does this."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        assert serving_files(["--http", f"127.0.0.1:{port}"]) is None
+        assert serving_files(["--console", f":{port}"]) is None
+    assert serving_files(["--http", f"127.0.0.1:{port}"]) == ("servers.yaml", None)
+
+
 @pytest.mark.parametrize(
     ("argv", "files"),
     [
@@ -167,6 +174,7 @@ def test_the_early_environment_is_the_sdks() -> None:
         (["--version"], None),
         (["--config"], None),
         (["--unknown", "x"], None),
+        (["--http", "nonsense"], None),  # the command line explains it
     ],
 )
 def test_only_the_serving_command_spawns_early(argv: list[str], files: tuple[str, str | None] | None) -> None:
