@@ -179,3 +179,23 @@ def test_a_port_in_use_spawns_nothing_early() -> None:
 )
 def test_only_the_serving_command_spawns_early(argv: list[str], files: tuple[str, str | None] | None) -> None:
     assert serving_files(argv) == files
+
+
+def test_a_failure_before_loading_is_one_line_and_the_command_still_runs(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import mcp_spec_proxy.cli
+    from mcp_spec_proxy import launch
+
+    ran: list[str] = []
+
+    def broken(argv: list[str]) -> None:
+        raise OSError("no such thing")
+
+    monkeypatch.setattr(launch, "start_backends", broken)
+    monkeypatch.setattr(mcp_spec_proxy.cli, "main", lambda prog_name: ran.append(prog_name))
+    launch.main()
+    assert ran == ["mcp-spec-proxy"]
+    [record] = caplog.records
+    assert record.levelname == "WARNING" and "OSError: no such thing" in record.getMessage()
+    assert record.exc_info is None  # one line, no traceback

@@ -28,7 +28,6 @@ from typing import Any, TextIO, cast
 import anyio
 import anyio.abc
 import mcp_types as types
-import sniffio
 from mcp import StdioServerParameters
 from mcp.client.stdio import get_default_environment
 from mcp.shared.message import SessionMessage
@@ -194,8 +193,6 @@ async def _adopt(
     if popen is None:
         return None
     try:
-        if sniffio.current_async_library() != "asyncio":
-            raise RuntimeError("not an asyncio event loop")
         process = await AdoptedProcess.serve(popen)
     except Exception as exc:
         logger.warning("backend %r: could not take over its process started at launch (%s); starting one", name, exc)
@@ -217,7 +214,7 @@ class AdoptedProcess(anyio.abc.Process):
     @classmethod
     async def serve(cls, popen: subprocess.Popen[bytes]) -> AdoptedProcess:
         assert popen.stdin is not None and popen.stdout is not None  # spawned with pipes
-        loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()  # RuntimeError on another event loop (trio): not adopted
         reader = asyncio.StreamReader(loop=loop)
         read_transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), popen.stdout)
         try:
