@@ -9,21 +9,30 @@ skipped to its end, and if its first bytes name a request id, that request is an
 Messages waiting for stdin go out together, one write for all of them, and with `raw` the same
 pipes carry the fast path's reads (`raw.RawCalls`): its lines are written beside the SDK's, and
 the reader hands their answers back to it before the SDK parses anything.
+
+A server's first connection adopts the process `early.spawn_early` started for it before the SDK
+was imported, when it was spawned with exactly the parameters this connection would use
+(`_adopt`); the pipes are then served by the event loop's own pipe transports (`AdoptedProcess`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
+import subprocess
 from collections.abc import AsyncGenerator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TextIO, cast
 
 import anyio
+import anyio.abc
 import mcp_types as types
 from mcp import StdioServerParameters
 from mcp.client.stdio import get_default_environment
 from mcp.shared.message import SessionMessage
 
+from mcp_spec_proxy import early
 from mcp_spec_proxy.backends.raw import RawCalls
 from mcp_spec_proxy.sdk import (  # the SDK's own spawn and shutdown, so both behave the same
     TransportStreams,
@@ -38,6 +47,9 @@ RESULT_TOO_LARGE = -32099
 
 _ID = re.compile(rb'"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.){0,200}")')
 _WRITER_FLUSH_TIMEOUT = 0.5
+_EXIT_POLL_S = 0.01
+
+logger = logging.getLogger(__name__)
 
 
 @asynccontextmanager
@@ -47,16 +59,15 @@ async def bounded_stdio_client(
     max_line_bytes: int,
     on_exit: Callable[[int | None], None] | None = None,
     raw: RawCalls | None = None,
+    name: str | None = None,
 ) -> AsyncGenerator[TransportStreams, None]:
     """`on_exit` hears the process's exit status once it is stopped (or found dead): the
     supervisor names it when a server exits during its handshake. `raw` is attached to these
-    pipes while they are open."""
-    process = await create_platform_compatible_process(
-        command=server.command,
-        args=server.args,
-        env=get_default_environment() | (server.env or {}),
-        errlog=errlog,
-        cwd=server.cwd,
+    pipes while they are open. `name` (the server's) lets a first connection adopt its early process."""
+    env = get_default_environment() | (server.env or {})
+    adopted = await _adopt(name, server, env, errlog) if name is not None else None
+    process = adopted or await create_platform_compatible_process(
+        command=server.command, args=server.args, env=env, errlog=errlog, cwd=server.cwd
     )
     read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     # The SDK sends its messages; the fast path sends lines it encoded itself.
@@ -167,3 +178,120 @@ async def bounded_stdio_client(
                 for stream in (read_stream, write_stream, read_writer, write_reader):
                     await stream.aclose()
             tg.cancel_scope.cancel()
+
+
+async def _adopt(
+    name: str, server: StdioServerParameters, env: dict[str, str], errlog: TextIO
+) -> anyio.abc.Process | None:
+    """The process spawned at launch for `name` with exactly these parameters, served on this loop;
+    None when there is none (a reconnect, a changed config, one that died) or it cannot be served."""
+    log_name = getattr(errlog, "name", None)
+    if not isinstance(log_name, str):
+        return None
+    key = early.SpawnKey.of(name, server.command, server.args, env, server.cwd, log_name)
+    popen = early.claim(key)
+    if popen is None:
+        return None
+    try:
+        process = await AdoptedProcess.serve(popen)
+    except Exception as exc:
+        logger.warning("backend %r: could not take over its process started at launch (%s); starting one", name, exc)
+        early.refuse(popen)
+        return None
+    logger.debug("backend %r: adopted its process started at launch (pid %d)", name, popen.pid)
+    return process
+
+
+class AdoptedProcess(anyio.abc.Process):
+    """A process spawned by `subprocess.Popen` (`early`), its pipes served by the event loop's pipe
+    transports: what `bounded_stdio_client` and the SDK's `stop_server_process` use of a process."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], stdin: _PipeSend, stdout: _PipeReceive) -> None:
+        self._popen = popen
+        self._stdin = stdin
+        self._stdout = stdout
+
+    @classmethod
+    async def serve(cls, popen: subprocess.Popen[bytes]) -> AdoptedProcess:
+        assert popen.stdin is not None and popen.stdout is not None  # spawned with pipes
+        loop = asyncio.get_running_loop()  # RuntimeError on another event loop (trio): not adopted
+        reader = asyncio.StreamReader(loop=loop)
+        read_transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), popen.stdout)
+        try:
+            write_transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, popen.stdin)
+        except BaseException:
+            read_transport.close()
+            raise
+        writer = asyncio.StreamWriter(write_transport, protocol, None, loop)
+        return cls(popen, _PipeSend(writer), _PipeReceive(reader, read_transport))
+
+    async def aclose(self) -> None:
+        await self._stdin.aclose()
+        await self._stdout.aclose()
+        await self.wait()
+
+    async def wait(self) -> int:
+        # Polled as the SDK's shutdown polls: nothing signals a Popen's exit to the loop.
+        while (code := self._popen.poll()) is None:  # noqa: ASYNC110
+            await anyio.sleep(_EXIT_POLL_S)
+        return code
+
+    def terminate(self) -> None:
+        self._popen.terminate()
+
+    def kill(self) -> None:
+        self._popen.kill()
+
+    def send_signal(self, signal: int) -> None:
+        self._popen.send_signal(signal)
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.poll()  # reaps it once it exited, as reading an anyio process's does
+
+    @property
+    def stdin(self) -> anyio.abc.ByteSendStream:
+        return self._stdin
+
+    @property
+    def stdout(self) -> anyio.abc.ByteReceiveStream:
+        return self._stdout
+
+    @property
+    def stderr(self) -> None:
+        return None  # stderr goes to the server's log file
+
+
+class _PipeReceive(anyio.abc.ByteReceiveStream):
+    def __init__(self, reader: asyncio.StreamReader, transport: asyncio.ReadTransport) -> None:
+        self._reader = reader
+        self._transport = transport
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        if self._transport.is_closing():
+            raise anyio.ClosedResourceError
+        data = await self._reader.read(max_bytes)
+        if not data:
+            raise anyio.EndOfStream
+        return data
+
+    async def aclose(self) -> None:
+        self._transport.close()
+
+
+class _PipeSend(anyio.abc.ByteSendStream):
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+
+    async def send(self, item: bytes) -> None:
+        if self._writer.is_closing():
+            raise anyio.ClosedResourceError
+        self._writer.write(item)
+        await self._writer.drain()
+
+    async def aclose(self) -> None:
+        self._writer.close()  # what is still buffered is written first; then the server reads its end

@@ -9,11 +9,8 @@ on the next call. A stdio transport also carries the fast path's reads (`Watched
 
 from __future__ import annotations
 
-import shutil
-import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TextIO
 
@@ -26,31 +23,8 @@ from mcp.shared.message import SessionMessage
 from mcp_spec_proxy.backends.raw import RawCalls
 from mcp_spec_proxy.backends.stdio import bounded_stdio_client
 from mcp_spec_proxy.config import ServerConfig
-from mcp_spec_proxy.errors import BackendError
+from mcp_spec_proxy.early import resolve_command  # also used before the SDK loads: one place
 from mcp_spec_proxy.sdk import ReadStream, Transport, TransportStreams, create_mcp_http_client
-
-
-def resolve_command(name: str, command: str) -> str:
-    """The executable to spawn: as given if it has a path, else from PATH, else beside our Python.
-
-    The last rule lets a server installed into the proxy's own virtual environment (for example
-    `mcp-server-git`) be named bare even when the client (Claude Desktop) starts the proxy
-    with a PATH that does not include that environment.
-    """
-    if "/" in command:
-        if not Path(command).exists():
-            raise BackendError(name, f"failed to start: command {command!r} does not exist — fix `command`")
-        return command
-    found = shutil.which(command) or shutil.which(command, path=str(Path(sys.executable).parent))
-    if found is None:
-        hint = {
-            "npx": "install Node.js (npm ships npx)",
-            "uvx": "install uv, or pip-install the server and name its command",
-            "node": "install Node.js",
-            "docker": "install Docker",
-        }.get(command, "install it or set `command` to its full path")
-        raise BackendError(name, f"failed to start: command {command!r} not found — {hint}")
-    return found
 
 
 class _WatchedReadStream:
@@ -161,7 +135,7 @@ def open_transport(
         # A margin over the result cap for the JSON-RPC envelope and escaping.
         bound = int(config.max_result_bytes * 1.5) + 65_536
         raw = RawCalls()
-        return WatchedTransport(bounded_stdio_client(params, errlog, bound, on_exit, raw), on_end, raw)
+        return WatchedTransport(bounded_stdio_client(params, errlog, bound, on_exit, raw, name), on_end, raw)
     assert config.url is not None
     if config.transport == "sse":
         return WatchedTransport(sse_client(config.url, headers=config.headers or None), on_end)

@@ -12,7 +12,6 @@ import importlib.util
 import logging
 import os
 import signal
-import socket
 import sys
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
@@ -26,6 +25,8 @@ import click
 from mcp_spec_proxy.config import ProxyConfig, load_config
 from mcp_spec_proxy.engine import Mode
 from mcp_spec_proxy.errors import ProxyError
+from mcp_spec_proxy.launch import listen_problem  # the console script needs these two before the SDK loads
+from mcp_spec_proxy.launch import state_dir_of as state_dir_of
 from mcp_spec_proxy.proxy import Proxy, StatePaths, open_leash, running_proxy
 
 if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section opens it
@@ -33,15 +34,6 @@ if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section op
 
 logger = logging.getLogger("mcp_spec_proxy")
 T = TypeVar("T")
-
-
-def state_dir_of(option: str | None, config: ProxyConfig) -> Path:
-    """The state directory: `--state-dir`, else the config's `state_dir`, else under $XDG_STATE_HOME."""
-    chosen = option or config.state_dir
-    if chosen:
-        return Path(os.path.expanduser(chosen))
-    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-    return Path(base) / "mcp-spec-proxy"
 
 
 def load(path: str) -> ProxyConfig:
@@ -160,19 +152,11 @@ def engine_problem(config: ProxyConfig, mode: Mode) -> str | None:
 
 def bind_check(host: str, port: int, *, option: str) -> None:
     """Fail in one line, before any backend starts, when the address cannot be listened on."""
-    if port == 0:
-        return
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds it
-        try:
-            sock.bind((host, port))
-            sock.listen(1)
-        except OSError as exc:
-            raise click.ClickException(
-                f"{option}: cannot listen on {host}:{port}: {exc.strerror or exc}"
-                " — stop what holds that port, or choose another"
-            ) from None
+    problem = listen_problem(host, port)
+    if problem is not None:
+        raise click.ClickException(
+            f"{option}: cannot listen on {host}:{port}: {problem} — stop what holds that port, or choose another"
+        )
 
 
 def token_from_env(token_env: str | None) -> str | None:
