@@ -33,7 +33,6 @@ already loaded, and `save()` refuses to write over it.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
 import sys
@@ -51,6 +50,7 @@ import faiss
 import numpy as np
 
 from mcp_spec_proxy.leash.encoders import EncoderInfo, normalise_rows
+from mcp_spec_proxy.leash.rows import checked_rows
 from mcp_spec_proxy.leash.storage import (
     LABELS,
     MANIFEST,
@@ -354,33 +354,11 @@ class Bank:
         The call that takes the bank past `approximate_after` also builds the HNSW graph (seconds to
         minutes); other threads' lookups and adds go on meanwhile.
         """
-        matrix = np.asarray(vectors, dtype=np.float32)
-        if matrix.ndim == 1:
-            matrix = matrix[None, :]
-        if matrix.ndim != 2:
-            raise ValueError(f"add takes an (n, dim) array, got shape {matrix.shape}")
-        count = matrix.shape[0]
-        if count == 0:
+        rows = checked_rows(vectors, labels, source=source, metadata=metadata, dim=self._encoder.dim)
+        if rows is None:
             return []
-        if self._encoder.dim and matrix.shape[1] != self._encoder.dim:
-            raise ValueError(f"vectors have {matrix.shape[1]} dims, this bank holds {self._encoder.dim}")
-        if matrix.shape[1] == 0 or not np.isfinite(matrix).all():
-            raise ValueError("vectors must be finite and non-empty")
-        label_list = [labels] * count if isinstance(labels, str) else list(labels)
-        if len(label_list) != count or any(label not in LABELS for label in label_list):
-            raise ValueError(f"labels must be {count} of {LABELS}, got {labels!r}")
-        if source not in SOURCES:
-            raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
-        if metadata is None or isinstance(metadata, Mapping):
-            metadata_list: list[Mapping[str, Any] | None] = [metadata] * count
-        else:
-            metadata_list = list(metadata)
-        if len(metadata_list) != count:
-            raise ValueError(f"metadata must be one mapping per vector ({count}), got {len(metadata_list)}")
-        try:
-            stored = [json.loads(json.dumps(dict(m), ensure_ascii=False)) if m else None for m in metadata_list]
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"metadata must be JSON-serialisable: {exc}") from None
+        matrix, label_list, stored = rows.matrix, rows.labels, rows.metadata
+        count = len(label_list)
         normalised = normalise_rows(matrix)
         self.refresh()
 

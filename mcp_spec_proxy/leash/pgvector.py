@@ -30,7 +30,8 @@ from pgvector.psycopg import register_vector
 
 from mcp_spec_proxy.leash.bank import Bank, Neighbour
 from mcp_spec_proxy.leash.encoders import EncoderInfo, normalise_rows
-from mcp_spec_proxy.leash.storage import LABELS, SOURCES, BankError, BankMismatch, Kind, Label
+from mcp_spec_proxy.leash.rows import checked_rows
+from mcp_spec_proxy.leash.storage import SOURCES, BankError, BankMismatch, Kind, Label
 
 _NAME = re.compile(r"^[a-z]+$")
 UNMIGRATED = "its tables do not exist yet: run `mcp-spec-proxy store migrate` (a replica also applies it at start)"
@@ -209,32 +210,14 @@ class PgBank(Bank):
         source: str,
         metadata: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
     ) -> list[int]:
-        matrix = np.asarray(vectors, dtype=np.float32)
-        if matrix.ndim == 1:
-            matrix = matrix[None, :]
-        if matrix.ndim != 2:
-            raise ValueError(f"add takes an (n, dim) array, got shape {matrix.shape}")
-        if matrix.shape[0] == 0:
-            return []
-        count, dim = matrix.shape
         if not self._encoder.dim:
             self._check_encoder()
-        if self._encoder.dim and dim != self._encoder.dim:
-            raise ValueError(f"vectors have {dim} dims, this bank holds {self._encoder.dim}")
-        if dim == 0 or not np.isfinite(matrix).all():
-            raise ValueError("vectors must be finite and non-empty")
-        label_list = [labels] * count if isinstance(labels, str) else list(labels)
-        if len(label_list) != count or any(label not in LABELS for label in label_list):
-            raise ValueError(f"labels must be {count} of {LABELS}, got {labels!r}")
-        if source not in SOURCES:
-            raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
-        metas = [metadata] * count if metadata is None or isinstance(metadata, Mapping) else list(metadata)
-        if len(metas) != count:
-            raise ValueError(f"metadata must be one mapping per vector ({count}), got {len(metas)}")
-        try:
-            texts = [json.dumps(dict(m), ensure_ascii=False) if m else None for m in metas]
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"metadata must be JSON-serialisable: {exc}") from None
+        checked = checked_rows(vectors, labels, source=source, metadata=metadata, dim=self._encoder.dim)
+        if checked is None:
+            return []
+        matrix, label_list = checked.matrix, checked.labels
+        dim = matrix.shape[1]
+        texts = [json.dumps(m, ensure_ascii=False) if m else None for m in checked.metadata]
         if not self._registered:
             self._fix_dimension(dim)
         normalised = normalise_rows(matrix)
