@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -73,19 +74,10 @@ Executor = Callable[[CatalogTool, dict[str, Any], "Report | None"], Awaitable[ty
 
 AUDIT_TEXT_CAP = 4000
 """Characters of one free-text audit field (a reviewer's reason); the rest is cut with a marker."""
-LABELLING_REVIEWERS = {
-    "strong",
-    "human",
-    "strong→human",
-    "strong+human",
-    "console",
-    "human→console",
-    "strong→console",
-    "strong→human→console",
-    "strong+console",
-    "strong+human→console",
-}
-"""Verdicts that are judgements (not policy, not LEASH's own) and so label their steps for LEASH."""
+JUDGES = frozenset({"strong", "human", "console"})
+"""Reviewers whose verdicts are judgements (not policy, not LEASH's own, not a standing rule): a
+verdict labels its steps for LEASH when every reviewer it names (`strong→human→console`,
+`strong+console`) is one of these."""
 
 
 @dataclass
@@ -161,10 +153,8 @@ class Gate:
         started = time.perf_counter()
         try:
             result = await self._backends.get(tool.server).call_tool_json(tool.original, arguments)
-        except BackendError as exc:
-            result = as_wire(error_result(str(exc)))
-        except Exception as exc:  # boundary: a backend's own JSON-RPC error is that call's result
-            result = as_wire(error_result(f"backend {tool.server!r} answered {tool.original} with an error: {exc}"))
+        except Exception as exc:  # boundary: as in `forward`
+            result = as_wire(_failed(tool, exc))
         step.duration_s = time.perf_counter() - started
         step.is_error = bool(result.get("isError"))
         content = result.get("content") or []
@@ -274,7 +264,7 @@ class Gate:
 
     async def _label(self, call: GateCall, verdict: Verdict) -> None:
         """Labels for free: a judgement's accepted prefix succeeded, its first rejected step failed."""
-        if self._leash is not None and verdict.reviewer in LABELLING_REVIEWERS:
+        if self._leash is not None and _judged(verdict.reviewer):
             await self._leash.label_verdict(call.request.segment.steps, verdict.accepted_steps)
 
     async def _reviewer(
@@ -354,10 +344,8 @@ class Gate:
         try:
             backend = self._backends.get(tool.server)
             result = await backend.call_tool(tool.original, arguments, report)
-        except BackendError as exc:
-            result = error_result(str(exc))
         except Exception as exc:  # boundary: a backend's own JSON-RPC error is that call's result
-            result = error_result(f"backend {tool.server!r} answered {tool.original} with an error: {exc}")
+            result = _failed(tool, exc)
         _observe(step, result, started)
         return result
 
@@ -387,6 +375,18 @@ class _Authored:
 
     async def review(self, request: ReviewRequest, user: UserChannel) -> Verdict:
         return Verdict(True, self._reason, len(request.segment), reviewer=self.name)
+
+
+def _judged(reviewer: str) -> bool:
+    return all(part in JUDGES for part in re.split(r"[→+]", reviewer))
+
+
+def _failed(tool: CatalogTool, exc: Exception) -> types.CallToolResult:
+    """A call its backend could not answer (`BackendError`: the pool's own words) or answered
+    with a JSON-RPC error: that call's result, never an exception at the door."""
+    if isinstance(exc, BackendError):
+        return error_result(str(exc))
+    return error_result(f"backend {tool.server!r} answered {tool.original} with an error: {exc}")
 
 
 def _observe(step: Step, result: types.CallToolResult, started: float) -> None:
