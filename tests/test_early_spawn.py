@@ -199,3 +199,21 @@ def test_a_failure_before_loading_is_one_line_and_the_command_still_runs(
     [record] = caplog.records
     assert record.levelname == "WARNING" and "OSError: no such thing" in record.getMessage()
     assert record.exc_info is None  # one line, no traceback
+
+
+def test_the_launchers_option_table_is_the_serving_commands() -> None:
+    # The console script reads argv before click is loaded; an option of the serving command it did
+    # not know would send every start down the late path (safe, but slow), one it knew wrongly
+    # would misread the config's path.
+    import click
+
+    from mcp_spec_proxy import launch
+    from mcp_spec_proxy.cli import main
+
+    valued: set[str] = set()
+    flags: set[str] = set()
+    for param in main.params:
+        if isinstance(param, click.Option):
+            (flags if param.is_flag else valued).update([*param.opts, *param.secondary_opts])
+    assert valued == launch._VALUED
+    assert flags - {"--version"} == launch._FLAGS
