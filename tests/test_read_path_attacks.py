@@ -10,7 +10,6 @@ client, read here from a real spawned proxy with request shapes no SDK client wo
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -92,20 +91,31 @@ async def wired(cfg: dict[str, Any], tmp: Path, *, handshake: bool = True) -> As
     config_file = tmp / "servers.yaml"
     config_file.write_text(yaml.safe_dump(cfg))
     argv = [PROXY_COMMAND, "--config", str(config_file), "--state-dir", str(tmp / "state"), "--log-level", "WARNING"]
-    with anyio.fail_after(90):
-        async with await anyio.open_process(argv, stderr=subprocess.DEVNULL) as process:
-            wire = Wire(process)
-            if handshake:
-                info = {"name": "attacker", "version": "1"}
-                params = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": info}
-                await wire.send({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": params})
-                await wire.answer("init")
-                await wire.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-            try:
+    log = tmp / "proxy-stderr.log"  # named in the failure if the proxy hangs, answering or exiting
+    try:
+        with anyio.fail_after(90), log.open("wb") as stderr:
+            async with wired_process(argv, stderr, handshake=handshake) as wire:
                 yield wire
-            finally:
-                assert process.stdin is not None
-                await process.stdin.aclose()
+    except TimeoutError:
+        tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
+        raise AssertionError(f"the spawned proxy hung (answering or exiting); its stderr ends:\n{tail}") from None
+
+
+@asynccontextmanager
+async def wired_process(argv: list[str], stderr: Any, *, handshake: bool) -> AsyncIterator[Wire]:
+    async with await anyio.open_process(argv, stderr=stderr) as process:
+        wire = Wire(process)
+        if handshake:
+            info = {"name": "attacker", "version": "1"}
+            params = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": info}
+            await wire.send({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": params})
+            await wire.answer("init")
+            await wire.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        try:
+            yield wire
+        finally:
+            assert process.stdin is not None
+            await process.stdin.aclose()
 
 
 # -- which requests the lean path may take -----------------------------------------------------
