@@ -35,15 +35,17 @@ import logging
 import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
-import jsonschema
 import mcp_types as types
 
 from mcp_spec_proxy.config import OnReject, ProxyConfig, ReviewMode, ServerConfig, ToolOverride
 from mcp_spec_proxy.errors import InvalidArguments, ToolNotFound
 from mcp_spec_proxy.fingerprints import FingerprintStore, Status, fingerprint
 from mcp_spec_proxy.trajectory import Effect
+
+if TYPE_CHECKING:
+    import jsonschema  # loaded by the first call checked: a proxy starts without it
 
 logger = logging.getLogger(__name__)
 
@@ -408,6 +410,8 @@ def check_arguments(
         )
     validator = validators.get(tool.name)
     if validator is None:
+        import jsonschema
+
         schema = dict(tool.input_schema)
         cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
         try:

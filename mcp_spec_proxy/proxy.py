@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
-from mcp.server import Server
+from mcp.server.lowlevel import Server
 
 from mcp_spec_proxy.audit import AuditSink
 from mcp_spec_proxy.backends import BackendPool, Listing

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ import yaml
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from mcp_spec_proxy.backends.progress import descendants_cpu_s
+from mcp_spec_proxy.backends import progress
 from mcp_spec_proxy.fingerprints import SERVERS
 from tests.harness import ERAS, proxied, text_of, toy
 from tests.test_cli import TOY_TOOLS, effects, parse_rows, run_proxy, toy_config
@@ -187,20 +188,31 @@ async def test_late_tools_meet_the_same_catalog_checks(tmp_path: Path, mode: str
     assert not (tmp_path / "late-rec").exists()  # the late backend's ledger: nothing reached it
 
 
-def test_cpu_of_child_processes_is_counted_while_they_run_and_after_they_are_reaped() -> None:
-    """What tells a backend still starting (busy) from one hung in its handshake (idle)."""
-    before = descendants_cpu_s()
-    assert before is not None
-    work = "sum(range(30_000_000)); print('done', flush=True); input()"
-    with subprocess.Popen([sys.executable, "-c", work], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as child:
-        assert child.stdout is not None and child.stdin is not None
-        assert child.stdout.readline() == b"done\n"
-        running = descendants_cpu_s()
-        child.stdin.close()
-    after = descendants_cpu_s()
-    assert running is not None and after is not None
-    assert running - before > 0.1  # the live child: its own utime and stime
-    assert after >= running  # reaped: still counted, through our cutime and cstime
+def test_children_that_work_are_busy_and_children_that_wait_are_quiet() -> None:
+    """What tells a backend still starting (busy) from one hung in its handshake (asleep)."""
+    window = 0.05
+    waits = "print('up', flush=True); input()"
+    with subprocess.Popen([sys.executable, "-c", waits], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as hung:
+        assert hung.stdout is not None and hung.stdin is not None
+        assert hung.stdout.readline() == b"up\n"
+        before = progress.snapshot()
+        time.sleep(window)
+        after = progress.snapshot()
+        assert before is not None and after is not None and before.precise
+        assert not progress.busy(before, after, window)  # asleep on its stdin: quiet
+        spins = "import time; end = time.monotonic() + 30\nwhile time.monotonic() < end: pass"
+        with subprocess.Popen([sys.executable, "-c", spins]) as working:
+            started = progress.snapshot()
+            assert progress.busy(after, started, window)  # a process appeared: starting
+            time.sleep(0.2)
+            before = progress.snapshot()
+            time.sleep(window)
+            assert progress.busy(before, progress.snapshot(), window)  # on a CPU: working
+            working.kill()
+        before = progress.snapshot()
+        time.sleep(window)
+        assert not progress.busy(before, progress.snapshot(), window)  # only the sleeper again
+        hung.stdin.close()
 
 
 def test_tools_command_waits_for_a_hung_backend_to_give_up_and_says_why(tmp_path: Path) -> None:

@@ -13,19 +13,14 @@ from typing import Any
 
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
-from mcp.server import Server
+from mcp.server.lowlevel import Server
 
 from mcp_spec_proxy.backends.connection import Backend, Listing, OnListing
-from mcp_spec_proxy.backends.progress import descendants_cpu_s
+from mcp_spec_proxy.backends import progress
 from mcp_spec_proxy.config import ServerConfig
 from mcp_spec_proxy.errors import BackendUnavailable
 
 logger = logging.getLogger(__name__)
-
-STARTUP_GRACE_S = 0.2
-"""How long `BackendPool.ready` watches the backends still starting before it calls them quiet."""
-BUSY_SHARE = 0.1
-"""Child processes using this share of one core, or more, are still starting: keep waiting."""
 
 __all__ = ["Backend", "BackendPool", "Listing", "OnListing"]
 
@@ -38,7 +33,7 @@ class BackendPool:
         *,
         log_dir: Path | None = None,
         in_process: dict[str, Server[Any]] | None = None,
-        grace: float = STARTUP_GRACE_S,
+        grace: float | None = None,
     ) -> None:
         in_process = in_process or {}
         self.grace = grace
@@ -70,12 +65,13 @@ class BackendPool:
 
     async def ready(self) -> None:
         """Wait until every backend has connected or given up its first attempt, or, once one has,
-        until the rest have gone quiet: `grace` seconds in which none settled and our child
-        processes spent less than `BUSY_SHARE` of a core (`progress.descendants_cpu_s`).
+        until the rest have gone quiet: a window (`grace`, else as long as `progress` needs to
+        tell) in which none settled and our child processes neither ran nor waited to run nor
+        read from disk (`progress.busy`).
 
-        A server still starting burns CPU and is waited for; one that hangs in its handshake does
-        not, and holds up nobody past the grace, not for its `startup_timeout`. The proxy then
-        serves what is ready, and the late backend's tools reach clients as a list change when it
+        A server still starting works and is waited for; one that hangs in its handshake sleeps,
+        and holds up nobody past the window, not for its `startup_timeout`. The proxy then serves
+        what is ready, and the late backend's tools reach clients as a list change when it
         connects (or never, if it fails). With no backend settled there is nothing to serve yet,
         so the first is waited for."""
         pending = [b for b in self.backends.values() if not b.first_attempt.is_set()]
@@ -91,16 +87,16 @@ class BackendPool:
                 if left == len(self.backends):
                     await receive.receive()  # nothing to serve before the first
                     left -= 1
-                spent = await anyio.to_thread.run_sync(descendants_cpu_s)
+                before = await anyio.to_thread.run_sync(progress.snapshot)
                 while left:
-                    with anyio.move_on_after(self.grace) as quiet:
+                    window = self.grace or (before.window if before else progress.COARSE_WINDOW_S)
+                    with anyio.move_on_after(window) as quiet:
                         await receive.receive()
                         left -= 1
-                    now = await anyio.to_thread.run_sync(descendants_cpu_s)
-                    busy = spent is not None and now is not None and now - spent >= BUSY_SHARE * self.grace
-                    if quiet.cancelled_caught and not busy:
+                    after = await anyio.to_thread.run_sync(progress.snapshot)
+                    if quiet.cancelled_caught and not progress.busy(before, after, window):
                         break
-                    spent = now
+                    before = after
                 tg.cancel_scope.cancel()
 
     async def settled(self) -> None:

@@ -28,7 +28,7 @@ from typing import Any, TextIO, cast
 import anyio
 import anyio.abc
 import mcp_types as types
-from mcp import StdioServerParameters
+from mcp.client.stdio import StdioServerParameters
 from mcp.client.stdio import get_default_environment
 from mcp.shared.message import SessionMessage
 

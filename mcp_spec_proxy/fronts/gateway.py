@@ -40,11 +40,10 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
-import jsonschema
 import mcp_types as types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from starlette.applications import Starlette
@@ -61,6 +60,9 @@ from mcp_spec_proxy.fronts.chat_wire import AsciiJSON, chunks, error_response, m
 from mcp_spec_proxy.proxy import Proxy
 from mcp_spec_proxy.telemetry import Telemetry
 from mcp_spec_proxy.trajectory import Step
+
+if TYPE_CHECKING:
+    import jsonschema
 
 logger = logging.getLogger(__name__)
 

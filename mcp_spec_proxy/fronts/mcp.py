@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import mcp_types as types
-from mcp import MCPError
-from mcp.server import Server
+from mcp.shared.exceptions import MCPError
+from mcp.server.lowlevel import Server
 from mcp.server.connection import Connection
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions
