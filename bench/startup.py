@@ -7,6 +7,10 @@ Time to first `tools/list`: from spawning a process over stdio to the answer of 
 
     direct  the backends themselves, all N spawned at once by N clients (the same contention the
             proxy's N children meet); the figure is the slowest one's, the bar the proxy is held to
+    floor   the same, with one more process spawned at the same moment that imports the SDK as
+            the bare hop does; the figure is the later of the slowest backend's list and the
+            import's end: what any proxy built on the SDK pays before it can answer, even one that
+            spawns its backends before it imports and does nothing else
     ours    mcp-spec-proxy with the same N backends (`review: {default: deny}`), one client
     late    the same proxy entered at `mcp_spec_proxy.cli:main` instead of the console script
             (`mcp_spec_proxy.launch`): its backends spawn only once the SDK has loaded, as
@@ -14,7 +18,8 @@ Time to first `tools/list`: from spawning a process over stdio to the answer of 
 
 with N = 1, 5 and 10 backends (mcp-server-time, a Python server, and the npm filesystem server,
 alternating), and with N = 5 of which one never answers its handshake (the toy test server with
-`--hang-at-start`, `startup_timeout: 30`): there the bar is the other four's direct start, and
+`--hang-at-start`, `startup_timeout: 30`): there the bar is the other four's direct start (the
+hung one spawned beside them, as its start loads the machine under the proxy too), and
 ours is also timed with the same config less the hung backend, side by side, to show what the
 hung one alone costs the first list. Each row also says how many of the N backends' tools the
 proxy's first answer held.
@@ -116,18 +121,41 @@ async def _first_list(argv: list[str], errlog: IO[str]) -> tuple[float, set[str]
         return time.perf_counter() - started, names
 
 
-async def direct(backends: list[Backend], errlog: IO[str]) -> float:
-    """All the (answering) backends spawned at once; the slowest one's time to its first tools/list."""
+async def direct(backends: list[Backend], errlog: IO[str], *, floor: bool = False) -> float:
+    """All the backends spawned at once; the slowest answering one's time to its first tools/list.
+
+    A backend that hangs is spawned too, never waited for, and stopped after: its own start loads
+    the machine the others start on, as it does under the proxy. With `floor`, one more process
+    starts at the same moment and imports the SDK as the bare hop does: the figure is then the
+    later of the slowest backend's list and that import's end, the least any proxy built on the
+    SDK can take to answer a first list when it spawns its backends before it imports."""
     times: list[float] = []
+    started = time.perf_counter()
 
     async def one(backend: Backend) -> None:
         elapsed, _ = await _first_list(backend.argv, errlog)
         times.append(elapsed)
 
-    async with anyio.create_task_group() as tg:
-        for backend in backends:
-            if not backend.hangs:
-                tg.start_soon(one, backend)
+    async def sdk_import() -> None:
+        await anyio.run_process([sys.executable, "-c", IMPORTS["sdk"]], stderr=errlog)
+        times.append(time.perf_counter() - started)
+
+    hung = [
+        await anyio.open_process(b.argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=errlog)
+        for b in backends
+        if b.hangs
+    ]
+    try:
+        async with anyio.create_task_group() as tg:
+            if floor:
+                tg.start_soon(sdk_import)
+            for backend in backends:
+                if not backend.hangs:
+                    tg.start_soon(one, backend)
+    finally:
+        for process in hung:
+            process.kill()
+            await process.wait()
     return max(times)
 
 
@@ -151,15 +179,16 @@ class Row:
     late: list[float]  # ours with its backends spawned after the SDK loads (`LATE_ENTRY`)
     bare: list[float]  # the bare SDK hop in front of the same backend: one-backend rows only
     without_hung: list[float]  # ours with the same config less its hung backend: the hung row only
+    floor: list[float]  # `direct` with the SDK's import started beside the backends
 
     def line(self) -> str:
         d, o = statistics.median(self.direct), statistics.median(self.ours)
-        late = statistics.median(self.late)
+        late, floor = statistics.median(self.late), statistics.median(self.floor)
         verdict = "within" if o <= d + BUDGET_S else "ABOVE"
         bare = f"{statistics.median(self.bare):.2f} ({statistics.median(self.bare) - d:+.2f})" if self.bare else "-"
         return (
-            f"| {self.label} | {d:.2f} | {o:.2f} | {o - d:+.2f} | {late:.2f} ({late - d:+.2f}) | {bare}"
-            f" | {min(self.present)}-{max(self.present)} of {self.n} | {verdict} |"
+            f"| {self.label} | {d:.2f} | {o:.2f} | {o - d:+.2f} | {floor:.2f} ({floor - d:+.2f})"
+            f" | {late:.2f} ({late - d:+.2f}) | {bare} | {min(self.present)}-{max(self.present)} of {self.n} | {verdict} |"
         )
 
 
@@ -169,10 +198,11 @@ async def startup_rows(tmp: Path, repeat: int, errlog: IO[str]) -> list[Row]:
     rows = []
     for label, backends in cases:
         print(f"measuring {label} ...", file=sys.stderr, flush=True)
-        row = Row(label, len(backends), [], [], [], [], [], [])
+        row = Row(label, len(backends), [], [], [], [], [], [], [])
         config = proxy_config(backends, tmp, f"n{len(backends)}{'h' if label.endswith('hung') else ''}")
         for _ in range(repeat):
             row.direct.append(await direct(backends, errlog))
+            row.floor.append(await direct(backends, errlog, floor=True))
             elapsed, present = await ours(config, tmp, backends, errlog)
             row.ours.append(elapsed)
             row.present.append(present)
@@ -274,10 +304,10 @@ def main() -> int:
     print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"\ntime to first tools/list, seconds (median of {args.repeat}); target: ours ≤ direct + {BUDGET_S} s")
     print(
-        "| backends | direct, slowest (s) | ours (s) | ours - direct | late spawn (s, - direct)"
-        " | bare hop (s, - direct) | backends in ours' first list | target |"
+        "| backends | direct, slowest (s) | ours (s) | ours - direct | SDK floor (s, - direct)"
+        " | late spawn (s, - direct) | bare hop (s, - direct) | backends in ours' first list | target |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(row.line())
     for row in rows:
