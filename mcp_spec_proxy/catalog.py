@@ -207,6 +207,10 @@ class Catalog:
         self._fingerprints = fingerprints
         self._listings: dict[str, list[types.Tool]] = {}
         self._tools: dict[str, CatalogTool] = {}
+        # The entry last built for each listed tool, reused while the tool object, its fingerprint
+        # status and so its classification are the same: a listing then costs its own tools, not
+        # every server's again (start-up lists one backend after another).
+        self._built: dict[tuple[str, str], tuple[types.Tool, Status, CatalogTool]] = {}
         self._validators: dict[str, jsonschema.protocols.Validator] = {}
         self._prompts: dict[str, CatalogEntry] = {}
         self._prompt_listings: dict[str, list[types.Prompt]] = {}
@@ -324,40 +328,48 @@ class Catalog:
 
     def _rebuild(self) -> None:
         named: list[tuple[str, CatalogTool]] = []
+        built: dict[tuple[str, str], tuple[types.Tool, Status, CatalogTool]] = {}
         for server, listing in sorted(self._listings.items()):
-            config = self._config.servers[server]
-            hold_open_world = (
-                config.hold_open_world if config.hold_open_world is not None else self._config.hold_open_world
-            )
             for tool in listing:
-                if not included(config, tool.name):
+                if not included(self._config.servers[server], tool.name):
                     continue
-                key = f"{server}/{tool.name}"
-                print_ = fingerprint(tool)
-                status = self._fingerprints.status(key, print_)
-                effect, reason, why, rule = classify(config, tool, status=status, hold_open_world=hold_open_world)
-                name = self._public_name(server, tool.name)
-                wants_intent = (
-                    effect == "write"
-                    and self._config.review.intent
-                    and INTENT_ARGUMENT not in (tool.input_schema.get("properties") or {})
-                )
-                entry = CatalogTool(
-                    name=name,
-                    server=server,
-                    original=tool.name,
-                    definition=_public_definition(tool, name, wants_intent),
-                    effect=effect,
-                    reason=reason,
-                    why=why,
-                    review=rule.review if rule else None,
-                    on_reject=rule.on_reject if rule else None,
-                    fingerprint=print_,
-                    wants_intent=wants_intent,
-                )
-                named.append((name, entry))
+                key = (server, tool.name)
+                cached = self._built.get(key)
+                print_ = cached[2].fingerprint if cached is not None and cached[0] is tool else fingerprint(tool)
+                status = self._fingerprints.status(f"{server}/{tool.name}", print_)
+                if cached is not None and cached[0] is tool and cached[1] == status:
+                    entry = cached[2]
+                else:
+                    entry = self._entry(server, tool, print_, status)
+                built[key] = (tool, status, entry)
+                named.append((entry.name, entry))
+        self._built = built
         self._tools = _distinct(named, lambda t: (t.server, t.original), "tool")
         self._validators = {}
+
+    def _entry(self, server: str, tool: types.Tool, print_: str, status: Status) -> CatalogTool:
+        config = self._config.servers[server]
+        hold_open_world = config.hold_open_world if config.hold_open_world is not None else self._config.hold_open_world
+        effect, reason, why, rule = classify(config, tool, status=status, hold_open_world=hold_open_world)
+        name = self._public_name(server, tool.name)
+        wants_intent = (
+            effect == "write"
+            and self._config.review.intent
+            and INTENT_ARGUMENT not in (tool.input_schema.get("properties") or {})
+        )
+        return CatalogTool(
+            name=name,
+            server=server,
+            original=tool.name,
+            definition=_public_definition(tool, name, wants_intent),
+            effect=effect,
+            reason=reason,
+            why=why,
+            review=rule.review if rule else None,
+            on_reject=rule.on_reject if rule else None,
+            fingerprint=print_,
+            wants_intent=wants_intent,
+        )
 
 
 def _distinct(

@@ -179,6 +179,37 @@ def test_backend_gone_removes_its_tools() -> None:
     assert catalog.servers() == ["b"]
 
 
+def test_a_listing_costs_its_own_tools_and_a_changed_status_reclassifies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Start-up lists backends one after another: each listing must not redo every other's tools."""
+    import mcp_spec_proxy.catalog as catalog_module
+
+    fingerprinted: list[str] = []
+
+    def counted(definition: types.Tool) -> str:
+        fingerprinted.append(definition.name)
+        return fingerprint(definition)
+
+    monkeypatch.setattr(catalog_module, "fingerprint", counted)
+    store = FingerprintStore(None)
+    catalog = Catalog(config({"a": {"command": "a"}, "b": {"command": "b"}}), store)
+    catalog.set_tools("a", [tool(f"t{i}", read_only=True) for i in range(50)])
+    first = {entry.name: entry for entry in catalog.tools()}
+    fingerprinted.clear()
+    catalog.set_tools("b", [tool("u", read_only=True)])
+    assert "b__u" in {entry.name for entry in catalog.tools()}
+    assert set(fingerprinted) == {"u"}  # a's fifty tools were not fingerprinted again
+    assert all(catalog.lookup(name) is entry for name, entry in first.items())  # nor rebuilt
+
+    # A new definition of one of a's tools under the same name is a new tool object: rebuilt,
+    # and held as changed since the store accepted the first.
+    catalog.set_tools("a", [tool("t0", read_only=True, description="now different")])
+    assert (catalog.lookup("a__t0").effect, catalog.lookup("a__t0").reason) == ("write", "changed-definition")
+    # Accepting it changes its status with the same objects: the entry is built again.
+    store.accept("a/t0")
+    catalog.refresh_fingerprints()
+    assert catalog.lookup("a__t0").effect == "read"
+
+
 # -- classification --------------------------------------------------------------------------
 
 
