@@ -331,11 +331,14 @@ class Catalog:
         built: dict[tuple[str, str], tuple[types.Tool, Status, CatalogTool]] = {}
         for server, listing in sorted(self._listings.items()):
             for tool in listing:
-                if not included(self._config.servers[server], tool.name):
-                    continue
                 key = (server, tool.name)
                 cached = self._built.get(key)
-                print_ = cached[2].fingerprint if cached is not None and cached[0] is tool else fingerprint(tool)
+                if cached is not None and cached[0] is tool:
+                    print_ = cached[2].fingerprint  # and included, or it would not have been built
+                elif included(self._config.servers[server], tool.name):
+                    print_ = fingerprint(tool)
+                else:
+                    continue
                 status = self._fingerprints.status(f"{server}/{tool.name}", print_)
                 if cached is not None and cached[0] is tool and cached[1] == status:
                     entry = cached[2]
