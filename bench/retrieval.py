@@ -25,7 +25,9 @@ misses and all), `test` those with i % 3 == 0 (held out: read its figure, not it
                    over tool name, full name, description and parameter JSON with a standard
                    analyzer (Unicode words — `read_file` stays one token —, lower case, English
                    stop words), the searchable-text field boosted 1.5, plus exact/prefix name boosts
-    words          ours: BM25 over split identifiers, folded plurals, argument names/descriptions
+    words          ours: BM25F over split identifiers (name, description, server, arguments at
+                   half weight), folded plurals, synonyms of common API verbs and nouns, a
+                   read/write cue from the request's verb
     hashing        ours: LEASH's hashing encoder alone, cosine
     hybrid         ours (the default): words and the encoder fused by reciprocal rank
     words-ungrouped  `words` without grouping one tool served by several servers into one hit
@@ -61,7 +63,8 @@ from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.fingerprints import FingerprintStore
 from mcp_spec_proxy.fronts.catalog_search import CALL_TOOL, results_text, search_tool
 from mcp_spec_proxy.leash.encoders import EmbeddingEncoder, Encoder, HashingEncoder, StepView
-from mcp_spec_proxy.toolsearch import SEARCH_HASH_DIM, Bm25, Hit, Rank, ToolIndex, top
+from mcp_spec_proxy.toolsearch import SEARCH_HASH_DIM, Hit, Rank, ToolIndex, top
+from mcp_spec_proxy.toolwords import Bm25
 
 HERE = Path(__file__).resolve().parent
 SERVERS_FILE = HERE / "retrieval_servers.json"
@@ -475,7 +478,7 @@ async def main() -> None:
     real = sum(map(len, real_listings().values()))
     sizes = [real, *(int(s) for s in args.sizes.split(","))]
     print(f"machine: {machine_line()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"{len(requests)} requests ({args.split} of {args.requests.name}) over {real} real tools (fs, memory, everything, git, time, sqlite)")
+    print(f"{len(requests)} requests ({args.split} of {args.requests.name}) over {real} real tools")
     remembered = Remembered(embedding) if embedding else None  # the sizes share their real and first synthetic tools
     rows = []
     for size in sizes:
