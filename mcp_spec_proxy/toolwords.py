@@ -1,8 +1,9 @@
 """The words of tool search: how a tool and a request become terms, and how terms score.
 
 `toolsearch.ToolIndex` ranks by words with these pieces; each was kept because it ranked the
-right tool higher on the dev split of `bench/retrieval.py` at both 1,000 and 5,000 tools
-(docs/BENCHMARKS.md, "Tool search at catalog scale"):
+right tool higher on the dev split of `bench/retrieval.py`, at 1,000 and 5,000 tools alike or at
+one and no worse at the other (docs/BENCHMARKS.md, "Tool search at catalog scale", lists what
+each adds and what was tried and left out):
 
 * `words` — identifiers split at `_`, `-`, `.` and camelCase, lower case, plurals and `-ing`
   folded, common English words dropped. A fuller stemmer (`-ed`, a final `-e`) was measured and
@@ -12,14 +13,14 @@ right tool higher on the dev split of `bench/retrieval.py` at both 1,000 and 5,0
   names and descriptions count half (`FIELD_WEIGHTS`), since an argument says what a tool takes,
   not what it does. A word counts at most `TF_CAP` times in a field, so a description stuffed
   with common words does not rank first for everything (tests/test_search_attacks.py); without
-  the cap the dev split ranked one request better at 1,000 tools and one worse at 5,000.
+  the cap the dev split ranked two requests better at 1,000 tools and one worse at 5,000.
 * `expand` — each word of the request brings the other words of its group in `SYNONYMS` at
-  `SYNONYM_WEIGHT`: the common verbs and nouns of tool APIs (CRUD verbs, folder/directory),
-  written from general API vocabulary, not from any request set. A literal word still outranks
-  its synonym.
+  `SYNONYM_WEIGHT`: the common verbs and nouns of tool APIs (the CRUD verbs and their usual
+  names, folder/directory), general API vocabulary kept small on purpose. A literal word still
+  outranks its synonym.
 * `cue` — whether the request asks to look (a question; `list`, `show`, …) or to change
-  (`delete`, `create`, `rename`, …); a tool of the other effect keeps `OFF_CUE` of its score. A
-  nudge among tools the words rank alike, never a filter.
+  (`delete`, `create`, `rename`, …); a tool of the other effect keeps `OFF_CUE` of its score: a
+  nudge, never a filter.
 
 `Bm25` is plain Okapi BM25 over one bag of terms (the benchmark's mcpproxy-go-style baseline).
 """
