@@ -1,7 +1,7 @@
 """Tool search at catalog scale: retrieval quality and the bytes a client reads, side by side.
 
-    .venv/bin/python -m bench.retrieval [--sizes 1000,5000] [--dump]
-        [--minilm | --embedding-url URL --embedding-model NAME]
+    .venv/bin/python -m bench.retrieval [--sizes 1000,5000] [--dump] [--split dev|test|all]
+        [--requests FILE] [--minilm | --embedding-url URL --embedding-model NAME]
 
 The catalog is the real servers the tests use — their tools/list as dumped into
 `bench/retrieval_servers.json` (`--dump` re-dumps it from `.backends/`: npm filesystem, memory,
@@ -15,13 +15,19 @@ queries, time zones, notes, contacts), so they are distractors, not noise.
 
 `bench/retrieval_requests.json` holds plain-language requests written for this benchmark, each
 with the real tool(s) that serve it (a second tool only where two are equally right). Recall@5:
-the share of requests whose right tool is among the first five hits. Rankers, on one catalog:
+the share of requests whose right tool is among the first five hits. `--requests FILE` measures
+another request set of the same shape. `--split` keeps part of them: `dev` the requests at
+0-based index i with i % 3 != 0 (two in three: the ones a ranking change may be tuned on,
+misses and all), `test` those with i % 3 == 0 (held out: read its figure, not its misses), `all`
+(the default) every one. Rankers, on one catalog:
 
     mcpproxy-bm25  the baseline, in the style of mcpproxy-go's `retrieve_tools` (Bleve): BM25
                    over tool name, full name, description and parameter JSON with a standard
                    analyzer (Unicode words — `read_file` stays one token —, lower case, English
                    stop words), the searchable-text field boosted 1.5, plus exact/prefix name boosts
-    words          ours: BM25 over split identifiers, folded plurals, argument names/descriptions
+    words          ours: BM25F over split identifiers (name, description, server, arguments at
+                   half weight), folded plurals, synonyms of common API verbs and nouns, a
+                   read/write cue from the request's verb
     hashing        ours: LEASH's hashing encoder alone, cosine
     hybrid         ours (the default): words and the encoder fused by reciprocal rank
     words-ungrouped  `words` without grouping one tool served by several servers into one hit
@@ -57,7 +63,8 @@ from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.fingerprints import FingerprintStore
 from mcp_spec_proxy.fronts.catalog_search import CALL_TOOL, results_text, search_tool
 from mcp_spec_proxy.leash.encoders import EmbeddingEncoder, Encoder, HashingEncoder, StepView
-from mcp_spec_proxy.toolsearch import SEARCH_HASH_DIM, Bm25, Hit, Rank, ToolIndex, top
+from mcp_spec_proxy.toolsearch import SEARCH_HASH_DIM, Hit, Rank, ToolIndex, top
+from mcp_spec_proxy.toolwords import Bm25
 
 HERE = Path(__file__).resolve().parent
 SERVERS_FILE = HERE / "retrieval_servers.json"
@@ -307,6 +314,13 @@ class McpproxyBm25:
 # -- measurement ---------------------------------------------------------------------------------
 
 
+def split(requests: list[dict[str, Any]], which: str) -> list[dict[str, Any]]:
+    """The requests of one split: `dev` (i % 3 != 0), `test` (i % 3 == 0) or `all`."""
+    if which == "all":
+        return requests
+    return [r for i, r in enumerate(requests) if (i % 3 == 0) == (which == "test")]
+
+
 def recall(found: list[list[str]], requests: list[dict[str, Any]]) -> float:
     """Found: per request, the names its first K hits offer."""
     hits = sum(bool(set(offered) & set(r["tools"])) for offered, r in zip(found, requests, strict=True))
@@ -443,13 +457,17 @@ async def main() -> None:
     parser.add_argument(
         "--minilm", action="store_true", help="embed with all-MiniLM-L6-v2 in process (bench/minilm.py)"
     )
+    parser.add_argument("--requests", type=Path, default=REQUESTS_FILE, help="the requests, as in the default file")
+    parser.add_argument(
+        "--split", choices=("dev", "test", "all"), default="all", help="dev: i %% 3 != 0; test: i %% 3 == 0"
+    )
     args = parser.parse_args()
     if args.dump:
         listings = await dump()
         SERVERS_FILE.write_text(json.dumps(listings, indent=1) + "\n")
         print(f"wrote {SERVERS_FILE.name}: " + ", ".join(f"{name} {len(tools)}" for name, tools in listings.items()))
         return
-    requests = json.loads(REQUESTS_FILE.read_text())
+    requests = split(json.loads(args.requests.read_text()), args.split)
     embedding: Encoder | None = None
     if args.minilm:
         from bench.minilm import MiniLmEncoder
@@ -460,7 +478,7 @@ async def main() -> None:
     real = sum(map(len, real_listings().values()))
     sizes = [real, *(int(s) for s in args.sizes.split(","))]
     print(f"machine: {machine_line()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"{len(requests)} requests over {real} real tools (fs, memory, everything, git, time, sqlite)")
+    print(f"{len(requests)} requests ({args.split} of {args.requests.name}) over {real} real tools")
     remembered = Remembered(embedding) if embedding else None  # the sizes share their real and first synthetic tools
     rows = []
     for size in sizes:

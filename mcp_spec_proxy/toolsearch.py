@@ -3,9 +3,12 @@
 Under `catalog: {mode: search}` a client does not read every tool; it asks `search_tools`
 (`fronts/catalog_search.py`) and reads the few that fit. `ToolIndex` ranks them three ways:
 
-* `words` — BM25 over each tool's words: its name (split at `_`, `-`, `.` and camelCase), title,
-  description, server, and its arguments' names and descriptions; plurals and `-ing` folded,
-  common English words dropped;
+* `words` — BM25F over each tool's words (`toolwords`): its name (split at `_`, `-`, `.` and
+  camelCase) and title, description, server, and its arguments' names and descriptions (at half
+  weight), each field normalised by its own length; plurals and `-ing` folded, common English
+  words dropped; a request's words bring their synonyms from a small table of API verbs and
+  nouns, and a tool whose effect is not the one the request's verb asks for (read, write) is
+  nudged down;
 * `encoder` — cosine similarity under one of LEASH's encoders: `hashing` (the default, nothing
   to install or serve: it hashes the same words and their bigrams) or, where `leash.encoder:
   embedding` is configured, that very embedding endpoint (the tool's text in plain words);
@@ -25,11 +28,8 @@ that is down) is logged once and retried after `ENCODER_RETRY_S`; meanwhile the 
 from __future__ import annotations
 
 import logging
-import math
-import re
 import time
-from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -38,6 +38,7 @@ import numpy as np
 
 from mcp_spec_proxy.catalog import CatalogTool
 from mcp_spec_proxy.leash.encoders import Encoder, LeashError
+from mcp_spec_proxy.toolwords import OFF_CUE, Bm25F, cue, expand, words
 
 logger = logging.getLogger(__name__)
 
@@ -55,92 +56,6 @@ FUSE_DEPTH = 100
 """Hits each ranker contributes to the fusion."""
 ENCODER_RETRY_S = 60.0
 """After an encoder fails, the words alone rank for this long before the encoder is tried again."""
-# Tuned on bench/retrieval.py (k1 0.9-1.2, b 0.3-0.75 tried): tool texts differ in length far more
-# than the words that matter, so length counts for less than in prose search.
-BM25_K1 = 0.9
-BM25_B = 0.5
-
-_TOKEN = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
-_STOP = frozenset(
-    {
-        "a",
-        "an",
-        "and",
-        "are",
-        "as",
-        "at",
-        "be",
-        "by",
-        "can",
-        "do",
-        "does",
-        "for",
-        "from",
-        "get",
-        "give",
-        "has",
-        "have",
-        "how",
-        "i",
-        "in",
-        "is",
-        "it",
-        "its",
-        "me",
-        "my",
-        "of",
-        "on",
-        "or",
-        "please",
-        "show",
-        "tell",
-        "that",
-        "the",
-        "their",
-        "them",
-        "then",
-        "there",
-        "these",
-        "this",
-        "to",
-        "up",
-        "us",
-        "was",
-        "we",
-        "what",
-        "when",
-        "where",
-        "which",
-        "who",
-        "will",
-        "with",
-        "you",
-        "your",
-    }
-)
-# `get` is a stop word in requests ("get me the log") but it is also the head of many tool names;
-# a name keeps all its words (see `_terms`), so `get_current_time` still matches "current time".
-
-
-def fold(word: str) -> str:
-    """A word's indexed form: lower case, plural and `-ing` folded (`files` → `file`, `listing` → `list`)."""
-    w = word.lower()
-    if len(w) > 5 and w.endswith("ing"):
-        return w[:-3]
-    if len(w) > 4 and w.endswith(("sses", "ches", "shes", "xes")):
-        return w[:-2]
-    if len(w) > 4 and w.endswith("ies"):
-        return w[:-3] + "y"
-    if len(w) > 3 and w.endswith("s") and not w.endswith(("ss", "us", "is")):
-        return w[:-1]
-    return w
-
-
-def words(text: str, *, keep_stop: bool = False) -> list[str]:
-    """The folded words of `text`: identifiers split at `_`, `-`, `.` and camelCase; stop words
-    dropped unless `keep_stop`."""
-    out = [fold(token) for token in _TOKEN.findall(text)]
-    return out if keep_stop else [w for w in out if w not in _STOP]
 
 
 def is_held(tool: CatalogTool) -> bool:
@@ -149,8 +64,12 @@ def is_held(tool: CatalogTool) -> bool:
 
 @dataclass(frozen=True)
 class _Document:
-    terms: tuple[str, ...]  # what BM25 and the hashing encoder see
+    fields: dict[str, tuple[str, ...]]  # what BM25F sees (`toolwords.FIELD_WEIGHTS`)
     text: str  # what an embedding model sees: the tool in plain words
+
+    @property
+    def terms(self) -> tuple[str, ...]:  # what the hashing encoder sees
+        return tuple(term for terms in self.fields.values() for term in terms)
 
 
 def document(tool: CatalogTool) -> _Document:
@@ -159,18 +78,17 @@ def document(tool: CatalogTool) -> _Document:
     name = _terms(tool.original)
     description = (definition.description or "")[:DESCRIPTION_CHARS]
     arguments = _argument_lines(tool.input_schema)
-    terms = [
-        *name,
-        *words(definition.title or ""),
-        *words(description),
-        *words(tool.server),
-        *(w for line in arguments for w in words(line)),
-    ]
+    fields = {
+        "name": (*name, *words(definition.title or "")),
+        "description": tuple(words(description)),
+        "server": tuple(words(tool.server)),
+        "arguments": tuple(w for line in arguments for w in words(line)),
+    }
     title = f" ({definition.title})" if definition.title else ""
     text = f"{' '.join(_terms(tool.original))}{title}, on {tool.server}: {description}"
     if arguments:
         text += " Arguments: " + "; ".join(arguments)
-    return _Document(tuple(terms), text)
+    return _Document(fields, text)
 
 
 def _terms(identifier: str) -> list[str]:
@@ -187,34 +105,6 @@ def _argument_lines(schema: Any) -> list[str]:
         about = about if isinstance(about, str) else ""
         lines.append(f"{key}: {about[:200]}" if about else str(key))
     return lines
-
-
-class Bm25:
-    """Okapi BM25 over documents of terms; `scores(query)` gives one score per document."""
-
-    def __init__(self, documents: Sequence[Sequence[str]], k1: float = BM25_K1, b: float = BM25_B) -> None:
-        self._n = len(documents)
-        lengths = np.array([len(d) for d in documents], dtype=np.float64)
-        average = float(lengths.mean()) if self._n else 0.0
-        self._postings: dict[str, list[tuple[int, int]]] = {}
-        for index, terms in enumerate(documents):
-            for term, count in Counter(terms).items():
-                self._postings.setdefault(term, []).append((index, count))
-        # Per document, the length part of BM25's denominator, computed once.
-        self._norm = k1 * (1 - b + b * lengths / average) if average else np.full(self._n, k1)
-        self._k1 = k1
-
-    def scores(self, query: Iterable[str]) -> np.ndarray:
-        out = np.zeros(self._n, dtype=np.float64)
-        for term in set(query):
-            postings = self._postings.get(term)
-            if not postings:
-                continue
-            idf = math.log(1 + (self._n - len(postings) + 0.5) / (len(postings) + 0.5))
-            rows = np.fromiter((row for row, _ in postings), dtype=np.int64, count=len(postings))
-            tf = np.fromiter((count for _, count in postings), dtype=np.float64, count=len(postings))
-            out[rows] += idf * tf * (self._k1 + 1) / (tf + self._norm[rows])
-        return out
 
 
 def top(scores: np.ndarray, limit: int) -> list[int]:
@@ -269,7 +159,7 @@ class ToolIndex:
         self._vectors: dict[tuple[str, str], np.ndarray] = {}
         self._keys: tuple[tuple[str, str], ...] = ()
         self._listed: list[CatalogTool] = []
-        self._bm25 = Bm25([])
+        self._bm25 = Bm25F([])
         self._matrix: np.ndarray | None = None
         self._lock = anyio.Lock()
         self._encoder_failed_at: float | None = None
@@ -294,7 +184,7 @@ class ToolIndex:
         if semantic and self._rank == "encoder":
             ranking = semantic
         else:  # words, hybrid, or an encoder that cannot answer now: the words rank
-            lexical = top(bm25.scores(words(query)), depth)
+            lexical = top(self._words(query, listed, bm25), depth)
             fused = bool(semantic and lexical) and self._rank == "hybrid"
             ranking = top(fuse([lexical, semantic], len(listed)), depth) if fused else lexical or semantic
         if not group:
@@ -302,6 +192,14 @@ class ToolIndex:
         return _grouped([listed[i] for i in ranking], limit)
 
     # -- internals ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _words(query: str, listed: Sequence[CatalogTool], bm25: Bm25F) -> np.ndarray:
+        scores = bm25.scores(expand(words(query)))
+        effect = cue(query)
+        if effect is not None:
+            scores *= np.fromiter((1.0 if t.effect == effect else OFF_CUE for t in listed), np.float64, len(listed))
+        return scores
 
     def _encoder_usable(self) -> bool:
         if self._encoder is None:
@@ -333,7 +231,7 @@ class ToolIndex:
         self._vectors = {key: vector for key, vector in self._vectors.items() if key in live}
         docs = [self._documents[key] for key in keys]
         if keys != self._keys:
-            self._bm25 = await anyio.to_thread.run_sync(Bm25, [doc.terms for doc in docs])
+            self._bm25 = await anyio.to_thread.run_sync(Bm25F, [doc.fields for doc in docs])
         if self._encoder_usable():
             await self._encode_documents(keys, docs)
         self._matrix = np.stack([self._vectors[key] for key in keys]) if self._vectors_complete(keys) else None
