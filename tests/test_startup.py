@@ -95,6 +95,24 @@ async def test_backend_hung_in_its_handshake_does_not_hold_the_first_tools_list(
         assert text_of(await p.client.call_tool("toy__echo", {"text": "fine"})) == "fine"
 
 
+# A backend that names itself with bytes that are not UTF-8 (any process may: its executable's
+# name cut at 15 bytes, prctl, pthread_setname_np), then never answers its handshake.
+BADLY_NAMED = "import ctypes, time\nctypes.CDLL(None).prctl(15, b'hung\\xff\\xfe\\xc3', 0, 0, 0)\ntime.sleep(600)"
+
+
+async def test_a_process_named_in_bytes_that_are_not_utf8_does_not_stop_the_start(tmp_path: Path) -> None:
+    """Readiness reads every process's and thread's stat file, whose command name is the process's own bytes."""
+    cfg = {
+        "servers": {
+            "stuck": {"command": sys.executable, "args": ["-c", BADLY_NAMED], "startup_timeout": 600},
+            "toy": toy(tmp_path / "rec"),
+        }
+    }
+    async with proxied(cfg, tmp_path / "state") as p:
+        assert "toy__echo" in await _tool_names(p.client)
+        assert p.proxy.backends.get("stuck").status == "starting"
+
+
 def _late_config(tmp: Path, fifo: Path) -> dict[str, Any]:
     return {
         "servers": {

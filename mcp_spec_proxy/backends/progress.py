@@ -106,11 +106,13 @@ def busy(before: Snapshot | None, after: Snapshot | None, window: float) -> bool
 def _stat_fields(path: Path) -> list[str] | None:
     """The fields of a /proc stat file after the command name (state first), or None if gone."""
     try:
-        stat = path.read_text()
+        stat = path.read_bytes()
     except OSError:
         return None
-    # The command name may hold spaces and parentheses: the fields start after the last ")".
-    return stat.rsplit(")", 1)[1].split()
+    # The command name is the process's own bytes (any, UTF-8 or not, spaces and parentheses
+    # too) and is never decoded: the fields start after the last ")" and are ASCII.
+    _, paren, fields = stat.rpartition(b")")
+    return fields.decode("ascii", "replace").split() if paren else None
 
 
 def _below(pid: int, root: int, parent_of: dict[int, int]) -> bool:
