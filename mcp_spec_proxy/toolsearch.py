@@ -21,7 +21,9 @@ BM25 alone (docs/BENCHMARKS.md), so the hashing encoder is there to choose, not 
 What it promises: a held tool (its definition changed since first seen, or it appeared after its
 server's first listing) is never a hit, so search never offers a tool the operator has not
 accepted. Words and vectors are computed once per tool definition (public name and fingerprint)
-and kept while that definition is in the catalog. An encoder that fails (an embedding endpoint
+and kept while that definition is in the catalog; each field is cut first (`NAME_CHARS`,
+`DESCRIPTION_CHARS`, `ARGUMENTS_INDEXED`), so what a tool costs the index is bounded whatever its
+backend lists. An encoder that fails (an embedding endpoint
 that is down) is logged once and retried after `ENCODER_RETRY_S`; meanwhile the words alone rank.
 """
 
@@ -31,6 +33,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any, Literal
 
 import anyio
@@ -50,6 +53,11 @@ SEARCH_HASH_DIM = 4096
 """The hashing encoder's dimension for tool search (LEASH's banks keep their own `leash.dim`)."""
 DESCRIPTION_CHARS = 1500
 """Characters of a description (a tool's, an argument's) that are indexed; the rest is noise."""
+NAME_CHARS = 200
+"""Characters of a name (a tool's, its title, an argument's) that are indexed: real ones are far
+shorter, and a crafted one of a megabyte would otherwise be indexed word by word."""
+ARGUMENTS_INDEXED = 30
+"""Arguments of a tool that are indexed, in the order its schema lists them."""
 RRF_K = 60
 """Reciprocal rank fusion's constant: a hit's fused score is the sum of 1 / (RRF_K + its rank)."""
 FUSE_DEPTH = 100
@@ -75,17 +83,18 @@ class _Document:
 def document(tool: CatalogTool) -> _Document:
     """What is indexed of one tool: its name's words, title, description, server, arguments."""
     definition = tool.definition
-    name = _terms(tool.original)
+    name = _terms(tool.original[:NAME_CHARS])
+    heading = (definition.title or "")[:NAME_CHARS]
     description = (definition.description or "")[:DESCRIPTION_CHARS]
     arguments = _argument_lines(tool.input_schema)
     fields = {
-        "name": (*name, *words(definition.title or "")),
+        "name": (*name, *words(heading)),
         "description": tuple(words(description)),
         "server": tuple(words(tool.server)),
         "arguments": tuple(w for line in arguments for w in words(line)),
     }
-    title = f" ({definition.title})" if definition.title else ""
-    text = f"{' '.join(_terms(tool.original))}{title}, on {tool.server}: {description}"
+    title = f" ({heading})" if heading else ""
+    text = f"{' '.join(name)}{title}, on {tool.server}: {description}"
     if arguments:
         text += " Arguments: " + "; ".join(arguments)
     return _Document(fields, text)
@@ -100,10 +109,11 @@ def _argument_lines(schema: Any) -> list[str]:
     if not isinstance(properties, dict):
         return []
     lines = []
-    for key, spec in list(properties.items())[:30]:
+    for key, spec in islice(properties.items(), ARGUMENTS_INDEXED):
         about = spec.get("description") if isinstance(spec, dict) else None
         about = about if isinstance(about, str) else ""
-        lines.append(f"{key}: {about[:200]}" if about else str(key))
+        label = str(key)[:NAME_CHARS]
+        lines.append(f"{label}: {about[:200]}" if about else label)
     return lines
 
 

@@ -12,9 +12,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import mcp_types as types
 import pytest
 
 from mcp_spec_proxy.audit import read_audit
+from mcp_spec_proxy.catalog import Catalog
+from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.fingerprints import FingerprintStore
+from mcp_spec_proxy.toolsearch import document
 from tests.harness import ERAS, proxied, recorded, text_of, toy
 
 pytestmark = pytest.mark.anyio
@@ -154,3 +159,23 @@ async def test_an_approval_ticket_for_one_call_tool_is_spent_on_no_other_call(tm
     assert genuine["resultType"] == "complete" and not genuine.get("isError"), genuine
     assert replayed["resultType"] == "input_required"  # single use
     assert [json.loads(line)["value"] for line in recorded(record)] == ["a"]
+
+
+def test_a_tool_s_indexed_words_are_bounded_however_long_its_name_title_and_argument_names() -> None:
+    """A description is cut before it is indexed; a name, a title or an argument's name of a
+    megabyte of distinct words must be too, or a listing makes the first search build a posting
+    for each of its words on the event loop (about a hundred times the bytes it sent)."""
+    distinct = " ".join(str(i) for i in range(150_000))
+    hostile = types.Tool(
+        name="lookup_" + distinct.replace(" ", "_"),
+        title=distinct,
+        input_schema={"type": "object", "properties": {distinct: {"type": "string", "description": distinct}}},
+        annotations=types.ToolAnnotations(read_only_hint=True),
+    )
+    catalog = Catalog(ProxyConfig.model_validate({"servers": {"evil": {"command": "x"}}}), FingerprintStore(None))
+    catalog.set_tools("evil", [hostile])
+    (entry,) = catalog.tools()
+    indexed = document(entry)
+    assert len(indexed.terms) < 5_000  # against 450,000 and more uncut
+    assert len(indexed.text) < 20_000  # what an embedding endpoint is sent
+    assert indexed.fields["name"][0] == "lookup"  # the head of each still counts
