@@ -7,16 +7,23 @@ the catalog hold the tool like a write until the user runs `mcp-spec-proxy tools
 which accepts the latest definition seen. Both are kept on disk, so a restart does not launder
 them: a new tool stays new until accepted, whichever process lists it next.
 The file is rewritten crash-safely (temporary file, fsync, rename), so a proxy killed at any
-moment leaves either the old or the new store, never a torn one.
+moment leaves either the old or the new store, never a torn one. Several processes may share it
+(a proxy in each of two desktop apps, `tools accept` beside them): each change is made under the
+file's lock (`<file>.lock`, flock) to the store as it is on disk then, so no process writes back
+a copy that drops another's listings or acceptances — losing a server's first listing would let
+its next listing be taken for a first one, and the tools it added be accepted unasked.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -62,10 +69,20 @@ class FingerprintStore:
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self._entries: dict[str, dict[str, Any]] = {}
+        self._read_as: tuple[int, int, int] | None = None  # (inode, size, mtime) of the file last read or written
         self.reload()
 
     def reload(self) -> None:
-        if self.path is None or not self.path.exists():
+        """Read the store from disk again (nothing without a file, or while it is unchanged)."""
+        if self.path is None:
+            return
+        try:
+            found = self.path.stat()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise StateError(f"cannot read fingerprint store {self.path}: {exc.strerror}") from None
+        if (found.st_ino, found.st_size, found.st_mtime_ns) == self._read_as:
             return
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
@@ -77,6 +94,27 @@ class FingerprintStore:
         if not isinstance(data, dict):
             raise StateError(f"fingerprint store {self.path} is not a JSON object; move it aside to start over")
         self._entries = data
+        self._read_as = (found.st_ino, found.st_size, found.st_mtime_ns)
+
+    @contextmanager
+    def _changing(self) -> Iterator[None]:
+        """Hold the file's lock and start from the store on disk: the one way to change it."""
+        if self.path is None:
+            yield
+            return
+        lock = self.path.with_name(self.path.name + ".lock")
+        try:
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            handle = lock.open("a")
+        except OSError as exc:
+            raise StateError(f"cannot lock fingerprint store {self.path}: {exc.strerror}") from None
+        with handle:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+            try:
+                FingerprintStore.reload(self)
+                yield
+            finally:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
     def observe(self, prints: dict[str, str], *, server: str | None = None) -> None:
         """Record definitions just listed (`{"server/tool": sha}`).
@@ -87,24 +125,25 @@ class FingerprintStore:
         listing counts too). A store written before listings were recorded gives each server one
         first listing more, as the store did before.
         """
-        dirty = False
-        now = time.time()
-        listed = self._listed()
-        for key, sha in prints.items():
-            entry = self._entries.get(key)
-            if entry is None:
-                accepted = None if key.split("/", 1)[0] in listed else sha
-                self._entries[key] = {"accepted": accepted, "latest": sha, "first_seen": now}
+        with self._changing():
+            dirty = False
+            now = time.time()
+            listed = self._listed()
+            for key, sha in prints.items():
+                entry = self._entries.get(key)
+                if entry is None:
+                    accepted = None if key.split("/", 1)[0] in listed else sha
+                    self._entries[key] = {"accepted": accepted, "latest": sha, "first_seen": now}
+                    dirty = True
+                elif entry.get("latest") != sha:
+                    entry["latest"] = sha
+                    entry["changed_at"] = now
+                    dirty = True
+            if server is not None and server not in listed:
+                self._entries[SERVERS] = {**listed, server: {"first_listing": now}}
                 dirty = True
-            elif entry.get("latest") != sha:
-                entry["latest"] = sha
-                entry["changed_at"] = now
-                dirty = True
-        if server is not None and server not in listed:
-            self._entries[SERVERS] = {**listed, server: {"first_listing": now}}
-            dirty = True
-        if dirty:
-            self._save()
+            if dirty:
+                self._save()
 
     def status(self, key: str, sha: str) -> Status:
         """`new` (never accepted, or never observed: fail closed), `changed`, or `accepted`."""
@@ -127,14 +166,14 @@ class FingerprintStore:
 
     def accept(self, key: str) -> bool:
         """Accept the latest definition of `key`; False if there was nothing to accept."""
-        self.reload()
-        entry = self._entries.get(key) if "/" in key else None
-        if entry is None or entry.get("accepted") == entry.get("latest"):
-            return False
-        entry["accepted"] = entry["latest"]
-        entry["accepted_at"] = time.time()
-        self._save()
-        return True
+        with self._changing():
+            entry = self._entries.get(key) if "/" in key else None
+            if entry is None or entry.get("accepted") == entry.get("latest"):
+                return False
+            entry["accepted"] = entry["latest"]
+            entry["accepted_at"] = time.time()
+            self._save()
+            return True
 
     def keys(self) -> list[str]:
         return sorted(key for key, _ in self._tool_entries())
@@ -151,5 +190,7 @@ class FingerprintStore:
             return
         try:
             write_atomic(self.path, json.dumps(self._entries, indent=1, sort_keys=True))
+            found = self.path.stat()
         except OSError as exc:
             raise StateError(f"cannot write fingerprint store {self.path}: {exc.strerror}") from None
+        self._read_as = (found.st_ino, found.st_size, found.st_mtime_ns)

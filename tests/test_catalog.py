@@ -329,6 +329,31 @@ def test_accepting_a_changed_definition_makes_it_a_read_again(tmp_path: Path) ->
     assert only(catalog).effect == "read"
 
 
+def test_two_proxies_on_one_state_directory_keep_each_others_listings_and_acceptances(tmp_path: Path) -> None:
+    """A proxy in each of two desktop apps share the default state directory. Neither may write
+    back a copy that drops what the other recorded: a lost first listing would let the next
+    listing of that server pass for a first one, and the tool it added be accepted unasked."""
+    path = tmp_path / "fingerprints.json"
+    desktop, editor = FingerprintStore(path), FingerprintStore(path)  # both started on an empty store
+    first = {"fs/read": fingerprint(tool("read", read_only=True))}
+    desktop.observe(first, server="fs")
+    editor.observe({"git/log": fingerprint(tool("log", read_only=True))}, server="git")
+
+    # The editor's write kept the desktop's first listing of fs: fs's added tool is new to both.
+    added = {**first, "fs/delete_everything": fingerprint(tool("delete_everything", read_only=True))}
+    editor.observe(added, server="fs")
+    assert editor.status("fs/delete_everything", added["fs/delete_everything"]) == "new"
+    desktop.observe(added, server="fs")
+    assert desktop.status("fs/delete_everything", added["fs/delete_everything"]) == "new"
+    assert FingerprintStore(path).status("git/log", fingerprint(tool("log", read_only=True))) == "accepted"
+
+    # `tools accept` from a third process is not undone by the next listing either proxy saves.
+    assert FingerprintStore(path).accept("fs/delete_everything") is True
+    desktop.observe({**added, "fs/other": fingerprint(tool("other"))}, server="fs")
+    assert FingerprintStore(path).status("fs/delete_everything", added["fs/delete_everything"]) == "accepted"
+    assert FingerprintStore(path).status("fs/other", fingerprint(tool("other"))) == "new"
+
+
 # -- include / exclude -----------------------------------------------------------------------
 
 
