@@ -91,14 +91,15 @@ async def wired(cfg: dict[str, Any], tmp: Path, *, handshake: bool = True) -> As
     config_file = tmp / "servers.yaml"
     config_file.write_text(yaml.safe_dump(cfg))
     argv = [PROXY_COMMAND, "--config", str(config_file), "--state-dir", str(tmp / "state"), "--log-level", "WARNING"]
-    log = tmp / "proxy-stderr.log"  # named in the failure if the proxy hangs, answering or exiting
+    log = tmp / "proxy-stderr.log"  # named in the failure if the proxy hangs or leaves early
     try:
         with anyio.fail_after(90), log.open("wb") as stderr:
             async with wired_process(argv, stderr, handshake=handshake) as wire:
                 yield wire
-    except TimeoutError:
+    except (TimeoutError, anyio.EndOfStream) as exc:
         tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
-        raise AssertionError(f"the spawned proxy hung (answering or exiting); its stderr ends:\n{tail}") from None
+        what = "hung (answering or exiting)" if isinstance(exc, TimeoutError) else "closed its stdout before answering"
+        raise AssertionError(f"the spawned proxy {what}; its stderr ends:\n{tail}") from None
 
 
 @asynccontextmanager
