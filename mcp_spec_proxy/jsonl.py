@@ -3,6 +3,8 @@
 Each `record` appends one line from a worker thread, so the event loop never waits on the disk,
 and returns once the line is written — and, for a `durable` log, fsynced. Concurrent records are
 group-committed: one write and one fsync for every line queued meanwhile. Lines never interleave.
+A writer cancelled while it commits for the others still commits their lines: no record waits on
+a commit nobody runs.
 """
 
 from __future__ import annotations
@@ -42,19 +44,27 @@ class JsonLines:
             # so a hundred concurrent writers cost a few fsyncs, not a hundred in a row.
             self._flushing = True
             try:
-                while self._queue:
-                    batch, self._queue = self._queue, []
-                    try:
-                        await anyio.to_thread.run_sync(self._append, [text for text, _ in batch])
-                    except StateError as exc:
-                        for _, each in batch:
-                            each.fail(exc)
-                    else:
-                        for _, each in batch:
-                            each.done.set()
+                # Shielded: the lines queued behind this writer wait on it alone. Cancelled (its
+                # client left), it still commits them, or their writers wait forever: among them
+                # the gate's shielded `abandoned` line, which a proxy's exit then waits on.
+                with anyio.CancelScope(shield=True):
+                    await self._commit_queued()
             finally:
                 self._flushing = False
         await waiter.wait()
+
+    async def _commit_queued(self) -> None:
+        """Write every queued line, a batch per thread hop, until the queue stays empty."""
+        while self._queue:
+            batch, self._queue = self._queue, []
+            try:
+                await anyio.to_thread.run_sync(self._append, [text for text, _ in batch])
+            except StateError as exc:
+                for _, each in batch:
+                    each.fail(exc)
+            else:
+                for _, each in batch:
+                    each.done.set()
 
     def note(self, kind: str, **fields: Any) -> None:
         """Append one line without waiting for the disk (reads): it rides the next group commit.
