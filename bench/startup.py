@@ -188,7 +188,8 @@ class Row:
         bare = f"{statistics.median(self.bare):.2f} ({statistics.median(self.bare) - d:+.2f})" if self.bare else "-"
         return (
             f"| {self.label} | {d:.2f} | {o:.2f} | {o - d:+.2f} | {floor:.2f} ({floor - d:+.2f})"
-            f" | {late:.2f} ({late - d:+.2f}) | {bare} | {min(self.present)}-{max(self.present)} of {self.n} | {verdict} |"
+            f" | {late:.2f} ({late - d:+.2f}) | {bare} | {min(self.present)}-{max(self.present)} of {self.n}"
+            f" | {verdict} |"
         )
 
 

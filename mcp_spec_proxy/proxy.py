@@ -4,11 +4,11 @@
 is started in its own task and given until its `startup_timeout` to connect (one that fails is
 logged as unavailable and retried with backoff). It yields once the backends are ready in the
 sense of `BackendPool.ready`: all settled, or the rest quiet (none settling, our child processes
-neither running, waiting for a CPU nor reading from disk) for a short window. A backend hung in its handshake then never holds up the others for its
-`startup_timeout`; when it connects, its tools enter the catalog through the same checks as
-everyone's and `Proxy.changed("tools")` tells the fronts, which announce the change to their
-clients. On exit every child process is stopped. The fronts (`fronts/mcp.py`) serve clients
-from the `Proxy` it yields.
+neither running, waiting for a CPU nor reading from disk) for a short window. A backend hung in
+its handshake then never holds up the others for its `startup_timeout`; when it connects, its
+tools enter the catalog through the same checks as everyone's and `Proxy.changed("tools")` tells
+the fronts, which announce the change to their clients. On exit every child process is stopped.
+The fronts (`fronts/mcp.py`) serve clients from the `Proxy` it yields.
 
 Models (the `openai` client) and LEASH (numpy, FAISS) are imported only when the config names
 them: a plain proxy does not pay for them in start-up time or memory.

@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any, BinaryIO
 
-from mcp.client.client import Client
 from mcp.client._transport import Transport, TransportStreams
+from mcp.client.client import Client
 from mcp.client.stdio import _create_platform_compatible_process as create_platform_compatible_process
 from mcp.client.stdio import _drain_stdout as drain_stdout
 from mcp.client.stdio import _parse_line as parse_line

@@ -15,8 +15,8 @@ import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 from mcp.server.lowlevel import Server
 
-from mcp_spec_proxy.backends.connection import Backend, Listing, OnListing
 from mcp_spec_proxy.backends import progress
+from mcp_spec_proxy.backends.connection import Backend, Listing, OnListing
 from mcp_spec_proxy.config import ServerConfig
 from mcp_spec_proxy.errors import BackendUnavailable
 

@@ -26,11 +26,11 @@ from typing import Any, TextIO
 import anyio
 import mcp_types as types
 from mcp.client.client import Client
-from mcp.shared.exceptions import MCPError
 from mcp.client.session import IncomingMessage
 from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
 from mcp.server.lowlevel import Server
 from mcp.shared.dispatcher import ProgressFnT
+from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, METHOD_NOT_FOUND, REQUEST_TIMEOUT
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 

@@ -28,8 +28,7 @@ from typing import Any, TextIO, cast
 import anyio
 import anyio.abc
 import mcp_types as types
-from mcp.client.stdio import StdioServerParameters
-from mcp.client.stdio import get_default_environment
+from mcp.client.stdio import StdioServerParameters, get_default_environment
 from mcp.shared.message import SessionMessage
 
 from mcp_spec_proxy import early

@@ -15,8 +15,8 @@ from types import TracebackType
 from typing import Any, Self, TextIO
 
 import anyio
-from mcp.client.stdio import StdioServerParameters
 from mcp.client.sse import sse_client
+from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.message import SessionMessage
 

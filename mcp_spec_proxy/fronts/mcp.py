@@ -35,14 +35,13 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import mcp_types as types
-from mcp.shared.exceptions import MCPError
-from mcp.server.lowlevel import Server
 from mcp.server.connection import Connection
 from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.models import InitializationOptions
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
-from mcp.shared.exceptions import NoBackChannelError
+from mcp.shared.exceptions import MCPError, NoBackChannelError
 from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, ServerEvent, ToolsListChanged
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
