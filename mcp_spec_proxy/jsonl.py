@@ -59,9 +59,10 @@ class JsonLines:
             batch, self._queue = self._queue, []
             try:
                 await anyio.to_thread.run_sync(self._append, [text for text, _ in batch])
-            except StateError as exc:
+            except Exception as exc:  # whatever the write raised, its writers hear it: none waits on
+                failure = exc if isinstance(exc, StateError) else StateError(f"cannot append to {self.path}: {exc}")
                 for _, each in batch:
-                    each.fail(exc)
+                    each.fail(failure)
             else:
                 for _, each in batch:
                     each.done.set()

@@ -12,6 +12,7 @@ import anyio
 import pytest
 
 from mcp_spec_proxy.audit import AuditLog, read_audit
+from mcp_spec_proxy.errors import StateError
 
 pytestmark = pytest.mark.anyio
 
@@ -67,3 +68,14 @@ async def test_a_writer_cancelled_mid_commit_still_writes_the_lines_queued_behin
         assert [event["call"] for event in read_audit(path)] == ["a", "b"]
         await behind_returned.wait()
     log.close()
+
+
+async def test_a_write_that_fails_unexpectedly_fails_its_writers_instead_of_leaving_them_waiting(
+    tmp_path: Path,
+) -> None:
+    log = AuditLog(tmp_path / "audit.jsonl")
+    handle = (tmp_path / "audit.jsonl").open("a")
+    handle.close()
+    log._handle = handle  # closed under it: writing raises ValueError, not OSError
+    with anyio.fail_after(10), pytest.raises(StateError, match="cannot append to"):
+        await log.record("held", call=1)
