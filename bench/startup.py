@@ -7,10 +7,6 @@ Time to first `tools/list`: from spawning a process over stdio to the answer of 
 
     direct  the backends themselves, all N spawned at once by N clients (the same contention the
             proxy's N children meet); the figure is the slowest one's, the bar the proxy is held to
-    floor   the same, with one more process spawned at the same moment that imports the SDK as
-            the bare hop does; the figure is the later of the slowest backend's list and the
-            import's end: what any proxy built on the SDK pays before it can answer, even one that
-            spawns its backends before it imports and does nothing else
     ours    mcp-spec-proxy with the same N backends (`review: {default: deny}`), one client
     late    the same proxy entered at `mcp_spec_proxy.cli:main` instead of the console script
             (`mcp_spec_proxy.launch`): its backends spawn only once the SDK has loaded, as
@@ -26,6 +22,13 @@ proxy's first answer held.
 
 For one backend the bare SDK hop (bench/bare_proxy.py) is timed too: the floor any proxy built
 on the SDK pays for starting its own interpreter and importing the SDK before it can spawn.
+
+CPU before the first answer: for ours, the CPU seconds (user + system, from /proc) the proxy
+process and, apart, its backends had spent when the first `tools/list` was answered. Once the
+backends keep both cores busy, the first answer cannot come before (backends + proxy) / cores
+seconds of CPU have run, while direct needs the backends' share alone: the proxy's own CPU, over
+the number of cores, is what it adds at the least, however it schedules. The SDK's import is
+part of it in any proxy built on the SDK.
 
 Idle memory: RSS of the proxy process (children not counted) once it has answered `tools/list`
 and one call and sat idle for a second, ours (`review: deny`, one backend) against
@@ -64,6 +67,7 @@ VENV_BIN = Path(sys.executable).parent
 TOY = REPO / "tests" / "fixtures" / "toy_server.py"
 SIZES = (1, 5, 10)
 HUNG_SIZE = 5
+CORES = os.cpu_count() or 1
 BUDGET_S = 0.3  # the target: ours within the slowest backend's own start + this
 # The command line without the console script's early spawn: backends start after the SDK loads.
 LATE_ENTRY = "from mcp_spec_proxy.cli import main; main(prog_name='mcp-spec-proxy')"
@@ -121,24 +125,16 @@ async def _first_list(argv: list[str], errlog: IO[str]) -> tuple[float, set[str]
         return time.perf_counter() - started, names
 
 
-async def direct(backends: list[Backend], errlog: IO[str], *, floor: bool = False) -> float:
+async def direct(backends: list[Backend], errlog: IO[str]) -> float:
     """All the backends spawned at once; the slowest answering one's time to its first tools/list.
 
     A backend that hangs is spawned too, never waited for, and stopped after: its own start loads
-    the machine the others start on, as it does under the proxy. With `floor`, one more process
-    starts at the same moment and imports the SDK as the bare hop does: the figure is then the
-    later of the slowest backend's list and that import's end, the least any proxy built on the
-    SDK can take to answer a first list when it spawns its backends before it imports."""
+    the machine the others start on, as it does under the proxy."""
     times: list[float] = []
-    started = time.perf_counter()
 
     async def one(backend: Backend) -> None:
         elapsed, _ = await _first_list(backend.argv, errlog)
         times.append(elapsed)
-
-    async def sdk_import() -> None:
-        await anyio.run_process([sys.executable, "-c", IMPORTS["sdk"]], stderr=errlog)
-        times.append(time.perf_counter() - started)
 
     hung = [
         await anyio.open_process(b.argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=errlog)
@@ -147,8 +143,6 @@ async def direct(backends: list[Backend], errlog: IO[str], *, floor: bool = Fals
     ]
     try:
         async with anyio.create_task_group() as tg:
-            if floor:
-                tg.start_soon(sdk_import)
             for backend in backends:
                 if not backend.hangs:
                     tg.start_soon(one, backend)
@@ -161,12 +155,29 @@ async def direct(backends: list[Backend], errlog: IO[str], *, floor: bool = Fals
 
 async def ours(
     config: Path, tmp: Path, backends: list[Backend], errlog: IO[str], *, late: bool = False
-) -> tuple[float, int]:
+) -> tuple[float, int, tuple[float, float]]:
+    """Seconds to the first list, how many backends it held, and (proxy, backends) CPU seconds then."""
     entry = [sys.executable, "-c", LATE_ENTRY] if late else [str(VENV_BIN / "mcp-spec-proxy")]
     argv = [*entry, "--config", str(config), "--state-dir", str(tmp / "state"), "--log-level", "WARNING"]
-    elapsed, names = await _first_list(argv, errlog)
+    before = set(_children())
+    started = time.perf_counter()
+    params = StdioServerParameters(command=argv[0], args=argv[1:])
+    async with Client(stdio_client(params, errlog=errlog), mode="legacy") as client:
+        names = {tool.name for tool in (await client.list_tools()).tools}
+        elapsed = time.perf_counter() - started
+        proxy = next(pid for pid in _children() if pid not in before)
+        cpu = (_cpu_s(proxy), sum(_cpu_s(pid) for pid in _children(proxy)))
     present = sum(1 for b in backends if any(name.startswith(f"{b.name}__") for name in names))
-    return elapsed, present
+    return elapsed, present, cpu
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of one live process (0 if it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -179,15 +190,18 @@ class Row:
     late: list[float]  # ours with its backends spawned after the SDK loads (`LATE_ENTRY`)
     bare: list[float]  # the bare SDK hop in front of the same backend: one-backend rows only
     without_hung: list[float]  # ours with the same config less its hung backend: the hung row only
-    floor: list[float]  # `direct` with the SDK's import started beside the backends
+    cpu: list[tuple[float, float]]  # ours: (proxy, its backends) CPU seconds at the first answer
 
     def line(self) -> str:
         d, o = statistics.median(self.direct), statistics.median(self.ours)
-        late, floor = statistics.median(self.late), statistics.median(self.floor)
+        late = statistics.median(self.late)
+        proxy_cpu = statistics.median(c[0] for c in self.cpu)
+        backends_cpu = statistics.median(c[1] for c in self.cpu)
         verdict = "within" if o <= d + BUDGET_S else "ABOVE"
         bare = f"{statistics.median(self.bare):.2f} ({statistics.median(self.bare) - d:+.2f})" if self.bare else "-"
         return (
-            f"| {self.label} | {d:.2f} | {o:.2f} | {o - d:+.2f} | {floor:.2f} ({floor - d:+.2f})"
+            f"| {self.label} | {d:.2f} | {o:.2f} | {o - d:+.2f} | {proxy_cpu:.2f} | {backends_cpu:.2f}"
+            f" | {proxy_cpu / CORES:+.2f}"
             f" | {late:.2f} ({late - d:+.2f}) | {bare} | {min(self.present)}-{max(self.present)} of {self.n}"
             f" | {verdict} |"
         )
@@ -203,10 +217,10 @@ async def startup_rows(tmp: Path, repeat: int, errlog: IO[str]) -> list[Row]:
         config = proxy_config(backends, tmp, f"n{len(backends)}{'h' if label.endswith('hung') else ''}")
         for _ in range(repeat):
             row.direct.append(await direct(backends, errlog))
-            row.floor.append(await direct(backends, errlog, floor=True))
-            elapsed, present = await ours(config, tmp, backends, errlog)
+            elapsed, present, cpu = await ours(config, tmp, backends, errlog)
             row.ours.append(elapsed)
             row.present.append(present)
+            row.cpu.append(cpu)
             row.late.append((await ours(config, tmp, backends, errlog, late=True))[0])
             if any(b.hangs for b in backends):
                 others = [b for b in backends if not b.hangs]
@@ -225,18 +239,19 @@ def _rss_mib(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
-def _children() -> dict[int, str]:
-    """This process's child processes: pid -> command line."""
+def _children(parent: int | None = None) -> dict[int, str]:
+    """The child processes of `parent` (default: this process): pid -> command line."""
+    parent = os.getpid() if parent is None else parent
     found = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            stat = Path(f"/proc/{entry}/stat").read_bytes()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid():
+        if int(stat.rsplit(b")", 1)[1].split()[1]) == parent:
             found[int(entry)] = cmdline
     return found
 
@@ -305,10 +320,11 @@ def main() -> int:
     print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"\ntime to first tools/list, seconds (median of {args.repeat}); target: ours ≤ direct + {BUDGET_S} s")
     print(
-        "| backends | direct, slowest (s) | ours (s) | ours - direct | SDK floor (s, - direct)"
-        " | late spawn (s, - direct) | bare hop (s, - direct) | backends in ours' first list | target |"
+        "| backends | direct, slowest (s) | ours (s) | ours - direct | proxy CPU (s) | backends' CPU (s)"
+        f" | proxy CPU / {CORES} cores | late spawn (s, - direct) | bare hop (s, - direct)"
+        " | backends in ours' first list | target |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(row.line())
     for row in rows:
