@@ -397,6 +397,23 @@ async def test_stdio_front_answers_an_unparseable_request_with_an_error(tmp_path
     assert unanswered == [], f"no answer at all to the requests with ids {unanswered}"
 
 
+async def test_stdio_front_answers_a_request_whose_id_is_neither_a_string_nor_an_integer(tmp_path: Path) -> None:
+    """The SDK takes such a message for a notification; its sender would wait for ever."""
+    async with spawned_proxy(tmp_path) as peer:
+        with anyio.fail_after(60):
+            await peer.request("initialize", INITIALIZE_PARAMS)
+            for odd in (b"1.5", b'{"n": 1}', b"null", b"[1]", b"true"):
+                await peer.send(b'{"jsonrpc":"2.0","id":' + odd + b',"method":"ping"}')
+                await peer.request("ping")  # lines are read in order: the odd one is handled by now
+                answer = peer.answered(None)
+                assert answer is not None, f"no answer to a request with the id {odd!r}"
+                assert answer["error"]["code"] == -32600
+                peer._answers.clear()
+            await peer.send(b'{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"x"}}')
+            await peer.request("ping")
+            assert peer.answered(None) is None  # a real notification still gets no answer
+
+
 # -- streamable HTTP ---------------------------------------------------------------------------
 
 HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}

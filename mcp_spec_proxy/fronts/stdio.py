@@ -289,6 +289,11 @@ async def _read_messages(
                 if error is not None:
                     await answers.send(SessionMessage(error))
                 continue
+            if isinstance(message, types.JSONRPCNotification) and b'"id"' in line and _has_id(text):
+                # The SDK reads a request whose id is neither a string nor an integer (1.5, {}, null)
+                # as a notification: nothing would run and its sender would wait for ever.
+                await answers.send(SessionMessage(_invalid(None, "Invalid Request: an id is a string or an integer")))
+                continue
             await messages.send(SessionMessage(message))
 
 
@@ -321,6 +326,15 @@ def _invalid(request_id: str | int | None, message: str) -> types.JSONRPCError:
     return types.JSONRPCError(
         jsonrpc="2.0", id=request_id, error=types.ErrorData(code=INVALID_REQUEST, message=message)
     )
+
+
+def _has_id(text: str) -> bool:
+    """Whether a message the SDK took for a notification names an id (of a kind it dropped)."""
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and "id" in data
 
 
 _ANY_ID = re.compile(r'"id"\s*:\s*(-?\d{1,19}(?![\d.eE])|"(?:[^"\\]|\\.){0,200}")')
