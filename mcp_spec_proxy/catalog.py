@@ -222,15 +222,15 @@ class Catalog:
 
     def set_tools(self, server: str, tools: list[types.Tool] | None) -> None:
         """Replace one backend's tools (`None`: the backend is gone)."""
+        printed: dict[int, str] = {}  # by the tool object's id: a listing may repeat a name
         if tools is None:
             self._listings.pop(server, None)
         else:
             self._listings[server] = tools
-            self._fingerprints.observe(
-                {f"{server}/{tool.name}": fingerprint(tool) for tool in tools if self._included(server, tool.name)},
-                server=server,
-            )
-        self._rebuild()
+            included_tools = [tool for tool in tools if self._included(server, tool.name)]
+            printed = {id(tool): fingerprint(tool) for tool in included_tools}
+            self._fingerprints.observe({f"{server}/{t.name}": printed[id(t)] for t in included_tools}, server=server)
+        self._rebuild(printed)
 
     def set_prompts(self, server: str, prompts: list[types.Prompt] | None) -> None:
         if prompts is None:
@@ -326,7 +326,10 @@ class Catalog:
     def _public_name(self, server: str, tool: str) -> str:
         return public_name(server, tool, self._separator, self._limit, self._config.servers)
 
-    def _rebuild(self) -> None:
+    def _rebuild(self, printed: Mapping[int, str] | None = None) -> None:
+        """Every entry, reusing those whose tool and status are unchanged; `printed`: fingerprints
+        of a listing just observed, by tool object id (its listing holds them), not computed twice."""
+        printed = printed or {}
         named: list[tuple[str, CatalogTool]] = []
         built: dict[tuple[str, str], tuple[types.Tool, Status, CatalogTool]] = {}
         for server, listing in sorted(self._listings.items()):
@@ -335,6 +338,8 @@ class Catalog:
                 cached = self._built.get(key)
                 if cached is not None and cached[0] is tool:
                     print_ = cached[2].fingerprint  # and included, or it would not have been built
+                elif id(tool) in printed:
+                    print_ = printed[id(tool)]
                 elif included(self._config.servers[server], tool.name):
                     print_ = fingerprint(tool)
                 else:
