@@ -50,6 +50,18 @@ class ToolsConfig(_Strict):
     overrides: dict[str, ToolOverride] = Field(default_factory=dict)
 
 
+class RelayConfig(_Strict):
+    """Which of a server's requests to the client reach the client of the call that caused them."""
+
+    sampling: bool = True  # it spends the user's model: each one is audited
+    elicitation: bool = True
+    roots: bool = True
+
+    def kinds(self) -> frozenset[Literal["sampling", "elicitation", "roots"]]:
+        wanted = (("sampling", self.sampling), ("elicitation", self.elicitation), ("roots", self.roots))
+        return frozenset(kind for kind, on in wanted if on)  # type: ignore[misc]  # literals of the tuple above
+
+
 class ServerConfig(_Strict):
     """One wrapped MCP server: stdio (`command`) or remote (`url`)."""
 
@@ -71,6 +83,7 @@ class ServerConfig(_Strict):
     # Hold its read tools that declare `openWorldHint: true` like writes; unset: the top-level value.
     hold_open_world: bool | None = None
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
+    relay: RelayConfig = Field(default_factory=RelayConfig)
 
     @model_validator(mode="after")
     def _one_transport(self) -> ServerConfig:

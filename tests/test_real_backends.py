@@ -16,6 +16,8 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from mcp_spec_proxy.audit import read_audit
+from mcp_spec_proxy.backends.relay import Relay
+from mcp_spec_proxy.config import RelayConfig
 from tests import backends
 from tests.harness import ERAS, spawned, stdio, text_of
 
@@ -54,8 +56,11 @@ def proxy_config(world: dict[str, Any], review: str = "human") -> dict[str, Any]
 
 async def direct_tools(command: backends.BackendCommand) -> list[types.Tool]:
     params = StdioServerParameters(command=command.command, args=command.args, env=command.env or None)
+    # A client with the capabilities the proxy declares to its backends (it relays what they ask):
+    # the everything server lists its sampling, elicitation and roots tools only to such a client.
+    declared = Relay("direct", RelayConfig().kinds()).callbacks()
     with anyio.fail_after(60):
-        async with Client(params, mode="auto") as client:
+        async with Client(params, mode="auto", **declared) as client:
             return (await client.list_tools()).tools
 
 

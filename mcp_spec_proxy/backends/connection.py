@@ -26,15 +26,17 @@ from typing import Any, TextIO
 import anyio
 import mcp_types as types
 from mcp.client.client import Client
-from mcp.client.session import IncomingMessage
+from mcp.client.session import ClientRequestContext, IncomingMessage
 from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
 from mcp.server.lowlevel import Server
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, METHOD_NOT_FOUND, REQUEST_TIMEOUT
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
 
 from mcp_spec_proxy.backends.raw import RawCalls, json_size, tool_result
+from mcp_spec_proxy.backends.relay import Relay
 from mcp_spec_proxy.backends.stdio import RESULT_TOO_LARGE
 from mcp_spec_proxy.backends.transports import WatchedTransport, open_transport
 from mcp_spec_proxy.config import ServerConfig
@@ -78,6 +80,7 @@ class Backend:
         self._on_listing = on_listing
         self._log_dir = log_dir
         self._in_process = in_process  # the in-memory twin: tests hand a Server instead of a command
+        self.relay = Relay(name, config.relay.kinds())  # its requests to the client, to the calling client
         self._client: Client | None = None
         self._raw: RawCalls | None = None  # the fast path's channel while a stdio connection is up
         self._wake = anyio.Event()  # set by a list_changed notification or the end of the stream
@@ -102,9 +105,10 @@ class Backend:
     ) -> types.CallToolResult:
         client = self.client
         try:
-            result = await client.call_tool(
-                tool, arguments, read_timeout_seconds=self.config.timeout, progress_callback=progress
-            )
+            with self.relay.calling():
+                result = await client.call_tool(
+                    tool, arguments, read_timeout_seconds=self.config.timeout, progress_callback=progress
+                )
         except MCPError as exc:
             raise self._translate(exc, f"tools/call {tool}") from exc
         size = result_size(result)
@@ -127,8 +131,12 @@ class Backend:
         stamp_request(client, request)
         request["jsonrpc"] = "2.0"
         try:
-            with anyio.fail_after(self.config.timeout):
+            with anyio.fail_after(self.config.timeout), self.relay.calling():
                 answer = await raw.request(request)
+                if answer is not None and _asks_for_input(
+                    answer
+                ):  # a 2026-07-28 backend's question: the SDK's driver asks on
+                    return await self._answer_input_required(client, tool, arguments, answer)
         except TimeoutError:
             why = f"did not answer tools/call {tool} within {self.config.timeout:g}s (timeout)"
             raise BackendTimeout(self.name, why) from None
@@ -147,6 +155,31 @@ class Backend:
             raise self._too_large(tool, f"{size / 1e6:.1f} MB")
         return result
 
+    async def _answer_input_required(
+        self, client: Client, tool: str, arguments: dict[str, Any], answer: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The raw path's call that came back `input_required`: its questions relayed, then the
+        call resumed through the SDK client (which relays any further rounds itself)."""
+        try:
+            asked = types.InputRequiredResult.model_validate(answer["result"])
+        except ValidationError:
+            raise BackendError(self.name, f"answered tools/call {tool} with a malformed input_required") from None
+        responses: dict[str, Any] = {}
+        for key, request in (asked.input_requests or {}).items():
+            context = ClientRequestContext(session=client.session, request_id=key, meta=None)
+            response = await client.session.dispatch_input_request(context, request)
+            if isinstance(response, types.ErrorData):
+                raise self._translate(MCPError.from_error_data(response), f"tools/call {tool}")
+            responses[key] = response
+        try:
+            result = await client.call_tool(
+                tool, arguments, input_responses=responses, request_state=asked.request_state
+            )
+        except MCPError as exc:
+            raise self._translate(exc, f"tools/call {tool}") from exc
+        dumped: dict[str, Any] = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+        return dumped
+
     def _too_large(self, tool: str, size: str) -> ResultTooLarge:
         return ResultTooLarge(
             self.name,
@@ -157,13 +190,15 @@ class Backend:
 
     async def get_prompt(self, name: str, arguments: dict[str, str] | None) -> types.GetPromptResult:
         try:
-            return await self.client.get_prompt(name, arguments)
+            with self.relay.calling():
+                return await self.client.get_prompt(name, arguments)
         except MCPError as exc:
             raise self._translate(exc, f"prompts/get {name}") from exc
 
     async def read_resource(self, uri: str) -> types.ReadResourceResult:
         try:
-            return await self.client.read_resource(uri)
+            with self.relay.calling():
+                return await self.client.read_resource(uri)
         except MCPError as exc:
             raise self._translate(exc, f"resources/read {uri}") from exc
 
@@ -211,7 +246,7 @@ class Backend:
                         self.name, self.config, errlog, on_end=lambda: self._wake.set(), on_exit=self._exited
                     )
                     target = transport
-                client = Client(target, mode="auto", message_handler=self._on_message)
+                client = Client(target, mode="auto", message_handler=self._on_message, **self.relay.callbacks())
                 await stack.enter_async_context(client)
                 listing = await self._list(client)
                 startup.deadline = math.inf
@@ -375,6 +410,11 @@ def result_size(result: types.CallToolResult) -> int:
     if result.structured_content is not None:
         size += len(str(result.structured_content))
     return size
+
+
+def _asks_for_input(answer: dict[str, Any]) -> bool:
+    result = answer.get("result")
+    return isinstance(result, dict) and result.get("resultType") == "input_required"
 
 
 def _announces_changes(client: Client) -> bool:

@@ -29,13 +29,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
-from mcp_types import methods
+from mcp_types import CLIENT_CAPABILITIES_META_KEY, methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from mcp_spec_proxy.barrier import Session
 from mcp_spec_proxy.catalog import CatalogTool
 from mcp_spec_proxy.errors import ToolNotFound
+from mcp_spec_proxy.fronts.relay import declares_any
 from mcp_spec_proxy.gate import as_wire, error_result
 from mcp_spec_proxy.sdk import server_connection
 from mcp_spec_proxy.telemetry import tracing_configured
@@ -94,15 +95,26 @@ class FastRead:
     def __init__(self, front: McpFront) -> None:
         self._front = front
 
+    @property
+    def front(self) -> McpFront:
+        return self._front
+
     async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         if ctx.method == "tools/call":
             version = ctx.protocol_version
             modern = version in MODERN_PROTOCOL_VERSIONS
             # Before the handshake the SDK answers a legacy call with its own error.
             initialized = modern or (ctx.request_id is not None and server_connection(ctx).initialize_accepted)
-            read = self.claim(ctx.params, version, initialized=initialized)
+            # A 2026-07-28 client that a backend could ask something is served by a suspended call
+            # (`fronts/relay.py`), which only the SDK's path runs.
+            askable = modern and declares_any(ctx.session.client_capabilities)
+            read = None if askable else self.claim(ctx.params, version, initialized=initialized)
             if read is not None:
-                return await self.run(read, self._front.session_for(ctx))
+                session = self._front.session_for(ctx)
+                with self._front.calling(session, ctx):
+                    return await self.run(read, session)
+        elif ctx.method == "initialize" and self._front.stdio_session is not None:
+            self._front.stdio_connection = server_connection(ctx)  # what a lean read's backend may ask goes there
         return await call_next(ctx)
 
     def claim(self, params: Any, version: str, *, initialized: bool) -> Read | None:
@@ -120,6 +132,8 @@ class FastRead:
         meta = params.get("_meta")
         if isinstance(meta, Mapping) and ("progressToken" in meta or "progress_token" in meta):
             return None  # progress may be streamed: the SDK's path reports it
+        if version in MODERN_PROTOCOL_VERSIONS and isinstance(meta, Mapping) and _askable(meta):
+            return None  # a backend could ask this client something: only the SDK's path suspends a call
         try:
             methods.validate_client_request("tools/call", version, params)
         except (KeyError, ValueError, ValidationError):
@@ -155,6 +169,13 @@ class FastRead:
         elif isinstance(meta, dict) and meta.get(SERVER_INFO_META) is None:
             out["_meta"] = {**meta, SERVER_INFO_META: self._front.server.server_info_stamp}
         return out
+
+
+def _askable(meta: Mapping[str, Any]) -> bool:
+    declared = meta.get(CLIENT_CAPABILITIES_META_KEY)
+    if not isinstance(declared, Mapping):
+        return False
+    return any(declared.get(kind) is not None for kind in ("sampling", "elicitation", "roots"))
 
 
 def _plain(result: dict[str, Any]) -> bool:

@@ -38,4 +38,7 @@ async def serve_http(
 ) -> None:
     """Serve streamable HTTP until cancelled; `task_status.started(port)` once listening."""
     app = http_app(front, host=host, token=token, allowed_hosts=allowed_hosts)
-    await serve_asgi(app, host, port, announce="serving streamable HTTP on http://%s:%d/mcp", task_status=task_status)
+    async with front.suspensions.hosting():  # 2026-07-28 calls waiting for their client's answers
+        await serve_asgi(
+            app, host, port, announce="serving streamable HTTP on http://%s:%d/mcp", task_status=task_status
+        )

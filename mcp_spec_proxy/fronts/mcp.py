@@ -30,7 +30,8 @@ import secrets
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -46,11 +47,13 @@ from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, S
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from mcp_spec_proxy.backends.relay import CALLER
 from mcp_spec_proxy.barrier import Report, Session
 from mcp_spec_proxy.catalog import digest
 from mcp_spec_proxy.errors import ProxyError, StateError, ToolNotFound
 from mcp_spec_proxy.fronts import fast_read
 from mcp_spec_proxy.fronts.own_tools import OwnTools
+from mcp_spec_proxy.fronts.relay import Suspensions, connection_link, mute_link, request_link
 from mcp_spec_proxy.proxy import Proxy
 from mcp_spec_proxy.review import InputNeeded
 from mcp_spec_proxy.sdk import server_connection
@@ -102,6 +105,8 @@ class McpFront:
         self._approvals = Approvals(proxy.config.review.timeout, proxy.store.approvals)
         self._named: OrderedDict[str, Session] = OrderedDict()
         self.stdio_session: Session | None = None  # set while serving stdio: one client, one session
+        self.stdio_connection: Connection | None = None  # its connection, from its `initialize` on
+        self.suspensions = Suspensions(proxy.config.review.timeout, self._audit_relay(None))
         self._bus = InMemorySubscriptionBus()  # 2026-07-28 clients hear of changes on subscriptions/listen
         proxy.listeners.append(self._broadcast)
         self.server = ProxyServer(
@@ -193,10 +198,26 @@ class McpFront:
         unnamed = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS and self.stdio_session is None
         unnamed = unnamed and _session_name(ctx) is None
         binding = ("" if unnamed else session.id, params.name, digest(arguments))
-        ticket = await self._approvals.take(params.request_state, binding) if params.input_responses else None
-        user = _UserChannel(ctx, params, ticket)
         try:
-            return await self.proxy.barrier.call(session, params.name, arguments, user, _reporter(ctx))
+            if self.suspensions.owns(params.request_state):  # the answer a suspended call waits for
+                resumed: types.CallToolResult | types.InputRequiredResult = await self.suspensions.resume(
+                    params.request_state, binding, params.input_responses
+                )
+                return resumed
+            ticket = await self._approvals.take(params.request_state, binding) if params.input_responses else None
+            user = _UserChannel(ctx, params, ticket)
+
+            async def run() -> types.CallToolResult:
+                return await self.proxy.barrier.call(session, params.name, arguments, user, _reporter(ctx))
+
+            if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                capabilities = ctx.session.client_capabilities
+                result: types.CallToolResult | types.InputRequiredResult = await self.suspensions.call(
+                    session, capabilities, binding, run
+                )
+                return result
+            with self.calling(session, ctx):
+                return await run()
         except InputNeeded as need:
             request = types.ElicitRequest(
                 params=types.ElicitRequestFormParams(message=need.message, requested_schema=need.schema)
@@ -205,6 +226,29 @@ class McpFront:
             return types.InputRequiredResult(input_requests={need.key: request}, request_state=state)
         except ProxyError as exc:
             raise _wire_error(exc) from exc
+
+    # -- the relay of a backend's requests to the client (fronts/relay.py) ---------------------
+
+    @contextmanager
+    def calling(self, session: Session, ctx: Ctx | None) -> Iterator[None]:
+        """Around a call served for this client: what its backend asks reaches this client."""
+        if ctx is None:  # a stdio read taken off the wire: the one connection is the stream
+            link = connection_link(session, self.stdio_connection, self._audit_relay(session.id))
+        elif ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            link = mute_link(session)  # only a suspended call (`Suspensions`) can ask this era
+        else:
+            link = request_link(session, ctx, self._audit_relay(session.id))
+        token = CALLER.set(link)
+        try:
+            yield
+        finally:
+            CALLER.reset(token)
+
+    def _audit_relay(self, session: str | None) -> Callable[[str, str], Awaitable[None]]:
+        async def audit(server: str, method: str) -> None:
+            await self.proxy.gate.record("relayed", session=session or "", server=server, method=method)
+
+        return audit
 
     # -- prompts and resources ---------------------------------------------------------------
 
@@ -216,10 +260,11 @@ class McpFront:
     async def _get_prompt(self, ctx: Ctx, params: types.GetPromptRequestParams) -> types.GetPromptResult:
         try:
             entry = self.proxy.catalog.prompt(params.name)
-            session = self.session_for(ctx).id
-            prompt: types.GetPromptResult = await self.proxy.gate.get_prompt(
-                session, entry.server, entry.original, params.arguments
-            )
+            session = self.session_for(ctx)
+            with self.calling(session, ctx):
+                prompt: types.GetPromptResult = await self.proxy.gate.get_prompt(
+                    session.id, entry.server, entry.original, params.arguments
+                )
             return prompt
         except ProxyError as exc:
             raise _wire_error(exc) from exc
@@ -243,9 +288,9 @@ class McpFront:
     async def _read_resource(self, ctx: Ctx, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         try:
             owner = self.proxy.catalog.resource_owner(params.uri)
-            resource: types.ReadResourceResult = await self.proxy.gate.read_resource(
-                self.session_for(ctx).id, owner, params.uri
-            )
+            session = self.session_for(ctx)
+            with self.calling(session, ctx):
+                resource: types.ReadResourceResult = await self.proxy.gate.read_resource(session.id, owner, params.uri)
             return resource
         except ProxyError as exc:
             raise _wire_error(exc) from exc

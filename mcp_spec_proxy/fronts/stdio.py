@@ -50,7 +50,7 @@ async def serve_stdio(front: McpFront) -> None:
     """Serve one client on this process's stdin/stdout until it closes them."""
     front.stdio_session = session = front.proxy.barrier.new_session()
     with claimed_stdio() as (wire_in, wire_out):
-        async with _open_wire(wire_in, wire_out) as wire:
+        async with _open_wire(wire_in, wire_out) as wire, front.suspensions.hosting():
             read_writer, read = anyio.create_memory_object_stream[SessionMessage | Exception](0)
             write, write_reader = anyio.create_memory_object_stream[SessionMessage | bytes](0)
             lean = _LeanReads(front.fast_read, session, write)
@@ -155,7 +155,9 @@ class _LeanReads:
         try:
             with scope:
                 try:
-                    answer = {"jsonrpc": "2.0", "id": request_id, "result": await self._fast.run(read, self._session)}
+                    with self._fast.front.calling(self._session, None):
+                        result = await self._fast.run(read, self._session)
+                    answer = {"jsonrpc": "2.0", "id": request_id, "result": result}
                 except Exception:  # boundary: a fault of ours is this call's error, never the front's end
                     logger.exception("lean read of %s failed", read.tool.name)
                     error = {"code": INTERNAL_ERROR, "message": "internal error"}
