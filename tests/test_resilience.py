@@ -13,8 +13,9 @@ import pytest
 import yaml
 
 from mcp_spec_proxy.audit import read_audit
+from mcp_spec_proxy.errors import BACKEND_CLOSED
 from mcp_spec_proxy.fingerprints import FingerprintStore
-from tests.harness import PROXY_COMMAND, proxied, spawned, text_of, toy
+from tests.harness import PROXY_COMMAND, call_error, proxied, spawned, text_of, toy
 
 pytestmark = pytest.mark.anyio
 
@@ -46,9 +47,9 @@ async def test_backend_that_crashes_comes_back(tmp_path: Path) -> None:
     changes = ToolChanges()
     cfg = {"servers": {"toy": toy(tmp_path / "rec")}, "review": {"default": "deny"}}
     async with proxied(cfg, tmp_path / "state", messages=changes) as p:
-        crashed = await p.client.call_tool("toy__crash", {})
-        assert crashed.is_error
-        assert "backend 'toy'" in text_of(crashed)
+        crashed = await call_error(p.client, "toy__crash", {})
+        assert crashed.code == BACKEND_CLOSED
+        assert crashed.message.startswith("backend 'toy' closed its connection during tools/call crash")
         await wait_for_tool(p.client, changes, "toy__echo")
         assert text_of(await p.client.call_tool("toy__echo", {"text": "back"})) == "back"
         assert p.proxy.backends.get("toy").restarts == 1
