@@ -116,7 +116,7 @@ async def test_invalid_arguments_are_refused_before_review(tmp_path: Path) -> No
     async with proxied(config(record), tmp_path / "state", twins=True, elicitation=must_not_ask) as p:
         result = await p.client.call_tool("toy__record", {"value": 5})
     assert result.is_error
-    assert "'intent' is a required property" in text_of(result)
+    assert "intent" not in text_of(result)  # optional: a call valid for the backend is valid here
     assert "value: 5 is not of type 'string'" in text_of(result)
     assert recorded(record) == []
     assert events(tmp_path / "state") == []

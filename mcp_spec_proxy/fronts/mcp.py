@@ -110,8 +110,8 @@ class McpFront:
             instructions=(
                 f"Tools of several MCP servers, named <server>{proxy.config.separator}<tool>. Read-only tools run at"
                 " once; tools that may"
-                " change state are reviewed before they run. Write tools take an `intent` argument: say what the"
-                " user asked for and why this call serves it."
+                " change state are reviewed before they run. Write tools take an optional `intent` argument: say"
+                " what the user asked for and why this call serves it."
             ),
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
