@@ -128,6 +128,9 @@ class McpFront:
 
     def session_for(self, ctx: Ctx) -> Session:
         if self.stdio_session is not None:
+            if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+                # The one stdio client still hears list changes pushed, as every handshake-era client does.
+                self._connections.add(server_connection(ctx))
             return self.stdio_session
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             name = _session_name(ctx)
