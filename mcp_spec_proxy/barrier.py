@@ -10,6 +10,10 @@ The barrier owns the session's trajectory (what the reviewer sees: the reads tha
 write) and the client-facing texts of what happened; the gate owns policy, audit and forwarding.
 A call whose client goes away while it is held is abandoned, never forwarded later.
 
+A forwarded call that gets no result (the gate's `CallFailed`) is raised to the front after its
+step is kept: the client gets the backend's own JSON-RPC error, or the proxy's. A substitute's
+failure is told in its result instead, since the client did not call that tool.
+
 `Barrier.read_tool()` and `read_json()` are the fast path of the same call for a client's read:
 the same lookup, validation and gate (its audit line included), the result as wire JSON,
 unchanged. `read_tool` declines (None) every call that is not a read of a tool the catalog holds
@@ -31,6 +35,7 @@ from mcp_spec_proxy.catalog import Catalog, CatalogTool, strip_intent
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.errors import InvalidArguments, ToolNotFound
 from mcp_spec_proxy.gate import (
+    CALL_FAILED,
     Author,
     Gate,
     GateCall,
@@ -40,6 +45,7 @@ from mcp_spec_proxy.gate import (
     blocked_result,
     capped,
     error_result,
+    failed_result,
 )
 from mcp_spec_proxy.models import ModelCall
 from mcp_spec_proxy.prompts import step_json
@@ -107,7 +113,11 @@ class Barrier:
         forwarded, intent = strip_intent(tool, arguments)
         if tool.effect == "read":
             step = Step(tool.name, forwarded, "read")
-            result = await self.gate.read(session.id, tool, forwarded, step, "client", report)
+            try:
+                result = await self.gate.read(session.id, tool, forwarded, step, "client", report)
+            except CALL_FAILED:  # the backend's error, or the proxy's own: the read still happened
+                await self._sessions.read(session.id, session.history, step)
+                raise
             await self._sessions.read(session.id, session.history, step)
             return result
         return await self._hold(session, tool, forwarded, intent, user, report)
@@ -136,7 +146,11 @@ class Barrier:
             return as_wire(error_result(str(exc)))
         forwarded, _ = strip_intent(tool, arguments)
         step = Step(tool.name, forwarded, "read")
-        result = await self.gate.read_json(session.id, tool, forwarded, step)
+        try:
+            result = await self.gate.read_json(session.id, tool, forwarded, step)
+        except CALL_FAILED:
+            await self._sessions.read(session.id, session.history, step)
+            raise
         await self._sessions.read(session.id, session.history, step)  # the store's, like `call`'s reads
         return result
 
@@ -195,6 +209,8 @@ class Barrier:
             review_latency_ms=outcome.latency_ms,
             model_calls=[call.as_json() for call in model_calls],
         )
+        if action == "forwarded" and outcome.error is not None:
+            raise outcome.error  # forwarded, and the backend's error (or the proxy's) is the answer
         return result
 
     async def _settle_rejected(self, session: Session, segment: Segment, verdict: Verdict) -> None:
@@ -243,7 +259,10 @@ class Barrier:
         request = ReviewRequest(session.id, step.tool, arguments, intent, Segment((*prefix, executed)), session.history)
         author: Author = "replacement" if step.source == "replacement" else "repair"
         if step.tool.effect == "read":
-            inner = await self.gate.read(session.id, step.tool, arguments, executed, author, report)
+            try:
+                inner = await self.gate.read(session.id, step.tool, arguments, executed, author, report)
+            except CALL_FAILED as exc:  # the client called another tool: its failure is told in words
+                inner = failed_result(step.tool, exc)
         else:
             call = GateCall(session.id, step.tool, arguments, author, request, intent=intent, replaces=rejected.call)
             outcome = await self.gate.write(call, user, report, step=executed)

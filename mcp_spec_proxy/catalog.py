@@ -405,12 +405,16 @@ def _distinct(
 
 
 def _public_definition(tool: types.Tool, name: str, wants_intent: bool) -> types.Tool:
+    """The definition a client lists: the public name, and for a write the optional `intent`.
+
+    `intent` is never required: a call that is valid for the backend is valid for the proxy
+    (the reviewer is told when none was given)."""
     update: dict[str, Any] = {"name": name}
     if wants_intent:
         schema = dict(tool.input_schema)
         properties = dict(schema.get("properties") or {})
         properties[INTENT_ARGUMENT] = INTENT_SCHEMA
-        schema.update(properties=properties, required=[*schema.get("required", []), INTENT_ARGUMENT])
+        schema["properties"] = properties
         update["input_schema"] = schema
     return tool.model_copy(update=update)
 

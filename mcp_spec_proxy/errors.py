@@ -1,20 +1,43 @@
-"""The proxy's exception tree.
+"""The proxy's exception tree, and its own JSON-RPC error codes.
 
-    ProxyError                    everything the proxy raises on purpose
+    ProxyError                    everything the proxy raises on purpose          wire code
     ├── ConfigError               servers.yaml / mcpServers JSON is wrong: names file, key and fix
-    ├── BackendError              a wrapped server failed us
-    │   ├── BackendUnavailable    not connected (never started, crashed, restarting)
-    │   ├── BackendTimeout        a call ran past the server's `timeout`
-    │   └── ResultTooLarge        a result past the server's `max_result_bytes`
-    ├── ToolNotFound              the client named a tool the catalog does not have
+    ├── BackendError              a wrapped server failed us                       -32010
+    │   ├── BackendUnavailable    not connected (never started, exited, reconnecting) -32011
+    │   │   └── BackendClosed     its connection ended while a call waited          -32012
+    │   ├── BackendTimeout        the proxy waited the server's `timeout` and stopped -32013
+    │   └── ResultTooLarge        a result past the server's `max_result_bytes`     -32014
+    ├── ToolNotFound              the client named a tool the catalog does not have  -32602
     ├── InvalidArguments          arguments fail the tool's input schema
     └── StateError                the state directory (fingerprints, audit log) cannot be used
 
-Only the MCP front turns these into wire results (`fronts/mcp.py`); everywhere else catches the
-specific class it can handle.
+A backend's own JSON-RPC error is not in this tree: it is the SDK's `MCPError`, and it reaches
+the client as the backend sent it (code, message, data), whatever its code. Only what the proxy
+observed itself — its own clock, the transport really ending, its own size bound — becomes a
+`BackendError`. The proxy's codes sit in JSON-RPC's implementation-defined server-error band
+(-32000..-32019, where the SDK keeps -32000 and -32001 for its own), away from the SDK's, so a
+client can tell the proxy's words from a backend's by code; a backend can still *send* any of
+these codes, and then it is the backend's error, passed on as such (docs/SECURITY.md).
+
+`fronts/wire.py` (`wire_error`) is the one place these become JSON-RPC errors; everywhere else
+catches the specific class it can handle. (No SDK import here: `early.py` raises these before
+the SDK is loaded.)
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
+
+BACKEND_FAILED = -32010
+"""A backend failed in a way the proxy saw (no narrower code fits): an answer that is no result."""
+BACKEND_UNAVAILABLE = -32011
+"""The backend is not connected: nothing was sent to it."""
+BACKEND_CLOSED = -32012
+"""The backend's connection ended before it answered: the call may have run."""
+BACKEND_TIMEOUT = -32013
+"""The proxy's own clock ran out (the server's `timeout`); it told the backend to cancel."""
+RESULT_TOO_LARGE = -32014
+"""The result was over the server's `max_result_bytes` and was withheld."""
 
 
 class ProxyError(Exception):
@@ -37,7 +60,9 @@ class ConfigError(ProxyError):
 
 
 class BackendError(ProxyError):
-    """A wrapped MCP server failed."""
+    """A wrapped MCP server failed, as the proxy observed it."""
+
+    code: ClassVar[int] = BACKEND_FAILED
 
     def __init__(self, server: str, message: str) -> None:
         self.server = server
@@ -47,13 +72,25 @@ class BackendError(ProxyError):
 class BackendUnavailable(BackendError):
     """The backend is not connected right now."""
 
+    code: ClassVar[int] = BACKEND_UNAVAILABLE
+
+
+class BackendClosed(BackendUnavailable):
+    """The backend's connection ended (its transport closed) while a call waited for its answer."""
+
+    code: ClassVar[int] = BACKEND_CLOSED
+
 
 class BackendTimeout(BackendError):
-    """A call to the backend ran past its configured timeout."""
+    """A call to the backend ran past its configured timeout, on the proxy's own clock."""
+
+    code: ClassVar[int] = BACKEND_TIMEOUT
 
 
 class ResultTooLarge(BackendError):
     """A result was larger than the server's `max_result_bytes`; it is not passed on."""
+
+    code: ClassVar[int] = RESULT_TOO_LARGE
 
 
 class ToolNotFound(ProxyError):

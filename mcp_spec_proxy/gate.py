@@ -24,6 +24,12 @@ and its `reviewer`. The effective reviewer is the tool's override or `review.def
 A person may approve an edited call (the approval console): the verdict carries the edited
 arguments, the gate audits the edit (`edited`: both digests) and forwards those.
 
+A call that reaches its backend and gets no result — the backend's own JSON-RPC error, or a
+failure the proxy saw itself (`BackendError`: its timeout, the connection ending, the size
+bound) — is that call's `CallFailed`: raised from `read` and `read_json` after its audit line,
+and carried by a write's `Outcome` (`error`), audited as forwarded with its code. The step's
+observation states the failure either way, so a reviewer and the engine's models see it.
+
 A reviewer that fails or times out becomes a refusing verdict (or, with `review.on_error:
 allow`, an accepting one); the exception never reaches the door. A verdict and its reason are
 capped before they are written, so a model cannot flood the audit trail.
@@ -44,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 import mcp_types as types
 from mcp.shared.dispatcher import ProgressFnT
+from mcp.shared.exceptions import MCPError
 
 from mcp_spec_proxy.audit import AuditSink
 from mcp_spec_proxy.backends import BackendPool
@@ -96,14 +103,21 @@ class GateCall:
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
 
+CallFailed = MCPError | BackendError
+"""A forwarded call that got no result: the backend's own error, or the proxy's observation."""
+CALL_FAILED = (MCPError, BackendError)
+
+
 @dataclass(frozen=True)
 class Outcome:
-    """What became of a write: its verdict, and the result when it ran."""
+    """What became of a write: its verdict, and the result when it ran. A call that was
+    forwarded and failed has `error`, and `result` is that failure as an error result."""
 
     call: str
     verdict: Verdict
     result: types.CallToolResult | None
     latency_ms: float
+    error: CallFailed | None = None
 
     @property
     def forwarded(self) -> bool:
@@ -153,8 +167,11 @@ class Gate:
         started = time.perf_counter()
         try:
             result = await self._backends.get(tool.server).call_tool_json(tool.original, arguments)
+        except CALL_FAILED as exc:
+            _observe(step, failed_result(tool, exc), started)
+            raise
         except Exception as exc:  # boundary: as in `forward`
-            result = as_wire(_failed(tool, exc))
+            result = as_wire(failed_result(tool, exc))
         step.duration_s = time.perf_counter() - started
         step.is_error = bool(result.get("isError"))
         content = result.get("content") or []
@@ -249,6 +266,11 @@ class Gate:
                 _observe(step, result, started)
             else:
                 result = await self.forward(tool, call.arguments, step, report)
+        except CALL_FAILED as exc:
+            code = exc.code
+            await self._audit.record("forwarded", call=call.id, session=call.session, is_error=True, error_code=code)
+            await self._label(call, verdict)
+            return Outcome(call.id, verdict, failed_result(tool, exc), latency_ms, error=exc)
         except BaseException as exc:  # cancelled (or worse) mid-send: the call may have run
             with anyio.CancelScope(shield=True):
                 await self._audit.record(
@@ -339,13 +361,17 @@ class Gate:
     async def forward(
         self, tool: CatalogTool, arguments: dict[str, Any], step: Step, report: Report | None
     ) -> types.CallToolResult:
-        """Send the call to its backend. Private to the gate's own decisions: `read` and `write`."""
+        """Send the call to its backend. Private to the gate's own decisions: `read` and `write`.
+        A `CallFailed` is raised once the step has observed it."""
         started = time.perf_counter()
         try:
             backend = self._backends.get(tool.server)
             result = await backend.call_tool(tool.original, arguments, report)
-        except Exception as exc:  # boundary: a backend's own JSON-RPC error is that call's result
-            result = _failed(tool, exc)
+        except CALL_FAILED as exc:
+            _observe(step, failed_result(tool, exc), started)
+            raise
+        except Exception as exc:  # boundary: a fault past the backend's answer is that call's error result
+            result = failed_result(tool, exc)
         _observe(step, result, started)
         return result
 
@@ -381,11 +407,14 @@ def _judged(reviewer: str) -> bool:
     return all(part in JUDGES for part in re.split(r"[→+]", reviewer))
 
 
-def _failed(tool: CatalogTool, exc: Exception) -> types.CallToolResult:
+def failed_result(tool: CatalogTool, exc: Exception) -> types.CallToolResult:
     """A call its backend could not answer (`BackendError`: the pool's own words) or answered
-    with a JSON-RPC error: that call's result, never an exception at the door."""
+    with a JSON-RPC error, as an error result: what a model reads of it, and what a substitute's
+    caller gets."""
     if isinstance(exc, BackendError):
         return error_result(str(exc))
+    if isinstance(exc, MCPError):
+        return error_result(f"backend {tool.server!r} answered {tool.original} with error {exc.code}: {exc.message}")
     return error_result(f"backend {tool.server!r} answered {tool.original} with an error: {exc}")
 
 
@@ -427,7 +456,9 @@ def blocked_result(tool: CatalogTool, verdict: Verdict, why_not_replaced: str = 
 
 
 __all__ = [
+    "CALL_FAILED",
     "Author",
+    "CallFailed",
     "Gate",
     "GateCall",
     "Outcome",
@@ -435,5 +466,6 @@ __all__ = [
     "as_wire",
     "blocked_result",
     "error_result",
+    "failed_result",
     "text_result",
 ]

@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 import mcp_types as types
 import yaml
-from mcp import Client, StdioServerParameters
+from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.session import ElicitationFnT, MessageHandlerFnT
 from mcp.server import Server
 
@@ -69,6 +69,15 @@ def recorded(record_file: Path) -> list[str]:
 
 def text_of(result: types.CallToolResult) -> str:
     return "\n".join(block.text for block in result.content if isinstance(block, types.TextContent))
+
+
+async def call_error(client: Client, tool: str, arguments: dict[str, Any]) -> types.ErrorData:
+    """The JSON-RPC error a tools/call is answered with; a result instead fails the test."""
+    try:
+        result = await client.call_tool(tool, arguments)
+    except MCPError as exc:
+        return exc.error
+    raise AssertionError(f"{tool} answered a result, not an error: {result}")
 
 
 @dataclass

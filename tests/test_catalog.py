@@ -422,7 +422,7 @@ def test_read_definition_equals_the_backends_except_for_the_name() -> None:
     assert public.input_schema == RICH_SCHEMA
 
 
-def test_write_definition_adds_a_required_intent_string_and_keeps_everything_else() -> None:
+def test_write_definition_adds_an_optional_intent_string_and_keeps_everything_else() -> None:
     backend = rich_tool(read_only=False)
 
     entry = only(catalog_of([backend]))
@@ -432,7 +432,7 @@ def test_write_definition_adds_a_required_intent_string_and_keeps_everything_els
     assert public.input_schema == {
         "type": "object",
         "properties": {"path": {"type": "string"}, "content": {"type": "string"}, INTENT_ARGUMENT: INTENT_SCHEMA},
-        "required": ["path", INTENT_ARGUMENT],
+        "required": ["path"],
     }
     assert INTENT_SCHEMA["type"] == "string"
     assert public.annotations == backend.annotations
@@ -459,7 +459,6 @@ def test_write_with_a_schema_lacking_properties_still_gets_intent() -> None:
     assert entry.definition.input_schema == {
         "type": "object",
         "properties": {INTENT_ARGUMENT: INTENT_SCHEMA},
-        "required": [INTENT_ARGUMENT],
     }
 
 
@@ -517,11 +516,11 @@ def test_validation_names_every_problem() -> None:
     assert "'colour' was unexpected" in message
 
 
-def test_write_without_intent_fails_validation() -> None:
+def test_write_without_intent_passes_validation_as_it_would_at_the_backend() -> None:
     catalog = catalog_of([tool("write", schema=COUNTED)])
 
-    with pytest.raises(InvalidArguments, match="'intent' is a required property"):
-        catalog.validate(catalog.lookup("fs__write"), {"path": "a.txt"})
+    catalog.validate(catalog.lookup("fs__write"), {"path": "a.txt"})
+    assert INTENT_ARGUMENT not in catalog.lookup("fs__write").definition.input_schema.get("required", [])
 
 
 def test_write_with_intent_passes_validation() -> None:

@@ -24,11 +24,12 @@ from mcp import Client, MCPError
 from mcp_spec_proxy.audit import read_audit
 from mcp_spec_proxy.backends.raw import RawCalls, tool_result
 from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.errors import RESULT_TOO_LARGE
 from mcp_spec_proxy.fronts.http import serve_http
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
 from mcp_spec_proxy.testing import Respond, ScriptedModelServer
-from tests.harness import ERAS, PROXY_COMMAND, Proxied, proxied, recorded, spawned, text_of, toy
+from tests.harness import ERAS, PROXY_COMMAND, Proxied, call_error, proxied, recorded, spawned, text_of, toy
 
 pytestmark = pytest.mark.anyio
 
@@ -161,9 +162,9 @@ async def test_fast_read_refuses_invalid_arguments_before_the_backend(tmp_path: 
 
 async def test_fast_read_over_the_size_bound_is_withheld(tmp_path: Path) -> None:
     async with proxied(config(tmp_path / "rec", max_result_bytes=1000), tmp_path / "state") as p:
-        result = await p.client.call_tool("toy__big", {"size": 5000})
+        error = await call_error(p.client, "toy__big", {"size": 5000})
         small = await p.client.call_tool("toy__big", {"size": 10})
-    assert result.is_error and "max_result_bytes" in text_of(result)
+    assert error.code == RESULT_TOO_LARGE and "max_result_bytes" in error.message
     assert text_of(small) == "x" * 10
 
 

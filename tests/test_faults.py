@@ -12,7 +12,8 @@ import mcp_types as types
 import pytest
 
 from mcp_spec_proxy.audit import read_audit
-from tests.harness import proxied, recorded, spawned, text_of, toy
+from mcp_spec_proxy.errors import BACKEND_CLOSED, BACKEND_UNAVAILABLE, RESULT_TOO_LARGE
+from tests.harness import call_error, proxied, recorded, spawned, text_of, toy
 from tests.test_resilience import ToolChanges, wait_for_tool
 
 pytestmark = pytest.mark.anyio
@@ -41,22 +42,22 @@ def events(state: Path) -> list[str]:
 async def test_result_over_the_size_cap_is_withheld_with_a_clear_error(tmp_path: Path) -> None:
     cfg = {"servers": {"toy": toy(tmp_path / "rec", max_result_bytes=1_000_000)}}
     async with proxied(cfg, tmp_path / "state") as p:
-        big = await p.client.call_tool("toy__big", {"size": 50_000_000})
+        big = await call_error(p.client, "toy__big", {"size": 50_000_000})
         small = await p.client.call_tool("toy__big", {"size": 1000})
         assert text_of(await p.client.call_tool("toy__echo", {"text": "still fine"})) == "still fine"
-    assert big.is_error
-    assert "backend 'toy' returned too much from big" in text_of(big)
-    assert "more than max_result_bytes (1.0 MB)" in text_of(big)
-    assert len(text_of(big)) < 1000
+    assert big.code == RESULT_TOO_LARGE
+    assert "backend 'toy' returned too much from big" in big.message
+    assert "more than max_result_bytes (1.0 MB)" in big.message
+    assert len(big.message) < 1000
     assert text_of(small) == "x" * 1000
 
 
 async def test_result_just_over_the_cap_is_withheld_after_reading(tmp_path: Path) -> None:
     cfg = {"servers": {"toy": toy(tmp_path / "rec", max_result_bytes=1_000_000)}}
     async with proxied(cfg, tmp_path / "state") as p:
-        over = await p.client.call_tool("toy__big", {"size": 1_200_000})
-    assert over.is_error
-    assert "returned too much from big (1.2 MB)" in text_of(over)
+        over = await call_error(p.client, "toy__big", {"size": 1_200_000})
+    assert over.code == RESULT_TOO_LARGE
+    assert "returned too much from big (1.2 MB)" in over.message
 
 
 async def test_a_notification_flood_is_coalesced_and_the_proxy_keeps_serving(tmp_path: Path) -> None:
@@ -90,8 +91,9 @@ async def test_backend_killed_while_a_write_is_held_gets_an_error_and_no_later_f
 
     cfg = {"servers": {"toy": toy(record)}, "review": {"default": "human"}}
     async with proxied(cfg, tmp_path / "state", elicitation=kill_then_approve, messages=changes) as p:
-        result = await p.client.call_tool("toy__record", {"value": "v", "intent": "x"})
-        assert result.is_error and "backend 'toy'" in text_of(result)
+        error = await call_error(p.client, "toy__record", {"value": "v", "intent": "x"})
+        assert error.code in (BACKEND_UNAVAILABLE, BACKEND_CLOSED) and "backend 'toy'" in error.message
+        assert "restarted" not in error.message
         # The backend comes back; the write that failed is not replayed to it.
         await wait_for_tool(p.client, changes, "toy__echo", present=False)
         await wait_for_tool(p.client, changes, "toy__echo")
@@ -100,6 +102,7 @@ async def test_backend_killed_while_a_write_is_held_gets_an_error_and_no_later_f
     audit = [e for e in read_audit(tmp_path / "state" / "audit.jsonl") if e["event"] != "read"]
     assert [e["event"] for e in audit] == ["held", "verdict", "forwarded"]
     assert audit[1]["accepted"] is True and audit[2]["is_error"] is True
+    assert audit[2]["error_code"] == error.code
 
 
 async def test_backend_killed_while_a_write_is_in_flight_is_not_retried(tmp_path: Path) -> None:
@@ -107,8 +110,12 @@ async def test_backend_killed_while_a_write_is_in_flight_is_not_retried(tmp_path
     changes = ToolChanges()
     cfg = {"servers": {"toy": toy(record)}, "review": {"default": "allow"}}
     async with proxied(cfg, tmp_path / "state", messages=changes) as p:
-        result = await p.client.call_tool("toy__record_then_crash", {"value": "once", "intent": "x"})
-        assert result.is_error and "went away during tools/call record_then_crash" in text_of(result)
+        error = await call_error(p.client, "toy__record_then_crash", {"value": "once", "intent": "x"})
+        assert error.code == BACKEND_CLOSED
+        assert error.message == (
+            "backend 'toy' closed its connection during tools/call record_then_crash, before answering,"
+            " so it may have run; the proxy reconnects"
+        )
         await wait_for_tool(p.client, changes, "toy__echo", present=False)
         await wait_for_tool(p.client, changes, "toy__echo")
     assert recorded(record) == ['{"value": "once"}']  # done once by the backend, never again by us

@@ -23,7 +23,7 @@ from mcp_spec_proxy.gate import Gate, GateCall
 from mcp_spec_proxy.review import InputNeeded, ReviewRequest, Verdict
 from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
 from mcp_spec_proxy.trajectory import History, Segment, Step
-from tests.harness import approve, proxied, recorded, segment_length, text_of, toy, verdict
+from tests.harness import approve, call_error, proxied, recorded, segment_length, text_of, toy, verdict
 
 pytestmark = pytest.mark.anyio
 
@@ -392,11 +392,12 @@ def erring(ledger: Path) -> dict[str, Any]:
 async def test_a_write_whose_backend_answers_with_an_error_is_still_audited_as_forwarded(tmp_path: Path) -> None:
     cfg = {"servers": {"e": erring(tmp_path / "ledger")}, "review": {"default": "allow", "intent": False}}
     async with proxied(cfg, tmp_path / "state", twins=True) as p:
-        result = await p.client.call_tool("e__write_then_error", {"value": "v"})
-    assert result.is_error and "partial failure after the write" in text_of(result)
+        error = await call_error(p.client, "e__write_then_error", {"value": "v"})
+    assert (error.code, error.message) == (-32603, "partial failure after the write")  # as the backend sent it
     assert recorded(tmp_path / "ledger") == ['{"value": "v"}']
     events = [e for e in audit(tmp_path / "state") if e["event"] != "read"]
     assert [e["event"] for e in events] == ["held", "verdict", "forwarded"] and events[2]["is_error"] is True
+    assert events[2]["error_code"] == -32603
 
 
 async def test_a_read_error_inside_a_drafted_turn_is_an_observation_not_a_crash(tmp_path: Path) -> None:

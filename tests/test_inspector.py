@@ -54,7 +54,7 @@ def test_tools_list_shows_namespaced_tools_with_annotations_and_intent(tmp_path:
 
     record = tools["toy__record"]
     assert record["annotations"] == {"readOnlyHint": False, "destructiveHint": False}
-    assert record["inputSchema"]["required"] == ["value", "intent"]
+    assert record["inputSchema"]["required"] == ["value"]  # `intent` is offered, never required
     assert record["inputSchema"]["properties"]["intent"]["type"] == "string"
     assert record["inputSchema"]["properties"]["value"] == {"type": "string"}
 
@@ -85,12 +85,11 @@ def test_tools_call_of_a_write_under_allow_reaches_the_backend_with_intent_strip
     assert [json.loads(line) for line in recorded(tmp_path / "rec")] == [{"value": "v1"}]
 
 
-def test_tools_call_of_a_write_without_intent_is_refused_before_review(tmp_path: Path) -> None:
-    status, out, _ = call(proxy_target(tmp_path, "allow"), "toy__record", "value=v1")
-    assert status == 5
-    assert out["result"]["isError"] is True
-    assert texts(out["result"]) == ["invalid arguments for toy__record: 'intent' is a required property"]
-    assert not (tmp_path / "rec").exists()
+def test_tools_call_of_a_write_without_intent_is_valid_as_it_is_for_the_backend(tmp_path: Path) -> None:
+    status, out, stderr = call(proxy_target(tmp_path, "allow"), "toy__record", "value=v1")
+    assert status == 0, stderr
+    assert texts(out["result"]) == ["recorded v1"]
+    assert [json.loads(line) for line in recorded(tmp_path / "rec")] == [{"value": "v1"}]
 
 
 @pytest.mark.parametrize("review", ["human", "deny"])

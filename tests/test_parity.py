@@ -55,7 +55,7 @@ async def through_proxy(
         writes = {
             tool.name
             for tool in (await p.client.list_tools()).tools
-            if "intent" in tool.input_schema.get("required", [])
+            if "intent" in tool.input_schema.get("properties", {})
         }
 
         async def call(tool: str, arguments: dict[str, Any]) -> types.CallToolResult:

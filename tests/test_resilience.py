@@ -13,8 +13,9 @@ import pytest
 import yaml
 
 from mcp_spec_proxy.audit import read_audit
+from mcp_spec_proxy.errors import BACKEND_CLOSED
 from mcp_spec_proxy.fingerprints import FingerprintStore
-from tests.harness import PROXY_COMMAND, proxied, spawned, text_of, toy
+from tests.harness import ERAS, PROXY_COMMAND, call_error, proxied, spawned, text_of, toy
 
 pytestmark = pytest.mark.anyio
 
@@ -46,9 +47,9 @@ async def test_backend_that_crashes_comes_back(tmp_path: Path) -> None:
     changes = ToolChanges()
     cfg = {"servers": {"toy": toy(tmp_path / "rec")}, "review": {"default": "deny"}}
     async with proxied(cfg, tmp_path / "state", messages=changes) as p:
-        crashed = await p.client.call_tool("toy__crash", {})
-        assert crashed.is_error
-        assert "backend 'toy'" in text_of(crashed)
+        crashed = await call_error(p.client, "toy__crash", {})
+        assert crashed.code == BACKEND_CLOSED
+        assert crashed.message.startswith("backend 'toy' closed its connection during tools/call crash")
         await wait_for_tool(p.client, changes, "toy__echo")
         assert text_of(await p.client.call_tool("toy__echo", {"text": "back"})) == "back"
         assert p.proxy.backends.get("toy").restarts == 1
@@ -190,3 +191,22 @@ async def test_audit_log_and_fingerprints_are_whole_after_the_proxy_is_killed(tm
     events = read_audit(tmp_path / "state" / "audit.jsonl")
     assert [e["event"] for e in events] == ["held", "verdict", "forwarded"] * 3
     assert FingerprintStore(tmp_path / "state" / "fingerprints.json").keys()[0] == "toy/add_tool"
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_list_changed_reaches_a_client_of_the_real_stdio_proxy(tmp_path: Path, mode: str) -> None:
+    changes = ToolChanges()
+    cfg = {"servers": {"toy": toy(tmp_path / "rec")}}
+    async with spawned(cfg, tmp_path, mode=mode, messages=changes) as client:
+        assert "toy__extra" not in [t.name for t in (await client.list_tools()).tools]
+        if mode == "legacy":  # the handshake era hears notifications/tools/list_changed pushed
+            await client.call_tool("toy__add_tool", {})
+            with anyio.fail_after(30):
+                await changes.next()
+        else:  # the 2026-07-28 era hears it on its subscriptions/listen stream
+            async with client.listen(tools_list_changed=True) as subscription:
+                await client.call_tool("toy__add_tool", {})
+                with anyio.fail_after(30):
+                    async for _event in subscription:
+                        break
+        assert "toy__extra" in [t.name for t in (await client.list_tools()).tools]

@@ -19,6 +19,7 @@ from mcp_spec_proxy.fingerprints import FingerprintStore
 from mcp_spec_proxy.models import ChatModel, ModelConfig
 from mcp_spec_proxy.prompts import (
     INTENT_LABEL,
+    NO_INTENT,
     REPAIR_INSTRUCTIONS,
     TOOLS_HEADING,
     VERIFIER_INSTRUCTIONS,
@@ -244,3 +245,16 @@ def test_approval_labels_the_intent_as_the_agents_unverified_claim() -> None:
 
     assert 'The agent\'s stated intent (not verified): "the user wants this"' in text
     assert "Stated intent:" not in text
+
+
+def test_a_write_without_the_optional_intent_is_reviewed_with_a_note_that_none_was_given() -> None:
+    catalog = catalog_with(hostile_tool(), types.Tool(name="look", input_schema={"type": "object"}))
+    looked = Step("evil__look", {}, "read", observation="ok")
+    messages = strong(catalog).messages(request_for(catalog, looked, held_send()))
+    engine = strong(catalog).messages(request_for(catalog, looked, held_send(), task="send bob the report"))
+
+    calls = [m["content"] for m in messages if m["content"].startswith("Step ")]
+    assert [NO_INTENT in call for call in calls] == [False, True]  # the held write only, never a read
+    assert "optional" in NO_INTENT
+    assert not any(NO_INTENT in m["content"] for m in engine)  # the engine's task is its intent
+    assert "The agent gave no intent for this call." in approval_for({"to": "bob"})

@@ -3,9 +3,15 @@
 `Backend.run()` connects (in whichever protocol era the server speaks: `mode="auto"`), lists
 its tools, prompts and resources, publishes them through `on_listing`, and then waits for the
 connection to end. When it ends (the process exited, the HTTP session died, the handshake timed
-out) the backend's listing is withdrawn, calls in flight fail with `BackendUnavailable`, and it
+out) the backend's listing is withdrawn, calls in flight fail with `BackendClosed`, and it
 reconnects with exponential backoff. A backend never raises into its siblings: every failure is
 logged with the fix and turned into "unavailable".
+
+Errors: a backend's own JSON-RPC error is raised as the `MCPError` it sent, whatever its code
+(a backend may well answer -32000 or -32001 itself). Only what the proxy observed becomes its
+own `BackendError`: its own clock running out (`anyio.fail_after` around the call — the SDK's
+read timeout is not used, since it reports with the same code a backend may send), the
+transport really ending, the transport's size bound (`raw.Oversized`, which no backend can send).
 
 Shutdown contract: cancelling `run()` closes the client, which closes the child's stdin, waits,
 terminates and kills its process tree, all bounded and shielded inside the SDK's stdio
@@ -31,16 +37,21 @@ from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
 from mcp.server.lowlevel import Server
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
-from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, METHOD_NOT_FOUND, REQUEST_TIMEOUT
+from mcp_types import CONNECTION_CLOSED, METHOD_NOT_FOUND
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from mcp_spec_proxy.backends.raw import RawCalls, json_size, tool_result
+from mcp_spec_proxy.backends.raw import Oversized, RawCalls, json_size, tool_result
 from mcp_spec_proxy.backends.relay import Relay
-from mcp_spec_proxy.backends.stdio import RESULT_TOO_LARGE
 from mcp_spec_proxy.backends.transports import WatchedTransport, open_transport
 from mcp_spec_proxy.config import ServerConfig
-from mcp_spec_proxy.errors import BackendError, BackendTimeout, BackendUnavailable, ResultTooLarge
+from mcp_spec_proxy.errors import (
+    BackendClosed,
+    BackendError,
+    BackendTimeout,
+    BackendUnavailable,
+    ResultTooLarge,
+)
 from mcp_spec_proxy.sdk import stamp_request
 
 logger = logging.getLogger(__name__)
@@ -83,6 +94,7 @@ class Backend:
         self.relay = Relay(name, config.relay.kinds())  # its requests to the client, to the calling client
         self._client: Client | None = None
         self._raw: RawCalls | None = None  # the fast path's channel while a stdio connection is up
+        self._transport: WatchedTransport | None = None  # the current connection's, when not in-process
         self._wake = anyio.Event()  # set by a list_changed notification or the end of the stream
         self.connected = anyio.Event()
         self.first_attempt = anyio.Event()  # set once the first connect has succeeded or failed
@@ -103,17 +115,22 @@ class Backend:
     async def call_tool(
         self, tool: str, arguments: dict[str, Any], progress: ProgressFnT | None = None
     ) -> types.CallToolResult:
+        """The backend's result. Its own JSON-RPC error is raised as the `MCPError` it sent; what
+        the proxy saw go wrong (its clock, the connection ending, the size bound) as a `BackendError`."""
+        what = f"tools/call {tool}"
         client = self.client
         try:
-            with self.relay.calling():
-                result = await client.call_tool(
-                    tool, arguments, read_timeout_seconds=self.config.timeout, progress_callback=progress
-                )
+            # The proxy's clock, not the SDK's: the SDK reports its own timeout with the code a
+            # backend may send too (-32001), and only a timeout measured here is the proxy's to name.
+            with anyio.fail_after(self.config.timeout), self.relay.calling():
+                result = await client.call_tool(tool, arguments, progress_callback=progress)
+        except TimeoutError:
+            raise self._timeout(what) from None
         except MCPError as exc:
-            raise self._translate(exc, f"tools/call {tool}") from exc
+            raise self._translate(exc, what, client) from exc
         size = result_size(result)
         if size > self.config.max_result_bytes:
-            raise self._too_large(tool, f"{size / 1e6:.1f} MB")
+            raise self._too_large(tool, _amount(size))
         return result
 
     async def call_tool_json(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -127,32 +144,31 @@ class Backend:
                 by_alias=True, mode="json", exclude_none=True
             )
             return dumped
+        what = f"tools/call {tool}"
         request: dict[str, Any] = {"method": "tools/call", "params": {"name": tool, "arguments": arguments}}
         stamp_request(client, request)
         request["jsonrpc"] = "2.0"
         try:
             with anyio.fail_after(self.config.timeout), self.relay.calling():
                 answer = await raw.request(request)
-                if answer is not None and _asks_for_input(
-                    answer
-                ):  # a 2026-07-28 backend's question: the SDK's driver asks on
+                if isinstance(answer, dict) and _asks_for_input(answer):  # a 2026-07-28 backend's question
                     return await self._answer_input_required(client, tool, arguments, answer)
         except TimeoutError:
-            why = f"did not answer tools/call {tool} within {self.config.timeout:g}s (timeout)"
-            raise BackendTimeout(self.name, why) from None
+            raise self._timeout(what) from None
         if answer is None:
-            raise BackendUnavailable(self.name, f"went away during tools/call {tool}; it is being restarted")
-        error = answer.get("error")
-        if error is not None:
-            code, message = (error.get("code"), error.get("message")) if isinstance(error, dict) else (None, None)
-            code = code if isinstance(code, int) else INTERNAL_ERROR
-            raise self._translate(MCPError(code, str(message or "error")), f"tools/call {tool}")
+            raise self._closed(what)
+        if isinstance(answer, Oversized):
+            raise self._too_large(tool, _amount(answer.size))
+        if "error" in answer:
+            raise _remote_error(answer["error"]) or BackendError(
+                self.name, f"answered {what} with a malformed JSON-RPC error"
+            )
         result = tool_result(answer.get("result"))
         if result is None:
-            raise BackendError(self.name, f"answered tools/call {tool} with something that is not a tool result")
+            raise BackendError(self.name, f"answered {what} with something that is not a tool result")
         size = json_size(result)
         if size > self.config.max_result_bytes:
-            raise self._too_large(tool, f"{size / 1e6:.1f} MB")
+            raise self._too_large(tool, _amount(size))
         return result
 
     async def _answer_input_required(
@@ -169,14 +185,14 @@ class Backend:
             context = ClientRequestContext(session=client.session, request_id=key, meta=None)
             response = await client.session.dispatch_input_request(context, request)
             if isinstance(response, types.ErrorData):
-                raise self._translate(MCPError.from_error_data(response), f"tools/call {tool}")
+                raise MCPError.from_error_data(response)
             responses[key] = response
         try:
             result = await client.call_tool(
                 tool, arguments, input_responses=responses, request_state=asked.request_state
             )
         except MCPError as exc:
-            raise self._translate(exc, f"tools/call {tool}") from exc
+            raise self._translate(exc, f"tools/call {tool}", client) from exc
         dumped: dict[str, Any] = result.model_dump(by_alias=True, mode="json", exclude_none=True)
         return dumped
 
@@ -184,32 +200,62 @@ class Backend:
         return ResultTooLarge(
             self.name,
             f"returned too much from {tool} ({size}), more than max_result_bytes"
-            f" ({self.config.max_result_bytes / 1e6:.1f} MB); the result was withheld — ask for less,"
+            f" ({_amount(self.config.max_result_bytes)}); the result was withheld — ask for less,"
             " or raise max_result_bytes for this server",
         )
 
+    def _timeout(self, what: str) -> BackendTimeout:
+        return BackendTimeout(
+            self.name,
+            f"did not answer {what} within {self.config.timeout:g}s, this server's `timeout`; the proxy"
+            " stopped waiting and asked it to cancel"
+            + (", so it may still have run" if what.startswith("tools/call") else ""),
+        )
+
+    def _closed(self, what: str) -> BackendClosed:
+        ran = ", so it may have run" if what.startswith("tools/call") else ""
+        return BackendClosed(
+            self.name, f"closed its connection during {what}, before answering{ran}; the proxy reconnects"
+        )
+
     async def get_prompt(self, name: str, arguments: dict[str, str] | None) -> types.GetPromptResult:
+        what = f"prompts/get {name}"
+        client = self.client
         try:
-            with self.relay.calling():
-                return await self.client.get_prompt(name, arguments)
+            with anyio.fail_after(self.config.timeout), self.relay.calling():
+                return await client.get_prompt(name, arguments)
+        except TimeoutError:
+            raise self._timeout(what) from None
         except MCPError as exc:
-            raise self._translate(exc, f"prompts/get {name}") from exc
+            raise self._translate(exc, what, client) from exc
 
     async def read_resource(self, uri: str) -> types.ReadResourceResult:
+        what = f"resources/read {uri}"
+        client = self.client
         try:
-            with self.relay.calling():
-                return await self.client.read_resource(uri)
+            with anyio.fail_after(self.config.timeout), self.relay.calling():
+                return await client.read_resource(uri)
+        except TimeoutError:
+            raise self._timeout(what) from None
         except MCPError as exc:
-            raise self._translate(exc, f"resources/read {uri}") from exc
+            raise self._translate(exc, what, client) from exc
 
-    def _translate(self, exc: MCPError, what: str) -> Exception:
-        if exc.code == RESULT_TOO_LARGE:
-            return self._too_large(what.removeprefix("tools/call "), exc.message)
-        if exc.code == REQUEST_TIMEOUT:
-            return BackendTimeout(self.name, f"did not answer {what} within {self.config.timeout:g}s (timeout)")
-        if exc.code == CONNECTION_CLOSED or self._client is None:
-            return BackendUnavailable(self.name, f"went away during {what}; it is being restarted")
+    def _translate(self, exc: MCPError, what: str, client: Client) -> Exception:
+        """The SDK's `MCPError` as what it was: the transport's size refusal, the connection really
+        ending, or (anything else, whatever its code) the backend's own error, passed on unchanged."""
+        if isinstance(exc.data, Oversized):
+            return self._too_large(what.removeprefix("tools/call "), _amount(exc.data.size))
+        if exc.code == CONNECTION_CLOSED and self._ended(client):
+            return self._closed(what)
         return exc
+
+    def _ended(self, client: Client) -> bool:
+        """Whether `client`'s connection is really over (its transport ended, or it is no longer
+        the connection): a backend that merely answers -32000 is still connected."""
+        transport = self._transport
+        if self._client is not client:
+            return True
+        return transport is not None and transport.ended.is_set()
 
     # -- supervision -------------------------------------------------------------------------
 
@@ -261,6 +307,7 @@ class Backend:
     async def _serve(self, client: Client, transport: WatchedTransport | None, listing: Listing) -> None:
         """Publish the listing, then keep it fresh until the connection ends."""
         self._client = client
+        self._transport = transport
         self._raw = transport.raw if transport is not None else None
         self.status = "connected"
         self.last_error = None
@@ -297,6 +344,7 @@ class Backend:
                     await self._on_listing(self.name, listing)
         finally:
             self._client = None
+            self._transport = None
             self._raw = None
             self.connected = anyio.Event()
             with anyio.CancelScope(shield=True):
@@ -415,6 +463,21 @@ def result_size(result: types.CallToolResult) -> int:
 def _asks_for_input(answer: dict[str, Any]) -> bool:
     result = answer.get("result")
     return isinstance(result, dict) and result.get("resultType") == "input_required"
+
+
+def _amount(size: int) -> str:
+    return f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size} bytes"
+
+
+def _remote_error(error: Any) -> MCPError | None:
+    """A JSON-RPC `error` member as the backend sent it (code, message, data), or None when it
+    is not one (no integer code, no string message)."""
+    if not isinstance(error, dict):
+        return None
+    code, message = error.get("code"), error.get("message")
+    if not isinstance(code, int) or isinstance(code, bool) or not isinstance(message, str):
+        return None
+    return MCPError(code, message, error.get("data"))
 
 
 def _announces_changes(client: Client) -> bool:

@@ -19,6 +19,7 @@ import json
 import math
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -30,12 +31,29 @@ _CANCEL_TIMEOUT = 1.0
 Send = Callable[[bytes], Awaitable[None]]
 
 
+@dataclass(frozen=True)
+class Oversized:
+    """The transport's own word that an answer's line was over its bound and was skipped.
+
+    It travels as a Python object, never as JSON: in the `data` of the error the transport hands
+    the SDK client, and as the answer of a raw request. A backend can send any error it likes,
+    but only bytes, so it cannot make one of these; an error that carries one is the proxy's own.
+    """
+
+    size: int
+    bound: int
+
+
+Answer = dict[str, Any] | Oversized | None
+"""A raw request's answer: the message, the transport's `Oversized`, or None (the stream ended)."""
+
+
 class RawCalls:
     """JSON-RPC requests written to a backend's stdin and answered from its stdout, by id."""
 
     def __init__(self) -> None:
         self._send: Send | None = None
-        self._pending: dict[str, asyncio.Future[dict[str, Any] | None]] = {}
+        self._pending: dict[str, asyncio.Future[Answer]] = {}
         self._count = 0
 
     @property
@@ -54,17 +72,18 @@ class RawCalls:
             if not future.done():
                 future.set_result(None)
 
-    async def request(self, message: dict[str, Any]) -> dict[str, Any] | None:
-        """Send `message` (a request; its id is set here) and return the answer, or None when the
-        backend's stream ended first. Cancelled while waiting (a timeout, a client that left),
-        the backend is told with `notifications/cancelled`."""
+    async def request(self, message: dict[str, Any]) -> Answer:
+        """Send `message` (a request; its id is set here) and return the answer, `Oversized` when
+        the transport skipped it for its size, or None when the backend's stream ended first.
+        Cancelled while waiting (a timeout, a client that left), the backend is told with
+        `notifications/cancelled`."""
         send = self._send
         if send is None:
             return None
         self._count += 1
         key = f"{PREFIX}{self._count}"
         message["id"] = key
-        future: asyncio.Future[dict[str, Any] | None] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._pending[key] = future
         try:
             await send(encode(message))
@@ -92,6 +111,15 @@ class RawCalls:
             return False
         if not future.done():
             future.set_result(data)
+        return True
+
+    def refuse(self, key: int | str, oversized: Oversized) -> bool:
+        """Answer our request `key` with `oversized` (its line was skipped); False if it is not ours."""
+        future = self._pending.pop(key, None) if isinstance(key, str) else None
+        if future is None:
+            return False
+        if not future.done():
+            future.set_result(oversized)
         return True
 
     async def _cancel(self, key: str) -> None:
@@ -176,4 +204,4 @@ def json_size(result: dict[str, Any]) -> int:
     return size
 
 
-__all__ = ["PREFIX", "RawCalls", "decode", "encode", "json_size", "tool_result"]
+__all__ = ["PREFIX", "Answer", "Oversized", "RawCalls", "decode", "encode", "json_size", "tool_result"]

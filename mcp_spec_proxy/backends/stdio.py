@@ -3,8 +3,9 @@
 It is the SDK's `stdio_client` (same spawn in its own process group, same bounded and shielded
 shutdown: close stdin, wait, terminate the tree, kill), with its own stdout reader: lines are
 split in linear time, and a line longer than `max_line_bytes` is never held in memory. It is
-skipped to its end, and if its first bytes name a request id, that request is answered with a
-`RESULT_TOO_LARGE` error so the caller learns why instead of waiting out its timeout.
+skipped to its end, and if its first bytes name a request id, that request is answered with an
+error whose `data` is `raw.Oversized` (the proxy's own mark, which no backend can send) so the
+caller learns why instead of waiting out its timeout.
 
 Messages waiting for stdin go out together, one write for all of them, and with `raw` the same
 pipes carry the fast path's reads (`raw.RawCalls`): its lines are written beside the SDK's, and
@@ -32,7 +33,8 @@ from mcp.client.stdio import StdioServerParameters, get_default_environment
 from mcp.shared.message import SessionMessage
 
 from mcp_spec_proxy import early
-from mcp_spec_proxy.backends.raw import RawCalls
+from mcp_spec_proxy.backends.raw import Oversized, RawCalls
+from mcp_spec_proxy.errors import RESULT_TOO_LARGE
 from mcp_spec_proxy.sdk import (  # the SDK's own spawn and shutdown, so both behave the same
     TransportStreams,
     create_platform_compatible_process,
@@ -40,9 +42,6 @@ from mcp_spec_proxy.sdk import (  # the SDK's own spawn and shutdown, so both be
     parse_line,
     stop_server_process,
 )
-
-RESULT_TOO_LARGE = -32099
-"""Error code of the synthetic answer to a request whose response line was over the bound."""
 
 _ID = re.compile(rb'"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.){0,200}")')
 _WRITER_FLUSH_TIMEOUT = 0.5
@@ -85,16 +84,12 @@ async def bounded_stdio_client(
             return  # a notification, or no id in sight: dropping it is all we can do
         named = found.group(1)
         request_id: int | str = int(named) if named[:1] != b'"' else named[1:-1].decode(errors="replace")
-        error = types.JSONRPCError(
-            jsonrpc="2.0",
-            id=request_id,
-            error=types.ErrorData(
-                code=RESULT_TOO_LARGE, message=f"response of {size} bytes is over the {max_line_bytes}-byte bound"
-            ),
-        )
-        if raw is not None and raw.answer(error.model_dump_json(by_alias=True, exclude_none=True).encode()):
+        oversized = Oversized(size, max_line_bytes)
+        if raw is not None and raw.refuse(request_id, oversized):
             return  # it answered one of the fast path's reads
-        await read_writer.send(SessionMessage(error))
+        message = f"response of {size} bytes is over the {max_line_bytes}-byte bound"
+        error = types.ErrorData(code=RESULT_TOO_LARGE, message=message, data=oversized)
+        await read_writer.send(SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error)))
 
     async def stdout_reader() -> None:
         assert process.stdout is not None

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -35,7 +36,7 @@ from mcp_spec_proxy.engine.conversation import conversation, user_request
 from mcp_spec_proxy.engine.hooks import AskNow, ClientExecutor, NoUser, Observer, Progress, Watch
 from mcp_spec_proxy.engine.result import Mode, RunResult, Status
 from mcp_spec_proxy.errors import ToolNotFound
-from mcp_spec_proxy.gate import Author, GateCall, Report, blocked_result, capped, text_result
+from mcp_spec_proxy.gate import CALL_FAILED, Author, GateCall, Report, blocked_result, capped, text_result
 from mcp_spec_proxy.models import ChatModel, ModelCall, ModelError
 from mcp_spec_proxy.prompts import FINAL_ANSWER, agent_messages, openai_tool
 from mcp_spec_proxy.review import ReviewFailed, ReviewRequest, UserChannel, Verdict
@@ -418,7 +419,8 @@ class _Run:
                 step.observation = str(getattr(result.content[0], "text", ""))
                 step.is_error = bool(result.is_error)
             else:
-                await self.engine.gate.read(self.result.task_id, tool, step.arguments, step, author, None)
+                with suppress(*CALL_FAILED):  # the step observed the failure: the model reads it there
+                    await self.engine.gate.read(self.result.task_id, tool, step.arguments, step, author, None)
             return
         before = History(commit_every=self.history.commit_every, committed=list(self.history.committed))
         segment = Segment((*prefix, step))

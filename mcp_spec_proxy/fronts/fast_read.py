@@ -15,7 +15,8 @@ a modern retry carrying input responses, a legacy call before the handshake, a r
 own check refuses, and every call `Barrier.read_tool` declines — a write, an unknown tool, a
 tool held for its new or changed definition.
 
-What goes out: a result of the plain shape (text blocks, a boolean `isError`, an object of
+What goes out: a backend's JSON-RPC error as it sent it, the proxy's own failures with its own
+codes (`fronts/wire.py`); a result of the plain shape (text blocks, a boolean `isError`, an object of
 structured content, `_meta`) as the backend sent it; any other shape through the SDK's own
 per-version check and sieve, and one that fails it as the backend's error. Each era gets what
 the SDK would give it: 2026-07-28 results carry `resultType` and the server's `serverInfo`
@@ -37,7 +38,8 @@ from mcp_spec_proxy.barrier import Session
 from mcp_spec_proxy.catalog import CatalogTool
 from mcp_spec_proxy.errors import ToolNotFound
 from mcp_spec_proxy.fronts.relay import declares_any
-from mcp_spec_proxy.gate import as_wire, error_result
+from mcp_spec_proxy.fronts.wire import wire_error
+from mcp_spec_proxy.gate import CALL_FAILED, as_wire, error_result
 from mcp_spec_proxy.sdk import server_connection
 from mcp_spec_proxy.telemetry import tracing_configured
 
@@ -144,8 +146,12 @@ class FastRead:
         return Read(tool, dict(arguments), version, version in MODERN_PROTOCOL_VERSIONS)
 
     async def run(self, read: Read, session: Session) -> dict[str, Any]:
-        """The read's result, shaped for its client's era."""
-        result = await self._front.proxy.barrier.read_json(session, read.tool, read.arguments)
+        """The read's result, shaped for its client's era; a call that got none raises its wire
+        error (`MCPError`): the backend's as it sent it, or the proxy's own."""
+        try:
+            result = await self._front.proxy.barrier.read_json(session, read.tool, read.arguments)
+        except CALL_FAILED as exc:
+            raise wire_error(exc) from exc
         return self._for_client(result, read.version, read.modern)
 
     def _for_client(self, result: dict[str, Any], version: str, modern: bool) -> dict[str, Any]:

@@ -2,9 +2,9 @@
 
 `McpFront(proxy).server` is a low-level `mcp.server.Server` whose handlers serve the catalog:
 tools (through the write barrier), the proxy's own tools (`own_tools.py`), and the backends'
-prompts and resources, namespaced. This is the one place where proxy exceptions become wire
-errors (`_wire_error`). The transports serve it: `stdio.py` (`serve_stdio`) and `http.py`
-(`serve_http`, `http_app`).
+prompts and resources, namespaced. Errors become wire errors in one place (`wire.wire_error`):
+a backend's own JSON-RPC error as the backend sent it, the proxy's own with its own codes. The
+transports serve it: `stdio.py` (`serve_stdio`) and `http.py` (`serve_http`, `http_app`).
 
 Sessions (the trajectory a reviewer sees: the reads that led to a write):
 * stdio: the one client on this process's stdin is one session, whatever its era;
@@ -44,16 +44,16 @@ from mcp.server.models import InitializationOptions
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from mcp.shared.exceptions import MCPError, NoBackChannelError
 from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, ServerEvent, ToolsListChanged
-from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from mcp_spec_proxy.backends.relay import CALLER
 from mcp_spec_proxy.barrier import Report, Session
 from mcp_spec_proxy.catalog import digest
-from mcp_spec_proxy.errors import ProxyError, StateError, ToolNotFound
+from mcp_spec_proxy.errors import ProxyError, StateError
 from mcp_spec_proxy.fronts import fast_read
 from mcp_spec_proxy.fronts.own_tools import OwnTools
 from mcp_spec_proxy.fronts.relay import Suspensions, connection_link, mute_link, request_link
+from mcp_spec_proxy.fronts.wire import wire_error
 from mcp_spec_proxy.proxy import Proxy
 from mcp_spec_proxy.review import InputNeeded
 from mcp_spec_proxy.sdk import server_connection
@@ -115,8 +115,8 @@ class McpFront:
             instructions=(
                 f"Tools of several MCP servers, named <server>{proxy.config.separator}<tool>. Read-only tools run at"
                 " once; tools that may"
-                " change state are reviewed before they run. Write tools take an `intent` argument: say what the"
-                " user asked for and why this call serves it."
+                " change state are reviewed before they run. Write tools take an optional `intent` argument: say"
+                " what the user asked for and why this call serves it."
             ),
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
@@ -133,6 +133,9 @@ class McpFront:
 
     def session_for(self, ctx: Ctx) -> Session:
         if self.stdio_session is not None:
+            if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+                # The one stdio client still hears list changes pushed, as every handshake-era client does.
+                self._connections.add(server_connection(ctx))
             return self.stdio_session
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             name = _session_name(ctx)
@@ -224,8 +227,8 @@ class McpFront:
             )
             state = await self._approvals.issue(binding, need)
             return types.InputRequiredResult(input_requests={need.key: request}, request_state=state)
-        except ProxyError as exc:
-            raise _wire_error(exc) from exc
+        except (ProxyError, MCPError) as exc:
+            raise wire_error(exc) from exc
 
     # -- the relay of a backend's requests to the client (fronts/relay.py) ---------------------
 
@@ -266,8 +269,8 @@ class McpFront:
                     session.id, entry.server, entry.original, params.arguments
                 )
             return prompt
-        except ProxyError as exc:
-            raise _wire_error(exc) from exc
+        except (ProxyError, MCPError) as exc:
+            raise wire_error(exc) from exc
 
     async def _list_resources(self, ctx: Ctx, params: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
         sep = self.proxy.config.separator
@@ -292,8 +295,8 @@ class McpFront:
             with self.calling(session, ctx):
                 resource: types.ReadResourceResult = await self.proxy.gate.read_resource(session.id, owner, params.uri)
             return resource
-        except ProxyError as exc:
-            raise _wire_error(exc) from exc
+        except (ProxyError, MCPError) as exc:
+            raise wire_error(exc) from exc
 
 
 class Approvals:
@@ -318,7 +321,7 @@ class Approvals:
             await self._tickets.put(nonce, ticket)
             return f"{nonce}.{await self._mac(nonce, binding)}"
         except StateError as exc:
-            raise _wire_error(exc) from exc
+            raise wire_error(exc) from exc
 
     async def take(self, state: str | None, binding: tuple[str, str, str]) -> Ticket | None:
         """The ticket `state` names, once, if it is genuine, unexpired and bound to `binding`;
@@ -395,9 +398,3 @@ def _reporter(ctx: Ctx) -> Report | None:
         await session.report_progress(progress, total, message)
 
     return report
-
-
-def _wire_error(exc: ProxyError) -> MCPError:
-    """The one place proxy errors become JSON-RPC errors."""
-    code = INVALID_PARAMS if isinstance(exc, ToolNotFound) else INTERNAL_ERROR
-    return MCPError(code=code, message=str(exc))

@@ -31,6 +31,7 @@ import anyio
 import anyio.abc
 import mcp_types as types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from mcp.shared.exceptions import MCPError
 from mcp.shared.inbound import InboundLadderRejection, classify_inbound_request
 from mcp.shared.message import SessionMessage
 from mcp_types import INTERNAL_ERROR, INVALID_REQUEST, PARSE_ERROR, RequestId
@@ -158,6 +159,9 @@ class _LeanReads:
                     with self._fast.front.calling(self._session, None):
                         result = await self._fast.run(read, self._session)
                     answer = {"jsonrpc": "2.0", "id": request_id, "result": result}
+                except MCPError as exc:  # the backend's own error as it sent it, or the proxy's own
+                    error = exc.error.model_dump(by_alias=True, mode="json", exclude_unset=True)
+                    answer = {"jsonrpc": "2.0", "id": request_id, "error": error}
                 except Exception:  # boundary: a fault of ours is this call's error, never the front's end
                     logger.exception("lean read of %s failed", read.tool.name)
                     error = {"code": INTERNAL_ERROR, "message": "internal error"}

@@ -132,6 +132,8 @@ def approval_message(request: ReviewRequest) -> str:
     lines += _argument_lines(request.arguments) or ["  (none)"]
     if request.intent:
         lines += ["", f"The agent's stated intent (not verified): {_cut(request.intent, APPROVAL_VALUE_CHARS)}"]
+    elif tool is not None and tool.wants_intent and not request.task:
+        lines += ["", "The agent gave no intent for this call."]
     earlier = request.segment.steps[:-1]
     if earlier:
         lines += ["", "Steps just before it: " + ", ".join(step.tool for step in earlier[-8:])]

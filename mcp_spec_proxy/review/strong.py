@@ -69,7 +69,11 @@ class StrongReviewer:
 
     def messages(self, request: ReviewRequest) -> list[dict[str, Any]]:
         committed = request.history.committed
-        return verify_messages(self._catalog, self._policy, committed, request.segment, request.task)
+        # A client's write that came without the optional `intent`: the reviewer is told so.
+        asked = request.tool is not None and request.tool.wants_intent and not request.task
+        return verify_messages(
+            self._catalog, self._policy, committed, request.segment, request.task, intent_asked=asked
+        )
 
     async def review(self, request: ReviewRequest, user: UserChannel) -> Verdict:
         messages = self.messages(request)
