@@ -188,7 +188,7 @@ async def test_a_relay_switched_off_for_a_server_is_refused_and_the_client_is_no
     side = ClientSide()
     async with connected(proxy_params(tmp_path, config), side, era) as client:
         # The backend's own error, as a client without sampling would get it from the backend directly.
-        with pytest.raises(MCPError, match="(?i)sampling not supported"):
+        with pytest.raises(MCPError, match=r"(?i)sampling not supported"):
             await client.call_tool("ask__ask_model", {"prompt": "p"})
         user = await client.call_tool("ask__ask_user", {})
     assert text_of(user) == 'user: action=accept content={"username": "ada"}'
