@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
-from mcp_types import methods
+from mcp_types import LOG_LEVEL_META_KEY, methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
@@ -120,6 +120,8 @@ class FastRead:
         meta = params.get("_meta")
         if isinstance(meta, Mapping) and ("progressToken" in meta or "progress_token" in meta):
             return None  # progress may be streamed: the SDK's path reports it
+        if isinstance(meta, Mapping) and LOG_LEVEL_META_KEY in meta:
+            return None  # the call opted in to log messages on its request: the SDK's path relays them
         try:
             methods.validate_client_request("tools/call", version, params)
         except (KeyError, ValueError, ValidationError):
