@@ -54,8 +54,8 @@ from mcp_spec_proxy.barrier import Report, Session
 from mcp_spec_proxy.catalog import digest
 from mcp_spec_proxy.errors import ProxyError, StateError, ToolNotFound
 from mcp_spec_proxy.fronts import fast_read
+from mcp_spec_proxy.fronts.notices import Notices
 from mcp_spec_proxy.fronts.own_tools import OwnTools
-from mcp_spec_proxy.fronts.relay import Relay
 from mcp_spec_proxy.proxy import Proxy
 from mcp_spec_proxy.review import InputNeeded
 from mcp_spec_proxy.sdk import server_connection
@@ -146,7 +146,7 @@ class McpFront:
         self._named: OrderedDict[str, Session] = OrderedDict()
         self.stdio_session: Session | None = None  # set while serving stdio: one client, one session
         self._bus = InMemorySubscriptionBus()  # 2026-07-28 clients hear of changes on subscriptions/listen
-        self.relay = Relay(proxy, self._bus)
+        self.notices = Notices(proxy, self._bus)
         proxy.listeners.append(self._broadcast)
         self.server = ProxyServer(
             name,
@@ -164,7 +164,7 @@ class McpFront:
             on_list_resources=self._list_resources,
             on_list_resource_templates=self._list_templates,
             on_read_resource=self._read_resource,
-            on_subscriptions_listen=self.relay.listen,
+            on_subscriptions_listen=self.notices.listen,
             on_subscribe_resource=self._subscribe,
             on_unsubscribe_resource=self._unsubscribe,
             on_completion=self._complete,
@@ -192,7 +192,7 @@ class McpFront:
         return any(backend.subscribable for backend in self.proxy.backends.connected())
 
     def session_for(self, ctx: Ctx) -> Session:
-        self.relay.hear(server_connection(ctx))
+        self.notices.hear(server_connection(ctx))
         if self.stdio_session is not None:
             return self.stdio_session
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
@@ -261,7 +261,7 @@ class McpFront:
         binding = ("" if unnamed else session.id, params.name, digest(arguments))
         ticket = await self._approvals.take(params.request_state, binding) if params.input_responses else None
         user = _UserChannel(ctx, params, ticket)
-        log_route = request_logs.set(self.relay.route(ctx))
+        log_route = request_logs.set(self.notices.route(ctx))
         try:
             return await self.proxy.barrier.call(session, params.name, arguments, user, _reporter(ctx))
         except InputNeeded as need:
@@ -321,13 +321,13 @@ class McpFront:
 
     async def _subscribe(self, ctx: Ctx, params: types.SubscribeRequestParams) -> types.EmptyResult:
         try:
-            await self.relay.subscribe(server_connection(ctx), self.session_for(ctx).id, params.uri)
+            await self.notices.subscribe(server_connection(ctx), self.session_for(ctx).id, params.uri)
         except ProxyError as exc:
             raise _wire_error(exc) from exc
         return types.EmptyResult()
 
     async def _unsubscribe(self, ctx: Ctx, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
-        await self.relay.unsubscribe(server_connection(ctx), self.session_for(ctx).id, params.uri)
+        await self.notices.unsubscribe(server_connection(ctx), self.session_for(ctx).id, params.uri)
         return types.EmptyResult()
 
     # -- completions and logging -------------------------------------------------------------
@@ -348,7 +348,7 @@ class McpFront:
             raise _wire_error(exc) from exc
 
     async def _set_level(self, ctx: Ctx, params: types.SetLevelRequestParams) -> types.EmptyResult:
-        await self.relay.set_level(server_connection(ctx), self.session_for(ctx).id, params.level)
+        await self.notices.set_level(server_connection(ctx), self.session_for(ctx).id, params.level)
         return types.EmptyResult()
 
 

@@ -47,7 +47,7 @@ Ctx = ServerRequestContext[Any, Any]
 NOTIFY_TIMEOUT_S = 2.0  # a client that does not read must not hold up the backend's messages to the others
 
 
-class Relay:
+class Notices:
     def __init__(self, proxy: Proxy, bus: SubscriptionBus) -> None:
         self._proxy = proxy
         self._bus = bus
