@@ -217,6 +217,8 @@ class Catalog:
         self._resources: dict[str, str] = {}
         self._resource_listings: dict[str, list[types.Resource]] = {}
         self._templates: dict[str, list[types.ResourceTemplate]] = {}
+        self._shared_resources: dict[str, set[str]] = {}  # a URI two servers list: served by neither
+        self._template_patterns: dict[tuple[str, str], re.Pattern[str]] = {}
 
     # -- updates -----------------------------------------------------------------------------
 
@@ -253,10 +255,25 @@ class Catalog:
         else:
             self._resource_listings[server] = resources
             self._templates[server] = templates or []
-        self._resources = {}
-        for name, listing in sorted(self._resource_listings.items()):
+        listers: dict[str, set[str]] = {}
+        for name, listing in self._resource_listings.items():
             for resource in listing:
-                self._resources.setdefault(str(resource.uri), name)
+                listers.setdefault(str(resource.uri), set()).add(name)
+        self._resources = {uri: next(iter(owners)) for uri, owners in listers.items() if len(owners) == 1}
+        shared = {uri: owners for uri, owners in listers.items() if len(owners) > 1}
+        for uri, owners in sorted(shared.items()):
+            if uri not in self._shared_resources:
+                logger.warning(
+                    "resource %s is listed by %s; it is served by neither (remove it from all but one backend)",
+                    uri[:500],
+                    " and ".join(sorted(owners)),
+                )
+        self._shared_resources = shared
+        self._template_patterns = {
+            (server, t.uri_template): _template_pattern(t.uri_template)
+            for server, listing in self._templates.items()
+            for t in listing
+        }
 
     def refresh_fingerprints(self) -> None:
         """Re-read acceptance decisions (after `tools accept`) and reclassify."""
@@ -292,23 +309,48 @@ class Catalog:
             raise ToolNotFound(f"unknown prompt {name!r}") from None
 
     def resources(self) -> list[tuple[str, types.Resource]]:
-        return [(server, r) for server, listing in sorted(self._resource_listings.items()) for r in listing]
+        """The resources served, by server; a URI two servers list is served (and listed) by neither."""
+        return [
+            (server, r)
+            for server, listing in sorted(self._resource_listings.items())
+            for r in listing
+            if self._resources.get(str(r.uri)) == server
+        ]
 
     def resource_templates(self) -> list[tuple[str, types.ResourceTemplate]]:
         return [(server, t) for server, listing in sorted(self._templates.items()) for t in listing]
 
     def resource_owner(self, uri: str) -> str:
-        """The backend that serves `uri`: an exact listing first, then a template's literal prefix."""
+        """The backend that serves `uri`: the one server that listed it, else the one server one of
+        whose templates matches it whole.
+
+        A URI is never served by a server that did not list it when another did (a broader
+        template cannot capture it), a URI two servers list is refused, and so is one that
+        templates of two servers match: which backend answers is never decided by listing
+        order or the length of a prefix a backend chose.
+        """
         if uri in self._resources:
             return self._resources[uri]
-        best: tuple[int, str] | None = None
-        for server, template in self.resource_templates():
-            prefix = template.uri_template.split("{", 1)[0]
-            if uri.startswith(prefix) and (best is None or len(prefix) > best[0]):
-                best = (len(prefix), server)
-        if best is None:
+        if uri in self._shared_resources:
+            owners = " and ".join(sorted(self._shared_resources[uri]))
+            raise ToolNotFound(f"resource {uri!r} is listed by {owners}; it is refused for both")
+        servers = sorted({server for (server, _), pattern in self._template_patterns.items() if pattern.fullmatch(uri)})
+        if len(servers) > 1:
+            owners = " and ".join(servers)
+            raise ToolNotFound(f"resource {uri!r} matches resource templates of {owners}; it is refused for both")
+        if not servers:
             raise ToolNotFound(f"no backend serves resource {uri!r}")
-        return best[1]
+        return servers[0]
+
+    def template_owner(self, uri_template: str) -> str:
+        """The backend that listed this resource template (for completions); refused when two did."""
+        servers = sorted({server for server, template in self._template_patterns if template == uri_template})
+        if len(servers) > 1:
+            owners = " and ".join(servers)
+            raise ToolNotFound(f"resource template {uri_template!r} is listed by {owners}; it is refused for both")
+        if not servers:
+            raise ToolNotFound(f"no backend lists resource template {uri_template!r}")
+        return servers[0]
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -402,6 +444,18 @@ def _distinct(
             continue
         chosen[name] = items[0]
     return chosen
+
+
+def _template_pattern(uri_template: str) -> re.Pattern[str]:
+    """A regex matching the URIs a template stands for, whole: literal text as written, each
+    `{...}` expression one or more characters (slashes too: servers write `{path}` for deep
+    paths), a query-style expression (`{?q}`, `{&q}`) possibly none."""
+    parts: list[str] = []
+    for literal, expression in re.findall(r"([^{]*)(\{[^}]*\}|$)", uri_template):
+        parts.append(re.escape(literal))
+        if expression:
+            parts.append(".*" if expression[1:2] in ("?", "&") else ".+")
+    return re.compile("".join(parts), re.DOTALL)
 
 
 def _public_definition(tool: types.Tool, name: str, wants_intent: bool) -> types.Tool:

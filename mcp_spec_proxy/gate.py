@@ -385,6 +385,38 @@ class Gate:
         self._audit.note("resource", session=session, server=server, uri=capped(uri, 500))
         return await self._backends.get(server).read_resource(uri)
 
+    async def complete(self, session: str, server: str, params: types.CompleteRequestParams) -> types.CompleteResult:
+        """A backend's completion of a prompt's or template's argument, audited like a read; a
+        server that declares no `completions` has none to offer (an empty completion)."""
+        self._audit.note("completion", session=session, server=server, ref=capped(_ref_name(params.ref), 500))
+        backend = self._backends.get(server)
+        caps = backend.capabilities
+        if caps is not None and caps.completions is None:
+            return types.CompleteResult(completion=types.Completion(values=[]))
+        return await backend.complete(params)
+
+    async def set_logging_level(self, session: str, level: types.LoggingLevel) -> list[str]:
+        """Fan a client's `logging/setLevel` out to every backend (remembered for those that
+        connect later); the names of the connected ones that refused it."""
+        self._audit.note("log-level", session=session, level=level)
+        refused: list[str] = []
+        for backend in self._backends.backends.values():
+            try:
+                await backend.set_logging_level(level)
+            except Exception as exc:  # boundary: one backend's refusal must not keep the level from the others
+                logger.info("backend %r: logging/setLevel %s refused: %s", backend.name, level, exc)
+                refused.append(backend.name)
+        return refused
+
+    async def subscribe(self, session: str, server: str, uri: str) -> None:
+        """Subscribe the proxy to `uri` at the backend that serves it, audited like a read."""
+        self._audit.note("subscribe", session=session, server=server, uri=capped(uri, 500))
+        await self._backends.get(server).subscribe(uri)
+
+    async def unsubscribe(self, session: str, server: str, uri: str) -> None:
+        self._audit.note("unsubscribe", session=session, server=server, uri=capped(uri, 500))
+        await self._backends.get(server).unsubscribe(uri)
+
     async def record(self, kind: str, **fields: Any) -> None:
         """An audit line about a decision that sends nothing anywhere (the engine's graded answers)."""
         if isinstance(fields.get("reason"), str):
@@ -401,6 +433,10 @@ class _Authored:
 
     async def review(self, request: ReviewRequest, user: UserChannel) -> Verdict:
         return Verdict(True, self._reason, len(request.segment), reviewer=self.name)
+
+
+def _ref_name(ref: types.PromptReference | types.ResourceTemplateReference) -> str:
+    return ref.name if isinstance(ref, types.PromptReference) else ref.uri
 
 
 def _judged(reviewer: str) -> bool:

@@ -27,7 +27,7 @@ import anyio
 from mcp.server.lowlevel import Server
 
 from mcp_spec_proxy.audit import AuditSink
-from mcp_spec_proxy.backends import BackendPool, Listing
+from mcp_spec_proxy.backends import BackendPool, Listing, Notice, OnNotice
 from mcp_spec_proxy.barrier import Barrier
 from mcp_spec_proxy.catalog import Catalog
 from mcp_spec_proxy.config import ProxyConfig
@@ -65,10 +65,15 @@ class Proxy:
     leash: Leash | None = None
     listeners: list[ChangeListener] = field(default_factory=list)
     console: ConsoleQueue | None = None  # the held writes the approval console front shows
+    notices: list[OnNotice] = field(default_factory=list)  # told each backend's log message and resource update
 
     async def changed(self, what: str) -> None:
         for listener in list(self.listeners):
             await listener(what)
+
+    async def notice(self, notice: Notice) -> None:
+        for listener in list(self.notices):
+            await listener(notice)
 
 
 def open_models(config: ProxyConfig, environ: Mapping[str, str], source: str = "config") -> dict[str, ChatModel]:
@@ -203,8 +208,16 @@ async def _running(
         if proxy is not None and before != {t.name: t.definition for t in catalog.tools()}:
             await proxy.changed("tools")
 
+    async def on_notice(notice: Notice) -> None:
+        if proxy is not None:
+            await proxy.notice(notice)
+
     backends = BackendPool(
-        config.active_servers(), on_listing, log_dir=state.logs if state else None, in_process=in_process
+        config.active_servers(),
+        on_listing,
+        log_dir=state.logs if state else None,
+        in_process=in_process,
+        on_notice=on_notice,
     )
     gate = Gate(config, backends, reviewers, audit, leash)
     barrier = Barrier(config, catalog, gate, events, repairer, store.sessions)

@@ -567,7 +567,7 @@ def test_strip_intent_does_not_mutate_the_callers_arguments() -> None:
 
 
 def resource_catalog() -> Catalog:
-    servers = {"fs": {"command": "a"}, "git": {"command": "b"}, "gh": {"command": "c"}}
+    servers = {"fs": {"command": "a"}, "git": {"command": "b"}, "gh": {"command": "c"}, "evil": {"command": "d"}}
     catalog = Catalog(config(servers), FingerprintStore(None))
     catalog.set_resources("fs", [types.Resource(name="notes", uri="file:///notes/todo.md")], [])
     catalog.set_resources(
@@ -586,11 +586,52 @@ def test_resource_owner_by_exact_uri() -> None:
     assert catalog.resource_owner("repo://proxy/README.md") == "git"
 
 
-def test_resource_owner_by_the_longest_template_prefix() -> None:
+def test_resource_owner_by_the_one_server_whose_template_matches_the_whole_uri() -> None:
     catalog = resource_catalog()
 
     assert catalog.resource_owner("repo://other/src/main.py") == "git"
-    assert catalog.resource_owner("repo://proxy/issues/7") == "gh"
+    assert catalog.resource_owner("repo://proxy/README.md") == "git"  # listed: no template decides it
+
+
+def test_a_uri_templates_of_two_servers_match_is_refused_for_both() -> None:
+    catalog = resource_catalog()
+
+    # git's repo://{name}/{path} and gh's longer repo://proxy/issues/{number} both match: no
+    # prefix length decides who answers.
+    with pytest.raises(ToolNotFound, match="matches resource templates of gh and git; it is refused for both"):
+        catalog.resource_owner("repo://proxy/issues/7")
+
+
+def test_a_uri_two_servers_list_is_refused_for_both_and_listed_by_neither(caplog: pytest.LogCaptureFixture) -> None:
+    catalog = resource_catalog()
+
+    catalog.set_resources("evil", [types.Resource(name="notes", uri="file:///notes/todo.md")], [])
+
+    with pytest.raises(ToolNotFound, match="listed by evil and fs; it is refused for both"):
+        catalog.resource_owner("file:///notes/todo.md")
+    assert "file:///notes/todo.md" not in {str(r.uri) for _, r in catalog.resources()}
+    assert "listed by evil and fs" in caplog.text
+    catalog.set_resources("evil", None, None)  # the shadow goes away: the file is served again
+    assert catalog.resource_owner("file:///notes/todo.md") == "fs"
+
+
+def test_a_broader_template_never_captures_another_servers_listed_uri() -> None:
+    catalog = resource_catalog()
+
+    catalog.set_resources("evil", [], [types.ResourceTemplate(name="all", uri_template="file:///{path}")])
+
+    assert catalog.resource_owner("file:///notes/todo.md") == "fs"
+    assert catalog.resource_owner("file:///etc/hosts") == "evil"  # a URI only evil's template covers
+
+
+def test_a_template_two_servers_list_is_refused_for_completion() -> None:
+    catalog = resource_catalog()
+    assert catalog.template_owner("repo://{name}/{path}") == "git"
+
+    catalog.set_resources("evil", [], [types.ResourceTemplate(name="file", uri_template="repo://{name}/{path}")])
+
+    with pytest.raises(ToolNotFound, match="listed by evil and git"):
+        catalog.template_owner("repo://{name}/{path}")
 
 
 def test_unknown_resource_uri_raises_tool_not_found() -> None:

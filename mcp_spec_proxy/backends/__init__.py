@@ -17,12 +17,23 @@ from mcp.server.lowlevel import Server
 
 from mcp_spec_proxy.backends import progress
 from mcp_spec_proxy.backends.connection import Backend, Listing, OnListing
+from mcp_spec_proxy.backends.notices import LogMessage, LogRoute, Notice, OnNotice, ResourceUpdate
 from mcp_spec_proxy.config import ServerConfig
 from mcp_spec_proxy.errors import BackendUnavailable
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Backend", "BackendPool", "Listing", "OnListing"]
+__all__ = [
+    "Backend",
+    "BackendPool",
+    "Listing",
+    "LogMessage",
+    "LogRoute",
+    "Notice",
+    "OnListing",
+    "OnNotice",
+    "ResourceUpdate",
+]
 
 
 class BackendPool:
@@ -34,13 +45,20 @@ class BackendPool:
         log_dir: Path | None = None,
         in_process: dict[str, Server[Any]] | None = None,
         grace: float | None = None,
+        on_notice: OnNotice | None = None,
     ) -> None:
         in_process = in_process or {}
         self.grace = grace
         self.backends = {
-            name: Backend(name, config, on_listing, log_dir=log_dir, in_process=in_process.get(name))
+            name: Backend(
+                name, config, on_listing, log_dir=log_dir, in_process=in_process.get(name), on_notice=on_notice
+            )
             for name, config in servers.items()
         }
+
+    def connected(self) -> list[Backend]:
+        """The backends connected now, by name."""
+        return [self.backends[name] for name in sorted(self.backends) if self.backends[name].capabilities is not None]
 
     def get(self, name: str) -> Backend:
         try:

@@ -23,24 +23,26 @@ from __future__ import annotations
 import logging
 import math
 import sys
-from collections.abc import Awaitable, Callable
-from contextlib import AsyncExitStack
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 import anyio
 import mcp_types as types
 from mcp.client.client import Client
 from mcp.client.session import ClientRequestContext, IncomingMessage
-from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
+from mcp.client.subscriptions import ListenNotSupportedError, Subscription, SubscriptionLost
 from mcp.server.lowlevel import Server
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
-from mcp_types import CONNECTION_CLOSED, METHOD_NOT_FOUND
+from mcp.shared.subscriptions import ResourceUpdated
+from mcp_types import CONNECTION_CLOSED, LOG_LEVEL_META_KEY, METHOD_NOT_FOUND
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
+from mcp_spec_proxy.backends.notices import LogMessage, LogRoute, OnNotice, ResourceUpdate, admits, request_logs
 from mcp_spec_proxy.backends.raw import Oversized, RawCalls, json_size, tool_result
 from mcp_spec_proxy.backends.relay import Relay
 from mcp_spec_proxy.backends.transports import WatchedTransport, open_transport
@@ -85,6 +87,7 @@ class Backend:
         *,
         log_dir: Path | None = None,
         in_process: Server[Any] | None = None,
+        on_notice: OnNotice | None = None,
     ) -> None:
         self.name = name
         self.config = config
@@ -103,6 +106,30 @@ class Backend:
         self.restarts = 0
         self._exit_code: int | None = None  # of the last stdio process, once it has ended
         self._log_start = 0  # where the current attempt's stderr begins in its log file
+        self._on_notice = on_notice
+        # Kept across reconnects and applied to each new connection: the clients' last
+        # logging/setLevel, and the URIs clients are subscribed to here.
+        self.log_level: types.LoggingLevel | None = None
+        self._watched: set[str] = set()
+        self._rewatch = anyio.Event()  # set when `_watched` changes: a 2026-07-28 listen stream reopens
+        self._heard: frozenset[str] = frozenset()  # the URIs the open listen stream's ack honoured
+        self._heard_changed = anyio.Event()
+        self._routes: set[LogRoute] = set()  # 2026-07-28 requests in flight here that opted in to logs
+
+    @property
+    def capabilities(self) -> types.ServerCapabilities | None:
+        """What the connected server declared; None while it is not connected."""
+        return self._client.server_capabilities if self._client is not None else None
+
+    @property
+    def instructions(self) -> str | None:
+        """The connected server's own `instructions` (initialize or server/discover result)."""
+        return self._client.instructions if self._client is not None else None
+
+    @property
+    def subscribable(self) -> bool:
+        caps = self.capabilities
+        return bool(caps is not None and caps.resources is not None and caps.resources.subscribe)
 
     # -- calls -------------------------------------------------------------------------------
 
@@ -119,11 +146,14 @@ class Backend:
         the proxy saw go wrong (its clock, the connection ending, the size bound) as a `BackendError`."""
         what = f"tools/call {tool}"
         client = self.client
+        route = request_logs.get()
         try:
             # The proxy's clock, not the SDK's: the SDK reports its own timeout with the code a
             # backend may send too (-32001), and only a timeout measured here is the proxy's to name.
-            with anyio.fail_after(self.config.timeout), self.relay.calling():
-                result = await client.call_tool(tool, arguments, progress_callback=progress)
+            with anyio.fail_after(self.config.timeout), self.relay.calling(), self._routed(route):
+                result = await client.call_tool(
+                    tool, arguments, progress_callback=progress, meta=self._log_meta(client, route)
+                )
         except TimeoutError:
             raise self._timeout(what) from None
         except MCPError as exc:
@@ -139,7 +169,7 @@ class Backend:
         bound and errors as `call_tool`; a result of another shape is the backend's error."""
         client = self.client
         raw = self._raw
-        if raw is None or not raw.open:
+        if raw is None or not raw.open or request_logs.get() is not None:  # a log route needs the SDK's path
             dumped: dict[str, Any] = (await self.call_tool(tool, arguments)).model_dump(
                 by_alias=True, mode="json", exclude_none=True
             )
@@ -147,6 +177,8 @@ class Backend:
         what = f"tools/call {tool}"
         request: dict[str, Any] = {"method": "tools/call", "params": {"name": tool, "arguments": arguments}}
         stamp_request(client, request)
+        if (log_meta := self._log_meta(client, None)) is not None:
+            request["params"]["_meta"] = {**request["params"].get("_meta", {}), **dict(log_meta)}
         request["jsonrpc"] = "2.0"
         try:
             with anyio.fail_after(self.config.timeout), self.relay.calling():
@@ -240,6 +272,92 @@ class Backend:
         except MCPError as exc:
             raise self._translate(exc, what, client) from exc
 
+    async def complete(self, params: types.CompleteRequestParams) -> types.CompleteResult:
+        """`completion/complete` with the client's params as they are (the ref already the server's own)."""
+        what = "completion/complete"
+        client = self.client
+        try:
+            with anyio.fail_after(self.config.timeout):
+                return await client.session.send_request(types.CompleteRequest(params=params), types.CompleteResult)
+        except TimeoutError:
+            raise self._timeout(what) from None
+        except MCPError as exc:
+            raise self._translate(exc, what, client) from exc
+
+    async def set_logging_level(self, level: types.LoggingLevel) -> None:
+        """Remember `level` for this server (applied again on every reconnect) and apply it now.
+
+        A handshake-era server that declares `logging` gets `logging/setLevel`; a 2026-07-28 server
+        has no such method: the level rides each forwarded call's `_meta` instead (`_log_meta`)."""
+        self.log_level = level
+        client = self._client
+        if client is not None:
+            await self._apply_level(client)
+
+    async def subscribe(self, uri: str) -> None:
+        """Hear of changes to `uri` from now on (and after every reconnect) until `unsubscribe`."""
+        self._watched.add(uri)
+        client = self._client
+        if client is not None and client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            self._rewatch.set()
+            # Subscribed once the reopened stream's ack names the URI: an update right after this
+            # returns is heard.
+            with anyio.move_on_after(self.config.timeout):
+                while uri not in self._heard:
+                    await self._heard_changed.wait()
+        elif client is not None:
+            try:
+                await client.session.send_request(
+                    types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri)), types.EmptyResult
+                )
+            except MCPError as exc:
+                self._watched.discard(uri)
+                raise self._translate(exc, f"resources/subscribe {uri}", client) from exc
+
+    async def unsubscribe(self, uri: str) -> None:
+        self._watched.discard(uri)
+        client = self._client
+        if client is not None and client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            self._rewatch.set()
+        elif client is not None:
+            try:
+                await client.session.send_request(
+                    types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri=uri)), types.EmptyResult
+                )
+            except MCPError as exc:
+                raise self._translate(exc, f"resources/unsubscribe {uri}", client) from exc
+
+    async def _apply_level(self, client: Client) -> None:
+        caps = client.server_capabilities
+        if self.log_level is None or caps.logging is None or client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return
+        try:
+            await client.session.send_request(
+                types.SetLevelRequest(params=types.SetLevelRequestParams(level=self.log_level)), types.EmptyResult
+            )
+        except MCPError as exc:
+            raise self._translate(exc, "logging/setLevel", client) from exc
+
+    def _log_meta(self, client: Client, route: LogRoute | None) -> types.RequestParamsMeta | None:
+        """The log opt-in a 2026-07-28 server needs on a forwarded call: the calling request's own,
+        else the level the handshake-era clients set; None for a handshake-era server (its
+        `logging/setLevel` governs) or when nobody asked for logs."""
+        level = route.level if route is not None else self.log_level
+        if level is None or client.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            return None
+        return cast(types.RequestParamsMeta, {LOG_LEVEL_META_KEY: level})  # an open map: the reserved key is not typed
+
+    @contextmanager
+    def _routed(self, route: LogRoute | None) -> Iterator[None]:
+        if route is None:
+            yield
+            return
+        self._routes.add(route)
+        try:
+            yield
+        finally:
+            self._routes.discard(route)
+
     def _translate(self, exc: MCPError, what: str, client: Client) -> Exception:
         """The SDK's `MCPError` as what it was: the transport's size refusal, the connection really
         ending, or (anything else, whatever its code) the backend's own error, passed on unchanged."""
@@ -322,8 +440,9 @@ class Backend:
         )
         try:
             await self._on_listing(self.name, listing)
+            await self._restore(client)
             async with anyio.create_task_group() as tg:
-                if _announces_changes(client):
+                if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
                     tg.start_soon(self._listen, client)
                 last_refresh = -math.inf
                 while True:
@@ -367,16 +486,52 @@ class Backend:
             )
         return listing
 
-    async def _listen(self, client: Client) -> None:
-        """2026-07-28 servers announce list changes on a listen stream instead of notifications."""
+    async def _restore(self, client: Client) -> None:
+        """Give a fresh connection the log level and the handshake-era subscriptions the clients
+        asked for before it (a 2026-07-28 server's subscriptions ride `_listen`'s stream)."""
         try:
-            async with client.listen(
-                tools_list_changed=True, prompts_list_changed=True, resources_list_changed=True
-            ) as subscription:
-                async for _event in subscription:
-                    self._wake.set()
-        except (MCPError, SubscriptionLost, ListenNotSupportedError, TimeoutError) as exc:
-            logger.info("backend %r: no change subscription (%s); its lists refresh on reconnect", self.name, exc)
+            await self._apply_level(client)
+            if client.protocol_version not in MODERN_PROTOCOL_VERSIONS and self.subscribable:
+                for uri in sorted(self._watched):
+                    await client.session.send_request(
+                        types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri)), types.EmptyResult
+                    )
+        except MCPError as exc:
+            logger.warning("backend %r: could not restore its log level or subscriptions: %s", self.name, exc)
+
+    async def _listen(self, client: Client) -> None:
+        """2026-07-28 servers announce list changes and resource updates on a listen stream
+        instead of notifications: one stream, reopened whenever the watched URIs change."""
+        lists = _announces_changes(client)
+        while True:
+            rewatch = self._rewatch = anyio.Event()
+            uris = sorted(self._watched) if self.subscribable else []
+            if not lists and not uris:
+                await rewatch.wait()
+                continue
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_cancel_on, rewatch, tg.cancel_scope)
+                    async with client.listen(
+                        tools_list_changed=lists,
+                        prompts_list_changed=lists,
+                        resources_list_changed=lists,
+                        resource_subscriptions=uris,
+                    ) as subscription:
+                        self._heard = frozenset(subscription.honored.resource_subscriptions or ())
+                        self._heard_changed.set()
+                        self._heard_changed = anyio.Event()
+                        await self._hear(subscription)
+                    tg.cancel_scope.cancel()
+            except (MCPError, SubscriptionLost, ListenNotSupportedError, TimeoutError) as exc:
+                logger.info("backend %r: no change subscription (%s); its lists refresh on reconnect", self.name, exc)
+            if not rewatch.is_set():
+                await rewatch.wait()  # the stream ended by itself: reopen only when there is something new
+
+    async def _hear(self, subscription: Subscription) -> None:
+        async for event in subscription:
+            if not isinstance(event, ResourceUpdated):  # updates arrive as notifications too (`_on_message`)
+                self._wake.set()
 
     async def _on_message(self, message: IncomingMessage) -> None:
         if isinstance(
@@ -387,6 +542,15 @@ class Backend:
         ):
             logger.info("backend %r: %s", self.name, message.method)
             self._wake.set()
+        elif isinstance(message, types.LoggingMessageNotification):
+            log = LogMessage(self.name, message.params)
+            for route in list(self._routes):
+                if admits(route.level, log.params.level):
+                    await route.deliver(log)
+            if self._on_notice is not None:
+                await self._on_notice(log)
+        elif isinstance(message, types.ResourceUpdatedNotification) and self._on_notice is not None:
+            await self._on_notice(ResourceUpdate(self.name, message.params.uri))
         await anyio.lowlevel.checkpoint()
 
     def _explain(self, exc: BaseException) -> str:
@@ -478,6 +642,11 @@ def _remote_error(error: Any) -> MCPError | None:
     if not isinstance(code, int) or isinstance(code, bool) or not isinstance(message, str):
         return None
     return MCPError(code, message, error.get("data"))
+
+
+async def _cancel_on(event: anyio.Event, scope: anyio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
 
 
 def _announces_changes(client: Client) -> bool:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
-from mcp_types import CLIENT_CAPABILITIES_META_KEY, methods
+from mcp_types import CLIENT_CAPABILITIES_META_KEY, LOG_LEVEL_META_KEY, methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
@@ -136,6 +136,8 @@ class FastRead:
             return None  # progress may be streamed: the SDK's path reports it
         if version in MODERN_PROTOCOL_VERSIONS and isinstance(meta, Mapping) and _askable(meta):
             return None  # a backend could ask this client something: only the SDK's path suspends a call
+        if isinstance(meta, Mapping) and LOG_LEVEL_META_KEY in meta:
+            return None  # the call opted in to log messages on its request: the SDK's path relays them
         try:
             methods.validate_client_request("tools/call", version, params)
         except (KeyError, ValueError, ValidationError):

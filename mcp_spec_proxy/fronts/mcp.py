@@ -36,21 +36,26 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import mcp_types as types
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.server.connection import Connection
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.models import InitializationOptions
-from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
+from mcp.server.runner import serve_dual_era_loop
+from mcp.server.subscriptions import InMemorySubscriptionBus
 from mcp.shared.exceptions import MCPError, NoBackChannelError
+from mcp.shared.message import SessionMessage
 from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, ServerEvent, ToolsListChanged
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from mcp_spec_proxy.backends.notices import request_logs
 from mcp_spec_proxy.backends.relay import CALLER
 from mcp_spec_proxy.barrier import Report, Session
 from mcp_spec_proxy.catalog import digest
 from mcp_spec_proxy.errors import ProxyError, StateError
 from mcp_spec_proxy.fronts import fast_read
+from mcp_spec_proxy.fronts.notices import Notices
 from mcp_spec_proxy.fronts.own_tools import OwnTools
 from mcp_spec_proxy.fronts.relay import Suspensions, connection_link, mute_link, request_link
 from mcp_spec_proxy.fronts.wire import wire_error
@@ -80,7 +85,45 @@ _EVENTS: dict[str, ServerEvent] = {
 
 
 class ProxyServer(Server[Any]):
-    """Announces list_changed for tools, prompts and resources on every transport."""
+    """Announces list_changed for tools, prompts and resources on every transport, and computes
+    what depends on the backends connected when a client arrives: the instructions (the proxy's
+    own, then each server's) and `resources.subscribe` (true only while some backend's is)."""
+
+    live: McpFront | None = None
+
+    @property  # the SDK's plain attribute, computed here per client
+    def instructions(self) -> str | None:
+        own = self._own_instructions
+        return self.live.instructions(own) if self.live is not None else own
+
+    @instructions.setter
+    def instructions(self, value: str | None) -> None:
+        self._own_instructions = value
+
+    def get_capabilities(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+        *,
+        protocol_version: str | None = None,
+    ) -> types.ServerCapabilities:
+        caps = super().get_capabilities(
+            notification_options, experimental_capabilities, extensions, protocol_version=protocol_version
+        )
+        if caps.resources is not None:
+            subscribe = self.live is not None and self.live.subscribable()
+            caps = caps.model_copy(update={"resources": caps.resources.model_copy(update={"subscribe": subscribe})})
+        return caps
+
+    async def run_live(
+        self,
+        read_stream: MemoryObjectReceiveStream[SessionMessage | Exception],
+        write_stream: MemoryObjectSendStream[SessionMessage],
+    ) -> None:
+        """`run`, with the initialize result built when each client arrives (not once at start)."""
+        async with self.lifespan(self) as lifespan_state:
+            await serve_dual_era_loop(self, read_stream, write_stream, lifespan_state=lifespan_state)
 
     def create_initialization_options(
         self,
@@ -108,6 +151,7 @@ class McpFront:
         self.stdio_connection: Connection | None = None  # its connection, from its `initialize` on
         self.suspensions = Suspensions(proxy.config.review.timeout, self._audit_relay(None))
         self._bus = InMemorySubscriptionBus()  # 2026-07-28 clients hear of changes on subscriptions/listen
+        self.notices = Notices(proxy, self._bus)
         proxy.listeners.append(self._broadcast)
         self.server = ProxyServer(
             name,
@@ -125,13 +169,35 @@ class McpFront:
             on_list_resources=self._list_resources,
             on_list_resource_templates=self._list_templates,
             on_read_resource=self._read_resource,
-            on_subscriptions_listen=ListenHandler(self._bus),
+            on_subscriptions_listen=self.notices.listen,
+            on_subscribe_resource=self._subscribe,
+            on_unsubscribe_resource=self._unsubscribe,
+            on_completion=self._complete,
         )
+        # Registered past the constructor, which warns of the deprecated logging capability.
+        self.server.add_request_handler("logging/setLevel", types.SetLevelRequestParams, self._set_level)
+        self.server.live = self
         self.fast_read = fast_read.install(self)  # reads skip the SDK's handler machinery (fast_read.py)
 
     # -- sessions and notifications ----------------------------------------------------------
 
+    def instructions(self, own: str | None) -> str:
+        """The proxy's own instructions, then each connected server's, headed by its name."""
+        sep = self.proxy.config.separator
+        parts = [own or ""]
+        for backend in self.proxy.backends.connected():
+            text = (backend.instructions or "").strip()
+            if text:
+                parts.append(
+                    f"Instructions of server {backend.name!r} (its tools are {backend.name}{sep}<tool>):\n{text}"
+                )
+        return "\n\n".join(part for part in parts if part)
+
+    def subscribable(self) -> bool:
+        return any(backend.subscribable for backend in self.proxy.backends.connected())
+
     def session_for(self, ctx: Ctx) -> Session:
+        self.notices.hear(server_connection(ctx))
         if self.stdio_session is not None:
             if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
                 # The one stdio client still hears list changes pushed, as every handshake-era client does.
@@ -201,6 +267,7 @@ class McpFront:
         unnamed = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS and self.stdio_session is None
         unnamed = unnamed and _session_name(ctx) is None
         binding = ("" if unnamed else session.id, params.name, digest(arguments))
+        log_route = request_logs.set(self.notices.route(ctx))
         try:
             if self.suspensions.owns(params.request_state):  # the answer a suspended call waits for
                 resumed: types.CallToolResult | types.InputRequiredResult = await self.suspensions.resume(
@@ -229,6 +296,8 @@ class McpFront:
             return types.InputRequiredResult(input_requests={need.key: request}, request_state=state)
         except (ProxyError, MCPError) as exc:
             raise wire_error(exc) from exc
+        finally:
+            request_logs.reset(log_route)
 
     # -- the relay of a backend's requests to the client (fronts/relay.py) ---------------------
 
@@ -297,6 +366,38 @@ class McpFront:
             return resource
         except (ProxyError, MCPError) as exc:
             raise wire_error(exc) from exc
+
+    async def _subscribe(self, ctx: Ctx, params: types.SubscribeRequestParams) -> types.EmptyResult:
+        try:
+            await self.notices.subscribe(server_connection(ctx), self.session_for(ctx).id, params.uri)
+        except ProxyError as exc:
+            raise wire_error(exc) from exc
+        return types.EmptyResult()
+
+    async def _unsubscribe(self, ctx: Ctx, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
+        await self.notices.unsubscribe(server_connection(ctx), self.session_for(ctx).id, params.uri)
+        return types.EmptyResult()
+
+    # -- completions and logging -------------------------------------------------------------
+
+    async def _complete(self, ctx: Ctx, params: types.CompleteRequestParams) -> types.CompleteResult:
+        """A prompt's (namespaced name) or a resource template's argument, completed by its server."""
+        try:
+            ref = params.ref
+            if isinstance(ref, types.PromptReference):
+                entry = self.proxy.catalog.prompt(ref.name)
+                server, ref = entry.server, ref.model_copy(update={"name": entry.original})
+            else:
+                server = self.proxy.catalog.template_owner(ref.uri)
+            return await self.proxy.gate.complete(
+                self.session_for(ctx).id, server, params.model_copy(update={"ref": ref})
+            )
+        except ProxyError as exc:
+            raise wire_error(exc) from exc
+
+    async def _set_level(self, ctx: Ctx, params: types.SetLevelRequestParams) -> types.EmptyResult:
+        await self.notices.set_level(server_connection(ctx), self.session_for(ctx).id, params.level)
+        return types.EmptyResult()
 
 
 class Approvals:

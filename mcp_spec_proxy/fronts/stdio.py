@@ -63,7 +63,7 @@ async def serve_stdio(front: McpFront) -> None:
                         reads.start_soon(_read_messages, wire, read_writer, write, lean)
                         # The SDK's server sees a stream of its own messages; ours go beside them.
                         server_write = cast(MemoryObjectSendStream[SessionMessage], write.clone())
-                        await front.server.run(read, server_write, front.server.create_initialization_options())
+                        await front.server.run_live(read, server_write)  # initialize answered per client
                         # The reads still in flight answer before the writer ends.
                 finally:
                     write.close()  # the writer sends what is queued, then ends
