@@ -82,6 +82,11 @@ class ServerConfig(_Strict):
     trust_annotations: bool = True
     # Hold its read tools that declare `openWorldHint: true` like writes; unset: the top-level value.
     hold_open_world: bool | None = None
+    # The era the proxy speaks to it. `legacy`: the initialize handshake, whose back-channel the
+    # server's own requests to the client need (a server that refuses it is reached in 2026-07-28);
+    # `auto`: 2026-07-28 whenever the server offers it. Measured with the conformance suite:
+    # `legacy` passes every scenario `auto` does, and more (docs/BENCHMARKS.md, Conformance).
+    protocol: Literal["auto", "legacy"] = "legacy"
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
     relay: RelayConfig = Field(default_factory=RelayConfig)
 

@@ -125,6 +125,15 @@ def test_unset_server_fields_take_their_defaults() -> None:
     assert server.tools.exclude == []
     assert server.tools.overrides == {}
     assert server.active is True
+    assert server.protocol == "legacy"
+
+
+def test_protocol_is_auto_or_legacy() -> None:
+    legacy = parse_config_text("servers:\n  git:\n    command: uvx\n    protocol: legacy\n", {}).servers["git"]
+    assert legacy.protocol == "legacy"
+    with pytest.raises(ConfigError) as raised:
+        parse_config_text("servers:\n  git:\n    command: uvx\n    protocol: 2026-07-28\n", {})
+    assert "protocol" in str(raised.value)
 
 
 # -- ${VAR} expansion ------------------------------------------------------------------------

@@ -157,3 +157,14 @@ async def test_time_server_matches_direct_and_proxied_in_its_own_era(tmp_path: P
         via_proxy = await run(call, calls)
     assert via_proxy == straight
     assert straight[0][1] is not None and straight[2][2]  # structured content compared; the bad zone errs
+
+
+@pytest.mark.parametrize(("protocol", "spoken"), [("auto", "2026-07-28"), ("legacy", "2025-11-25")])
+async def test_backend_protocol_picks_the_era_the_proxy_speaks_to_it(
+    tmp_path: Path, protocol: str, spoken: str
+) -> None:
+    config = {"servers": {"toy": toy(tmp_path / "calls.jsonl", protocol=protocol)}, "review": {"default": "deny"}}
+    async with proxied(config, tmp_path / "state") as p:
+        assert p.proxy.backends.get("toy").client.protocol_version == spoken
+        result = await p.client.call_tool("toy__echo", {"text": "hi"})
+    assert not result.is_error

@@ -1,11 +1,13 @@
 """One supervised connection to one wrapped MCP server.
 
-`Backend.run()` connects (in whichever protocol era the server speaks: `mode="auto"`), lists
-its tools, prompts and resources, publishes them through `on_listing`, and then waits for the
-connection to end. When it ends (the process exited, the HTTP session died, the handshake timed
-out) the backend's listing is withdrawn, calls in flight fail with `BackendClosed`, and it
-reconnects with exponential backoff. A backend never raises into its siblings: every failure is
-logged with the fix and turned into "unavailable".
+`Backend.run()` connects — in the handshake era (`protocol: legacy`, the default: a server's own
+requests to the client, which the proxy relays, need its back-channel, and so do servers written
+for it), or in 2026-07-28 where the server offers it (`protocol: auto`, and a server that refuses
+the handshake) — lists its tools, prompts and resources, publishes them
+through `on_listing`, and then waits for the connection to end. When it ends (the process exited,
+the HTTP session died, the handshake timed out) the backend's listing is withdrawn, calls in
+flight fail with `BackendClosed`, and it reconnects with exponential backoff. A backend never
+raises into its siblings: every failure is logged with the fix and turned into "unavailable".
 
 Errors: a backend's own JSON-RPC error is raised as the `MCPError` it sent, whatever its code
 (a backend may well answer -32000 or -32001 itself). Only what the proxy observed becomes its
@@ -94,6 +96,7 @@ class Backend:
         self._on_listing = on_listing
         self._log_dir = log_dir
         self._in_process = in_process  # the in-memory twin: tests hand a Server instead of a command
+        self._no_handshake = False  # it refused `initialize`: reached in the 2026-07-28 era from then on
         self.relay = Relay(name, config.relay.kinds())  # its requests to the client, to the calling client
         self._client: Client | None = None
         self._raw: RawCalls | None = None  # the fast path's channel while a stdio connection is up
@@ -410,8 +413,18 @@ class Backend:
                         self.name, self.config, errlog, on_end=lambda: self._wake.set(), on_exit=self._exited
                     )
                     target = transport
-                client = Client(target, mode="auto", message_handler=self._on_message, **self.relay.callbacks())
-                await stack.enter_async_context(client)
+                mode = "auto" if self._no_handshake else self.config.protocol
+                client = Client(target, mode=mode, message_handler=self._on_message, **self.relay.callbacks())
+                try:
+                    await stack.enter_async_context(client)
+                except MCPError as exc:
+                    if mode != "legacy" or exc.code == CONNECTION_CLOSED:
+                        raise
+                    # A server with no initialize handshake (2026-07-28 only) is reached in its era.
+                    self._no_handshake = True
+                    raise BackendError(
+                        self.name, f"refused the initialize handshake ({exc}); reconnecting in the 2026-07-28 era"
+                    ) from None
                 listing = await self._list(client)
                 startup.deadline = math.inf
                 await self._serve(client, transport, listing)
