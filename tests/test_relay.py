@@ -26,6 +26,10 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
+from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.fronts.http import serve_http
+from mcp_spec_proxy.fronts.mcp import McpFront
+from mcp_spec_proxy.proxy import StatePaths, running_proxy
 from mcp_spec_proxy.testing import ChatRequest, Respond, ScriptedModelServer
 from tests.harness import ERAS, PROXY_COMMAND, segment_length, text_of, verdict
 
@@ -59,7 +63,7 @@ class ClientSide:
         self.asked.append("roots")
         return types.ListRootsResult(roots=[types.Root(uri="file:///home/ada/notes", name="notes")])
 
-    def client(self, server: StdioServerParameters, era: str) -> Client:
+    def client(self, server: StdioServerParameters | str, era: str) -> Client:
         return Client(
             server,
             mode=era,
@@ -126,6 +130,37 @@ async def test_a_backends_questions_reach_the_client_as_they_do_directly(
         ("ask", "roots/list"),
         ("ask", "elicitation/create"),
     ]
+
+
+@asynccontextmanager
+async def http_proxy(tmp_path: Path, config: dict[str, Any]) -> AsyncIterator[str]:
+    with anyio.fail_after(60):
+        async with (
+            running_proxy(ProxyConfig.model_validate(config), StatePaths(tmp_path / "state")) as proxy,
+            anyio.create_task_group() as tg,
+        ):
+            front = McpFront(proxy)
+            port = await tg.start(lambda task_status: serve_http(front, "127.0.0.1", 0, task_status=task_status))
+            yield f"http://127.0.0.1:{port}/mcp"
+            tg.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("backend_era", BACKEND_ERAS)
+@pytest.mark.parametrize("era", ERAS)
+async def test_a_backends_questions_reach_a_client_of_the_http_front(
+    tmp_path: Path, era: str, backend_era: str
+) -> None:
+    """The same answers as directly (the first test's), on the HTTP front: a handshake-era client
+    is asked on its call's stream, a 2026-07-28 client through a suspended call."""
+    ledger = tmp_path / "ledger.jsonl"
+    config = {"servers": {"ask": backend(ledger, backend_era)}, "review": {"default": "allow"}}
+    side = ClientSide()
+    async with http_proxy(tmp_path, config) as url, side.client(url, era) as client:
+        got = [text_of(await client.call_tool(f"ask__{name}", args)) for name, args in CALLS]
+    user = 'user: action=accept content={"username": "ada"}'
+    assert got == ["model client-model said: forty-two", user, "roots: file:///home/ada/notes", user]
+    assert [json.loads(line)["note"] for line in ledger.read_text().splitlines()] == ["n1"]
+    assert len(side.asked) == 4
 
 
 @pytest.mark.parametrize("era", ERAS)
