@@ -28,7 +28,7 @@ import math
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +48,7 @@ from mcp_spec_proxy.backends.relay import CALLER, ClientLink, Kind
 logger = logging.getLogger(__name__)
 
 STATE_PREFIX = "relay."
+MAX_WAITING = 1024  # suspended calls at once; past it the oldest question is given up
 RELAY_KEY_PREFIX = "mcp-spec-proxy/relay/"  # the keys of relayed questions, apart from the gate's own
 
 Audit = Callable[[str, str], Awaitable[None]]
@@ -155,6 +156,7 @@ def mute_link(client: object) -> ClientLink:
 class _Question:
     key: str
     request: Any
+    deadline: float  # time.monotonic() past which it goes unanswered
     answered: anyio.Event = field(default_factory=anyio.Event)
     answer: dict[str, Any] | None = None
 
@@ -193,8 +195,12 @@ class _SuspendingLink:
     async def relay(self, server: str, method: str, params: dict[str, Any] | None) -> dict[str, Any]:
         await self.audit(server, method)
         self.count += 1
-        question = _Question(f"{RELAY_KEY_PREFIX}{server}/{self.count}", _request(method, params))
-        await self.events.send(question)
+        key = f"{RELAY_KEY_PREFIX}{server}/{self.count}"
+        question = _Question(key, _request(method, params), time.monotonic() + self.ttl)
+        try:
+            await self.events.send(question)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            raise MCPError(REQUEST_TIMEOUT, f"the client is no longer waiting to answer {method}") from None
         with anyio.move_on_after(self.ttl):
             await question.answered.wait()
         if question.answer is None:
@@ -254,6 +260,7 @@ class Suspensions:
         """The suspended call `state` names, given the client's answer: its next outcome. A state
         that is forged, spent, expired or bound to another call is a wire error (nothing resumes)."""
         nonce, _, mac = str(state).removeprefix(STATE_PREFIX).partition(".")
+        self._forget_expired()
         waiting = self._waiting.get(nonce)
         if waiting is None or not hmac.compare_digest(mac, self._mac(nonce, binding)) or waiting.binding != binding:
             raise MCPError(
@@ -278,8 +285,8 @@ class Suspensions:
             outcome = _Ended(error=exc)
         finally:
             CALLER.reset(token)
-        with send:
-            await send.send(outcome)
+        with send, suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await send.send(outcome)  # nobody listens when the client never came back: the outcome is audited
 
     async def _next(self, waiting: _Suspended) -> Any:
         event = await waiting.events.receive()
@@ -289,8 +296,10 @@ class Suspensions:
                 raise event.error
             return event.result
         waiting.question = event
-        waiting.expires = time.monotonic() + self._ttl
+        waiting.expires = event.deadline
         self._forget_expired()
+        while len(self._waiting) >= MAX_WAITING:  # a client that never answers cannot grow this without bound
+            _give_up(self._waiting.pop(next(iter(self._waiting))))
         nonce = secrets.token_hex(16)
         self._waiting[nonce] = waiting
         return types.InputRequiredResult(
@@ -300,12 +309,19 @@ class Suspensions:
 
     def _forget_expired(self) -> None:
         now = time.monotonic()
-        for nonce in [nonce for nonce, waiting in self._waiting.items() if waiting.expires < now]:
-            self._waiting.pop(nonce).events.close()
+        for nonce in [nonce for nonce, waiting in self._waiting.items() if waiting.expires <= now]:
+            _give_up(self._waiting.pop(nonce))
 
     def _mac(self, nonce: str, binding: tuple[str, str, str]) -> str:
         message = "\0".join((nonce, *binding)).encode("utf-8", "surrogatepass")
         return hmac.new(self._key, message, hashlib.sha256).hexdigest()
+
+
+def _give_up(waiting: _Suspended) -> None:
+    """Its question goes unanswered (the backend hears so at once) and its outcome unheard."""
+    waiting.events.close()
+    if waiting.question is not None:
+        waiting.question.answered.set()
 
 
 __all__ = [

@@ -1,0 +1,102 @@
+"""Suspended calls of 2026-07-28 clients (`fronts/relay.py`), from the side of a client that
+never comes back, one that floods, and one that forges: the front outlives each of them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from mcp.shared.exceptions import MCPError
+
+from mcp_spec_proxy.backends.relay import CALLER
+from mcp_spec_proxy.fronts import relay
+from mcp_spec_proxy.fronts.relay import Suspensions
+
+pytestmark = pytest.mark.anyio
+
+ELICIT = types.ClientCapabilities(elicitation=types.ElicitationCapability())
+BINDING = ("session", "ask__ask_user", "digest")
+
+
+async def nothing(server: str, method: str) -> None:
+    return None
+
+
+def asking(outcomes: list[str], ended: anyio.Event) -> Any:
+    """A call that asks its client one thing, and records what became of the question."""
+
+    async def run() -> str:
+        link = CALLER.get()
+        assert link is not None
+        try:
+            answer = await link.relay("ask", "elicitation/create", {"message": "who?", "requestedSchema": {}})
+            outcomes.append(f"answered {answer}")
+        except MCPError as exc:
+            outcomes.append(f"error {exc.code}: {exc.message}")
+        finally:
+            ended.set()
+        return "done"
+
+    return run
+
+
+async def test_a_question_nobody_answers_ends_its_call_within_the_ttl_and_its_state_is_then_refused() -> None:
+    suspensions = Suspensions(0.2, nothing)
+    outcomes: list[str] = []
+    ended = anyio.Event()
+    async with suspensions.hosting():
+        first = await suspensions.call("client", ELICIT, BINDING, asking(outcomes, ended))
+        assert isinstance(first, types.InputRequiredResult)
+        with anyio.fail_after(5):
+            await ended.wait()
+        assert outcomes == ["error -32001: the client did not answer elicitation/create within 0.2s"]
+        answer = {next(iter(first.input_requests)): types.ElicitResult(action="accept", content={})}
+        with pytest.raises(MCPError, match="names no call waiting"):
+            await suspensions.resume(first.request_state, BINDING, answer)
+
+
+async def test_past_the_cap_the_oldest_question_is_given_up_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(relay, "MAX_WAITING", 2)
+    suspensions = Suspensions(60, nothing)
+    outcomes: list[str] = []
+    ended = [anyio.Event() for _ in range(3)]
+    async with suspensions.hosting():
+        for event in ended:
+            assert isinstance(
+                await suspensions.call("client", ELICIT, BINDING, asking(outcomes, event)), types.InputRequiredResult
+            )
+        with anyio.fail_after(5):
+            await ended[0].wait()
+        assert outcomes == ["error -32001: the client did not answer elicitation/create within 60s"]
+        assert not ended[1].is_set() and not ended[2].is_set()
+
+
+async def test_a_state_moved_to_other_arguments_resumes_nothing_and_the_call_still_waits_for_its_own() -> None:
+    suspensions = Suspensions(60, nothing)
+    outcomes: list[str] = []
+    ended = anyio.Event()
+    async with suspensions.hosting():
+        first = await suspensions.call("client", ELICIT, BINDING, asking(outcomes, ended))
+        assert isinstance(first, types.InputRequiredResult)
+        key = next(iter(first.input_requests))
+        answer = {key: types.ElicitResult(action="accept", content={"username": "eve"})}
+        with pytest.raises(MCPError, match="names no call waiting"):
+            await suspensions.resume(first.request_state, ("session", "ask__ask_user", "other"), answer)
+        forged = first.request_state[:-4] + "0000"
+        with pytest.raises(MCPError, match="names no call waiting"):
+            await suspensions.resume(forged, BINDING, answer)
+        assert await suspensions.resume(first.request_state, BINDING, answer) == "done"
+    assert outcomes == ["answered {'action': 'accept', 'content': {'username': 'eve'}}"]
+
+
+async def test_a_client_without_the_capability_is_never_suspended() -> None:
+    suspensions = Suspensions(60, nothing)
+    outcomes: list[str] = []
+    async with suspensions.hosting():
+        assert (
+            await suspensions.call("client", types.ClientCapabilities(), BINDING, asking(outcomes, anyio.Event()))
+            == "done"
+        )
+    assert outcomes == ["error -32601: the client does not support elicitation/create"]
