@@ -40,7 +40,14 @@ from mcp.server.lowlevel import Server
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp.shared.subscriptions import ResourceUpdated
-from mcp_types import CONNECTION_CLOSED, LOG_LEVEL_META_KEY, METHOD_NOT_FOUND
+from mcp_types import (
+    CLIENT_CAPABILITIES_META_KEY,
+    CLIENT_INFO_META_KEY,
+    CONNECTION_CLOSED,
+    LOG_LEVEL_META_KEY,
+    METHOD_NOT_FOUND,
+    PROTOCOL_VERSION_META_KEY,
+)
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
@@ -279,8 +286,9 @@ class Backend:
         """`completion/complete` with the client's params as they are (the ref already the server's own)."""
         what = "completion/complete"
         client = self.client
+        params = params.model_copy(update={"meta": _without_envelope(params.meta)})
         try:
-            with anyio.fail_after(self.config.timeout):
+            with anyio.fail_after(self.config.timeout), self.relay.calling():
                 return await client.session.send_request(types.CompleteRequest(params=params), types.CompleteResult)
         except TimeoutError:
             raise self._timeout(what) from None
@@ -635,6 +643,20 @@ def result_size(result: types.CallToolResult) -> int:
     if result.structured_content is not None:
         size += len(str(result.structured_content))
     return size
+
+
+_ENVELOPE = frozenset({PROTOCOL_VERSION_META_KEY, CLIENT_INFO_META_KEY, CLIENT_CAPABILITIES_META_KEY})
+
+
+def _without_envelope(meta: Any) -> Any:
+    """A client's `_meta` without its 2026-07-28 envelope, which describes that client's connection
+    to the proxy: the proxy's own connection to the backend carries its own (or, on the
+    handshake era, none, and a handshake-era server refuses a request that has one)."""
+    if not meta:
+        return meta
+    items = meta.items() if isinstance(meta, dict) else meta.model_dump(by_alias=True, exclude_none=True).items()
+    kept = {key: value for key, value in items if key not in _ENVELOPE}
+    return kept or None
 
 
 def _asks_for_input(answer: dict[str, Any]) -> bool:
