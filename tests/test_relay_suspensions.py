@@ -31,7 +31,8 @@ def asking(outcomes: list[str], ended: anyio.Event) -> Any:
         link = CALLER.get()
         assert link is not None
         try:
-            answer = await link.relay("ask", "elicitation/create", {"message": "who?", "requestedSchema": {}})
+            params = {"message": "who?", "requestedSchema": {}}
+            answer = await link.relay("ask", "elicitation/create", params, None)
             outcomes.append(f"answered {answer}")
         except MCPError as exc:
             outcomes.append(f"error {exc.code}: {exc.message}")
@@ -43,42 +44,52 @@ def asking(outcomes: list[str], ended: anyio.Event) -> Any:
 
 
 async def test_a_question_nobody_answers_ends_its_call_within_the_ttl_and_its_state_is_then_refused() -> None:
-    suspensions = Suspensions(0.2, nothing)
+    suspensions = Suspensions(0.2)
     outcomes: list[str] = []
     ended = anyio.Event()
     async with suspensions.hosting():
-        first = await suspensions.call("client", ELICIT, BINDING, asking(outcomes, ended))
+        first = await suspensions.call("client", ELICIT, BINDING, asking(outcomes, ended), nothing)
         assert isinstance(first, types.InputRequiredResult)
         with anyio.fail_after(5):
             await ended.wait()
-        assert outcomes == ["error -32001: the client did not answer elicitation/create within 0.2s"]
+        assert outcomes == ["error -32001: the client did not answer elicitation/create within 0.2s (review.timeout)"]
         answer = {next(iter(first.input_requests)): types.ElicitResult(action="accept", content={})}
         with pytest.raises(MCPError, match="names no call waiting"):
             await suspensions.resume(first.request_state, BINDING, answer)
 
 
-async def test_past_the_cap_the_oldest_question_is_given_up_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(relay, "MAX_WAITING", 2)
-    suspensions = Suspensions(60, nothing)
+async def test_past_a_sessions_cap_its_oldest_question_is_given_up_and_other_sessions_keep_theirs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(relay, "MAX_WAITING_PER_SESSION", 2)
+    suspensions = Suspensions(60)
     outcomes: list[str] = []
+    victim: list[str] = []
     ended = [anyio.Event() for _ in range(3)]
+    victim_ended = anyio.Event()
     async with suspensions.hosting():
-        for event in ended:
-            assert isinstance(
-                await suspensions.call("client", ELICIT, BINDING, asking(outcomes, event)), types.InputRequiredResult
-            )
+        other = ("another session", "ask__ask_user", "digest")
+        assert isinstance(
+            await suspensions.call("victim", ELICIT, other, asking(victim, victim_ended), nothing),
+            types.InputRequiredResult,
+        )
+        for event in ended:  # one session floods
+            asked = await suspensions.call("client", ELICIT, BINDING, asking(outcomes, event), nothing)
+            assert isinstance(asked, types.InputRequiredResult)
         with anyio.fail_after(5):
             await ended[0].wait()
-        assert outcomes == ["error -32001: the client did not answer elicitation/create within 60s"]
-        assert not ended[1].is_set() and not ended[2].is_set()
+        assert outcomes == [
+            "error -32001: the client did not answer elicitation/create: more than 2 of this session's questions waited"
+        ]
+        assert not ended[1].is_set() and not ended[2].is_set() and not victim_ended.is_set()
 
 
 async def test_a_state_moved_to_other_arguments_resumes_nothing_and_the_call_still_waits_for_its_own() -> None:
-    suspensions = Suspensions(60, nothing)
+    suspensions = Suspensions(60)
     outcomes: list[str] = []
     ended = anyio.Event()
     async with suspensions.hosting():
-        first = await suspensions.call("client", ELICIT, BINDING, asking(outcomes, ended))
+        first = await suspensions.call("client", ELICIT, BINDING, asking(outcomes, ended), nothing)
         assert isinstance(first, types.InputRequiredResult)
         key = next(iter(first.input_requests))
         answer = {key: types.ElicitResult(action="accept", content={"username": "eve"})}
@@ -88,15 +99,20 @@ async def test_a_state_moved_to_other_arguments_resumes_nothing_and_the_call_sti
         with pytest.raises(MCPError, match="names no call waiting"):
             await suspensions.resume(forged, BINDING, answer)
         assert await suspensions.resume(first.request_state, BINDING, answer) == "done"
-    assert outcomes == ["answered {'action': 'accept', 'content': {'username': 'eve'}}"]
+
+        second = await suspensions.call("client", ELICIT, BINDING, asking(outcomes, anyio.Event()), nothing)
+        assert isinstance(second, types.InputRequiredResult)
+        assert await suspensions.resume(second.request_state, BINDING, {"wrong-key": answer[key]}) == "done"
+    assert outcomes == [
+        "answered {'action': 'accept', 'content': {'username': 'eve'}}",
+        f"error -32001: the client did not answer elicitation/create: its retry carried no answer under {key!r}",
+    ]
 
 
 async def test_a_client_without_the_capability_is_never_suspended() -> None:
-    suspensions = Suspensions(60, nothing)
+    suspensions = Suspensions(60)
     outcomes: list[str] = []
     async with suspensions.hosting():
-        assert (
-            await suspensions.call("client", types.ClientCapabilities(), BINDING, asking(outcomes, anyio.Event()))
-            == "done"
-        )
+        mute = types.ClientCapabilities()
+        assert await suspensions.call("client", mute, BINDING, asking(outcomes, anyio.Event()), nothing) == "done"
     assert outcomes == ["error -32601: the client does not support elicitation/create"]

@@ -160,7 +160,7 @@ class Backend:
         try:
             # The proxy's clock, not the SDK's: the SDK reports its own timeout with the code a
             # backend may send too (-32001), and only a timeout measured here is the proxy's to name.
-            with anyio.fail_after(self.config.timeout), self.relay.calling(), self._routed(route):
+            with anyio.fail_after(self.config.timeout) as clock, self.relay.calling(clock), self._routed(route):
                 result = await client.call_tool(
                     tool, arguments, progress_callback=progress, meta=self._log_meta(client, route)
                 )
@@ -191,7 +191,7 @@ class Backend:
             request["params"]["_meta"] = {**request["params"].get("_meta", {}), **dict(log_meta)}
         request["jsonrpc"] = "2.0"
         try:
-            with anyio.fail_after(self.config.timeout), self.relay.calling():
+            with anyio.fail_after(self.config.timeout) as clock, self.relay.calling(clock):
                 answer = await raw.request(request)
                 if isinstance(answer, dict) and _asks_for_input(answer):  # a 2026-07-28 backend's question
                     return await self._answer_input_required(client, tool, arguments, answer)
@@ -236,6 +236,9 @@ class Backend:
         except MCPError as exc:
             raise self._translate(exc, f"tools/call {tool}", client) from exc
         dumped: dict[str, Any] = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+        size = json_size(dumped)
+        if size > self.config.max_result_bytes:
+            raise self._too_large(tool, _amount(size))
         return dumped
 
     def _too_large(self, tool: str, size: str) -> ResultTooLarge:
@@ -264,7 +267,7 @@ class Backend:
         what = f"prompts/get {name}"
         client = self.client
         try:
-            with anyio.fail_after(self.config.timeout), self.relay.calling():
+            with anyio.fail_after(self.config.timeout) as clock, self.relay.calling(clock):
                 return await client.get_prompt(name, arguments)
         except TimeoutError:
             raise self._timeout(what) from None
@@ -275,7 +278,7 @@ class Backend:
         what = f"resources/read {uri}"
         client = self.client
         try:
-            with anyio.fail_after(self.config.timeout), self.relay.calling():
+            with anyio.fail_after(self.config.timeout) as clock, self.relay.calling(clock):
                 return await client.read_resource(uri)
         except TimeoutError:
             raise self._timeout(what) from None
@@ -288,7 +291,7 @@ class Backend:
         client = self.client
         params = params.model_copy(update={"meta": _without_envelope(params.meta)})
         try:
-            with anyio.fail_after(self.config.timeout), self.relay.calling():
+            with anyio.fail_after(self.config.timeout) as clock, self.relay.calling(clock):
                 return await client.session.send_request(types.CompleteRequest(params=params), types.CompleteResult)
         except TimeoutError:
             raise self._timeout(what) from None
@@ -318,9 +321,10 @@ class Backend:
                     await self._heard_changed.wait()
         elif client is not None:
             try:
-                await client.session.send_request(
-                    types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri)), types.EmptyResult
-                )
+                with self.relay.calling():  # no client waits on it: a question it causes asks nobody
+                    await client.session.send_request(
+                        types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri)), types.EmptyResult
+                    )
             except MCPError as exc:
                 self._watched.discard(uri)
                 raise self._translate(exc, f"resources/subscribe {uri}", client) from exc
@@ -332,9 +336,10 @@ class Backend:
             self._rewatch.set()
         elif client is not None:
             try:
-                await client.session.send_request(
-                    types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri=uri)), types.EmptyResult
-                )
+                with self.relay.calling():
+                    await client.session.send_request(
+                        types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri=uri)), types.EmptyResult
+                    )
             except MCPError as exc:
                 raise self._translate(exc, f"resources/unsubscribe {uri}", client) from exc
 
@@ -343,9 +348,10 @@ class Backend:
         if self.log_level is None or caps.logging is None or client.protocol_version in MODERN_PROTOCOL_VERSIONS:
             return
         try:
-            await client.session.send_request(
-                types.SetLevelRequest(params=types.SetLevelRequestParams(level=self.log_level)), types.EmptyResult
-            )
+            with self.relay.calling():
+                await client.session.send_request(
+                    types.SetLevelRequest(params=types.SetLevelRequestParams(level=self.log_level)), types.EmptyResult
+                )
         except MCPError as exc:
             raise self._translate(exc, "logging/setLevel", client) from exc
 

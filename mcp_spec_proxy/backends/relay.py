@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
 
+import anyio
 import mcp_types as types
 from mcp.client.session import ClientRequestContext
 from mcp.shared.exceptions import MCPError
@@ -50,15 +53,60 @@ class ClientLink(Protocol):
     def client(self) -> object:
         """Who the client is: links of one client compare equal here (its session)."""
 
-    def supports(self, kind: Kind) -> bool:
-        """Whether the client declared the capability `kind` needs."""
+    @property
+    def capabilities(self) -> types.ClientCapabilities | None:
+        """What the client declared it can be asked."""
 
-    async def relay(self, server: str, method: str, params: dict[str, Any] | None) -> dict[str, Any]:
-        """Ask the client; its result as wire JSON. Raises MCPError with the client's own error."""
+    async def relay(self, server: str, method: str, params: dict[str, Any] | None, key: str | None) -> dict[str, Any]:
+        """Ask the client; its result as wire JSON. Raises MCPError with the client's own error, or
+        the proxy's when the client did not answer in time. `key` is the backend's own name for
+        the question, where it gave one (a 2026-07-28 `input_required` round)."""
 
 
 CALLER: contextvars.ContextVar[ClientLink | None] = contextvars.ContextVar("mcp_spec_proxy.caller", default=None)
 """The link of the call the current task serves; set by the front for the whole call."""
+
+
+def admits(capabilities: types.ClientCapabilities | None, kind: Kind, params: dict[str, Any] | None = None) -> bool:
+    """Whether a client that declared `capabilities` can be asked this (`params`: the request's)."""
+    if capabilities is None:
+        return False
+    if kind == "sampling":
+        sampling = capabilities.sampling
+        return sampling is not None and (not (params or {}).get("tools") or sampling.tools is not None)
+    if kind == "elicitation":
+        elicitation = capabilities.elicitation
+        if elicitation is None:
+            return False
+        if (params or {}).get("mode") == "url":
+            return elicitation.url is not None
+        return elicitation.form is not None or elicitation.url is None  # `{}` is form mode, as the spec says
+    return capabilities.roots is not None
+
+
+@dataclass(eq=False)
+class _InFlight:
+    """One forwarded call: whose it is (None: the proxy's own, no client waits on it), and the
+    clock the backend answers on, stopped while its client is being asked."""
+
+    link: ClientLink | None
+    clock: anyio.CancelScope | None
+    asking: int = 0
+    left: float = 0.0
+
+    def pause(self) -> None:
+        if self.asking == 0 and self.clock is not None:
+            self.left = max(0.0, self.clock.deadline - anyio.current_time())
+            self.clock.deadline = math.inf
+        self.asking += 1
+
+    def resume(self) -> None:
+        self.asking -= 1
+        if self.asking == 0 and self.clock is not None:
+            self.clock.deadline = anyio.current_time() + self.left
+
+
+_CURRENT: contextvars.ContextVar[_InFlight | None] = contextvars.ContextVar("mcp_spec_proxy.in_flight", default=None)
 
 
 class Relay:
@@ -67,23 +115,22 @@ class Relay:
     def __init__(self, server: str, enabled: frozenset[Kind]) -> None:
         self._server = server
         self._enabled = enabled
-        self._in_flight: dict[int, ClientLink] = {}
-        self._count = 0
+        self._in_flight: list[_InFlight] = []
 
     @contextmanager
-    def calling(self) -> Iterator[None]:
-        """Around a forwarded call: its client may be asked things until it returns."""
-        link = CALLER.get()
-        if link is None:
-            yield
-            return
-        self._count += 1
-        key = self._count
-        self._in_flight[key] = link
+    def calling(self, clock: anyio.CancelScope | None = None) -> Iterator[None]:
+        """Around every request forwarded to this backend: its client may be asked things until it
+        returns, and the time the client takes to answer is not counted on `clock`. A request no
+        client waits on (a completion, a subscription, the engine's calls) is in flight too, so
+        that a question it causes is never taken for another client's."""
+        entry = _InFlight(CALLER.get(), clock)
+        self._in_flight.append(entry)
+        token = _CURRENT.set(entry)
         try:
             yield
         finally:
-            del self._in_flight[key]
+            _CURRENT.reset(token)
+            self._in_flight.remove(entry)
 
     def callbacks(self) -> dict[str, Any]:
         """The SDK `Client` keyword arguments for the enabled kinds."""
@@ -100,7 +147,7 @@ class Relay:
     async def _sampling(
         self, context: ClientRequestContext, params: types.CreateMessageRequestParams
     ) -> types.CreateMessageResult | types.CreateMessageResultWithTools | types.ErrorData:
-        answer = await self._ask("sampling", _dump(params))
+        answer = await self._ask("sampling", _dump(params), context)
         if isinstance(answer, types.ErrorData):
             return answer
         if params.tools:
@@ -110,42 +157,50 @@ class Relay:
     async def _elicitation(
         self, context: ClientRequestContext, params: types.ElicitRequestParams
     ) -> types.ElicitResult | types.ErrorData:
-        answer = await self._ask("elicitation", _dump(params))
+        answer = await self._ask("elicitation", _dump(params), context)
         return answer if isinstance(answer, types.ErrorData) else _parsed(types.ElicitResult, answer)
 
     async def _roots(self, context: ClientRequestContext) -> types.ListRootsResult | types.ErrorData:
-        answer = await self._ask("roots", None)
+        answer = await self._ask("roots", None, context)
         return answer if isinstance(answer, types.ErrorData) else _parsed(types.ListRootsResult, answer)
 
-    async def _ask(self, kind: Kind, params: dict[str, Any] | None) -> dict[str, Any] | types.ErrorData:
+    async def _ask(
+        self, kind: Kind, params: dict[str, Any] | None, context: ClientRequestContext
+    ) -> dict[str, Any] | types.ErrorData:
         method = METHODS[kind]
-        link = self._link()
+        calls, why = self._calls()
+        link = calls[0].link if calls else None
         if link is None:
-            clients = {id(link.client) for link in self._in_flight.values()}
-            why = (
-                "several clients have calls in flight on it" if len(clients) > 1 else "no call of a client is in flight"
-            )
             logger.warning("backend %r sent %s, which was not relayed: %s", self._server, method, why)
             return types.ErrorData(
-                code=INVALID_REQUEST,
-                message=f"mcp-spec-proxy cannot tell which client this {method} is for: {why}",
+                code=INVALID_REQUEST, message=f"mcp-spec-proxy cannot tell which client this {method} is for: {why}"
             )
-        if not link.supports(kind):
+        if not admits(link.capabilities, kind, params):
             return types.ErrorData(code=METHOD_NOT_FOUND, message=f"the client does not support {method}")
+        key = context.request_id if isinstance(context.request_id, str) else None
+        for call in calls:
+            call.pause()
         try:
-            return await link.relay(self._server, method, params)
+            return await link.relay(self._server, method, params, key)
         except MCPError as exc:
             return exc.error
+        finally:
+            for call in calls:
+                call.resume()
 
-    def _link(self) -> ClientLink | None:
-        """The calling task's link, else the one client with calls in flight on this backend."""
-        link = CALLER.get()
-        if link is not None:
-            return link
-        links = list(self._in_flight.values())
-        if not links or any(other.client is not links[0].client for other in links[1:]):
-            return None
-        return links[0]
+    def _calls(self) -> tuple[list[_InFlight], str]:
+        """The call(s) a question belongs to — the calling task's own (a 2026-07-28 backend's round),
+        else every call in flight when they are all one client's — or none, and why."""
+        current = _CURRENT.get()
+        calls = [current] if current is not None and current in self._in_flight else list(self._in_flight)
+        if not calls:
+            return [], "no call of a client is in flight"
+        clients = {id(call.link.client) if call.link is not None else None for call in calls}
+        if None in clients:
+            return [], "it came during a request the proxy made itself, which no client waits on"
+        if len(clients) > 1:
+            return [], "several clients have calls in flight on it"
+        return calls, ""
 
 
 def _dump(params: Any) -> dict[str, Any]:
@@ -165,4 +220,4 @@ def _parsed(model: type[R], answer: dict[str, Any]) -> R | types.ErrorData:
         )
 
 
-__all__ = ["CALLER", "METHODS", "ClientLink", "Kind", "Relay"]
+__all__ = ["CALLER", "METHODS", "ClientLink", "Kind", "Relay", "admits"]

@@ -149,7 +149,7 @@ class McpFront:
         self._named: OrderedDict[str, Session] = OrderedDict()
         self.stdio_session: Session | None = None  # set while serving stdio: one client, one session
         self.stdio_connection: Connection | None = None  # its connection, from its `initialize` on
-        self.suspensions = Suspensions(proxy.config.review.timeout, self._audit_relay(None))
+        self.suspensions = Suspensions(proxy.config.review.timeout)
         self._bus = InMemorySubscriptionBus()  # 2026-07-28 clients hear of changes on subscriptions/listen
         self.notices = Notices(proxy, self._bus)
         proxy.listeners.append(self._broadcast)
@@ -262,32 +262,21 @@ class McpFront:
             params = routed
         session = self.session_for(ctx)
         arguments = dict(params.arguments or {})
-        # A 2026-07-28 request that names no session is a session of its own: its ticket binds
-        # to the call alone; everywhere else, to the session too.
-        unnamed = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS and self.stdio_session is None
-        unnamed = unnamed and _session_name(ctx) is None
-        binding = ("" if unnamed else session.id, params.name, digest(arguments))
+        binding = self._binding(ctx, session, params.name, arguments)
         log_route = request_logs.set(self.notices.route(ctx))
         try:
-            if self.suspensions.owns(params.request_state):  # the answer a suspended call waits for
-                resumed: types.CallToolResult | types.InputRequiredResult = await self.suspensions.resume(
-                    params.request_state, binding, params.input_responses
-                )
-                return resumed
-            ticket = await self._approvals.take(params.request_state, binding) if params.input_responses else None
+            ticket = None
+            if params.input_responses and not self.suspensions.owns(params.request_state):
+                ticket = await self._approvals.take(params.request_state, binding)
             user = _UserChannel(ctx, params, ticket)
 
             async def run() -> types.CallToolResult:
                 return await self.proxy.barrier.call(session, params.name, arguments, user, _reporter(ctx))
 
-            if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
-                capabilities = ctx.session.client_capabilities
-                result: types.CallToolResult | types.InputRequiredResult = await self.suspensions.call(
-                    session, capabilities, binding, run
-                )
-                return result
-            with self.calling(session, ctx):
-                return await run()
+            result: types.CallToolResult | types.InputRequiredResult = await self._served(
+                ctx, session, binding, params, run
+            )
+            return result
         except InputNeeded as need:
             request = types.ElicitRequest(
                 params=types.ElicitRequestFormParams(message=need.message, requested_schema=need.schema)
@@ -301,15 +290,42 @@ class McpFront:
 
     # -- the relay of a backend's requests to the client (fronts/relay.py) ---------------------
 
+    async def _served(
+        self,
+        ctx: Ctx,
+        session: Session,
+        binding: tuple[str, str, str],
+        params: types.CallToolRequestParams | types.GetPromptRequestParams | types.ReadResourceRequestParams,
+        run: Callable[[], Awaitable[Any]],
+    ) -> Any:
+        """`run()` for this client, so that what its backend asks reaches it: on the handshake era
+        on the request's stream; on the 2026-07-28 era by suspending the call (`Suspensions`),
+        which a retry carrying the suspended call's `request_state` resumes."""
+        if self.suspensions.owns(params.request_state):  # the answer a suspended call waits for
+            return await self.suspensions.resume(params.request_state, binding, params.input_responses)
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            capabilities = ctx.session.client_capabilities
+            return await self.suspensions.call(session, capabilities, binding, run, self._audit_relay(session.id))
+        with self.calling(session, ctx):
+            return await run()
+
+    def _binding(self, ctx: Ctx, session: Session, what: str, arguments: Any) -> tuple[str, str, str]:
+        """What a `request_state` is bound to: the session (none for a 2026-07-28 request that names
+        none: it is a session of its own), the request, and a digest of its arguments."""
+        unnamed = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS and self.stdio_session is None
+        unnamed = unnamed and _session_name(ctx) is None
+        return ("" if unnamed else session.id, what, digest(arguments))
+
     @contextmanager
     def calling(self, session: Session, ctx: Ctx | None) -> Iterator[None]:
         """Around a call served for this client: what its backend asks reaches this client."""
+        ttl = self.proxy.config.review.timeout
         if ctx is None:  # a stdio read taken off the wire: the one connection is the stream
-            link = connection_link(session, self.stdio_connection, self._audit_relay(session.id))
+            link = connection_link(session, self.stdio_connection, self._audit_relay(session.id), ttl)
         elif ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             link = mute_link(session)  # only a suspended call (`Suspensions`) can ask this era
         else:
-            link = request_link(session, ctx, self._audit_relay(session.id))
+            link = request_link(session, ctx, self._audit_relay(session.id), ttl)
         token = CALLER.set(link)
         try:
             yield
@@ -329,14 +345,23 @@ class McpFront:
             prompts=[prompt.model_copy(update={"name": entry.name}) for entry, prompt in self.proxy.catalog.prompts()]
         )
 
-    async def _get_prompt(self, ctx: Ctx, params: types.GetPromptRequestParams) -> types.GetPromptResult:
+    async def _get_prompt(
+        self, ctx: Ctx, params: types.GetPromptRequestParams
+    ) -> types.GetPromptResult | types.InputRequiredResult:
         try:
             entry = self.proxy.catalog.prompt(params.name)
             session = self.session_for(ctx)
-            with self.calling(session, ctx):
-                prompt: types.GetPromptResult = await self.proxy.gate.get_prompt(
+
+            async def run() -> types.GetPromptResult:
+                got: types.GetPromptResult = await self.proxy.gate.get_prompt(
                     session.id, entry.server, entry.original, params.arguments
                 )
+                return got
+
+            binding = self._binding(ctx, session, f"prompts/get {params.name}", params.arguments)
+            prompt: types.GetPromptResult | types.InputRequiredResult = await self._served(
+                ctx, session, binding, params, run
+            )
             return prompt
         except (ProxyError, MCPError) as exc:
             raise wire_error(exc) from exc
@@ -357,12 +382,21 @@ class McpFront:
             ]
         )
 
-    async def _read_resource(self, ctx: Ctx, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+    async def _read_resource(
+        self, ctx: Ctx, params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult | types.InputRequiredResult:
         try:
             owner = self.proxy.catalog.resource_owner(params.uri)
             session = self.session_for(ctx)
-            with self.calling(session, ctx):
-                resource: types.ReadResourceResult = await self.proxy.gate.read_resource(session.id, owner, params.uri)
+
+            async def run() -> types.ReadResourceResult:
+                read: types.ReadResourceResult = await self.proxy.gate.read_resource(session.id, owner, params.uri)
+                return read
+
+            binding = self._binding(ctx, session, f"resources/read {params.uri}", None)
+            resource: types.ReadResourceResult | types.InputRequiredResult = await self._served(
+                ctx, session, binding, params, run
+            )
             return resource
         except (ProxyError, MCPError) as exc:
             raise wire_error(exc) from exc
@@ -389,9 +423,9 @@ class McpFront:
                 server, ref = entry.server, ref.model_copy(update={"name": entry.original})
             else:
                 server = self.proxy.catalog.template_owner(ref.uri)
-            return await self.proxy.gate.complete(
-                self.session_for(ctx).id, server, params.model_copy(update={"ref": ref})
-            )
+            session = self.session_for(ctx)
+            with self.calling(session, ctx):  # a server may ask its client's model for completions
+                return await self.proxy.gate.complete(session.id, server, params.model_copy(update={"ref": ref}))
         except ProxyError as exc:
             raise wire_error(exc) from exc
 

@@ -43,12 +43,14 @@ from mcp.shared.message import ServerMessageMetadata
 from mcp_types import REQUEST_TIMEOUT
 from pydantic import BaseModel, ConfigDict
 
-from mcp_spec_proxy.backends.relay import CALLER, ClientLink, Kind
+from mcp_spec_proxy.backends.relay import CALLER, ClientLink, admits
 
 logger = logging.getLogger(__name__)
 
 STATE_PREFIX = "relay."
 MAX_WAITING = 1024  # suspended calls at once; past it the oldest question is given up
+MAX_WAITING_PER_SESSION = 64  # of one session (all unnamed 2026-07-28 requests are one here)
+BATCH_CHECKPOINTS = 3  # turns given to a backend's other questions of the same round
 RELAY_KEY_PREFIX = "mcp-spec-proxy/relay/"  # the keys of relayed questions, apart from the gate's own
 
 Audit = Callable[[str, str], Awaitable[None]]
@@ -67,19 +69,9 @@ class _Passthrough(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-def _declares(capabilities: types.ClientCapabilities | None, kind: Kind) -> bool:
-    if capabilities is None:
-        return False
-    return {
-        "sampling": capabilities.sampling,
-        "elicitation": capabilities.elicitation,
-        "roots": capabilities.roots,
-    }[kind] is not None
-
-
 def declares_any(capabilities: types.ClientCapabilities | None) -> bool:
     """Whether a backend's question could be put to this client at all."""
-    return any(_declares(capabilities, kind) for kind in ("sampling", "elicitation", "roots"))
+    return any(admits(capabilities, kind) for kind in ("sampling", "elicitation", "roots"))
 
 
 def _request(method: str, params: dict[str, Any] | None) -> Any:
@@ -89,6 +81,10 @@ def _request(method: str, params: dict[str, Any] | None) -> Any:
     return _REQUESTS[method].model_validate(body, by_name=False)
 
 
+def _unanswered(method: str, ttl: float) -> MCPError:
+    return MCPError(REQUEST_TIMEOUT, f"the client did not answer {method} within {ttl:g}s (review.timeout)")
+
+
 @dataclass
 class _RequestLink:
     """A handshake-era client, asked on the stream of the request its call came in."""
@@ -96,14 +92,20 @@ class _RequestLink:
     client: object
     ctx: ServerRequestContext[Any, Any]
     audit: Audit
+    ttl: float
 
-    def supports(self, kind: Kind) -> bool:
-        return _declares(self.ctx.session.client_capabilities, kind)
+    @property
+    def capabilities(self) -> types.ClientCapabilities | None:
+        return self.ctx.session.client_capabilities
 
-    async def relay(self, server: str, method: str, params: dict[str, Any] | None) -> dict[str, Any]:
+    async def relay(self, server: str, method: str, params: dict[str, Any] | None, key: str | None) -> dict[str, Any]:
         await self.audit(server, method)
         metadata = ServerMessageMetadata(related_request_id=self.ctx.request_id)
-        result = await self.ctx.session.send_request(_request(method, params), _Passthrough, metadata=metadata)
+        try:
+            with anyio.fail_after(self.ttl):
+                result = await self.ctx.session.send_request(_request(method, params), _Passthrough, metadata=metadata)
+        except TimeoutError:
+            raise _unanswered(method, self.ttl) from None
         dumped: dict[str, Any] = result.model_dump(by_alias=True, mode="json", exclude_none=True)
         return dumped
 
@@ -115,34 +117,41 @@ class _ConnectionLink:
     client: object
     connection: Connection
     audit: Audit
+    ttl: float
 
-    def supports(self, kind: Kind) -> bool:
-        return _declares(self.connection.client_capabilities, kind)
+    @property
+    def capabilities(self) -> types.ClientCapabilities | None:
+        return self.connection.client_capabilities
 
-    async def relay(self, server: str, method: str, params: dict[str, Any] | None) -> dict[str, Any]:
+    async def relay(self, server: str, method: str, params: dict[str, Any] | None, key: str | None) -> dict[str, Any]:
         await self.audit(server, method)
-        return await self.connection.outbound.send_raw_request(method, params, None)
+        try:
+            with anyio.fail_after(self.ttl):
+                return await self.connection.outbound.send_raw_request(method, params, None)
+        except TimeoutError:
+            raise _unanswered(method, self.ttl) from None
 
 
 @dataclass
 class _Mute:
-    """A client that declared none of what a backend may ask (or cannot be reached)."""
+    """A client that cannot be asked: it declared nothing a backend may ask, or cannot be reached."""
 
     client: object
 
-    def supports(self, kind: Kind) -> bool:
-        return False
+    @property
+    def capabilities(self) -> types.ClientCapabilities | None:
+        return None
 
-    async def relay(self, server: str, method: str, params: dict[str, Any] | None) -> dict[str, Any]:
+    async def relay(self, server: str, method: str, params: dict[str, Any] | None, key: str | None) -> dict[str, Any]:
         raise MCPError(types.METHOD_NOT_FOUND, f"the client does not support {method}")
 
 
-def request_link(client: object, ctx: ServerRequestContext[Any, Any], audit: Audit) -> ClientLink:
-    return _RequestLink(client, ctx, audit)
+def request_link(client: object, ctx: ServerRequestContext[Any, Any], audit: Audit, ttl: float) -> ClientLink:
+    return _RequestLink(client, ctx, audit, ttl)
 
 
-def connection_link(client: object, connection: Connection | None, audit: Audit) -> ClientLink:
-    return _Mute(client) if connection is None else _ConnectionLink(client, connection, audit)
+def connection_link(client: object, connection: Connection | None, audit: Audit, ttl: float) -> ClientLink:
+    return _Mute(client) if connection is None else _ConnectionLink(client, connection, audit, ttl)
 
 
 def mute_link(client: object) -> ClientLink:
@@ -159,6 +168,7 @@ class _Question:
     deadline: float  # time.monotonic() past which it goes unanswered
     answered: anyio.Event = field(default_factory=anyio.Event)
     answer: dict[str, Any] | None = None
+    why: str = ""  # why it went unanswered, when it did
 
 
 @dataclass
@@ -174,7 +184,8 @@ _Event = _Question | _Ended
 class _Suspended:
     binding: tuple[str, str, str]
     events: MemoryObjectReceiveStream[_Event]
-    question: _Question | None = None
+    run: anyio.CancelScope
+    questions: list[_Question] = field(default_factory=list)
     expires: float = math.inf
 
 
@@ -187,24 +198,26 @@ class _SuspendingLink:
     events: MemoryObjectSendStream[_Event]
     ttl: float
     audit: Audit
-    count: int = 0
+    keys: set[str] = field(default_factory=set)
 
-    def supports(self, kind: Kind) -> bool:
-        return _declares(self.capabilities, kind)
-
-    async def relay(self, server: str, method: str, params: dict[str, Any] | None) -> dict[str, Any]:
+    async def relay(self, server: str, method: str, params: dict[str, Any] | None, key: str | None) -> dict[str, Any]:
         await self.audit(server, method)
-        self.count += 1
-        key = f"{RELAY_KEY_PREFIX}{server}/{self.count}"
+        # The backend's own key where it gave one and it is still free in this call; never the
+        # proxy's approval key, which only the gate's tickets answer.
+        if key is None or key in self.keys or key.startswith("mcp-spec-proxy/"):
+            key = f"{RELAY_KEY_PREFIX}{server}/{len(self.keys) + 1}"
+        self.keys.add(key)
         question = _Question(key, _request(method, params), time.monotonic() + self.ttl)
         try:
             await self.events.send(question)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             raise MCPError(REQUEST_TIMEOUT, f"the client is no longer waiting to answer {method}") from None
-        with anyio.move_on_after(self.ttl):
+        with anyio.move_on_after(max(0.0, question.deadline - time.monotonic())):
             await question.answered.wait()
         if question.answer is None:
-            raise MCPError(REQUEST_TIMEOUT, f"the client did not answer {method} within {self.ttl:g}s")
+            if question.why:
+                raise MCPError(REQUEST_TIMEOUT, f"the client did not answer {method}: {question.why}")
+            raise _unanswered(method, self.ttl)
         return question.answer
 
 
@@ -214,9 +227,8 @@ Run = Callable[[], Awaitable[Any]]
 class Suspensions:
     """Calls of 2026-07-28 clients that wait for their client's answers; see the module docstring."""
 
-    def __init__(self, ttl: float, audit: Audit) -> None:
+    def __init__(self, ttl: float) -> None:
         self._ttl = ttl
-        self._audit = audit
         self._key = secrets.token_bytes(32)
         self._waiting: dict[str, _Suspended] = {}
         self._host: anyio.abc.TaskGroup | None = None
@@ -241,9 +253,11 @@ class Suspensions:
         capabilities: types.ClientCapabilities | None,
         binding: tuple[str, str, str],
         run: Run,
+        audit: Audit,
     ) -> Any:
-        """`run()`'s result, or `input_required` with the first question it asks the client.
-        Without a host (a front that is not serving) the call runs here, and its client is mute."""
+        """`run()`'s result, or `input_required` with the questions it asks the client first.
+        Without a host (a front that is not serving) the call runs here, and its client is mute.
+        Cancelled while it waits (the client cancelled, or left), the call is cancelled too."""
         host = self._host
         if host is None or not declares_any(capabilities):
             token = CALLER.set(mute_link(client))
@@ -252,12 +266,13 @@ class Suspensions:
             finally:
                 CALLER.reset(token)
         send, receive = anyio.create_memory_object_stream[_Event](math.inf)
-        link = _SuspendingLink(client, capabilities, send, self._ttl, self._audit)
-        host.start_soon(self._run, link, run, send)
-        return await self._next(_Suspended(binding, receive))
+        link = _SuspendingLink(client, capabilities, send, self._ttl, audit)
+        waiting = _Suspended(binding, receive, anyio.CancelScope())
+        host.start_soon(self._run, link, run, send, waiting.run)
+        return await self._next(waiting)
 
     async def resume(self, state: str | None, binding: tuple[str, str, str], responses: dict[str, Any] | None) -> Any:
-        """The suspended call `state` names, given the client's answer: its next outcome. A state
+        """The suspended call `state` names, given the client's answers: its next outcome. A state
         that is forged, spent, expired or bound to another call is a wire error (nothing resumes)."""
         nonce, _, mac = str(state).removeprefix(STATE_PREFIX).partition(".")
         self._forget_expired()
@@ -269,59 +284,99 @@ class Suspensions:
                 " call the tool again without it",
             )
         del self._waiting[nonce]
-        question = waiting.question
-        assert question is not None
-        answer = (responses or {}).get(question.key)
-        if answer is not None:
-            question.answer = answer.model_dump(by_alias=True, mode="json", exclude_none=True)
-        question.answered.set()
+        for question in waiting.questions:
+            answer = (responses or {}).get(question.key)
+            if answer is not None:
+                question.answer = answer.model_dump(by_alias=True, mode="json", exclude_none=True)
+            else:
+                question.why = f"its retry carried no answer under {question.key!r}"
+            question.answered.set()
+        waiting.questions = []
         return await self._next(waiting)
 
-    async def _run(self, link: _SuspendingLink, run: Run, send: MemoryObjectSendStream[_Event]) -> None:
+    async def _run(
+        self, link: _SuspendingLink, run: Run, send: MemoryObjectSendStream[_Event], scope: anyio.CancelScope
+    ) -> None:
         token = CALLER.set(link)
+        outcome: _Ended | None = None
         try:
-            outcome = _Ended(result=await run())
+            with scope:
+                outcome = _Ended(result=await run())
         except Exception as exc:  # boundary: the call's own failure is its outcome, for the client to get
             outcome = _Ended(error=exc)
         finally:
             CALLER.reset(token)
         with send, suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-            await send.send(outcome)  # nobody listens when the client never came back: the outcome is audited
+            if outcome is not None:  # None: cancelled, because its client cancelled or left
+                await send.send(outcome)
 
     async def _next(self, waiting: _Suspended) -> Any:
+        try:
+            return await self._outcome(waiting)
+        except anyio.get_cancelled_exc_class():
+            waiting.run.cancel()  # the client cancelled its request (or left): the call goes with it
+            waiting.events.close()
+            raise
+
+    async def _outcome(self, waiting: _Suspended) -> Any:
         event = await waiting.events.receive()
         if isinstance(event, _Ended):
             waiting.events.close()
             if event.error is not None:
                 raise event.error
             return event.result
-        waiting.question = event
-        waiting.expires = event.deadline
+        # Questions asked together (a backend's round of several) go to the client together.
+        questions = [event]
+        for _ in range(BATCH_CHECKPOINTS):
+            await anyio.lowlevel.checkpoint()
+            while True:
+                try:
+                    more = waiting.events.receive_nowait()
+                except anyio.WouldBlock:
+                    break
+                if isinstance(more, _Ended):  # the call ended meanwhile (its backend went away): no one to ask
+                    _give_up(_Suspended(waiting.binding, waiting.events, waiting.run, questions), "the call ended")
+                    if more.error is not None:
+                        raise more.error
+                    return more.result
+                questions.append(more)
+        waiting.questions = questions
+        waiting.expires = min(question.deadline for question in questions)
         self._forget_expired()
-        while len(self._waiting) >= MAX_WAITING:  # a client that never answers cannot grow this without bound
-            _give_up(self._waiting.pop(next(iter(self._waiting))))
+        self._make_room(waiting.binding[0])
         nonce = secrets.token_hex(16)
         self._waiting[nonce] = waiting
         return types.InputRequiredResult(
-            input_requests={event.key: event.request},
+            input_requests={question.key: question.request for question in questions},
             request_state=f"{STATE_PREFIX}{nonce}.{self._mac(nonce, waiting.binding)}",
         )
+
+    def _make_room(self, session: str) -> None:
+        """A client that never answers cannot grow this without bound, nor crowd out another's."""
+        mine = [nonce for nonce, waiting in self._waiting.items() if waiting.binding[0] == session]
+        for nonce in mine[: max(0, len(mine) - MAX_WAITING_PER_SESSION + 1)]:
+            _give_up(
+                self._waiting.pop(nonce), f"more than {MAX_WAITING_PER_SESSION} of this session's questions waited"
+            )
+        while len(self._waiting) >= MAX_WAITING:
+            _give_up(self._waiting.pop(next(iter(self._waiting))), f"more than {MAX_WAITING} questions waited")
 
     def _forget_expired(self) -> None:
         now = time.monotonic()
         for nonce in [nonce for nonce, waiting in self._waiting.items() if waiting.expires <= now]:
-            _give_up(self._waiting.pop(nonce))
+            _give_up(self._waiting.pop(nonce), "")
 
     def _mac(self, nonce: str, binding: tuple[str, str, str]) -> str:
         message = "\0".join((nonce, *binding)).encode("utf-8", "surrogatepass")
         return hmac.new(self._key, message, hashlib.sha256).hexdigest()
 
 
-def _give_up(waiting: _Suspended) -> None:
-    """Its question goes unanswered (the backend hears so at once) and its outcome unheard."""
+def _give_up(waiting: _Suspended, why: str) -> None:
+    """Its questions go unanswered (the backend hears so at once) and its outcome unheard."""
     waiting.events.close()
-    if waiting.question is not None:
-        waiting.question.answered.set()
+    for question in waiting.questions:
+        question.why = why
+        question.answered.set()
 
 
 __all__ = [

@@ -1,0 +1,150 @@
+"""The relay's side doors, tried from outside with a prying backend (tests/fixtures/prying_server.py):
+a question raised while another client's call is in flight, a 2026-07-28 client that cancels its
+write, a person slower than the backend's own timeout, a round of several questions, a prompt that
+asks the user, and the audit line of each relayed request."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from mcp import Client
+
+from tests.harness import ERAS, text_of
+from tests.test_relay import http_proxy, proxy_params
+
+pytestmark = pytest.mark.anyio
+
+PRYING = Path(__file__).parent / "fixtures" / "prying_server.py"
+
+
+def prying(tmp: Path, *flags: str, **extra: Any) -> dict[str, Any]:
+    for name in ("entered", "release"):
+        if not (tmp / name).exists():
+            os.mkfifo(tmp / name)
+    env = {
+        "PRYING_ENTERED": str(tmp / "entered"),
+        "PRYING_RELEASE": str(tmp / "release"),
+        "PRYING_LEDGER": str(tmp / "ledger"),
+    }
+    return {"command": sys.executable, "args": [str(PRYING), *flags], "env": env, **extra}
+
+
+async def user(context: Any, params: Any) -> types.ElicitResult:
+    return types.ElicitResult(action="accept", content={"username": "ada"})
+
+
+async def roots(context: Any) -> types.ListRootsResult:
+    return types.ListRootsResult(roots=[types.Root(uri="file:///home/ada")])
+
+
+async def fifo(path: Path, text: str | None = None) -> str:
+    """Read the named pipe (or write `text` to it), off the event loop."""
+    if text is None:
+        return await anyio.to_thread.run_sync(path.read_text, abandon_on_cancel=True)
+    await anyio.to_thread.run_sync(path.write_text, text, abandon_on_cancel=True)
+    return text
+
+
+async def test_a_question_while_another_clients_call_is_in_flight_asks_neither_client(tmp_path: Path) -> None:
+    """Client A's completion makes a handshake-era backend ask for sampling while B's write is in
+    flight on it: that request names no call, so neither A's user nor B's is shown it."""
+    asked: dict[str, list[str]] = {"A": [], "B": []}
+
+    def sampler(name: str) -> Any:
+        async def sample(context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+            asked[name].append(str(params.messages[0].content))
+            return types.CreateMessageResult(
+                role="assistant", content=types.TextContent(type="text", text=name), model="m"
+            )
+
+        return sample
+
+    config = {"servers": {"p": prying(tmp_path, "--legacy-only")}, "review": {"default": "allow"}}
+    ref = types.PromptReference(type="ref/prompt", name="p__greet")
+    with anyio.fail_after(60):
+        async with (
+            http_proxy(tmp_path, config) as url,
+            Client(url, mode="legacy", sampling_callback=sampler("A")) as a,
+            Client(url, mode="legacy", sampling_callback=sampler("B")) as b,
+            anyio.create_task_group() as tg,
+        ):
+            tg.start_soon(b.call_tool, "p__held_write", {})
+            await fifo(tmp_path / "entered")  # B's write is in flight at the backend
+            values = (await a.complete(ref, {"name": "who", "value": "A-secret"})).completion.values
+            await fifo(tmp_path / "release", "go")
+        async with Client(proxy_params(tmp_path, config), mode="legacy", sampling_callback=sampler("A")) as a:
+            alone = (await a.complete(ref, {"name": "who", "value": "alone"})).completion.values
+    assert asked["B"] == [] and "A-secret" not in json.dumps(asked)
+    assert values[0].startswith("error: mcp-spec-proxy cannot tell which client") and "several clients" in values[0]
+    assert alone == ["A"] and len(asked["A"]) == 1  # with no one else's call in flight, A is asked
+
+
+@pytest.mark.parametrize("era", ERAS)
+async def test_a_write_its_client_cancels_is_cancelled_at_the_backend(tmp_path: Path, era: str) -> None:
+    """Also for a 2026-07-28 client that could be asked something, whose call runs suspended."""
+    config = {"servers": {"p": prying(tmp_path)}, "review": {"default": "allow"}}
+    with anyio.fail_after(60):
+        async with Client(proxy_params(tmp_path, config), mode=era, elicitation_callback=user) as client:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(client.call_tool, "p__held_write", {})
+                await fifo(tmp_path / "entered")
+                tg.cancel_scope.cancel()  # the client gives up on its write while the backend runs it
+            how = text_of(await client.call_tool("p__how_did_held_write_end", {}))
+            await fifo(tmp_path / "release", "go")
+    assert how == "cancelled"
+    assert not (tmp_path / "ledger").exists()
+
+
+@pytest.mark.parametrize("era", ERAS)
+async def test_a_person_slower_than_the_backends_timeout_is_not_cut_off(tmp_path: Path, era: str) -> None:
+    """The backend's `timeout` is its own time to answer; its wait for the client is not counted."""
+
+    async def slow(context: Any, params: Any) -> types.ElicitResult:
+        await anyio.sleep(1.5)  # longer than the backend's timeout below: a person reading the form
+        return await user(context, params)
+
+    config = {"servers": {"p": prying(tmp_path, timeout=1)}, "review": {"default": "allow"}}
+    with anyio.fail_after(60):
+        async with Client(proxy_params(tmp_path, config), mode=era, elicitation_callback=slow) as client:
+            said = text_of(await client.call_tool("p__ask_user", {}))
+    assert said == "user said {'username': 'ada'}"
+
+
+async def test_a_round_of_two_questions_reaches_a_2026_client_as_one_round_under_the_backends_keys(
+    tmp_path: Path,
+) -> None:
+    config = {"servers": {"p": prying(tmp_path, protocol="auto")}, "review": {"default": "allow"}}
+    with anyio.fail_after(60):
+        async with Client(
+            proxy_params(tmp_path, config), mode="2026-07-28", elicitation_callback=user, list_roots_callback=roots
+        ) as client:
+            session = client.session
+            first = await session.call_tool("p__two_questions", {}, allow_input_required=True)
+            assert isinstance(first, types.InputRequiredResult)
+            assert sorted(first.input_requests or {}) == ["a", "b"]
+            answers = {"a": await user(None, None), "b": await roots(None)}
+            done = await session.call_tool(
+                "p__two_questions", {}, input_responses=answers, request_state=first.request_state
+            )
+    assert text_of(done) == "answered a,b"
+
+
+@pytest.mark.parametrize("era", ERAS)
+async def test_a_prompt_that_asks_the_user_works_through_the_proxy_in_both_eras(tmp_path: Path, era: str) -> None:
+    config = {"servers": {"p": prying(tmp_path)}, "review": {"default": "allow"}}
+    with anyio.fail_after(60):
+        async with Client(proxy_params(tmp_path, config), mode=era, elicitation_callback=user) as client:
+            prompt = await client.get_prompt("p__greet")
+    content = prompt.messages[0].content
+    assert isinstance(content, types.TextContent) and content.text == "hello {'username': 'ada'}"
+    audit = [json.loads(line) for line in (tmp_path / "state" / "audit.jsonl").read_text().splitlines()]
+    relayed = [row for row in audit if row.get("event") == "relayed"]
+    assert [(row["server"], row["method"]) for row in relayed] == [("p", "elicitation/create")]
+    assert relayed[0]["session"]  # the session it was asked for, in both eras
