@@ -333,13 +333,15 @@ class Catalog:
             return self._resources[uri]
         if uri in self._shared_resources:
             owners = " and ".join(sorted(self._shared_resources[uri]))
-            raise ToolNotFound(f"resource {uri!r} is listed by {owners}; it is refused for both")
+            raise ToolNotFound(f"resource {uri!r} is listed by {owners}; it is refused for both", data={"uri": uri})
         servers = sorted({server for (server, _), pattern in self._template_patterns.items() if pattern.fullmatch(uri)})
         if len(servers) > 1:
             owners = " and ".join(servers)
-            raise ToolNotFound(f"resource {uri!r} matches resource templates of {owners}; it is refused for both")
+            raise ToolNotFound(
+                f"resource {uri!r} matches resource templates of {owners}; it is refused for both", data={"uri": uri}
+            )
         if not servers:
-            raise ToolNotFound(f"no backend serves resource {uri!r}")
+            raise ToolNotFound(f"no backend serves resource {uri!r}", data={"uri": uri})
         return servers[0]
 
     def template_owner(self, uri_template: str) -> str:

@@ -94,7 +94,12 @@ class ResultTooLarge(BackendError):
 
 
 class ToolNotFound(ProxyError):
-    """No tool of that name in the catalog."""
+    """No tool (prompt, resource) of that name in the catalog. `data` goes out with the wire error
+    (a resource's `uri`, as a server says which resource it does not have)."""
+
+    def __init__(self, message: str, data: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.data = data
 
 
 class InvalidArguments(ProxyError):

@@ -140,8 +140,6 @@ GAPS: dict[str, dict[str, str]] = {
     "0.2.0-alpha.12": {
         "server-sse-polling": "WARNINGs: the HTTP front keeps no event store, so its SSE streams carry no"
         " priming event and no retry field",
-        "sep-2164-resource-not-found": "WARNING: the proxy answers a URI no backend listed itself, with -32602"
-        " but without `data.uri`",
     },
 }
 

@@ -19,7 +19,7 @@ def wire_error(exc: ProxyError | MCPError) -> MCPError:
     if isinstance(exc, MCPError):
         return MCPError(exc.code, exc.message, exc.data)  # as the backend sent it
     if isinstance(exc, ToolNotFound):
-        return MCPError(code=INVALID_PARAMS, message=str(exc))
+        return MCPError(code=INVALID_PARAMS, message=str(exc), data=exc.data)
     code = exc.code if isinstance(exc, BackendError) else INTERNAL_ERROR
     return MCPError(code=code, message=str(exc))
 
