@@ -137,10 +137,7 @@ DIRECT_FAILS = {
 
 GAPS: dict[str, dict[str, str]] = {
     "0.1.16": {},
-    "0.2.0-alpha.12": {
-        "server-sse-polling": "WARNINGs: the HTTP front keeps no event store, so its SSE streams carry no"
-        " priming event and no retry field",
-    },
+    "0.2.0-alpha.12": {},
 }
 
 SHIPPED: dict[str, dict[str, str]] = {"0.1.16": {}, "0.2.0-alpha.12": {}}

@@ -5,16 +5,19 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
 import httpx2
+import mcp_types as types
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from mcp_spec_proxy.config import ProxyConfig
-from mcp_spec_proxy.fronts.http import serve_http
+from mcp_spec_proxy.fronts import http as http_front
+from mcp_spec_proxy.fronts.http import ResumableEvents, serve_http
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
 from tests.harness import ERAS, recorded, text_of, toy, toy_twins
@@ -95,3 +98,30 @@ def test_http_address_defaults_to_loopback() -> None:
     assert _parse_http(":8765") == ("127.0.0.1", 8765)
     assert _parse_http("0.0.0.0:9000") == ("0.0.0.0", 9000)
     assert _parse_http("[::1]:9000") == ("::1", 9000)
+
+
+async def test_sse_events_resume_within_their_own_stream_unguessably_and_within_bounds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A dropped stream resumes from its client's Last-Event-ID; an id names one stream only and
+    cannot be guessed from another's; the store forgets past its bounds."""
+    store = ResumableEvents()
+
+    def note(n: int) -> types.JSONRPCMessage:
+        return types.JSONRPCNotification(jsonrpc="2.0", method="notifications/message", params={"n": n})
+
+    mine = [await store.store_event("mine", None)] + [await store.store_event("mine", note(n)) for n in range(3)]
+    theirs = await store.store_event("theirs", note(99))
+    replayed: list[Any] = []
+
+    async def send(event: Any) -> None:
+        replayed.append((event.event_id, event.message.params["n"]))
+
+    assert await store.replay_events_after(mine[0], send) == "mine"
+    assert replayed == [(mine[1], 0), (mine[2], 1), (mine[3], 2)]  # the stream's own, in order; never "theirs"
+    assert theirs not in mine and len({*mine, theirs}) == 5 and all(len(i) >= 20 for i in mine)
+    assert await store.replay_events_after("1", send) is None  # a counter's guess names nothing
+
+    monkeypatch.setattr(http_front, "MAX_EVENTS", 3)
+    await store.store_event("mine", note(4))
+    assert await store.replay_events_after(mine[0], send) is None  # the oldest were forgotten

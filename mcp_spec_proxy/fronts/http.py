@@ -2,17 +2,79 @@
 
 DNS-rebinding protection is always on (the Host and Origin must name this server; `allowed_hosts`
 adds names), and with a token every request must carry `Authorization: Bearer <token>`.
+
+SSE streams can be resumed (`ResumableEvents`): each stream is primed with an event id and a
+`retry` field, and a client that reconnects with `Last-Event-ID` gets what it missed, as the
+servers behind the proxy offer. Event ids are random (one session cannot name another's stream),
+and the store is bounded: the most recent `MAX_EVENTS`, `MAX_EVENT_BYTES` and `EVENT_TTL_S`.
 """
 
 from __future__ import annotations
 
+import secrets
+import time
+from collections import OrderedDict
+
 import anyio
 import anyio.abc
+import mcp_types as types
+from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.types import ASGIApp
 
 from mcp_spec_proxy.fronts.asgi import BearerToken, host_names, serve_asgi
 from mcp_spec_proxy.fronts.mcp import McpFront
+
+MAX_EVENTS = 4096
+MAX_EVENT_BYTES = 32 * 1024 * 1024
+EVENT_TTL_S = 300.0
+RETRY_MS = 1000  # what a primed stream tells its client to wait before it reconnects
+
+
+class ResumableEvents(EventStore):
+    """The SSE events of the last few minutes, so a dropped stream can be resumed (bounded)."""
+
+    def __init__(self) -> None:
+        # event id -> (stream, message, its size, when); oldest first. Streams remember their ids.
+        self._events: OrderedDict[str, tuple[StreamId, types.JSONRPCMessage | None, int, float]] = OrderedDict()
+        self._streams: dict[StreamId, list[str]] = {}
+        self._bytes = 0
+
+    async def store_event(self, stream_id: StreamId, message: types.JSONRPCMessage | None) -> EventId:
+        event_id = secrets.token_urlsafe(16)
+        size = len(message.model_dump_json(by_alias=True, exclude_none=True)) if message is not None else 0
+        self._events[event_id] = (stream_id, message, size, time.monotonic())
+        self._streams.setdefault(stream_id, []).append(event_id)
+        self._bytes += size
+        self._trim()
+        return event_id
+
+    async def replay_events_after(self, last_event_id: EventId, send_callback: EventCallback) -> StreamId | None:
+        event = self._events.get(last_event_id)
+        if event is None:
+            return None  # unknown, forgotten, or another server's: nothing to resume
+        stream_id = event[0]
+        ids = self._streams.get(stream_id, [])
+        for event_id in ids[ids.index(last_event_id) + 1 :]:
+            message = self._events[event_id][1]
+            if message is not None:
+                await send_callback(EventMessage(message, event_id))
+        return stream_id
+
+    def _trim(self) -> None:
+        horizon = time.monotonic() - EVENT_TTL_S
+        while self._events and (
+            len(self._events) > MAX_EVENTS
+            or self._bytes > MAX_EVENT_BYTES
+            or next(iter(self._events.values()))[3] < horizon
+        ):
+            event_id, (stream_id, _message, size, _when) = self._events.popitem(last=False)
+            self._bytes -= size
+            ids = self._streams.get(stream_id)
+            if ids:
+                ids.remove(event_id)  # the oldest of its stream: at the front
+                if not ids:
+                    del self._streams[stream_id]
 
 
 def http_app(front: McpFront, *, host: str, token: str | None, allowed_hosts: list[str] | None = None) -> ASGIApp:
@@ -23,7 +85,9 @@ def http_app(front: McpFront, *, host: str, token: str | None, allowed_hosts: li
         allowed_hosts=hosts,
         allowed_origins=[f"http://{h}" for h in hosts] + [f"https://{h}" for h in hosts],
     )
-    app: ASGIApp = front.server.streamable_http_app(host=host, transport_security=security)
+    app: ASGIApp = front.server.streamable_http_app(
+        host=host, transport_security=security, event_store=ResumableEvents(), retry_interval=RETRY_MS
+    )
     return BearerToken(app, token) if token else app
 
 
