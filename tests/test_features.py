@@ -30,6 +30,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from tests.fixtures import feature_server
 from tests.harness import ERAS, proxied, spawned
+from tests.test_relay import http_proxy
 
 pytestmark = pytest.mark.anyio
 
@@ -214,3 +215,23 @@ async def test_a_hostile_backends_broader_template_never_captures_the_users_list
     async with proxied(config, tmp_path, mode=era, in_process=servers) as p:
         assert await read(p.client, NOTES) == "files answered"
         assert await read(p.client, "file:///etc/hosts") == "evil answered"  # only its template covers it
+
+
+@pytest.mark.parametrize("era", ERAS)
+async def test_logging_completions_subscriptions_and_instructions_match_on_the_http_front(
+    tmp_path: Path, era: str
+) -> None:
+    """The same scenario as over stdio, through the streamable HTTP front, in both client eras."""
+    straight_inbox, proxied_inbox = Inbox(), Inbox()
+    async with direct(era, straight_inbox) as client:
+        straight = await exercise(client, straight_inbox, era, "")
+    async with (
+        http_proxy(tmp_path, proxy_config()) as url,
+        Client(url, mode=client_mode(era), message_handler=proxied_inbox.handle) as client,
+    ):
+        via_proxy = await exercise(client, proxied_inbox, era, "feat__")
+    assert via_proxy["logs"] == [(level, data, f"feat/{name}") for level, data, name in straight["logs"]]
+    assert via_proxy["completions"] == straight["completions"]
+    assert via_proxy["updates"] == straight["updates"] == [feature_server.TODAY]
+    assert via_proxy["capabilities"] == straight["capabilities"]
+    assert via_proxy["instructions"].endswith(straight["instructions"])
