@@ -56,7 +56,7 @@ from mcp_spec_proxy.audit import AuditSink
 from mcp_spec_proxy.backends import BackendPool
 from mcp_spec_proxy.catalog import CatalogTool, digest
 from mcp_spec_proxy.config import ProxyConfig, ReviewMode
-from mcp_spec_proxy.errors import BackendError
+from mcp_spec_proxy.errors import BackendClosed, BackendError, BackendUnavailable
 from mcp_spec_proxy.models import ModelCall
 from mcp_spec_proxy.review import InputNeeded, Reviewer, ReviewFailed, ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review.waiting import Both, asks_a_person, waiting_note, with_heartbeat
@@ -268,7 +268,10 @@ class Gate:
                 result = await self.forward(tool, call.arguments, step, report)
         except CALL_FAILED as exc:
             code = exc.code
-            await self._audit.record("forwarded", call=call.id, session=call.session, is_error=True, error_code=code)
+            # A backend that was not connected was sent nothing: the audit says so, not "forwarded".
+            sent = not isinstance(exc, BackendUnavailable) or isinstance(exc, BackendClosed)
+            event = "forwarded" if sent else "unsent"
+            await self._audit.record(event, call=call.id, session=call.session, is_error=True, error_code=code)
             await self._label(call, verdict)
             return Outcome(call.id, verdict, failed_result(tool, exc), latency_ms, error=exc)
         except BaseException as exc:  # cancelled (or worse) mid-send: the call may have run

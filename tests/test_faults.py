@@ -100,7 +100,9 @@ async def test_backend_killed_while_a_write_is_held_gets_an_error_and_no_later_f
         assert text_of(await p.client.call_tool("toy__echo", {"text": "back"})) == "back"
     assert recorded(record) == []
     audit = [e for e in read_audit(tmp_path / "state" / "audit.jsonl") if e["event"] != "read"]
-    assert [e["event"] for e in audit] == ["held", "verdict", "forwarded"]
+    # Not connected when the verdict came: nothing was sent, and the audit says so.
+    sent = "unsent" if error.code == BACKEND_UNAVAILABLE else "forwarded"
+    assert [e["event"] for e in audit] == ["held", "verdict", sent]
     assert audit[1]["accepted"] is True and audit[2]["is_error"] is True
     assert audit[2]["error_code"] == error.code
 

@@ -38,7 +38,7 @@ __all__ = ["LATEST", "PgFingerprints", "PgStore", "migrate_database", "read_audi
 
 SWEEP_S = 30.0
 SESSION_TTL = "1 day"  # a session untouched this long, with nothing held, is forgotten by the sweep
-SETTLED = ("blocked", "forwarded", "abandoned", "forward-interrupted", "awaiting-input")
+SETTLED = ("blocked", "forwarded", "unsent", "abandoned", "forward-interrupted", "awaiting-input")
 
 SWEEP = f"""
 INSERT INTO audit (ts, event, call, session, replica, data)

@@ -64,7 +64,7 @@ def calls(lines: list[dict[str, Any]]) -> list[CallRow]:
             row.reason = str(line.get("reason", ""))
         elif event == "edited":
             row.edited = True
-        elif event in ("forwarded", "blocked", "abandoned", "forward-interrupted", "awaiting-input"):
+        elif event in ("forwarded", "unsent", "blocked", "abandoned", "forward-interrupted", "awaiting-input"):
             row.outcome = event
     return order
 
