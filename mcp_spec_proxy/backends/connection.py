@@ -25,9 +25,8 @@ from __future__ import annotations
 import logging
 import math
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AsyncExitStack, contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO, cast
 
@@ -41,18 +40,25 @@ from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp.shared.subscriptions import ResourceUpdated
 from mcp_types import (
-    CLIENT_CAPABILITIES_META_KEY,
-    CLIENT_INFO_META_KEY,
     CONNECTION_CLOSED,
     LOG_LEVEL_META_KEY,
-    METHOD_NOT_FOUND,
-    PROTOCOL_VERSION_META_KEY,
 )
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
+from mcp_spec_proxy.backends.listing import Listing, OnListing, list_all
 from mcp_spec_proxy.backends.notices import LogMessage, LogRoute, OnNotice, ResourceUpdate, admits, request_logs
-from mcp_spec_proxy.backends.raw import Oversized, RawCalls, json_size, tool_result
+from mcp_spec_proxy.backends.raw import (
+    Oversized,
+    RawCalls,
+    amount,
+    asks_for_input,
+    json_size,
+    remote_error,
+    result_size,
+    tool_result,
+    without_envelope,
+)
 from mcp_spec_proxy.backends.relay import Relay
 from mcp_spec_proxy.backends.transports import WatchedTransport, open_transport
 from mcp_spec_proxy.config import ServerConfig
@@ -70,19 +76,6 @@ logger = logging.getLogger(__name__)
 BACKOFF_START = 0.5
 REFRESH_INTERVAL_S = 0.25
 BACKOFF_MAX = 30.0
-_PAGE_CAP = 50
-
-
-@dataclass
-class Listing:
-    tools: list[types.Tool] = field(default_factory=list)
-    prompts: list[types.Prompt] = field(default_factory=list)
-    resources: list[types.Resource] = field(default_factory=list)
-    templates: list[types.ResourceTemplate] = field(default_factory=list)
-
-
-OnListing = Callable[[str, Listing | None], Awaitable[None]]
-"""Called with a backend's name and its fresh listing, or None when it goes away."""
 
 
 class Backend:
@@ -170,7 +163,7 @@ class Backend:
             raise self._translate(exc, what, client) from exc
         size = result_size(result)
         if size > self.config.max_result_bytes:
-            raise self._too_large(tool, _amount(size))
+            raise self._too_large(tool, amount(size))
         return result
 
     async def call_tool_json(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -193,16 +186,16 @@ class Backend:
         try:
             with anyio.fail_after(self.config.timeout) as clock, self.relay.calling(clock):
                 answer = await raw.request(request)
-                if isinstance(answer, dict) and _asks_for_input(answer):  # a 2026-07-28 backend's question
+                if isinstance(answer, dict) and asks_for_input(answer):  # a 2026-07-28 backend's question
                     return await self._answer_input_required(client, tool, arguments, answer)
         except TimeoutError:
             raise self._timeout(what) from None
         if answer is None:
             raise self._closed(what)
         if isinstance(answer, Oversized):
-            raise self._too_large(tool, _amount(answer.size))
+            raise self._too_large(tool, amount(answer.size))
         if "error" in answer:
-            raise _remote_error(answer["error"]) or BackendError(
+            raise remote_error(answer["error"]) or BackendError(
                 self.name, f"answered {what} with a malformed JSON-RPC error"
             )
         result = tool_result(answer.get("result"))
@@ -210,7 +203,7 @@ class Backend:
             raise BackendError(self.name, f"answered {what} with something that is not a tool result")
         size = json_size(result)
         if size > self.config.max_result_bytes:
-            raise self._too_large(tool, _amount(size))
+            raise self._too_large(tool, amount(size))
         return result
 
     async def _answer_input_required(
@@ -238,14 +231,14 @@ class Backend:
         dumped: dict[str, Any] = result.model_dump(by_alias=True, mode="json", exclude_none=True)
         size = json_size(dumped)
         if size > self.config.max_result_bytes:
-            raise self._too_large(tool, _amount(size))
+            raise self._too_large(tool, amount(size))
         return dumped
 
     def _too_large(self, tool: str, size: str) -> ResultTooLarge:
         return ResultTooLarge(
             self.name,
             f"returned too much from {tool} ({size}), more than max_result_bytes"
-            f" ({_amount(self.config.max_result_bytes)}); the result was withheld — ask for less,"
+            f" ({amount(self.config.max_result_bytes)}); the result was withheld — ask for less,"
             " or raise max_result_bytes for this server",
         )
 
@@ -289,7 +282,7 @@ class Backend:
         """`completion/complete` with the client's params as they are (the ref already the server's own)."""
         what = "completion/complete"
         client = self.client
-        params = params.model_copy(update={"meta": _without_envelope(params.meta)})
+        params = params.model_copy(update={"meta": without_envelope(params.meta)})
         try:
             with anyio.fail_after(self.config.timeout) as clock, self.relay.calling(clock):
                 return await client.session.send_request(types.CompleteRequest(params=params), types.CompleteResult)
@@ -379,7 +372,7 @@ class Backend:
         """The SDK's `MCPError` as what it was: the transport's size refusal, the connection really
         ending, or (anything else, whatever its code) the backend's own error, passed on unchanged."""
         if isinstance(exc.data, Oversized):
-            return self._too_large(what.removeprefix("tools/call "), _amount(exc.data.size))
+            return self._too_large(what.removeprefix("tools/call "), amount(exc.data.size))
         if exc.code == CONNECTION_CLOSED and self._ended(client):
             return self._closed(what)
         return exc
@@ -439,7 +432,7 @@ class Backend:
                     raise BackendError(
                         self.name, f"refused the initialize handshake ({exc}); reconnecting in the 2026-07-28 era"
                     ) from None
-                listing = await self._list(client)
+                listing = await list_all(client)
                 startup.deadline = math.inf
                 await self._serve(client, transport, listing)
         if startup.cancelled_caught:
@@ -486,7 +479,7 @@ class Backend:
                         raise BackendError(self.name, f"exited or closed its connection{self._log_hint()}")
                     last_refresh = anyio.current_time()
                     with anyio.fail_after(self.config.timeout):
-                        listing = await self._list(client, refresh=True)
+                        listing = await list_all(client, refresh=True)
                     await self._on_listing(self.name, listing)
         finally:
             self._client = None
@@ -495,23 +488,6 @@ class Backend:
             self.connected = anyio.Event()
             with anyio.CancelScope(shield=True):
                 await self._on_listing(self.name, None)
-
-    async def _list(self, client: Client, *, refresh: bool = False) -> Listing:
-        mode: Any = "refresh" if refresh else "use"
-        caps = client.server_capabilities
-        listing = Listing()
-        if caps.tools is not None:
-            listing.tools = await _all_pages(lambda c: client.list_tools(cursor=c, cache_mode=mode), "tools")
-        if caps.prompts is not None:
-            listing.prompts = await _all_pages(lambda c: client.list_prompts(cursor=c, cache_mode=mode), "prompts")
-        if caps.resources is not None:
-            listing.resources = await _all_pages(
-                lambda c: client.list_resources(cursor=c, cache_mode=mode), "resources"
-            )
-            listing.templates = await _all_pages(
-                lambda c: client.list_resource_templates(cursor=c, cache_mode=mode), "resource_templates"
-            )
-        return listing
 
     async def _restore(self, client: Client) -> None:
         """Give a fresh connection the log level and the handshake-era subscriptions the clients
@@ -635,56 +611,6 @@ class Backend:
         return f" (its stderr is in {self._log_path})" if self._log_path is not None else ""
 
 
-def result_size(result: types.CallToolResult) -> int:
-    """Roughly how many bytes a result carries: its text, binary payloads and structured content."""
-    size = 0
-    for block in result.content:
-        if isinstance(block, types.TextContent):
-            size += len(block.text)
-        elif isinstance(block, types.ImageContent | types.AudioContent):
-            size += len(block.data)
-        elif isinstance(block, types.EmbeddedResource):
-            resource = block.resource
-            size += len(getattr(resource, "text", "") or getattr(resource, "blob", "") or "")
-    if result.structured_content is not None:
-        size += len(str(result.structured_content))
-    return size
-
-
-_ENVELOPE = frozenset({PROTOCOL_VERSION_META_KEY, CLIENT_INFO_META_KEY, CLIENT_CAPABILITIES_META_KEY})
-
-
-def _without_envelope(meta: Any) -> Any:
-    """A client's `_meta` without its 2026-07-28 envelope, which describes that client's connection
-    to the proxy: the proxy's own connection to the backend carries its own (or, on the
-    handshake era, none, and a handshake-era server refuses a request that has one)."""
-    if not meta:
-        return meta
-    items = meta.items() if isinstance(meta, dict) else meta.model_dump(by_alias=True, exclude_none=True).items()
-    kept = {key: value for key, value in items if key not in _ENVELOPE}
-    return kept or None
-
-
-def _asks_for_input(answer: dict[str, Any]) -> bool:
-    result = answer.get("result")
-    return isinstance(result, dict) and result.get("resultType") == "input_required"
-
-
-def _amount(size: int) -> str:
-    return f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size} bytes"
-
-
-def _remote_error(error: Any) -> MCPError | None:
-    """A JSON-RPC `error` member as the backend sent it (code, message, data), or None when it
-    is not one (no integer code, no string message)."""
-    if not isinstance(error, dict):
-        return None
-    code, message = error.get("code"), error.get("message")
-    if not isinstance(code, int) or isinstance(code, bool) or not isinstance(message, str):
-        return None
-    return MCPError(code, message, error.get("data"))
-
-
 async def _cancel_on(event: anyio.Event, scope: anyio.CancelScope) -> None:
     await event.wait()
     scope.cancel()
@@ -695,21 +621,3 @@ def _announces_changes(client: Client) -> bool:
     return client.protocol_version in MODERN_PROTOCOL_VERSIONS and any(
         cap is not None and cap.list_changed for cap in (caps.tools, caps.prompts, caps.resources)
     )
-
-
-async def _all_pages(fetch: Callable[[str | None], Awaitable[Any]], attribute: str) -> list[Any]:
-    items: list[Any] = []
-    cursor: str | None = None
-    try:
-        for _ in range(_PAGE_CAP):
-            page = await fetch(cursor)
-            items.extend(getattr(page, attribute))
-            cursor = page.next_cursor
-            if cursor is None:
-                break
-    except MCPError as exc:
-        # Servers announce capabilities they only half implement (resources without templates).
-        if exc.code != METHOD_NOT_FOUND:
-            raise
-        logger.debug("%s/list not implemented; treating as empty", attribute)
-    return items

@@ -23,6 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import mcp_types as types
+from mcp.shared.exceptions import MCPError
+from mcp_types import CLIENT_CAPABILITIES_META_KEY, CLIENT_INFO_META_KEY, PROTOCOL_VERSION_META_KEY
 
 PREFIX = "msp-"
 _PREFIX_BYTES = PREFIX.encode()
@@ -204,4 +207,68 @@ def json_size(result: dict[str, Any]) -> int:
     return size
 
 
-__all__ = ["PREFIX", "Answer", "Oversized", "RawCalls", "decode", "encode", "json_size", "tool_result"]
+def result_size(result: types.CallToolResult) -> int:
+    """Roughly how many bytes a result carries: its text, binary payloads and structured content."""
+    size = 0
+    for block in result.content:
+        if isinstance(block, types.TextContent):
+            size += len(block.text)
+        elif isinstance(block, types.ImageContent | types.AudioContent):
+            size += len(block.data)
+        elif isinstance(block, types.EmbeddedResource):
+            resource = block.resource
+            size += len(getattr(resource, "text", "") or getattr(resource, "blob", "") or "")
+    if result.structured_content is not None:
+        size += len(str(result.structured_content))
+    return size
+
+
+ENVELOPE = frozenset({PROTOCOL_VERSION_META_KEY, CLIENT_INFO_META_KEY, CLIENT_CAPABILITIES_META_KEY})
+
+
+def without_envelope(meta: Any) -> Any:
+    """A client's `_meta` without its 2026-07-28 envelope, which describes that client's connection
+    to the proxy: the proxy's own connection to the backend carries its own (or, on the
+    handshake era, none, and a handshake-era server refuses a request that has one)."""
+    if not meta:
+        return meta
+    items = meta.items() if isinstance(meta, dict) else meta.model_dump(by_alias=True, exclude_none=True).items()
+    kept = {key: value for key, value in items if key not in ENVELOPE}
+    return kept or None
+
+
+def asks_for_input(answer: dict[str, Any]) -> bool:
+    result = answer.get("result")
+    return isinstance(result, dict) and result.get("resultType") == "input_required"
+
+
+def amount(size: int) -> str:
+    return f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size} bytes"
+
+
+def remote_error(error: Any) -> MCPError | None:
+    """A JSON-RPC `error` member as the backend sent it (code, message, data), or None when it
+    is not one (no integer code, no string message)."""
+    if not isinstance(error, dict):
+        return None
+    code, message = error.get("code"), error.get("message")
+    if not isinstance(code, int) or isinstance(code, bool) or not isinstance(message, str):
+        return None
+    return MCPError(code, message, error.get("data"))
+
+
+__all__ = [
+    "PREFIX",
+    "Answer",
+    "Oversized",
+    "RawCalls",
+    "amount",
+    "asks_for_input",
+    "decode",
+    "encode",
+    "json_size",
+    "remote_error",
+    "result_size",
+    "tool_result",
+    "without_envelope",
+]
