@@ -76,6 +76,15 @@ class Proxy:
             await listener(notice)
 
 
+def _lists(catalog: Catalog) -> dict[str, Any]:
+    """What clients are shown of each list, to tell which changed (each is announced on its own)."""
+    return {
+        "tools": {tool.name: tool.definition for tool in catalog.tools()},
+        "prompts": [(entry.name, prompt) for entry, prompt in catalog.prompts()],
+        "resources": (list(catalog.resources()), list(catalog.resource_templates())),
+    }
+
+
 def open_models(config: ProxyConfig, environ: Mapping[str, str], source: str = "config") -> dict[str, ChatModel]:
     """The configured endpoints with their API keys, read from `environ` (the CLI hands it the
     process environment). The one way models are built: a key named in `api_key_env` is never
@@ -201,12 +210,14 @@ async def _running(
     proxy: Proxy | None = None
 
     async def on_listing(server: str, listing: Listing | None) -> None:
-        before = {t.name: t.definition for t in catalog.tools()}
+        before = _lists(catalog)
         catalog.set_tools(server, listing.tools if listing else None)
         catalog.set_prompts(server, listing.prompts if listing else None)
         catalog.set_resources(server, listing.resources if listing else None, listing.templates if listing else None)
-        if proxy is not None and before != {t.name: t.definition for t in catalog.tools()}:
-            await proxy.changed("tools")
+        after = _lists(catalog)
+        for what in ("tools", "prompts", "resources"):
+            if proxy is not None and before[what] != after[what]:
+                await proxy.changed(what)
 
     async def on_notice(notice: Notice) -> None:
         if proxy is not None:

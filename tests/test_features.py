@@ -235,3 +235,39 @@ async def test_logging_completions_subscriptions_and_instructions_match_on_the_h
     assert via_proxy["updates"] == straight["updates"] == [feature_server.TODAY]
     assert via_proxy["capabilities"] == straight["capabilities"]
     assert via_proxy["instructions"].endswith(straight["instructions"])
+
+
+class ListChanges:
+    """The prompts and resources list_changed notifications a handshake-era client was sent."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+        self.both = anyio.Event()
+
+    async def handle(self, message: IncomingMessage) -> None:
+        if isinstance(message, types.PromptListChangedNotification | types.ResourceListChangedNotification):
+            self.seen.add(message.method)
+            if len(self.seen) == 2:
+                self.both.set()
+
+
+@pytest.mark.parametrize("era", ERAS)
+async def test_a_backends_prompt_and_resource_list_changes_reach_the_client(tmp_path: Path, era: str) -> None:
+    changes = ListChanges()
+    async with spawned(proxy_config(), tmp_path, mode=client_mode(era), messages=changes.handle) as client:
+        assert [p.name for p in (await client.list_prompts()).prompts] == ["feat__greet"]
+        if era == "legacy":
+            await client.call_tool("feat__grow", {})
+            with anyio.fail_after(30):
+                await changes.both.wait()
+        else:
+            async with client.listen(prompts_list_changed=True, resources_list_changed=True) as subscription:
+                await client.call_tool("feat__grow", {})
+                heard: set[str] = set()
+                with anyio.fail_after(30):
+                    async for event in subscription:
+                        heard.add(type(event).__name__)
+                        if len(heard) == 2:
+                            break
+        assert sorted(p.name for p in (await client.list_prompts()).prompts) == ["feat__farewell", "feat__greet"]
+        assert feature_server.TOMORROW in [str(r.uri) for r in (await client.list_resources()).resources]
