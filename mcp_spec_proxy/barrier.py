@@ -31,7 +31,7 @@ from typing import Any
 import anyio
 import mcp_types as types
 
-from mcp_spec_proxy.catalog import Catalog, CatalogTool, strip_intent
+from mcp_spec_proxy.catalog import HELD_REASONS, Catalog, CatalogTool, strip_intent
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.errors import InvalidArguments, ToolNotFound
 from mcp_spec_proxy.gate import (
@@ -57,8 +57,6 @@ from mcp_spec_proxy.trajectory import History, Segment, Step
 
 logger = logging.getLogger(__name__)
 
-HELD_REASONS = ("changed-definition", "new-tool")
-"""Why a tool's definition is under suspicion: `call` re-reads the accepted fingerprints first."""
 
 __all__ = ["Barrier", "Report", "Session", "blocked_result", "error_result"]
 

@@ -62,6 +62,8 @@ _HASHED = re.compile(r"-[0-9a-f]{6}\Z")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 Reason = Literal["changed-definition", "new-tool", "hold", "override", "annotation", "default"]
+HELD_REASONS = ("changed-definition", "new-tool")
+"""Why a tool is held (rules 1 and 2): it runs for no one, by no author, until `tools accept`."""
 _Named = TypeVar("_Named")
 
 
@@ -548,6 +550,11 @@ def canonical_json(value: Any) -> str:
 def digest(value: Any) -> str:
     # surrogatepass: a lone surrogate (text that is not valid Unicode) still hashes, never raises.
     return hashlib.sha256(canonical_json(value).encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def is_held(tool: CatalogTool) -> bool:
+    """A tool whose definition changed or that is new: nobody's call of it runs until accepted."""
+    return tool.reason in HELD_REASONS
 
 
 def strip_intent(tool: CatalogTool, arguments: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:

@@ -54,9 +54,9 @@ from mcp.shared.exceptions import MCPError
 
 from mcp_spec_proxy.audit import AuditSink
 from mcp_spec_proxy.backends import BackendPool
-from mcp_spec_proxy.catalog import CatalogTool, digest
+from mcp_spec_proxy.catalog import Catalog, CatalogTool, digest, is_held
 from mcp_spec_proxy.config import ProxyConfig, ReviewMode
-from mcp_spec_proxy.errors import BackendClosed, BackendError, BackendUnavailable
+from mcp_spec_proxy.errors import BackendClosed, BackendError, BackendUnavailable, ToolNotFound
 from mcp_spec_proxy.models import ModelCall
 from mcp_spec_proxy.review import InputNeeded, Reviewer, ReviewFailed, ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review.waiting import Both, asks_a_person, waiting_note, with_heartbeat
@@ -132,12 +132,14 @@ class Gate:
         reviewers: Mapping[ReviewMode, Reviewer],
         audit: AuditSink,
         leash: Leash | None = None,
+        catalog: Catalog | None = None,
     ) -> None:
         self._config = config
         self._backends = backends
         self._reviewers = reviewers
         self._audit = audit
         self._leash = leash
+        self._catalog = catalog  # to reread `tools accept` before refusing a held tool
 
     # -- policy ------------------------------------------------------------------------------
 
@@ -292,11 +294,25 @@ class Gate:
         if self._leash is not None and _judged(verdict.reviewer):
             await self._leash.label_verdict(call.request.segment.steps, verdict.accepted_steps)
 
+    def _still_held(self, tool: CatalogTool) -> bool:
+        """`tools accept` may have run since (in another process): the store is reread first."""
+        if self._catalog is None:
+            return True
+        self._catalog.refresh_fingerprints()
+        try:
+            return is_held(self._catalog.lookup(tool.name))
+        except ToolNotFound:
+            return True
+
     async def _reviewer(
         self, call: GateCall, strong: Reviewer | None, verified: bool
     ) -> tuple[Reviewer, dict[str, Any] | None]:
         """The reviewer this call meets, and LEASH's evidence when its shadow observer escalated."""
         tool = call.tool
+        if is_held(tool) and self._still_held(tool):
+            # Whoever wrote the call (the client, a replacement, a repair, the engine): a tool whose
+            # definition changed, or that is new, runs for no one until the operator accepts it.
+            return _HeldTool(tool), None
         loop = strong is not None and verified and call.author not in STRONG_AUTHORS
         # A read is held only when LEASH flags it: then it is the strong verifier's to judge.
         mode = self.mode(tool) if tool.effect == "write" else "strong"
@@ -425,6 +441,21 @@ class Gate:
         if isinstance(fields.get("reason"), str):
             fields["reason"] = capped(fields["reason"])
         await self._audit.record(kind, **fields)
+
+
+class _HeldTool:
+    """The verdict on a held tool: refused, whoever wrote the call, until `tools accept`."""
+
+    name = "held"
+
+    def __init__(self, tool: CatalogTool) -> None:
+        self._reason = (
+            f"{tool.name} is held and runs for no one: {tool.why}"
+            f" (the operator accepts it with `mcp-spec-proxy tools accept {tool.name}`)"
+        )
+
+    async def review(self, request: ReviewRequest, user: UserChannel) -> Verdict:
+        return Verdict(False, self._reason, len(request.segment) - 1, reviewer=self.name)
 
 
 class _Authored:

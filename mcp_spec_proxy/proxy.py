@@ -230,7 +230,7 @@ async def _running(
         in_process=in_process,
         on_notice=on_notice,
     )
-    gate = Gate(config, backends, reviewers, audit, leash)
+    gate = Gate(config, backends, reviewers, audit, leash, catalog)
     barrier = Barrier(config, catalog, gate, events, repairer, store.sessions)
     engine = None
     strong = models.get(config.review.model)

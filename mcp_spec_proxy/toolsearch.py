@@ -39,7 +39,7 @@ from typing import Any, Literal
 import anyio
 import numpy as np
 
-from mcp_spec_proxy.catalog import CatalogTool
+from mcp_spec_proxy.catalog import CatalogTool, is_held
 from mcp_spec_proxy.leash.encoders import Encoder, LeashError
 from mcp_spec_proxy.toolwords import OFF_CUE, Bm25F, cue, expand, words
 
@@ -47,8 +47,6 @@ logger = logging.getLogger(__name__)
 
 Rank = Literal["auto", "hybrid", "words", "encoder"]
 
-HELD_REASONS = frozenset({"changed-definition", "new-tool"})
-"""A tool classified for one of these reasons waits for `tools accept`: never a hit, never called."""
 SEARCH_HASH_DIM = 4096
 """The hashing encoder's dimension for tool search (LEASH's banks keep their own `leash.dim`)."""
 DESCRIPTION_CHARS = 1500
@@ -64,10 +62,6 @@ FUSE_DEPTH = 100
 """Hits each ranker contributes to the fusion."""
 ENCODER_RETRY_S = 60.0
 """After an encoder fails, the words alone rank for this long before the encoder is tried again."""
-
-
-def is_held(tool: CatalogTool) -> bool:
-    return tool.reason in HELD_REASONS
 
 
 @dataclass(frozen=True)

@@ -646,10 +646,11 @@ async def test_a_rule_does_not_outlive_the_tool_definition_the_person_saw(tmp_pa
         with anyio.fail_after(30):
             while world.p.proxy.catalog.lookup("shifty__send").reason != "changed-definition":
                 await heard.next()
-        later = calling(world, "shifty__send", {"to": "bob", "body": "hi", "intent": "greet"})
-        [waiting] = await world.held()  # the rule was for the tool as it was: the person is asked again
-        assert "third party" in (waiting.tool.definition.description or "")
-        await settle(world, waiting, later)
+        # The rule was for the tool as it was; the tool as it is now is held until the operator
+        # accepts it, so nobody's call of it runs, and no person is asked to let it through.
+        refused = await calling(world, "shifty__send", {"to": "bob", "body": "hi", "intent": "greet"}).wait()
+        assert refused.is_error and "is held and runs for no one" in text_of(refused)
+        assert "tools accept shifty__send" in text_of(refused)
     assert [entry["to"] for entry in sent(shifty)] == ["alice"]
 
 

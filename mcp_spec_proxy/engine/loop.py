@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import mcp_types as types
 
-from mcp_spec_proxy.catalog import CLIENT, CatalogTool, ToolSource, digest, strip_intent
+from mcp_spec_proxy.catalog import CLIENT, CatalogTool, ToolSource, digest, is_held, strip_intent
 from mcp_spec_proxy.config import SpeculationConfig
 from mcp_spec_proxy.engine.conversation import conversation, user_request
 from mcp_spec_proxy.engine.hooks import AskNow, ClientExecutor, NoUser, Observer, Progress, Watch
@@ -128,7 +128,9 @@ class _Run:
         self.strong_led = False
         self.history = History(commit_every=10**9)  # the engine decides commit points itself
         self.result = RunResult(uuid.uuid4().hex[:12], mode, "max_steps", None, [])
-        self.tools = [openai_tool(t, with_intent=False) for t in sorted(source.tools(), key=lambda t: t.name)]
+        # A held tool runs for no one (the gate refuses it): the weak and strong models are not offered it.
+        offered = sorted((t for t in source.tools() if not is_held(t)), key=lambda t: t.name)
+        self.tools = [openai_tool(t, with_intent=False) for t in offered]
 
     # -- the loop ----------------------------------------------------------------------------
 

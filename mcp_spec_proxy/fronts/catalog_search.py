@@ -27,11 +27,11 @@ from typing import Any
 import mcp_types as types
 
 from mcp_spec_proxy.barrier import error_result
-from mcp_spec_proxy.catalog import CatalogTool
+from mcp_spec_proxy.catalog import CatalogTool, is_held
 from mcp_spec_proxy.errors import ToolNotFound
 from mcp_spec_proxy.leash.encoders import Encoder, HashingEncoder
 from mcp_spec_proxy.proxy import Proxy
-from mcp_spec_proxy.toolsearch import SEARCH_HASH_DIM, Hit, ToolIndex, is_held
+from mcp_spec_proxy.toolsearch import SEARCH_HASH_DIM, Hit, ToolIndex
 
 SEARCH = "search_tools"
 CALL = "call_tool"

@@ -34,7 +34,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from mcp_spec_proxy.catalog import INTENT_ARGUMENT, CatalogTool, ToolSource
+from mcp_spec_proxy.catalog import INTENT_ARGUMENT, CatalogTool, ToolSource, is_held
 from mcp_spec_proxy.errors import InvalidArguments, ToolNotFound
 from mcp_spec_proxy.models import ChatModel, ModelCall, ModelError
 from mcp_spec_proxy.prompts import FINAL_ANSWER, FINAL_ANSWER_TOOL, openai_tool, repair_messages, verify_messages
@@ -206,7 +206,8 @@ class Repairer:
         """One repair turn; `answers` lets it end the task with a final answer (engine only)."""
         messages = self.messages(request, verdict)
         engine = answers  # the engine's tools carry no `intent`: its task is the intent
-        tools = [openai_tool(t, with_intent=not engine) for t in sorted(self._catalog.tools(), key=lambda t: t.name)]
+        offered = sorted((t for t in self._catalog.tools() if not is_held(t)), key=lambda t: t.name)
+        tools = [openai_tool(t, with_intent=not engine) for t in offered]  # a held tool runs for no one
         if answers:
             tools.append(FINAL_ANSWER_TOOL)
         try:
