@@ -373,7 +373,9 @@ class Gate:
             # `on_error: allow` forgives a model's failure, never a person's silence.
             reason = f"{problem}; allowed because review.on_error is allow"
             return Verdict(True, reason, held, reviewer="on_error", model_calls=calls)
-        return Verdict(False, f"{problem}; failing closed", held - 1, reviewer="on_error", model_calls=calls)
+        return Verdict(
+            False, f"{problem}; failing closed", held - 1, reviewer="on_error", model_calls=calls, failed=True
+        )
 
     # -- forwarding --------------------------------------------------------------------------
 

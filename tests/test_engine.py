@@ -293,3 +293,28 @@ async def test_cli_run_prints_the_answer_and_a_summary(tmp_path: Path) -> None:
     stderr = done.stderr.decode()
     assert "… read fs__read_text_file" in stderr
     assert "status=answered  mode=spec  steps=1" in stderr and "strong_calls=0" in stderr
+
+
+async def test_an_unreadable_verification_stops_the_segment_and_runs_no_repair(tmp_path: Path) -> None:
+    """A failed verification is no rejection: nothing is repaired, nothing written (the backend's
+    files are the ledger), and the task ends saying why."""
+    weak = [
+        call("fs__write_file", path=str(tmp_path / "files" / "notes.txt"), content="overwritten"),
+        "Done.",
+    ]
+
+    def strong(request: ChatRequest) -> Reply | str:
+        if request.tools and request.json_schema is None:  # a repair turn: it must never come
+            return Reply(
+                tool_calls=[ToolCall("fs__write_file", {"path": str(tmp_path / "files" / "x"), "content": "r"})]
+            )
+        return "this is not a verdict"
+
+    async with world(tmp_path, weak, strong) as w:
+        result = await w.engine.run("Tidy my notes")
+        repairs = w.by("strong-model", "repair")
+    assert repairs == []
+    assert (w.root / "notes.txt").read_text() == "buy milk\n"
+    assert not (w.root / "x").exists()
+    assert result.status == "model_error" and "the verification failed" in (result.error or "")
+    assert summary(result)["repairs"] == 0

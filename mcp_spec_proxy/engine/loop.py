@@ -230,6 +230,12 @@ class _Run:
                 return True
             assert ran
             return False
+        if verdict.failed:
+            # No judgement to answer: the segment stops here, failing closed (a repair answers only
+            # a readable rejection; `review.on_error: allow` is how an operator asks otherwise).
+            raise _Stop(
+                "model_error", f"the verification failed, so nothing more of this segment runs: {verdict.reason}"
+            )
         await self.say(f"rejected at step {accepted + 1}: {verdict.reason}")
         return await self.substitute(request, verdict)
 

@@ -34,6 +34,9 @@ class Verdict:
     model_calls: tuple[ModelCall, ...] = ()
     evidence: dict[str, Any] | None = None  # what a LEASH decision rested on: score and neighbours
     arguments: dict[str, Any] | None = None  # a person's edit: the backend gets these instead (the gate audits it)
+    # No judgement was had (the reviewer failed, timed out, or its answer stayed unreadable): a
+    # refusal that fails closed, never a rejection a replacement or a repair may answer.
+    failed: bool = False
 
 
 @dataclass(frozen=True)

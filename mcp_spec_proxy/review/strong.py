@@ -127,7 +127,9 @@ class StrongReviewer:
         if self._unreadable == "error":
             raise ReviewFailed(why, tuple(calls))
         # Never an acceptance: the held call is rejected, the reads before it stand.
-        return Verdict(False, f"{why}; failing closed", length - 1, reviewer=self.UNREADABLE, model_calls=tuple(calls))
+        return Verdict(
+            False, f"{why}; failing closed", length - 1, reviewer=self.UNREADABLE, model_calls=tuple(calls), failed=True
+        )
 
     def _more_room(self) -> dict[str, Any]:
         """`max_tokens` for the retry of a cut-off answer, where the model client takes one."""
