@@ -32,6 +32,7 @@ import fnmatch
 import hashlib
 import json
 import logging
+import math
 import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -482,14 +483,15 @@ def check_arguments(
 ) -> None:
     """Raise `InvalidArguments` naming every problem, with the tool's validator built once and cached.
 
-    A lone surrogate anywhere (a key or a string, however deep) is refused first: such text has
-    no UTF-8 form, so a reviewer could not be shown it and a backend would get it mangled.
+    A value no JSON can carry is refused first, however deep: a lone surrogate (a key or a
+    string) has no UTF-8 form, and NaN or an infinity is no JSON number (it passes any `minimum`
+    and `maximum`, and is written `null` on the wire): a reviewer, the console and the audit would
+    see one value and the backend get another.
     """
-    where = _lone_surrogate(arguments)
-    if where is not None:
-        raise InvalidArguments(
-            f"invalid arguments for {tool.name}: arguments contain invalid Unicode (a lone surrogate) at {where}"
-        )
+    found = _unsendable(arguments)
+    if found is not None:
+        where, what = found
+        raise InvalidArguments(f"invalid arguments for {tool.name}: arguments contain {what} at {where}")
     validator = validators.get(tool.name)
     if validator is None:
         import jsonschema
@@ -509,8 +511,9 @@ def check_arguments(
         raise InvalidArguments(f"invalid arguments for {tool.name}: {problems}")
 
 
-def _lone_surrogate(arguments: Mapping[str, Any]) -> str | None:
-    """The path of a key or string holding a lone surrogate, or None.
+def _unsendable(arguments: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The path of a key or string holding a lone surrogate, or of a non-finite number, and which
+    it is; None when there is none.
 
     Iterative, so arguments nested deeper than the recursion limit are checked too. The path
     shows keys with their surrogates escaped (`a.b\\udc80.2`), so the message itself is valid text.
@@ -520,18 +523,24 @@ def _lone_surrogate(arguments: Mapping[str, Any]) -> str | None:
         path, value = stack.pop()
         if isinstance(value, str):
             if _SURROGATE.search(value):
-                return ".".join(path) or "(the arguments)"
+                return ".".join(path) or "(the arguments)", _SURROGATE_WHAT
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                return ".".join(path) or "(the arguments)", "a number JSON cannot carry (NaN or an infinity)"
         elif isinstance(value, Mapping):
             children: list[tuple[tuple[str, ...], Any]] = []
             for key, item in value.items():
                 label = _printable(str(key))
                 if isinstance(key, str) and _SURROGATE.search(key):
-                    return ".".join((*path, label))
+                    return ".".join((*path, label)), _SURROGATE_WHAT
                 children.append(((*path, label), item))
             stack.extend(reversed(children))
         elif isinstance(value, list | tuple):
             stack.extend(reversed([((*path, str(index)), item) for index, item in enumerate(value)]))
     return None
+
+
+_SURROGATE_WHAT = "invalid Unicode (a lone surrogate)"
 
 
 def _printable(text: str) -> str:

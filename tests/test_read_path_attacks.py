@@ -285,18 +285,22 @@ async def test_numbers_json_cannot_carry_reach_the_client_as_null(tmp_path: Path
     assert answer["result"]["structuredContent"] == {"nan": None, "inf": None, "ninf": None, "big": None}
 
 
-async def test_a_client_number_json_cannot_carry_is_not_written_to_the_backend(tmp_path: Path) -> None:
-    # The same numbers from the client: the lean path must not write them to the backend as
-    # they are (NaN is no JSON); the read still gets an answer.
-    async with wired(raw_config(tmp_path / "rec"), tmp_path) as wire:
-        line = '{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"raw__stray","arguments":{"n":NaN}}}'
-        await wire.send(line)
-        answer = await wire.answer(7)
-    assert "result" in answer or "error" in answer
-    calls = [json.loads(call) for call in recorded(tmp_path / "rec")]
-    assert [call["tool"] for call in calls] == ["stray"]
-    for call in calls:
-        strict(call["line"].encode())
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e400"])
+async def test_a_client_number_json_cannot_carry_is_refused_and_reaches_no_backend(tmp_path: Path, number: str) -> None:
+    # The same numbers from the client (Python's parser reads them): what a reviewer, the audit and
+    # the backend would see could not be one value (NaN passes any minimum; the wire says null), so
+    # the call is refused on the lean path (a read) and the SDK's (a write) alike, and nothing runs.
+    record = tmp_path / "rec"
+    cfg = {**raw_config(record), "servers": {**raw_config(record)["servers"], "toy": toy(tmp_path / "toy")}}
+    cfg["review"] = {"default": "allow"}
+    async with wired(cfg, tmp_path) as wire:
+        for request_id, tool in ((7, "raw__stray"), (8, "toy__record")):
+            line = json.dumps({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": {"name": tool}})
+            await wire.send(line[:-2] + f',"arguments":{{"value":{number}}}}}}}')
+            answer = await wire.answer(request_id)
+            assert answer["result"]["isError"] is True, answer
+            assert "a number JSON cannot carry (NaN or an infinity) at value" in answer["result"]["content"][0]["text"]
+    assert recorded(record) == [] and recorded(tmp_path / "toy") == []
 
 
 async def test_answers_to_ids_never_asked_are_dropped_and_the_channel_goes_on(tmp_path: Path) -> None:
