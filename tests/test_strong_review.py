@@ -274,3 +274,19 @@ async def test_strong_then_human_asks_the_user_about_what_the_model_rejects(tmp_
     assert not result.is_error
     assert (s.root / "a.txt").exists()
     assert "the strong reviewer rejected it: looks wrong to me" in asked[0]
+
+
+async def test_a_verdict_accepting_every_step_runs_the_call_and_ignores_its_replacement(tmp_path: Path) -> None:
+    """Accept wins: a replacement answers only a rejection, so one that comes with an acceptance of
+    every step is dropped — the reviewer's call is the one it accepted, and nothing else runs."""
+
+    def answer(request: ChatRequest) -> str:
+        instead = {"tool": "fs__write_file", "arguments": {"path": str(tmp_path / "files" / "b.txt"), "content": "x"}}
+        return verdict(segment_length(request), "fine", instead)
+
+    async with setup(tmp_path, answer, review={"on_reject": "replace"}) as s:
+        result = await s.write("a.txt", "hello")
+    assert not result.is_error, text_of(result)
+    assert (s.root / "a.txt").read_text() == "hello"
+    assert not (s.root / "b.txt").exists()
+    assert "replaced" not in text_of(result)
