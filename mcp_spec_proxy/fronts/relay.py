@@ -176,6 +176,12 @@ class _Ended:
     result: Any = None
     error: BaseException | None = None
 
+    def outcome(self) -> Any:
+        """The call's result, or its failure raised."""
+        if self.error is not None:
+            raise self.error
+        return self.result
+
 
 _Event = _Question | _Ended
 
@@ -322,9 +328,7 @@ class Suspensions:
         event = await waiting.events.receive()
         if isinstance(event, _Ended):
             waiting.events.close()
-            if event.error is not None:
-                raise event.error
-            return event.result
+            return event.outcome()
         # Questions asked together (a backend's round of several) go to the client together.
         questions = [event]
         for _ in range(BATCH_CHECKPOINTS):
@@ -335,10 +339,9 @@ class Suspensions:
                 except anyio.WouldBlock:
                     break
                 if isinstance(more, _Ended):  # the call ended meanwhile (its backend went away): no one to ask
-                    _give_up(_Suspended(waiting.binding, waiting.events, waiting.run, questions), "the call ended")
-                    if more.error is not None:
-                        raise more.error
-                    return more.result
+                    waiting.questions = questions
+                    _give_up(waiting, "the call ended")
+                    return more.outcome()
                 questions.append(more)
         waiting.questions = questions
         waiting.expires = min(question.deadline for question in questions)
