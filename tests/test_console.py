@@ -183,7 +183,7 @@ async def test_a_person_allows_calls_like_this_for_the_session(tmp_path: Path) -
         card = page.locator("article.call")
         await card.wait_for()
         await card.get_by_text("Approve, and allow calls like this for the rest of this session").click()
-        await card.locator("input[name=pattern][data-key=value]").fill("notes/*.md")
+        await card.locator("fieldset.term input[name=pattern]").fill("notes/*.md")
         await card.get_by_role("button", name="Approve and allow matching calls").click()
         assert not (await call.wait()).is_error
         later = await world.p.client.call_tool("toy__record", {"value": "notes/tuesday.md", "intent": "save"})
@@ -194,3 +194,37 @@ async def test_a_person_allows_calls_like_this_for_the_session(tmp_path: Path) -
         assert (await other.wait()).is_error
     assert values(world) == ["notes/monday.md", "notes/tuesday.md"]
     assert [line["decided_by"] for line in audit_of(world, "verdict")] == ["console", "console-rule", "console"]
+
+
+async def test_an_exact_rule_on_invisible_characters_lets_no_other_path_run(tmp_path: Path) -> None:
+    # The agent hides as many zero-width and direction characters in its first path as the
+    # traversal it means to send later has characters. The person, seeing one harmless note,
+    # allows "exactly this call" for the session without touching the pattern boxes; the later
+    # traversal, a line-break variant and a look-alike of the same length must each wait here.
+    traversal = "notes/../../../etc/cron.d/ev.md"
+    hidden = "notes/" + ("\u200b\u202e" * 20)[: len(traversal) - len("notes/ev.md")] + "ev.md"
+    assert len(hidden) == len(traversal)
+    async with console_world(tmp_path) as world, browser_page(world) as page:
+        call = calling(world, "toy__record", {"value": hidden, "intent": "save the notes"})
+        card = page.locator("article.call")
+        await card.wait_for()
+        await card.get_by_text("Approve, and allow calls like this for the rest of this session").click()
+        term = card.locator("fieldset.term")
+        assert "\\u200b\\u202e" in await term.inner_text()  # the exact value, its invisible characters as escapes
+        await card.get_by_role("button", name="Approve and allow matching calls").click()
+        assert not (await call.wait()).is_error
+        assert "is exactly" in await card.locator(".status").inner_text()  # the page says what the rule admits
+        again = await world.p.client.call_tool("toy__record", {"value": hidden, "intent": "save"})
+        assert not again.is_error  # the very value approved: no one was asked
+        newline = "notes/" + "\n" * (len(traversal) - len("notes/ev.md")) + "ev.md"
+        lookalike = hidden.replace("\u200b", "x").replace("\u202e", "y")
+        for later in (traversal, newline, lookalike):
+            other = calling(world, "toy__record", {"value": later, "intent": "save"})
+            waiting = page.locator("article.call:not(.done)")
+            await waiting.wait_for()  # outside the rule: it waits on the page
+            await waiting.get_by_role("button", name="Deny").click()
+            assert (await other.wait()).is_error
+            await waiting.wait_for(state="detached")
+            await page.reload()
+    assert values(world) == [hidden, hidden]
+    assert [line["decided_by"] for line in audit_of(world, "verdict")] == ["console", "console-rule"] + ["console"] * 3

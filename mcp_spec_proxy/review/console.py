@@ -9,10 +9,12 @@ hands each decision back through `ConsoleQueue.decide`, which is the only way in
   `review.timeout` (the gate stops waiting then as well);
 * an edit carries new arguments, validated against the tool's schema before they count; the
   verdict carries them, and the gate forwards and audits them;
-* "allow this tool with these argument patterns for this session" adds a `Rule` bound to that
-  session and to the tool as the person saw it (its definition's fingerprint); later calls it
-  matches — the same keys, each value of the kind it had (text, number, list…) and matching its
-  glob — are accepted as `console-rule`, never calls of other sessions, nor calls of the tool
+* "allow calls like this for this session" adds a `Rule` (`review/rules.py`, which says exactly
+  what one admits) bound to that session and to the tool as the person saw it (its definition's
+  fingerprint): each argument either exactly the value held, compared as a value, or a text
+  pattern whose `*` stays inside one path segment and which never admits a `..` segment, a
+  control or invisible character. Later calls it matches — the same keys, each satisfying its
+  term — are accepted as `console-rule`, never calls of other sessions, nor calls of the tool
   once its backend has changed its definition, nor a call the strong model rejected
   (`strong_then_human`): the person sees those.
 
@@ -22,9 +24,8 @@ refuses the call with a line that says so: a held write is never forwarded for w
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-import fnmatch
-import re
 import secrets
 import time
 from collections import OrderedDict
@@ -33,9 +34,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
-from mcp_spec_proxy.catalog import INTENT_ARGUMENT, CatalogTool, canonical_json, check_arguments, digest
+from mcp_spec_proxy.catalog import INTENT_ARGUMENT, CatalogTool, check_arguments, digest
 from mcp_spec_proxy.errors import InvalidArguments, ProxyError
 from mcp_spec_proxy.review import ReviewRequest, UserChannel, Verdict
+from mcp_spec_proxy.review.rules import Rule, pattern_refusal, pattern_refusal_for, visible
 from mcp_spec_proxy.trajectory import Step
 
 if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section opens it
@@ -56,36 +58,8 @@ class Decision:
     action: Action
     reason: str = ""
     arguments: dict[str, Any] | None = None  # `edit`: what the backend gets instead
-    patterns: dict[str, str] | None = None  # `rule`: one glob per argument key
+    patterns: dict[str, str | None] | None = None  # `rule`: per argument key a pattern, or None for its exact value
     rule: Rule | None = None  # `rule`, once taken: the rule it made (its verdict names this one)
-
-
-@dataclass(frozen=True)
-class Rule:
-    """Calls of `tool` in `session` whose every argument matches its glob (and no other key) pass.
-
-    `kinds` holds the JSON kind of each value the person approved: a glob set on text does not
-    pass a list or an object whose JSON text happens to match it. `fingerprint` is the tool's
-    definition as the person saw it; `ConsoleQueue.rule_for` applies the rule to that one only.
-    """
-
-    session: str
-    tool: str
-    patterns: dict[str, str]
-    fingerprint: str
-    kinds: dict[str, str]
-
-    def matches(self, session: str, tool: str, arguments: dict[str, Any]) -> bool:
-        if session != self.session or tool != self.tool or set(arguments) != set(self.patterns):
-            return False
-        return all(
-            _kind(arguments[key]) == self.kinds.get(key) and fnmatch.fnmatchcase(_as_text(arguments[key]), pattern)
-            for key, pattern in self.patterns.items()
-        )
-
-    def describe(self) -> str:
-        shown = ", ".join(f"{key}={pattern!r}" for key, pattern in self.patterns.items()) or "no arguments"
-        return f"{self.tool} with {shown} (session {self.session})"
 
 
 @dataclass
@@ -184,7 +158,7 @@ class ConsoleQueue:
             if len(self._rules) >= MAX_RULES:
                 raise ConsoleRefused(f"this console already has {MAX_RULES} rules; approve or deny one by one")
             self._rules.append(rule)
-            decision = dataclasses.replace(decision, patterns=rule.patterns, rule=rule)
+            decision = dataclasses.replace(decision, patterns=dict(rule.patterns), rule=rule)
         decision = dataclasses.replace(decision, reason=decision.reason.strip()[:REASON_CHARS])
         item.decision = decision
         self._pending.pop(item.id, None)
@@ -293,35 +267,24 @@ def backend_view(tool: CatalogTool) -> CatalogTool:
     return dataclasses.replace(tool, definition=tool.definition.model_copy(update={"input_schema": schema}))
 
 
-def glob_escape(text: str) -> str:
-    """A glob that matches `text` only."""
-    return re.sub(r"([*?\[])", r"[\1]", text)
-
-
-def exact_patterns(arguments: dict[str, Any]) -> dict[str, str]:
-    return {key: glob_escape(_as_text(value)) for key, value in arguments.items()}
-
-
-def _as_text(value: Any) -> str:
-    return value if isinstance(value, str) else canonical_json(value)
-
-
-def _kind(value: Any) -> str:
-    """A value's JSON kind: string, number, boolean, null, array or object."""
-    if isinstance(value, bool) or value is None:
-        return "boolean" if value is not None else "null"
-    kinds = ((str, "string"), (int | float, "number"), (list | tuple, "array"), (dict, "object"))
-    return next((name for cls, name in kinds if isinstance(value, cls)), type(value).__name__)
-
-
-def _checked_rule(item: Pending, patterns: dict[str, str] | None) -> Rule:
+def _checked_rule(item: Pending, patterns: dict[str, str | None] | None) -> Rule:
     """The rule `patterns` make for calls like `item`, or `ConsoleRefused` saying why none."""
     if not isinstance(patterns, dict) or set(patterns) != set(item.arguments):
-        raise ConsoleRefused("a rule needs one pattern for every argument of the call, and no other")
-    if not all(isinstance(value, str) for value in patterns.values()):
-        raise ConsoleRefused("argument patterns must be strings (globs: * and ? match any text)")
-    kinds = {key: _kind(value) for key, value in item.arguments.items()}
-    rule = Rule(item.session, item.tool.name, dict(patterns), item.tool.fingerprint, kinds)
+        raise ConsoleRefused("a rule needs one term for every argument of the call, and no other")
+    for key, pattern in patterns.items():
+        if pattern is None:  # exactly the value held: always possible
+            continue
+        if not isinstance(pattern, str):
+            raise ConsoleRefused(f"the term for {visible(key)} must be a pattern (text) or null (exactly this value)")
+        why = pattern_refusal_for(item.arguments[key])
+        if why is not None:
+            raise ConsoleRefused(f"{visible(key)} can be allowed only exactly: {why}")
+        why = pattern_refusal(pattern)
+        if why is not None:
+            raise ConsoleRefused(f"the pattern for {visible(key)} is refused: {why}")
+    # A copy: the rule keeps the value the person saw, whatever later holds a reference to the call's.
+    exact = {key: copy.deepcopy(value) for key, value in item.arguments.items() if patterns[key] is None}
+    rule = Rule(item.session, item.tool.name, item.tool.fingerprint, dict(patterns), exact)
     if not rule.matches(item.session, item.tool.name, item.arguments):
         raise ConsoleRefused("those patterns do not match the call they would approve; widen them")
     return rule
@@ -335,6 +298,4 @@ __all__ = [
     "Pending",
     "Rule",
     "backend_view",
-    "exact_patterns",
-    "glob_escape",
 ]

@@ -78,7 +78,7 @@ class Console:
         return ConsoleGuard(Starlette(routes=routes), secret=self.secret, port=port)
 
     async def index(self, request: Request) -> Response:
-        return HTMLResponse(pages.pending_page(self.queue.pending()))
+        return HTMLResponse(pages.pending_page(self.queue.pending(), self.queue.rules()))
 
     async def pending(self, request: Request) -> Response:
         item = self.queue.get(request.path_params["item"])
@@ -130,7 +130,9 @@ class Console:
             "deny": "Denied: the agent is told"
             + (f" your reason: “{decision.reason.strip()}”." if decision.reason.strip() else " it was refused."),
             "edit": "Approved with your edited arguments: the call runs now.",
-            "rule": "Approved; matching calls of this session now run without asking.",
+            "rule": "Approved; calls of this session now run without asking where "
+            + (item.decision.rule.describe() if item.decision and item.decision.rule else "the rule matches")
+            + ".",
         }[decision.action]
         return JSONResponse({"message": done, "call": item.call})
 

@@ -43,6 +43,7 @@ label.reason { display:block; margin:.6rem 0; }
 label.reason input { width:100%; padding:.35rem; font:inherit; }
 details { margin:.5rem 0; }
 details label { display:block; margin:.3rem 0; }
+fieldset.term { border:1px solid var(--line); border-radius:6px; margin:.4rem 0; }
 details input, textarea { width:100%; font-family:ui-monospace, monospace; padding:.35rem; }
 .status { font-weight:600; }
 .unseen { background:#ffe08a; color:#1d2330; border-radius:3px; padding:0 .2em; font-size:.8em; }
@@ -89,8 +90,14 @@ function decide(event) {
     }
   }
   if (action === "rule") {
+    // Per argument: null for "exactly this value" (the proxy compares it with the value it holds),
+    // or the pattern typed; a value that no pattern may admit has no choice to make.
     body.patterns = {};
-    card.querySelectorAll("input[name=pattern]").forEach(i => { body.patterns[i.dataset.key] = i.value; });
+    card.querySelectorAll("fieldset.term").forEach(f => {
+      const mode = f.querySelector("select[name=mode]");
+      const input = f.querySelector("input[name=pattern]");
+      body.patterns[JSON.parse(f.dataset.key)] = mode && input && mode.value === "pattern" ? input.value : null;
+    });
   }
   post(card, body);
 }
@@ -124,6 +131,11 @@ function tick() {
   });
 }
 document.addEventListener("click", decide);
+document.addEventListener("input", e => {  // typing a pattern chooses it over the exact value
+  if (!e.target.matches || !e.target.matches("input[name=pattern]")) return;
+  const mode = e.target.closest("fieldset.term").querySelector("select[name=mode]");
+  if (mode) mode.value = "pattern";
+});
 document.addEventListener("submit", e => e.preventDefault());  // Enter in a field decides nothing
 if (document.getElementById("pending")) {
   const events = new EventSource("/events");

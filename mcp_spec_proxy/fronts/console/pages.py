@@ -16,15 +16,20 @@ import time
 from html import escape
 from typing import Any
 
-from mcp_spec_proxy.review.console import Pending, exact_patterns
+from mcp_spec_proxy.review.console import Pending
+from mcp_spec_proxy.review.rules import UNSEEN, Rule, pattern_refusal_for, visible
 
 FOLD_CHARS = 240
 """A value longer than this is shown folded: its start, and the whole on a click."""
-UNSEEN = re.compile(
-    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180e\u200b-\u200f"
-    "\u2028-\u202e\u2060-\u206f\u3164\ufeff\uffa0\ufff9-\ufffb\U000e0000-\U000e0fff]"
+RULE_WORDS = (
+    "<code>*</code> matches any characters within one part of a path, <code>?</code> exactly one;"
+    " neither matches <code>/</code>, <code>\\</code>, a line break or an invisible character, and"
+    " there is no <code>**</code>. Every other character stands for itself. Whatever the pattern,"
+    " a value with a <code>..</code> or <code>.</code> part, a control or invisible character, or"
+    " percent-escapes or look-alike characters hiding one (<code>%2e%2e</code>), is never allowed"
+    " by a pattern: such calls wait here each time. A pattern applies to text only."
 )
-"""Characters that show nothing (or move other text) yet change what a value is: controls, bidi, zero widths."""
+"""What a rule's pattern admits, as `review/rules.py` promises it, in the page's words."""
 
 
 def page(title: str, body: str, *, active: str) -> str:
@@ -46,7 +51,7 @@ def page(title: str, body: str, *, active: str) -> str:
     )
 
 
-def pending_page(items: list[Pending]) -> str:
+def pending_page(items: list[Pending], rules: list[Rule] | None = None) -> str:
     intro = (
         "<h1>Changes waiting for your approval</h1>"
         '<p class="lead">An AI agent connected through mcp-spec-proxy wants to use tools that may change'
@@ -56,7 +61,8 @@ def pending_page(items: list[Pending]) -> str:
     cards = "".join(card(item) for item in items)
     empty = '<p id="empty" class="empty"' + (" hidden" if items else "") + ">Nothing is waiting. New calls appear"
     empty += " here by themselves; keep this page open.</p>"
-    return page("Waiting for you", f'{intro}{empty}<div id="pending">{cards}</div>', active="pending")
+    body = f'{intro}{empty}<div id="pending">{cards}</div>{rules_section(rules or [])}'
+    return page("Waiting for you", body, active="pending")
 
 
 def card(item: Pending) -> str:
@@ -139,13 +145,6 @@ def leash_section(leash: dict[str, Any]) -> str:
 
 
 def decision_form(item: Pending) -> str:
-    # An unseen character (or a line break, which an input drops) becomes `?` in its exact pattern:
-    # the rule then still matches the call, and says a character is there.
-    patterns = "".join(
-        f'<label>{shown(key)} <input name="pattern" data-key="{escape(key)}"'
-        f' value="{escape(UNSEEN.sub("?", pattern).replace(chr(10), "?"))}"></label>'
-        for key, pattern in exact_patterns(item.arguments).items()
-    )
     # In JSON an unseen character can be written as its escape: the edit box shows it and stays exact.
     edit = UNSEEN.sub(_json_escape, json.dumps(item.arguments, ensure_ascii=False, indent=2))
     return (
@@ -161,10 +160,51 @@ def decision_form(item: Pending) -> str:
         '<button type="button" data-action="edit">Approve with these arguments</button></details>'
         "<details><summary>Approve, and allow calls like this for the rest of this session</summary>"
         f'<p class="note">Later calls of <code>{shown(item.tool.name)}</code> in this session run without asking'
-        " when every argument matches its pattern (<code>*</code> matches any text, <code>?</code> any one"
-        " character). Only this session, and only while the tool's server describes it as it does now.</p>"
-        f'{patterns}<button type="button" data-action="rule">Approve and allow matching calls</button></details>'
+        " when every argument is allowed below: exactly the value shown (invisible characters written as"
+        f" <code>\\u</code> escapes), or text matching a pattern you write. {RULE_WORDS} Only this session,"
+        " and only while the tool's server describes it as it does now.</p>"
+        f'{rule_terms(item.arguments)}<button type="button" data-action="rule">Approve and allow matching calls'
+        "</button></details>"
         '<p class="status" role="status"></p></form>'
+    )
+
+
+def rule_terms(arguments: dict[str, Any]) -> str:
+    """Per argument: "exactly this value" (the default), or a pattern where a pattern can admit it.
+
+    Each key travels as ASCII JSON in `data-key`: exact, and no invisible character reaches the page.
+    """
+    if not arguments:
+        return '<p class="note">No arguments: the rule allows calls with no arguments.</p>'
+    rows = []
+    for key, value in arguments.items():
+        exact = f"exactly {folded(visible(value))}"
+        why = pattern_refusal_for(value)
+        if why is not None:  # only the exact value: the page says why, and offers no pattern box
+            rows.append(
+                f'<fieldset class="term" data-key="{escape(json.dumps(key))}"><legend>{shown(key)}</legend>'
+                f'<p>{exact}</p><p class="note">Only this exact value can be allowed: {escape(why)}.</p></fieldset>'
+            )
+            continue
+        rows.append(
+            f'<fieldset class="term" data-key="{escape(json.dumps(key))}"><legend>{shown(key)}</legend>'
+            '<select name="mode"><option value="exact" selected>exactly this value</option>'
+            '<option value="pattern">text matching the pattern</option></select> '
+            f"<span>{exact}</span>"
+            f'<label>Pattern: <input name="pattern" value="{escape(value)}"></label>'
+            "</fieldset>"
+        )
+    return "".join(rows)
+
+
+def rules_section(rules: list[Rule]) -> str:
+    """The session rules in force, each written as exactly what it admits."""
+    if not rules:
+        return ""
+    listed = "".join(f"<li><code>{shown(rule.describe())}</code></li>" for rule in rules)
+    return (
+        '<section class="rules"><h2>Rules in force</h2><p class="note">Calls these match run without'
+        f" asking, in their session only. {RULE_WORDS}</p><ul>{listed}</ul></section>"
     )
 
 
