@@ -20,6 +20,7 @@ import pytest
 
 from mcp_spec_proxy.review.rules import admits
 from tests.console_world import World, calling, console_world
+from tests.harness import text_of
 from tests.test_console_attacks import audit_of, decide, opened, parsed, settle, values
 
 pytestmark = pytest.mark.anyio
@@ -190,3 +191,42 @@ def test_pattern_matching_stays_within_a_segment_and_refuses_hidden_traversal() 
         ("*a*a*a*a*a*a*a*b", "a" * 4096): False,  # and quickly: no backtracking blow-up
     }
     assert {case: admits(*case) for case in table} == table
+
+
+async def test_a_huge_integer_in_a_decision_or_an_edit_is_refused_with_one_line_and_the_call_stays_decidable(
+    tmp_path: Path,
+) -> None:
+    # Python reads no integer past 4,300 digits from text: that was a 500 with a traceback. The
+    # largest integer the wire admits must still show on the page, edit and run, every digit kept.
+    largest = int("7" * 4300)
+    async with console_world(tmp_path) as world:
+        call = calling(world, "toy__record", {"value": "x", "n": largest, "intent": "note"})
+        [item] = await world.held()
+        huge = "1" * 5000
+        async with opened(world) as client:
+            headers = {"origin": world.origin, "content-type": "application/json"}
+            bodies = {
+                "reason": f'{{"digest": "{item.digest}", "action": "deny", "reason": {huge}}}',
+                "arguments": f'{{"digest": "{item.digest}", "action": "edit", "arguments": {{"n": {huge}}}}}',
+                "patterns": f'{{"digest": "{item.digest}", "action": "rule", "patterns": {{"value": {huge}}}}}',
+            }
+            answers = {
+                name: await client.post(f"/decide/{item.id}", content=body, headers=headers)
+                for name, body in bodies.items()
+            }
+            edit_text = json.dumps({"value": "x", "n": 0})[:-1] + f', "m": {huge}}}'
+            answers["edit text"] = await decide(client, world, item, {"action": "edit", "arguments": edit_text})
+            card = await client.get(f"/pending/{item.id}")
+            assert world.queue.get(item.id) is item  # nothing was decided by any of them
+            edit = json.dumps({"value": "y"})[:-1] + f', "n": {"9" * 4300}}}'
+            edited = await decide(client, world, item, {"action": "edit", "arguments": edit})
+        result = await call.wait()
+    for name, answer in answers.items():
+        assert answer.status_code in (400, 409), (name, answer.status_code)
+        error = answer.json()["error"]
+        assert "\n" not in error and "Traceback" not in answer.text and "4300 digits" in error, name
+        assert "set_int_max_str_digits" not in error, name  # a setting of Python, not something a person can change
+    assert card.status_code == 200 and str(largest)[:200] in card.text
+    assert edited.status_code == 200 and not result.is_error, text_of(result)
+    assert values(world) == ["y"]
+    assert audit_of(world, "edited") and json.loads(world.ledger.read_text())["n"] == int("9" * 4300)

@@ -104,8 +104,10 @@ class Console:
             return JSONResponse({"error": "the decision is too large"}, status_code=413)
         try:
             data = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):  # nested past the parser's depth
+        except RecursionError:  # nested past the parser's depth
             return JSONResponse({"error": "the decision is not JSON"}, status_code=400)
+        except ValueError as exc:  # not JSON, not UTF-8, or an integer past Python's digit limit
+            return JSONResponse({"error": f"the decision is not JSON the console reads: {_unread(exc)}"}, 400)
         if not isinstance(data, dict) or data.get("action") not in ACTIONS or not isinstance(data.get("digest"), str):
             return JSONResponse({"error": f"a decision names an action ({', '.join(ACTIONS)}) and a digest"}, 400)
         reason = data.get("reason")
@@ -113,8 +115,10 @@ class Console:
         if isinstance(arguments, str):  # the page sends the edit box's text: parsed here, every digit kept
             try:
                 arguments = json.loads(arguments)
-            except (json.JSONDecodeError, RecursionError) as exc:
-                return JSONResponse({"error": f"the edited arguments are not valid JSON: {exc}"}, status_code=409)
+            except RecursionError:
+                return JSONResponse({"error": "the edited arguments are nested too deep"}, status_code=409)
+            except ValueError as exc:
+                return JSONResponse({"error": f"the edited arguments are not valid JSON: {_unread(exc)}"}, 409)
         decision = Decision(
             data["action"],
             reason if isinstance(reason, str) else "",
@@ -184,6 +188,17 @@ async def serve_console(
                 await anyio.sleep_forever()
             finally:
                 console.queue.url = None
+
+
+def _unread(exc: ValueError) -> str:
+    """One line for the person: Python's own words name a setting of Python, not of the console."""
+    if isinstance(exc, json.JSONDecodeError):
+        return str(exc)
+    if isinstance(exc, UnicodeDecodeError):
+        return "it is not UTF-8"
+    if "digits" in str(exc):
+        return f"it holds an integer longer than {sys.get_int_max_str_digits()} digits"
+    return "it could not be read"
 
 
 class _Late:
