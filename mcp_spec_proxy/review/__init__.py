@@ -9,8 +9,8 @@ must ask the person behind the client does so through a `UserChannel`.
 
 The reviewers live beside this seam: `policy` (allow, deny, human), `strong` (the one-prefill
 verifier, the repair turn, strong_then_human), `leash` (LEASH's accept layer), `console` (the
-person at the proxy's approval console), `verdict` (reading the strong model's answer); `build`
-makes the set a config uses.
+person at the proxy's approval console; `rules`, what its session rules admit), `verdict`
+(reading the strong model's answer); `build` makes the set a config uses.
 """
 
 from __future__ import annotations
