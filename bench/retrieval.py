@@ -335,7 +335,7 @@ async def rank_all(index: ToolIndex, queries: list[str], group: bool) -> tuple[l
 
 def names(hits: list[Hit]) -> list[str]:
     """Every name the hits offer: a hit's own, and the same tool's on other servers."""
-    return [name for hit in hits for name in (hit.tool.name, *hit.also)]
+    return [name for hit in hits for name in (hit.tool.name, *(other.name for other in hit.also))]
 
 
 def wire_bytes(tools: list[types.Tool]) -> int:

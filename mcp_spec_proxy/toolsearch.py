@@ -23,7 +23,12 @@ server's first listing) is never a hit, so search never offers a tool the operat
 accepted. Words and vectors are computed once per tool definition (public name and fingerprint)
 and kept while that definition is in the catalog; each field is cut first (`NAME_CHARS`,
 `DESCRIPTION_CHARS`, `ARGUMENTS_INDEXED`), so what a tool costs the index is bounded whatever its
-backend lists. An encoder that fails (an embedding endpoint
+backend lists. A backend cannot steer the hits: look-alike tools of several servers (the same
+name, or the same description: `lookalikes`) are one hit, the tool of the server the user trusts
+most (`lookalikes.preference`), the others in `also`; equal scores are ordered by that trust too,
+never by server name; and one server fills at most `share(limit)` of the hits while other servers'
+tools match at all, so a backend that stuffs its descriptions with a task's words cannot take
+every hit. An encoder that fails (an embedding endpoint
 that is down) is logged once and retried after `ENCODER_RETRY_S`; meanwhile the words alone rank.
 """
 
@@ -31,7 +36,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Literal
@@ -39,6 +45,7 @@ from typing import Any, Literal
 import anyio
 import numpy as np
 
+from mcp_spec_proxy import lookalikes
 from mcp_spec_proxy.catalog import CatalogTool, is_held
 from mcp_spec_proxy.leash.encoders import Encoder, LeashError
 from mcp_spec_proxy.toolwords import OFF_CUE, Bm25F, cue, expand, words
@@ -68,6 +75,7 @@ ENCODER_RETRY_S = 60.0
 class _Document:
     fields: dict[str, tuple[str, ...]]  # what BM25F sees (`toolwords.FIELD_WEIGHTS`)
     text: str  # what an embedding model sees: the tool in plain words
+    keys: tuple[lookalikes.Key, ...] = ()  # what makes another server's tool its look-alike (`lookalikes.keys`)
 
     @property
     def terms(self) -> tuple[str, ...]:  # what the hashing encoder sees
@@ -91,7 +99,7 @@ def document(tool: CatalogTool) -> _Document:
     text = f"{' '.join(name)}{title}, on {tool.server}: {description}"
     if arguments:
         text += " Arguments: " + "; ".join(arguments)
-    return _Document(fields, text)
+    return _Document(fields, text, lookalikes.keys(tool))
 
 
 def _terms(identifier: str) -> list[str]:
@@ -131,29 +139,47 @@ def fuse(rankings: Sequence[Sequence[int]], size: int, k: int = RRF_K) -> np.nda
 @dataclass(frozen=True)
 class Hit:
     tool: CatalogTool
-    also: tuple[str, ...] = ()  # the public names of the same tool on other servers
+    also: tuple[CatalogTool, ...] = ()  # its look-alikes on other servers, most trusted first
 
 
-def _grouped(ranked: list[CatalogTool], limit: int) -> list[Hit]:
-    groups: dict[tuple[str, str, str], list[CatalogTool]] = {}
-    for tool in ranked:
-        key = (tool.original, tool.fingerprint, tool.effect)
-        if key in groups:
-            groups[key].append(tool)
-        elif len(groups) < limit:
-            groups[key] = [tool]
-    return [Hit(first, tuple(other.name for other in rest)) for first, *rest in groups.values()]
+def share(limit: int) -> int:
+    """The most of `limit` hits one server fills while other servers' tools match: half, rounded up."""
+    return max(1, -(-limit // 2))
+
+
+def bounded(hits: Sequence[Hit], limit: int) -> list[Hit]:
+    """The first `limit` hits, a server's past `share(limit)` only after every other server's."""
+    most = share(limit)
+    counts: Counter[str] = Counter()
+    chosen: list[Hit] = []
+    spilled: list[Hit] = []
+    for hit in hits:
+        if len(chosen) == limit:
+            break
+        server = hit.tool.server
+        (chosen if counts[server] < most else spilled).append(hit)
+        counts[server] += 1
+    return chosen + spilled[: limit - len(chosen)]
 
 
 class ToolIndex:
     """Ranks the callable tools of a tool list (the live catalog) for a request in words.
 
     `tools` is read at every search, so the index follows backends that come and go and
-    definitions that are accepted; only what changed is encoded again.
+    definitions that are accepted; only what changed is encoded again. `trust` ranks servers, 0
+    for the most trusted (`lookalikes.preference`); a server it does not name comes after those
+    it does.
     """
 
-    def __init__(self, tools: Callable[[], list[CatalogTool]], encoder: Encoder | None, rank: Rank = "auto") -> None:
+    def __init__(
+        self,
+        tools: Callable[[], list[CatalogTool]],
+        encoder: Encoder | None,
+        rank: Rank = "auto",
+        trust: Mapping[str, int] | None = None,
+    ) -> None:
         self._tools = tools
+        self._trust = dict(trust or {})
         self._hashing = encoder is not None and encoder.info.name == "hashing"
         if rank == "auto":
             rank = "words" if encoder is None or self._hashing else "hybrid"
@@ -162,7 +188,9 @@ class ToolIndex:
         self._documents: dict[tuple[str, str], _Document] = {}
         self._vectors: dict[tuple[str, str], np.ndarray] = {}
         self._keys: tuple[tuple[str, str], ...] = ()
-        self._listed: list[CatalogTool] = []
+        self._listed: list[CatalogTool] = []  # most trusted server first, so equal scores rank by trust
+        self._group: list[int] = []  # per listed tool: the first (most trusted) of its look-alikes
+        self._members: dict[int, list[int]] = {}  # that first tool: its look-alikes, itself first
         self._bm25 = Bm25F([])
         self._matrix: np.ndarray | None = None
         self._lock = anyio.Lock()
@@ -171,12 +199,15 @@ class ToolIndex:
     async def search(self, query: str, limit: int, *, group: bool = True) -> list[Hit]:
         """The best `limit` callable tools for `query`, best first; none when nothing matches.
 
-        One tool served by several servers alike (the same name, definition and effect: one
-        server connected for two accounts) is one hit, its other names in `also`, so copies do not
-        crowd other tools out of the few hits a client reads (`group=False`: each its own hit)."""
+        Look-alike tools of several servers (one server connected for two accounts, or a copy
+        listed by another backend) are one hit: the most trusted server's tool, the others in
+        `also`, so copies neither crowd other tools out of the few hits a client reads nor take
+        a trusted tool's place (`group=False`: each its own hit). One server fills at most
+        `share(limit)` hits while other servers' tools match (`bounded`)."""
         async with self._lock:
             await self._refresh()
             listed, bm25, matrix = self._listed, self._bm25, self._matrix
+            group_of, members = self._group, self._members
         if not listed:
             return []
         depth = max(limit, FUSE_DEPTH)
@@ -192,8 +223,15 @@ class ToolIndex:
             fused = bool(semantic and lexical) and self._rank == "hybrid"
             ranking = top(fuse([lexical, semantic], len(listed)), depth) if fused else lexical or semantic
         if not group:
-            return [Hit(listed[i]) for i in ranking[:limit]]
-        return _grouped([listed[i] for i in ranking], limit)
+            return bounded([Hit(listed[i]) for i in ranking], limit)
+        hits, seen = [], set()
+        for index in ranking:
+            first = group_of[index]
+            if first not in seen:  # the set ranks where its best-scoring member does
+                seen.add(first)
+                own, *others = members[first]
+                hits.append(Hit(listed[own], tuple(listed[i] for i in others)))
+        return bounded(hits, limit)
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -222,7 +260,9 @@ class ToolIndex:
         self._encoder_failed_at = None
 
     async def _refresh(self) -> None:
-        listed = [tool for tool in self._tools() if not is_held(tool)]
+        unheld = [tool for tool in self._tools() if not is_held(tool)]
+        last = len(self._trust)
+        listed = sorted(unheld, key=lambda tool: self._trust.get(tool.server, last))  # stable: catalog order
         keys = tuple((tool.name, tool.fingerprint) for tool in listed)
         missing_vectors = self._encoder_usable() and any(key not in self._vectors for key in keys)
         if keys == self._keys and not missing_vectors:
@@ -240,6 +280,10 @@ class ToolIndex:
             await self._encode_documents(keys, docs)
         self._matrix = np.stack([self._vectors[key] for key in keys]) if self._vectors_complete(keys) else None
         self._keys, self._listed = keys, listed
+        self._group = lookalikes.groups(listed, [doc.keys for doc in docs])
+        self._members = {}
+        for index, first in enumerate(self._group):
+            self._members.setdefault(first, []).append(index)
 
     def _vectors_complete(self, keys: Sequence[tuple[str, str]]) -> bool:
         return bool(keys) and all(key in self._vectors for key in keys)

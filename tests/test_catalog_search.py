@@ -21,6 +21,7 @@ from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.fingerprints import FingerprintStore
 from mcp_spec_proxy.fronts import catalog_search
 from mcp_spec_proxy.leash.encoders import EncoderError, EncoderInfo, StepView
+from mcp_spec_proxy.lookalikes import preference
 from mcp_spec_proxy.testing import Reply, Respond, ScriptedModelServer
 from mcp_spec_proxy.toolsearch import ToolIndex
 from tests.harness import ERAS, approve, proxied, recorded, spawned, text_of, toy
@@ -282,14 +283,16 @@ async def test_one_tool_served_by_several_servers_is_one_hit_naming_the_others()
     catalog.set_tools("work", [send])
     catalog.set_tools("home", [send])
     catalog.set_tools("other", [draft])
-    hits = await ToolIndex(catalog.tools, None, "words").search("send an email", 2)
-    ungrouped = await ToolIndex(catalog.tools, None, "words").search("send an email", 2, group=False)
+    trust = preference(cfg.servers)
+    hits = await ToolIndex(catalog.tools, None, "words", trust).search("send an email", 2)
+    ungrouped = await ToolIndex(catalog.tools, None, "words", trust).search("send an email", 2, group=False)
 
-    assert [(hit.tool.name, hit.also) for hit in hits] == [
-        ("home__send_mail", ("work__send_mail",)),
-        ("other__draft_mail", ()),
+    # The hit is the tool of the server listed first (`work`), not of the one whose name sorts first.
+    assert [(hit.tool.name, [other.name for other in hit.also]) for hit in hits] == [
+        ("work__send_mail", ["home__send_mail"]),
+        ("other__draft_mail", []),
     ]
-    assert [hit.tool.name for hit in ungrouped] == ["home__send_mail", "work__send_mail"]
+    assert [hit.tool.name for hit in ungrouped] == ["work__send_mail", "home__send_mail"]
 
 
 async def test_the_installed_command_serves_search_mode_from_servers_yaml(tmp_path: Path) -> None:

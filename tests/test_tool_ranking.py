@@ -25,12 +25,13 @@ def tool(name: str, description: str = "", arguments: tuple[str, ...] = (), **mo
     return types.Tool(name=name, description=description, input_schema=schema, **more)
 
 
-async def ranked(query: str, **servers: list[types.Tool]) -> list[str]:
+async def ranked(query: str, group: bool = True, **servers: list[types.Tool]) -> list[str]:
     cfg = ProxyConfig.model_validate({"servers": {name: {"command": "x"} for name in servers}})
     catalog = Catalog(cfg, FingerprintStore(None))
     for name, tools in servers.items():
         catalog.set_tools(name, tools)
-    return [hit.tool.name for hit in await ToolIndex(catalog.tools, None, "words").search(query, 5)]
+    hits = await ToolIndex(catalog.tools, None, "words").search(query, 5, group=group)
+    return [hit.tool.name for hit in hits]
 
 
 @pytest.mark.parametrize(
@@ -75,13 +76,14 @@ async def test_a_word_in_a_tool_s_name_counts_more_than_the_same_word_among_its_
 
 async def test_the_request_s_verb_prefers_tools_of_the_effect_it_asks_for() -> None:
     # The same words on two servers, a read on one and a write on the other: only the verb decides.
+    # (Ungrouped: grouped, two servers' tools of one name are look-alikes and one hit.)
     servers = {
         "looks": [tool("notes", "The team's notes.", annotations=READ)],
         "writes": [tool("notes", "The team's notes.")],
     }
 
-    assert (await ranked("what notes does the team keep", **servers))[0] == "looks__notes"
-    assert (await ranked("wipe and rewrite the team notes: delete them", **servers))[0] == "writes__notes"
+    assert (await ranked("what notes does the team keep", False, **servers))[0] == "looks__notes"
+    assert (await ranked("wipe and rewrite the team notes: delete them", False, **servers))[0] == "writes__notes"
 
 
 def test_the_cue_is_a_question_or_the_first_verb_that_reads_or_changes() -> None:

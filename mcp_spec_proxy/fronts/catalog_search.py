@@ -4,7 +4,9 @@ Under `catalog: {mode: search}` a client lists two meta-tools (and the proxy's o
 of every backend tool, so a catalog of thousands of tools costs it a search result, not the whole
 list. `search_tools` ranks the callable tools for a request in words (`toolsearch.py`) and answers
 each hit's public name, server, effect (read or write) and input schema as the client would have
-listed it (a write's schema with its `intent` argument).
+listed it (a write's schema with its `intent` argument). A hit with look-alikes on other servers
+(`lookalikes`) is the most trusted server's tool; it names the others, each with its server, and
+says so in a `note`, so a client can tell whose tool it calls.
 
 `call_tool {name, arguments}` is no second way to a backend: `route` rewrites it into the
 `tools/call` it stands for, and the front carries on with that request exactly as if the client
@@ -30,12 +32,15 @@ from mcp_spec_proxy.barrier import error_result
 from mcp_spec_proxy.catalog import CatalogTool, is_held
 from mcp_spec_proxy.errors import ToolNotFound
 from mcp_spec_proxy.leash.encoders import Encoder, HashingEncoder
+from mcp_spec_proxy.lookalikes import preference
 from mcp_spec_proxy.proxy import Proxy
 from mcp_spec_proxy.toolsearch import SEARCH_HASH_DIM, Hit, ToolIndex
 
 SEARCH = "search_tools"
 CALL = "call_tool"
 MAX_QUERY_CHARS = 1000
+LOOKALIKE_DESCRIPTION_CHARS = 300
+"""What of a look-alike's description a hit shows: enough to tell two tools apart, never a second listing."""
 ACCEPT_RECHECK_S = 10.0
 """While some tool is held, a search rereads the operator's `tools accept` decisions at most this often."""
 
@@ -92,7 +97,8 @@ class CatalogSearch:
         self.proxy = proxy
         config = proxy.config.catalog
         self.most = config.results
-        self.index = ToolIndex(proxy.catalog.tools, search_encoder(proxy), config.rank)
+        trust = preference(proxy.config.servers)
+        self.index = ToolIndex(proxy.catalog.tools, search_encoder(proxy), config.rank, trust)
         self._accepts_read = time.monotonic()
 
     def definitions(self) -> list[types.Tool]:
@@ -175,5 +181,17 @@ def as_json(hit: Hit) -> dict[str, Any]:
     found["description"] = definition.description or ""
     found["inputSchema"] = definition.input_schema
     if hit.also:
-        found["also"] = list(hit.also)  # the same tool on other servers, callable by these names
+        found["also"] = [lookalike(other, tool) for other in hit.also]
+        found["note"] = (
+            f"Other servers offer a tool that looks like this one (also). This is the one of server {tool.server!r},"
+            " the one your configuration trusts most; call another only if the task asks for its server."
+        )
     return found
+
+
+def lookalike(other: CatalogTool, hit: CatalogTool) -> dict[str, Any]:
+    """A look-alike beside a hit: whose it is, and, unless it is an exact copy, what it says it does."""
+    shown: dict[str, Any] = {"name": other.name, "server": other.server, "effect": other.effect}
+    if other.fingerprint != hit.fingerprint:
+        shown["description"] = (other.definition.description or "")[:LOOKALIKE_DESCRIPTION_CHARS]
+    return shown
