@@ -205,12 +205,15 @@ class Gate:
         verified: bool = False,
         executor: Executor | None = None,
         step: Step | None = None,
+        decided: Callable[[Verdict], Awaitable[None]] | None = None,
     ) -> Outcome:
         """Hold `call` until the verdict its tool's policy asks for; forward it only if accepted.
 
         `strong` replaces the configured strong reviewer for this call (the engine's verifier over
         its own tool view); `verified` says the loop verifies this segment with it whatever the
-        tool's reviewer (SpecAgent's `spec`); `executor` runs an accepted call that is not a backend's.
+        tool's reviewer (SpecAgent's `spec`); `executor` runs an accepted call that is not a backend's;
+        `decided` hears the verdict once it is audited, before anything runs (a client's tool may
+        run only at the client's next request, and the verdict belongs to this one).
         """
         tool = call.tool
         reviewer, flagged = await self._reviewer(call, strong, verified)
@@ -256,6 +259,8 @@ class Gate:
             latency_ms=latency_ms,
             **({"evidence": verdict.evidence} if verdict.evidence else {}),
         )
+        if decided is not None:
+            await decided(verdict)
         if not verdict.accepted:
             await self._audit.record("blocked", call=call.id, session=call.session)
             await self._label(call, verdict)
