@@ -281,6 +281,7 @@ class _Run:
         executor = self.run_client if tool.server == CLIENT else None
         if executor is not None and self.client is None:
             raise _Stop("model_error", f"{tool.name} is a client tool but no client can run it")
+
         async def decided(verdict: Verdict) -> None:
             # Heard as the gate decides, not when the call returns: a gateway client runs its own
             # tool only at its next request, and the verdict (and what it cost) is this request's.
