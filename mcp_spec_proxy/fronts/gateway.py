@@ -17,7 +17,8 @@ to it through a bridge:
 
 The models see the session's own transcript, not the client's: a rejected step the client
 already ran stays in the client's transcript but is gone from the history the models see.
-`--telemetry FILE` gets one line per request with the decision, verdicts and model calls.
+`--telemetry FILE` gets one line per request with the decision, verdicts and model calls (each
+verdict on the line of the request that handed its call out, not of the one bringing its result).
 
 At the door (`Gateway.app`): the Host, and the Origin when a browser sends one, must name this
 server (DNS-rebinding protection; `--allow-host` adds names); with a token (`--token-env`) every
@@ -222,6 +223,7 @@ class Gateway:
         await self.telemetry.record(
             "gateway_request",
             session=session.key,
+            **({"session_name": session.name} if session.name is not None else {}),  # the client's X-Session-Id
             decision=_decision(action),
             verdicts=[data for kind, data in events if kind == "verdict"],
             model_calls=[data for kind, data in events if kind == "model_call"],
