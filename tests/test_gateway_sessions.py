@@ -247,6 +247,34 @@ async def test_conversations_with_the_same_opening_run_side_by_side(tmp_path: Pa
     assert not any("forged" in json.dumps(r.messages) for r in g.weak_saw("sun-a") + g.weak_saw("rain-b"))
 
 
+async def test_a_tool_result_sent_twice_at_once_drives_the_run_once(tmp_path: Path) -> None:
+    """A replay races the original: the session is claimed by one of them, the other starts afresh."""
+
+    def weak(request: ChatRequest) -> Reply | str:
+        seen = tool_outputs(request)
+        if not seen:
+            return Reply(tool_calls=[ToolCall("get_weather", {})])
+        if len(seen) == 1:
+            return Reply(tool_calls=[ToolCall("toy__record", {"value": seen[0]})])
+        return f"logged {seen[0]}"
+
+    async with gateway(tmp_path, weak) as g:
+        opening = [SYSTEM, {"role": "user", "content": "Log today's weather"}]
+        with anyio.fail_after(30):
+            handed_out = await g.chat(opening)
+            replies: list[httpx.Response] = []
+
+            async def send() -> None:
+                replies.append(await g.chat(with_result(opening, handed_out, "sun")))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(send)
+                tg.start_soon(send)
+    contents = sorted(str(message(r).get("content")) for r in replies)
+    assert contents == ["None", "logged sun"]  # one answer; the other is a fresh run's own tool call
+    assert recorded(g.record_file) == ['{"value": "sun"}']
+
+
 def emailer(request: ChatRequest) -> Reply | str:
     """Each conversation mails its user's name: a client write, verified, then handed out."""
     if tool_outputs(request):
