@@ -38,6 +38,9 @@ from mcp_spec_proxy.engine import RunResult
 from mcp_spec_proxy.fronts.chat_wire import message_text
 from mcp_spec_proxy.trajectory import Step
 
+EMPTY = hashlib.sha256(b"mcp-spec-proxy gateway transcript").digest()
+"""The digest of no messages: where every session starts."""
+
 
 @dataclass
 class ToolCallOut:
@@ -134,9 +137,6 @@ class GatewaySession:
         """Let go: the run is cancelled, and a request waiting on it hears the stream end."""
         self.scope.cancel()
         self.actions_in.close()
-
-
-EMPTY = hashlib.sha256(b"mcp-spec-proxy gateway transcript").digest()
 
 
 def prefix_digests(messages: Sequence[dict[str, Any]]) -> list[bytes]:
