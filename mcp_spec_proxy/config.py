@@ -151,6 +151,10 @@ class GatewayConfig(_Strict):
     client_read_only: list[str] = Field(
         default_factory=lambda: ["get_*", "read_*", "list_*", "search_*", "find_*", "lookup_*", "fetch_*"]
     )
+    # Conversations kept at once (past it the least recently used is let go, its run cancelled),
+    # and how long one may sit idle before it is let go.
+    max_sessions: int = Field(default=1024, ge=1)
+    session_idle_s: float = Field(default=3600.0, gt=0)
 
 
 class EmbeddingEndpoint(_Strict):

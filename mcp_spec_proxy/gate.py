@@ -19,7 +19,8 @@ and its `reviewer`. The effective reviewer is the tool's override or `review.def
   `spec` (`verified=True`) always gets the engine's strong verifier, which reviews the whole
   drafted segment in one request — and then the user too, where the tool's reviewer is `human`;
 * `allow` forwards with an audit line — unless LEASH's shadow observer flags the call, which
-  then goes to the strong model (or the user).
+  then goes to the strong model (or the user). Every such escalation, the front's or the
+  engine's (`GateCall.flagged`), is audited here as `leash-escalated` on the call's id.
 
 A person may approve an edited call (the approval console): the verdict carries the edited
 arguments, the gate audits the edit (`edited`: both digests) and forwards those.
@@ -204,15 +205,22 @@ class Gate:
         verified: bool = False,
         executor: Executor | None = None,
         step: Step | None = None,
+        decided: Callable[[Verdict], Awaitable[None]] | None = None,
     ) -> Outcome:
         """Hold `call` until the verdict its tool's policy asks for; forward it only if accepted.
 
         `strong` replaces the configured strong reviewer for this call (the engine's verifier over
         its own tool view); `verified` says the loop verifies this segment with it whatever the
-        tool's reviewer (SpecAgent's `spec`); `executor` runs an accepted call that is not a backend's.
+        tool's reviewer (SpecAgent's `spec`); `executor` runs an accepted call that is not a backend's;
+        `decided` hears the verdict once it is audited, before anything runs (a client's tool may
+        run only at the client's next request, and the verdict belongs to this one).
         """
         tool = call.tool
         reviewer, flagged = await self._reviewer(call, strong, verified)
+        if call.flagged and flagged is None:
+            # The engine's shadow observer flagged it (its score is in telemetry): audited here like
+            # the front's, whichever reviewer the call meets, so the trail has every escalation.
+            flagged = {"to": reviewer.name, "layer": "flagged by the engine"}
         common = {
             "call": call.id,
             "session": call.session,
@@ -251,6 +259,8 @@ class Gate:
             latency_ms=latency_ms,
             **({"evidence": verdict.evidence} if verdict.evidence else {}),
         )
+        if decided is not None:
+            await decided(verdict)
         if not verdict.accepted:
             await self._audit.record("blocked", call=call.id, session=call.session)
             await self._label(call, verdict)
@@ -333,8 +343,7 @@ class Gate:
         if call.baseline is not None and mode in (*MODEL_REVIEWS, "allow") and not call.flagged:
             return _Authored(call.baseline, f"the operator's {call.baseline} baseline runs its steps unreviewed"), None
         if mode == "allow" and call.flagged:
-            escalated = strong or self._reviewers.get("strong") or self._reviewers["human"]
-            return escalated, {"to": escalated.name, "layer": "flagged by the engine"}
+            return strong or self._reviewers.get("strong") or self._reviewers["human"], None
         if mode == "allow":
             if self._leash is not None:
                 score = await self._leash.step_score(call.request.segment.held)

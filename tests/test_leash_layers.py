@@ -138,6 +138,39 @@ async def test_an_unreviewed_write_that_looks_like_past_failures_is_reviewed_aft
     assert len(escalated) == 1 and escalated[0]["score"] >= 0.6 and escalated[0]["neighbours"]
 
 
+async def test_a_strong_led_step_that_looks_like_past_failures_is_reviewed_and_audited_as_escalated(
+    tmp_path: Path,
+) -> None:
+    """The engine's shadow observer: a strong-led write (which `strong` would let stand unreviewed,
+    the strong model wrote it) that looks like past failures goes to the reviewer after all, and the
+    gate audits that as `leash-escalated` on the call's own id, as it does at the MCP front."""
+    root = files(tmp_path)
+    target = str(root / "notes.txt")
+    task = "Tidy up the quarterly notes file"
+    await seed_tasks(tmp_path, [task] * 4, success=False)
+    await seed_steps(tmp_path, [Step("fs__write_file", {"path": target, "content": ""}, "write")] * 4, "failure")
+    turns = iter([Reply(tool_calls=[ToolCall("fs__write_file", {"path": target, "content": ""})])])
+    instead = {"tool": "fs__read_text_file", "arguments": {"path": target}}
+
+    def answer(request: ChatRequest) -> Reply | str:
+        if request.json_schema is not None:
+            return verdict(0, "that would wipe the notes", instead)
+        return next(turns, "I left the notes as they are.")
+
+    async with ScriptedModelServer(Respond(answer)) as server:
+        cfg = world(root, server, tmp_path, review={"default": "strong"})
+        async with proxied(cfg, tmp_path / "state") as p:
+            assert p.proxy.engine is not None
+            result = await p.proxy.engine.run(task, "spec+leash")
+    assert result.answer == "I left the notes as they are."
+    assert (root / "notes.txt").read_text() == "buy milk\n"  # the ledger: the flagged write never ran
+    events = read_audit(tmp_path / "state" / "audit.jsonl")
+    held = [e for e in events if e["event"] == "held" and e["tool"] == "fs__write_file"]
+    escalated = [e for e in events if e["event"] == "leash-escalated"]
+    assert len(held) == 1 and held[0]["author"] == "strong" and held[0]["reviewer"] == "strong"
+    assert [(e["call"], e["to"]) for e in escalated] == [(held[0]["call"], "strong")]
+
+
 async def test_outcome_reports_label_tasks_through_the_mcp_tool(tmp_path: Path) -> None:
     root = files(tmp_path)
     drafts = iter([Reply(tool_calls=[ToolCall("fs__read_text_file", {"path": str(root / "notes.txt")})]), "Milk."])

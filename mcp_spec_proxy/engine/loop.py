@@ -281,11 +281,16 @@ class _Run:
         executor = self.run_client if tool.server == CLIENT else None
         if executor is not None and self.client is None:
             raise _Stop("model_error", f"{tool.name} is a client tool but no client can run it")
+
+        async def decided(verdict: Verdict) -> None:
+            # Heard as the gate decides, not when the call returns: a gateway client runs its own
+            # tool only at its next request, and the verdict (and what it cost) is this request's.
+            await self.log_verdict(step, verdict)
+
         outcome = await self.engine.gate.write(
-            call, self.user, strong=self.reviewer, verified=verified, executor=executor, step=step
+            call, self.user, strong=self.reviewer, verified=verified, executor=executor, step=step, decided=decided
         )
         verdict = outcome.verdict
-        await self.log_verdict(step, verdict)
         if outcome.result is None:
             refusal = blocked_result(tool, verdict)
             step.observation = str(getattr(refusal.content[0], "text", ""))

@@ -3,9 +3,10 @@
 `POST /v1/chat/completions` (plain and streaming) and `GET /v1/models`. The `model` field picks
 the mode: `spec` (the default, also `mcp-spec-proxy`), `weak-only` or `strong-only`.
 
-Each client session keeps its own state: the `X-Session-Id` header names it, or else the
-conversation's opening (system and first user message, and the tool names) does. A session runs
-the engine in a background task and talks to it through a bridge:
+Each client conversation keeps its own session (`gateway_sessions.py` says which session a
+request continues: never one whose messages are not an exact prefix of the request's, and never
+by accident; `X-Session-Id` names one). A session runs the engine in a background task and talks
+to it through a bridge:
 
 * tools the client sent in the request are the client's: when the engine needs one run, the
   gateway answers the HTTP request with an ordinary `tool_calls` message, and the engine goes on
@@ -16,7 +17,8 @@ the engine in a background task and talks to it through a bridge:
 
 The models see the session's own transcript, not the client's: a rejected step the client
 already ran stays in the client's transcript but is gone from the history the models see.
-`--telemetry FILE` gets one line per request with the decision, verdicts and model calls.
+`--telemetry FILE` gets one line per request with the decision, verdicts and model calls (each
+verdict on the line of the request that handed its call out, not of the one bringing its result).
 
 At the door (`Gateway.app`): the Host, and the Origin when a browser sends one, must name this
 server (DNS-rebinding protection; `--allow-host` adds names); with a token (`--token-env`) every
@@ -32,20 +34,17 @@ model wrote) still makes a valid answer.
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
 import mcp_types as types
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -53,13 +52,21 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from mcp_spec_proxy.catalog import CLIENT, Catalog, CatalogTool, check_arguments
-from mcp_spec_proxy.engine import MODES, Engine, Mode, RunResult
+from mcp_spec_proxy.engine import MODES, Engine, Mode
 from mcp_spec_proxy.errors import ProxyError, ToolNotFound
 from mcp_spec_proxy.fronts.asgi import BearerToken, HostGuard, host_names, serve_asgi
 from mcp_spec_proxy.fronts.chat_wire import AsciiJSON, chunks, error_response, message_text, rendered
+from mcp_spec_proxy.fronts.gateway_sessions import (
+    Action,
+    Answer,
+    Failure,
+    GatewaySession,
+    Sessions,
+    ToolCallOut,
+    prefix_digests,
+)
 from mcp_spec_proxy.proxy import Proxy
 from mcp_spec_proxy.telemetry import Telemetry
-from mcp_spec_proxy.trajectory import Step
 
 if TYPE_CHECKING:
     import jsonschema
@@ -68,71 +75,8 @@ logger = logging.getLogger(__name__)
 
 STOPPED_AT_A_LIMIT = ("max_steps", "max_segments", "timeout")
 SESSION_HEADERS = ("x-session-id", "mcp-spec-proxy-session")
+LET_GO_WAIT_S = 10.0  # how long a request waits for the runs of sessions it let go to unwind
 MODEL_ALIASES: dict[str, Mode] = {"mcp-spec-proxy": "spec", **{mode: mode for mode in MODES}}
-
-
-@dataclass
-class _ToolCall:
-    step: Step
-    call_id: str
-
-
-@dataclass
-class _Answer:
-    text: str
-    result: RunResult
-    finish: str = "stop"
-
-
-@dataclass
-class _Failure:
-    message: str
-    # 424, not 502: SDKs (openai's included) retry 5xx, and a retried turn finds its messages taken.
-    status: int = 424
-    code: str = "upstream_error"
-
-
-_Action = _ToolCall | _Answer | _Failure
-
-
-@dataclass
-class _Pending:
-    step: Step
-    done: anyio.Event = field(default_factory=anyio.Event)
-    observation: str = ""
-    is_error: bool = False
-
-
-class GatewaySession:
-    """One client conversation: the models' transcript, the running task, the calls out to the client."""
-
-    def __init__(self, key: str) -> None:
-        self.key = key
-        self.transcript: list[dict[str, Any]] = []  # what the models see
-        self.consumed = 0  # client messages already taken in
-        self.pending: dict[str, _Pending] = {}
-        self.running = False
-        self.lock = anyio.Lock()
-        self.events: list[tuple[str, dict[str, Any]]] = []
-        send, receive = anyio.create_memory_object_stream[_Action](16)
-        self.actions_in: MemoryObjectSendStream[_Action] = send
-        self.actions_out: MemoryObjectReceiveStream[_Action] = receive
-
-    async def call(self, step: Step) -> tuple[str, bool]:
-        """The engine's way to run a client tool: hand it to the client, wait for its result."""
-        call_id = f"call_{uuid.uuid4().hex[:16]}"
-        pending = self.pending[call_id] = _Pending(step)
-        await self.actions_in.send(_ToolCall(step, call_id))
-        await pending.done.wait()
-        del self.pending[call_id]
-        return pending.observation, pending.is_error
-
-    def observe(self, kind: str, data: dict[str, Any]) -> None:
-        self.events.append((kind, data))
-
-    def drain(self) -> list[tuple[str, dict[str, Any]]]:
-        events, self.events = self.events, []
-        return events
 
 
 class BadRequest(ProxyError):
@@ -194,7 +138,7 @@ class ClientToolView:
 
 
 class Gateway:
-    def __init__(self, proxy: Proxy) -> None:
+    def __init__(self, proxy: Proxy, *, clock: Callable[[], float] = time.monotonic) -> None:
         if proxy.engine is None:
             raise ProxyError(
                 f"the gateway needs models.{proxy.config.review.model} (and models.weak for spec and weak-only)"
@@ -202,7 +146,8 @@ class Gateway:
         self.engine: Engine = proxy.engine
         self.proxy = proxy
         self.telemetry: Telemetry = proxy.telemetry
-        self.sessions: dict[str, GatewaySession] = {}
+        settings = proxy.config.gateway
+        self.sessions = Sessions(settings.max_sessions, settings.session_idle_s, clock)
         self._tg: anyio.abc.TaskGroup | None = None
 
     def app(
@@ -254,22 +199,37 @@ class Gateway:
             _require_json(request)
             body = await _json(request)
             mode, messages, tools, stream, include_usage = _parse(body)
-            session = self._session(request, messages, tools)
-            async with session.lock:
-                action = await self._advance(session, mode, messages, tools)
-                events = session.drain()
+            name = next((request.headers[h] for h in SESSION_HEADERS if h in request.headers), None)
+            digests = await anyio.to_thread.run_sync(prefix_digests, messages)  # a long conversation is CPU work
+            # From here to `took_in` nothing awaits: the session a request continues is claimed at
+            # once, so a concurrent request with the same messages cannot continue it too.
+            let_go = self.sessions.sweep()
+            session = self.sessions.find(name, messages, digests) or GatewaySession(name, self.sessions.clock())
+            start = _take_in(session, messages)
+            let_go += self.sessions.took_in(session, messages, digests[-1])
+            if start:
+                self._start(session, mode, tools)
+            session.busy += 1
+            try:
+                await _unwound(let_go)
+                async with session.lock:
+                    action = await self._receive(session)
+                    events = session.drain()
+            finally:
+                session.busy -= 1
         except BadRequest as exc:
             return error_response(exc.status, str(exc), exc.code)
         response = _completion(action, events, str(body.get("model") or "spec"))
         await self.telemetry.record(
             "gateway_request",
             session=session.key,
-            decision=type(action).__name__.strip("_").lower(),
+            **({"session_name": session.name} if session.name is not None else {}),  # the client's X-Session-Id
+            decision=_decision(action),
             verdicts=[data for kind, data in events if kind == "verdict"],
             model_calls=[data for kind, data in events if kind == "model_call"],
         )
-        if isinstance(action, _Failure):
-            self.sessions.pop(session.key, None)  # the same request sent again starts the turn afresh
+        if isinstance(action, Failure):
+            self.sessions.drop(session)  # the same request sent again starts the turn afresh
             failed = error_response(action.status, action.message, action.code)
             failed.headers["x-should-retry"] = "false"  # the openai SDK's own flag, for the 500s too
             return failed
@@ -277,85 +237,105 @@ class Gateway:
             return StreamingResponse(chunks(response, include_usage), media_type="text/event-stream")
         return AsciiJSON(response)
 
-    def _session(self, request: Request, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> GatewaySession:
-        key = next((request.headers[h] for h in SESSION_HEADERS if h in request.headers), None)
-        if key is None:
-            opening = [m for m in messages if m.get("role") in ("system", "developer")][:1]
-            opening += [m for m in messages if m.get("role") == "user"][:1]
-            names = sorted(str((t.get("function") or {}).get("name")) for t in tools)
-            key = "prefix-" + hashlib.sha256(json.dumps([opening, names], sort_keys=True).encode()).hexdigest()[:16]
-        session = self.sessions.get(key)
-        if session is None or len(messages) < session.consumed:  # a new conversation under an old name
-            session = self.sessions[key] = GatewaySession(key)
-        return session
-
-    async def _advance(
-        self, session: GatewaySession, mode: Mode, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
-    ) -> _Action:
-        new = messages[session.consumed :]
-        session.consumed = len(messages)
-        started_run = False
-        for message in new:
-            role = message.get("role")
-            if role == "tool":
-                pending = session.pending.get(str(message.get("tool_call_id")))
-                if pending is not None:
-                    pending.observation = message_text(message.get("content"))
-                    pending.is_error = False
-                    pending.done.set()
-            elif role in ("user", "system", "developer") and not session.running:
-                session.transcript.append({"role": role, "content": message.get("content")})
-                started_run = role == "user"
-            elif role == "user":
-                raise BadRequest(
-                    "a new user message arrived while the previous turn still waits for a tool result", 409
-                )
-        if started_run:
-            self._start(session, mode, tools)
-        elif not session.running:
-            raise BadRequest("nothing to do: end the conversation with a user message or the pending tool results")
-        with anyio.fail_after(self.engine.limits.max_wall_s + 5):
-            return await session.actions_out.receive()
+    async def _receive(self, session: GatewaySession) -> Action:
+        """The run's next action: the answer to this request."""
+        try:
+            with anyio.fail_after(self.engine.limits.max_wall_s + 5):
+                action = await session.actions_out.receive()
+        except anyio.EndOfStream:
+            return Failure(
+                "this conversation's session was let go before it answered (idle too long, or too many"
+                " sessions at once); send the conversation again to start it afresh",
+                code="session_let_go",
+            )
+        if isinstance(action, Answer):
+            session.answer = action.text  # what the client echoes back before its next user message
+        self.sessions.touch(session)
+        return action
 
     def _start(self, session: GatewaySession, mode: Mode, tools: list[dict[str, Any]]) -> None:
         assert self._tg is not None
         gateway = self.proxy.config.gateway
         view = ClientToolView(self.proxy.catalog if gateway.backend_tools else None, tools, gateway.client_read_only)
         session.running = True
+        session.ended = anyio.Event()
         transcript = list(session.transcript)
 
         async def run() -> None:
-            action: _Action
+            action: Action
             try:
-                action = await self._turn(session, transcript, mode, view)
-            except Exception:
-                # This task's boundary: what escapes here would end the gateway's task group, and
-                # every later request from every client would fail. It ends this session's turn only.
-                logger.exception("gateway: session %s failed", session.key)
-                message = "the gateway failed on this turn (its log has the details); other sessions are unaffected"
-                action = _Failure(message, 500, "internal_error")
+                with session.scope:  # cancelled when the session is let go
+                    try:
+                        action = await self._turn(session, transcript, mode, view)
+                    except Exception:
+                        # This task's boundary: what escapes here would end the gateway's task group, and
+                        # every later request from every client would fail. It ends this session's turn only.
+                        logger.exception("gateway: session %s failed", session.key)
+                        message = (
+                            "the gateway failed on this turn (its log has the details); other sessions are unaffected"
+                        )
+                        action = Failure(message, 500, "internal_error")
+                    finally:
+                        session.running = False
+                    with suppress(anyio.ClosedResourceError):  # let go meanwhile: no one will read it
+                        await session.actions_in.send(action)
             finally:
                 session.running = False
-            await session.actions_in.send(action)
+                session.ended.set()
 
         self._tg.start_soon(run, name=f"gateway:{session.key}")
 
     async def _turn(
         self, session: GatewaySession, transcript: list[dict[str, Any]], mode: Mode, view: ClientToolView
-    ) -> _Action:
+    ) -> Action:
         try:
             result = await self.engine.run(transcript, mode, tools=view, client=session, observe=session.observe)
         except ProxyError as exc:
-            return _Failure(f"the task failed: {exc}")
+            return Failure(f"the task failed: {exc}")
         session.transcript.extend(rendered(result))
         if result.answer is None and result.status in STOPPED_AT_A_LIMIT:
             # A clean stop, not an upstream failure: OpenAI's own word for it is finish_reason "length".
             steps = len(result.steps)
             text = f"[mcp-spec-proxy] stopped at a limit ({result.status}) before an answer; {steps} steps ran."
-            return _Answer(text, result, finish="length")
+            return Answer(text, result, finish="length")
         if result.answer is None:
-            return _Failure(f"the task ended without an answer: {result.status} {result.error or ''}".strip())
-        return _Answer(result.answer, result)
+            return Failure(f"the task ended without an answer: {result.status} {result.error or ''}".strip())
+        return Answer(result.answer, result)
+
+
+def _take_in(session: GatewaySession, messages: list[dict[str, Any]]) -> bool:
+    """Take the request's new messages into `session`; True when they start a run. A request the
+    session cannot take is refused before anything in the session changes."""
+    new = messages[session.consumed :]
+    if session.running:
+        if any(m.get("role") == "user" for m in new):
+            raise BadRequest("a new user message arrived while the previous turn still waits for a tool result", 409)
+        for message in new:
+            pending = (
+                session.pending.pop(str(message.get("tool_call_id")), None) if message.get("role") == "tool" else None
+            )
+            if pending is not None:
+                pending.observation = message_text(message.get("content"))
+                pending.is_error = False
+                pending.done.set()
+        return False
+    said = [m for m in new if m.get("role") in ("user", "system", "developer")]
+    if not said or said[-1].get("role") != "user":
+        raise BadRequest("nothing to do: end the conversation with a user message or the pending tool results")
+    session.transcript.extend({"role": m.get("role"), "content": m.get("content")} for m in said)
+    return True
+
+
+async def _unwound(sessions: list[GatewaySession]) -> None:
+    """Wait (bounded) for the runs of sessions just let go to unwind, so what their cancel
+    interrupted is on the audit trail before this request goes on."""
+    with anyio.move_on_after(LET_GO_WAIT_S):
+        for session in sessions:
+            await session.ended.wait()
+
+
+def _decision(action: Action) -> str:
+    return {ToolCallOut: "toolcall", Answer: "answer", Failure: "failure"}[type(action)]
 
 
 def _require_json(request: Request) -> None:
@@ -395,7 +375,7 @@ def _parse(body: dict[str, Any]) -> tuple[Mode, list[dict[str, Any]], list[dict[
     return MODEL_ALIASES[model], messages, tools, bool(body.get("stream")), bool(options.get("include_usage"))
 
 
-def _completion(action: _Action, events: list[tuple[str, dict[str, Any]]], model: str) -> dict[str, Any]:
+def _completion(action: Action, events: list[tuple[str, dict[str, Any]]], model: str) -> dict[str, Any]:
     calls = [data for kind, data in events if kind == "model_call"]
     usage = {
         "prompt_tokens": sum(c["prompt_tokens"] for c in calls),
@@ -405,13 +385,13 @@ def _completion(action: _Action, events: list[tuple[str, dict[str, Any]]], model
     }
     message: dict[str, Any] = {"role": "assistant", "content": None}
     finish = "stop"
-    if isinstance(action, _ToolCall):
+    if isinstance(action, ToolCallOut):
         arguments = json.dumps(action.step.arguments, ensure_ascii=False)
         message["tool_calls"] = [
             {"id": action.call_id, "type": "function", "function": {"name": action.step.tool, "arguments": arguments}}
         ]
         finish = "tool_calls"
-    elif isinstance(action, _Answer):
+    elif isinstance(action, Answer):
         message["content"] = action.text
         finish = action.finish
     return {
