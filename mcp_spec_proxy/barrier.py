@@ -280,8 +280,11 @@ class Barrier:
         original = segment.held.tool
         arguments, intent = strip_intent(step.tool, step.arguments)
         executed = Step(step.tool.name, arguments, step.tool.effect, intent=intent)
+        # The accepted prefix was judged (and labelled) with the rejected call, and commits with
+        # whatever happens next: the substitute's reviewer reads it as committed history.
         prefix = segment.steps[: verdict.accepted_steps]
-        request = ReviewRequest(session.id, step.tool, arguments, intent, Segment((*prefix, executed)), session.history)
+        history = History(session.history.commit_every, [*session.history.committed, *prefix])
+        request = ReviewRequest(session.id, step.tool, arguments, intent, Segment((executed,)), history)
         author: Author = "replacement" if step.source == "replacement" else "repair"
         if step.tool.effect == "read":
             try:

@@ -9,16 +9,22 @@ filesystem are what really ran, and the LEASH bank counts the labels.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import anyio
 import mcp_types as types
 import pytest
+from mcp.server import Server
 
+from mcp_spec_proxy.config import LeashConfig
+from mcp_spec_proxy.leash.layers import Leash
 from mcp_spec_proxy.prompts import review_steps
-from mcp_spec_proxy.testing import ChatRequest, Respond, ScriptedModelServer
-from tests.harness import proxied, recorded, segment_length, text_of, toy, verdict
+from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
+from mcp_spec_proxy.trajectory import Step
+from tests import backends
+from tests.harness import proxied, recorded, segment_length, stdio, text_of, toy, verdict
 
 pytestmark = pytest.mark.anyio
 
@@ -96,3 +102,136 @@ async def test_two_writes_sent_at_once_after_a_read_show_and_commit_the_read_onc
         ("toy__echo", "the read"),
         ("toy__record", "v1"),
     ]
+
+
+async def test_a_replacement_after_an_accepted_prefix_is_reviewed_and_labelled_without_the_prefix(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "files"
+    root.mkdir()
+    notes, todo = root / "notes.txt", root / "todo.txt"
+    notes.write_text("buy milk\n")
+    replacement = {"tool": "fs__write_file", "arguments": {"path": str(todo), "content": "buy milk"}}
+    leash = {"encoder": "hashing", "dim": 512, "bank_dir": str(tmp_path / "banks"), "k": 5, "min_neighbours": 3}
+    # Past failures like the replacement: under `allow` LEASH's shadow observer sends it for review.
+    seeded = Leash.open(LeashConfig.model_validate(leash))
+    await seeded.label_steps(
+        [Step("fs__write_file", replacement["arguments"], "write")] * 4, ["failure"] * 4, source="import"
+    )
+    drafts = iter(
+        [
+            Reply(tool_calls=[ToolCall("fs__read_text_file", {"path": str(notes)})]),
+            Reply(tool_calls=[ToolCall("fs__write_file", {"path": str(todo), "content": "wrong"})]),
+            "Done.",
+        ]
+    )
+    reviews: list[ChatRequest] = []
+
+    def answer(request: ChatRequest) -> Reply | str:
+        if request.model == "weak-model":
+            return next(drafts)
+        reviews.append(request)
+        _, numbered = review_steps(request.messages)
+        if numbered[-1].arguments.get("content") == "wrong":
+            return verdict(1, "the read was right, the content is not", replacement)
+        return verdict(segment_length(request))
+
+    async with ScriptedModelServer(Respond(answer)) as server:
+        endpoint = {"base_url": server.base_url, "max_retries": 0}
+        config = {
+            "servers": {"fs": stdio(backends.filesystem(root))},
+            "models": {"weak": {**endpoint, "model": "weak-model"}, "strong": {**endpoint, "model": "strong-model"}},
+            "review": {"default": "allow"},
+            "leash": leash,
+        }
+        async with proxied(config, tmp_path / "state") as p:
+            assert p.proxy.engine is not None and p.proxy.leash is not None
+            with anyio.fail_after(60):
+                result = await p.proxy.engine.run("Copy my notes into todo.txt", "spec")
+            stats = p.proxy.leash.steps.stats()
+
+    assert result.status == "answered" and todo.read_text() == "buy milk"  # the replacement ran, once
+    assert [(s.tool, s.arguments.get("content")) for s in result.steps] == [
+        ("fs__read_text_file", None),
+        ("fs__write_file", "buy milk"),
+    ]
+    assert len(reviews) == 2  # the drafted segment, then the flagged replacement
+    committed, numbered = review_steps(reviews[1].messages)
+    assert [s.tool for s in committed] == ["fs__read_text_file"]  # the accepted prefix: context, committed once
+    assert [(s.tool, s.arguments.get("content")) for s in numbered] == [("fs__write_file", "buy milk")]
+    # One label per judged step: the read (success) and the weak write (failure) from the first
+    # verdict, the replacement (success) from its own; the four seeded failures besides.
+    assert (stats["successes"], stats["failures"]) == (2, 5)
+
+
+class Desk:
+    """An in-process backend: `look` (a read), `send` and `file` (writes) that append to a ledger."""
+
+    def __init__(self, ledger: Path) -> None:
+        self.ledger = ledger
+
+    async def list_tools(self, ctx: Any, params: Any) -> types.ListToolsResult:
+        text = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+        write = types.ToolAnnotations(read_only_hint=False)
+        return types.ListToolsResult(
+            tools=[
+                types.Tool(name="look", input_schema=text, annotations=types.ToolAnnotations(read_only_hint=True)),
+                types.Tool(name="send", input_schema=text, annotations=write),
+                types.Tool(name="file", input_schema=text, annotations=write),
+            ]
+        )
+
+    async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        args = params.arguments or {}
+        if params.name != "look":
+            with open(self.ledger, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps({"tool": params.name, **args}, sort_keys=True) + "\n")
+        return types.CallToolResult(content=[types.TextContent(type="text", text=f"{params.name} {args['text']}")])
+
+    def server(self) -> Server[Any]:
+        return Server("desk", on_list_tools=self.list_tools, on_call_tool=self.call_tool)
+
+
+async def test_a_replacement_at_the_barrier_is_asked_and_labelled_without_the_prefix(tmp_path: Path) -> None:
+    desk = Desk(tmp_path / "ledger")
+    instead = {"tool": "desk__file", "arguments": {"text": "the draft", "intent": "keep it, do not send it"}}
+    asked: list[str] = []
+    reviews: list[ChatRequest] = []
+
+    def answer(request: ChatRequest) -> str:
+        reviews.append(request)
+        return verdict(segment_length(request) - 1, "file it, do not send it", instead)
+
+    async def approve(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"approve": True})
+
+    async with ScriptedModelServer(Respond(answer)) as server:
+        config = {
+            # The client's `send` meets the strong model; the replacement's tool asks the user.
+            "servers": {
+                "desk": {
+                    "command": sys.executable,
+                    "args": ["-c", "pass"],
+                    "tools": {"overrides": {"send": {"review": "strong"}}},
+                }
+            },
+            "models": {"strong": {"base_url": server.base_url, "model": "strong-model", "max_retries": 0}},
+            "review": {"default": "human", "on_reject": "replace"},
+            "leash": {"encoder": "hashing", "dim": 512, "bank_dir": str(tmp_path / "banks")},
+        }
+        async with proxied(config, tmp_path / "state", elicitation=approve, in_process={"desk": desk.server()}) as p:
+            assert p.proxy.leash is not None
+            with anyio.fail_after(30):
+                await p.client.call_tool("desk__look", {"text": "the draft"})
+                result = await p.client.call_tool("desk__send", {"text": "the draft", "intent": "send it"})
+            stats = p.proxy.leash.steps.stats()
+
+    assert not result.is_error, text_of(result)
+    ran = [json.loads(line) for line in recorded(desk.ledger)]
+    assert ran == [{"tool": "file", "text": "the draft"}]  # the replacement ran once, the rejected send never
+    assert len(reviews) == 1 and len(asked) == 1
+    assert "desk__look" not in asked[0]  # the user judges the replacement, not the judged read again
+    # The read (success) and the rejected send (failure) from the model's verdict; the replacement
+    # (success) from the user's: one label per judged step.
+    assert (stats["successes"], stats["failures"]) == (2, 1)
