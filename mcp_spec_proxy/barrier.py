@@ -10,6 +10,12 @@ The barrier owns the session's trajectory (what the reviewer sees: the reads tha
 write) and the client-facing texts of what happened; the gate owns policy, audit and forwarding.
 A call whose client goes away while it is held is abandoned, never forwarded later.
 
+A session's writes are settled one at a time: a write the client sends while another of the same
+session is out for review waits for that one's verdict (and its run) before it is held. Its
+segment is then the steps since that commit point, so each executed read is reviewed in one
+segment and committed once, and the second write's reviewer sees the first as committed history
+(it ran, or it did not) instead of judging two calls blind to each other. Reads never wait.
+
 A forwarded call that gets no result (the gate's `CallFailed`) is raised to the front after its
 step is kept: the client gets the backend's own JSON-RPC error, or the proxy's. A substitute's
 failure is told in its result instead, since the client did not call that tool.
@@ -67,6 +73,8 @@ class Session:
 
     id: str
     history: History = field(default_factory=History)
+    # Held, reviewed, run (or not) and settled one at a time: see the module docstring.
+    writes: anyio.Lock = field(default_factory=anyio.Lock, repr=False, compare=False)
 
 
 class Barrier:
@@ -99,16 +107,10 @@ class Barrier:
         user: UserChannel,
         report: Report | None = None,
     ) -> types.CallToolResult:
-        tool = self._catalog.lookup(name)  # ToolNotFound is a protocol error, raised to the front
-        if tool.reason in HELD_REASONS:
-            # `tools accept` may have run since: a small file, read only for tools under suspicion.
-            self._catalog.refresh_fingerprints()
-            tool = self._catalog.lookup(name)
-        try:
-            self._catalog.validate(tool, arguments)
-        except InvalidArguments as exc:
-            return error_result(str(exc))
-        forwarded, intent = strip_intent(tool, arguments)
+        prepared = self._prepare(name, arguments)  # ToolNotFound is a protocol error, raised to the front
+        if isinstance(prepared, types.CallToolResult):
+            return prepared
+        tool, forwarded, intent = prepared
         if tool.effect == "read":
             step = Step(tool.name, forwarded, "read")
             try:
@@ -118,7 +120,32 @@ class Barrier:
                 raise
             await self._sessions.read(session.id, session.history, step)
             return result
-        return await self._hold(session, tool, forwarded, intent, user, report)
+        waited = session.writes.locked()
+        async with session.writes:
+            if waited:
+                # The catalog may have changed while the earlier write was decided (a rug pull
+                # makes the tool held): this call meets the tool as it is now, held like a write.
+                prepared = self._prepare(name, arguments)
+                if isinstance(prepared, types.CallToolResult):
+                    return prepared
+                tool, forwarded, intent = prepared
+            return await self._hold(session, tool, forwarded, intent, user, report)
+
+    def _prepare(
+        self, name: str, arguments: dict[str, Any]
+    ) -> tuple[CatalogTool, dict[str, Any], str | None] | types.CallToolResult:
+        """The tool, the arguments its backend gets and the stated intent; or why the call is refused."""
+        tool = self._catalog.lookup(name)
+        if tool.reason in HELD_REASONS:
+            # `tools accept` may have run since: a small file, read only for tools under suspicion.
+            self._catalog.refresh_fingerprints()
+            tool = self._catalog.lookup(name)
+        try:
+            self._catalog.validate(tool, arguments)
+        except InvalidArguments as exc:
+            return error_result(str(exc))
+        forwarded, intent = strip_intent(tool, arguments)
+        return tool, forwarded, intent
 
     def read_tool(self, name: str) -> CatalogTool | None:
         """The tool, if `name` is one the catalog holds as a read right now; None for a write, a
@@ -253,8 +280,11 @@ class Barrier:
         original = segment.held.tool
         arguments, intent = strip_intent(step.tool, step.arguments)
         executed = Step(step.tool.name, arguments, step.tool.effect, intent=intent)
+        # The accepted prefix was judged (and labelled) with the rejected call, and commits with
+        # whatever happens next: the substitute's reviewer reads it as committed history.
         prefix = segment.steps[: verdict.accepted_steps]
-        request = ReviewRequest(session.id, step.tool, arguments, intent, Segment((*prefix, executed)), session.history)
+        history = History(session.history.commit_every, [*session.history.committed, *prefix])
+        request = ReviewRequest(session.id, step.tool, arguments, intent, Segment((executed,)), history)
         author: Author = "replacement" if step.source == "replacement" else "repair"
         if step.tool.effect == "read":
             try:

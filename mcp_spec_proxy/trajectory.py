@@ -86,8 +86,12 @@ class History:
         """
         self.held = max(0, self.held - 1)
         accepted_steps = max(0, min(accepted_steps, len(segment)))
-        self.committed.extend(segment.steps[:accepted_steps])
-        self.discarded += len(segment) - accepted_steps
+        # A read commits, or is dropped, only while it is still open: one that another segment
+        # settled already has its place (as the shared store's rows do), never a second one.
+        still_open = {id(step) for step in self.open}
+        live = [step is segment.held or id(step) in still_open for step in segment.steps]
+        self.committed.extend(s for s, ok in zip(segment.steps[:accepted_steps], live, strict=False) if ok)
+        self.discarded += sum(live[accepted_steps:])
         # Reads that arrived while the write was held stay open for the next segment.
         self.open = [step for step in self.open if all(step is not s for s in segment.steps)]
         if executed is not None:

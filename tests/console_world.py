@@ -16,8 +16,10 @@ from urllib.parse import urlsplit
 
 import anyio
 import mcp_types as types
+from mcp import Client
 
 from mcp_spec_proxy.fronts.console import Console, serve_console
+from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.review.console import ConsoleQueue, Pending
 from tests.harness import Proxied, proxied, toy
 
@@ -61,18 +63,29 @@ class Call:
         return self.result
 
 
-def calling(world: World, tool: str, arguments: dict[str, Any], *, progress: bool = False) -> Call:
+def calling(
+    world: World, tool: str, arguments: dict[str, Any], *, progress: bool = False, client: Client | None = None
+) -> Call:
     call = Call()
+    client = client or world.p.client
 
     async def heard(value: float, total: float | None, message: str | None) -> None:
         call.progress.append(message or "")
 
     async def run() -> None:
-        call.result = await world.p.client.call_tool(tool, arguments, progress_callback=heard if progress else None)
+        call.result = await client.call_tool(tool, arguments, progress_callback=heard if progress else None)
         call.done.set()
 
     world.tg.start_soon(run)
     return call
+
+
+@asynccontextmanager
+async def another_session(world: World) -> AsyncIterator[Client]:
+    """A second client of the same proxy, in a session of its own: one session's writes wait their
+    turn (`barrier.py`), so calls waiting on the console side by side come from two sessions."""
+    async with Client(McpFront(world.p.proxy).server) as client:
+        yield client
 
 
 @asynccontextmanager

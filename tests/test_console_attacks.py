@@ -38,7 +38,7 @@ from mcp_spec_proxy.catalog import digest
 from mcp_spec_proxy.fronts.console import Console, serve_console
 from mcp_spec_proxy.review.console import Decision, Pending
 from mcp_spec_proxy.testing import Respond, ScriptedModelServer
-from tests.console_world import Call, World, calling, console_world
+from tests.console_world import Call, World, another_session, calling, console_world
 from tests.harness import proxied, recorded, segment_length, text_of, toy, verdict
 
 pytestmark = pytest.mark.anyio
@@ -545,10 +545,10 @@ async def test_a_decision_after_the_timeout_counts_for_nothing(tmp_path: Path) -
 
 async def test_a_decision_for_one_call_does_not_settle_its_twin(tmp_path: Path) -> None:
     # Same tool, same arguments, same digest: the id still tells them apart.
-    async with console_world(tmp_path) as world:
+    async with console_world(tmp_path) as world, another_session(world) as other:
         first = calling(world, "toy__record", {"value": "same", "intent": "note"})
         [a] = await world.held()
-        second = calling(world, "toy__record", {"value": "same", "intent": "note"})
+        second = calling(world, "toy__record", {"value": "same", "intent": "note"}, client=other)
         b = next(item for item in await world.held(2) if item is not a)
         assert a.digest == b.digest
         async with opened(world) as client:
@@ -657,10 +657,10 @@ async def test_a_rule_does_not_outlive_the_tool_definition_the_person_saw(tmp_pa
 async def test_each_rule_verdict_names_its_own_rule(tmp_path: Path) -> None:
     # Two rules set back to back, before either waiting call resumes: each audit line must
     # describe the rule its own decision made, not the latest one.
-    async with console_world(tmp_path) as world:
+    async with console_world(tmp_path) as world, another_session(world) as other:
         first = calling(world, "toy__record", {"value": "alpha-1", "intent": "note"})
         [a] = await world.held()
-        second = calling(world, "toy__record", {"value": "beta-1", "intent": "note"})
+        second = calling(world, "toy__record", {"value": "beta-1", "intent": "note"}, client=other)
         b = next(item for item in await world.held(2) if item is not a)
         world.queue.decide(a.id, a.digest, Decision("rule", patterns={"value": "alpha-*"}))
         world.queue.decide(b.id, b.digest, Decision("rule", patterns={"value": "beta-*"}))

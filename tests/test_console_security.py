@@ -24,7 +24,7 @@ from mcp_spec_proxy.review import ReviewRequest
 from mcp_spec_proxy.review.console import ConsoleQueue, ConsoleReviewer, Decision
 from mcp_spec_proxy.review.policy import HumanReviewer
 from mcp_spec_proxy.trajectory import History, Segment, Step
-from tests.console_world import World, calling, console_world
+from tests.console_world import World, another_session, calling, console_world
 from tests.harness import ERAS, proxied, recorded, text_of, toy
 
 pytestmark = pytest.mark.anyio
@@ -113,10 +113,10 @@ async def test_a_replayed_approval_spends_once(tmp_path: Path, era: str) -> None
 
 
 async def test_a_decision_is_bound_to_the_arguments_it_was_shown(tmp_path: Path) -> None:
-    async with console_world(tmp_path) as world:
+    async with console_world(tmp_path) as world, another_session(world) as other:
         first = calling(world, "toy__record", {"value": "a", "intent": "note a"})
         [item_a] = await world.held()
-        second = calling(world, "toy__record", {"value": "b", "intent": "note b"})
+        second = calling(world, "toy__record", {"value": "b", "intent": "note b"}, client=other)
         items = await world.held(2)
         item_b = next(item for item in items if item is not item_a)
         async with opened(world) as client:

@@ -124,6 +124,18 @@ def test_discarded_steps_accumulate_over_verdicts() -> None:
     assert [s.tool for s in history.committed] == ["fs__read_0"]
 
 
+def test_a_read_in_two_held_segments_commits_once_and_is_dropped_by_neither_twice() -> None:
+    history = history_with_reads(1)
+    first, second = history.segment(write("fs__write_a")), history.segment(write("fs__write_b"))
+
+    history.settle(first, len(first))
+    history.settle(second, 0)  # everything rejected: the read that already committed stays, once
+
+    assert [s.tool for s in history.committed] == ["fs__read_0", "fs__write_a"]
+    assert history.discarded == 1  # the second held call only
+    assert history.held == 0 and history.open == []
+
+
 def test_executed_replacement_is_committed_after_the_prefix() -> None:
     history = history_with_reads(2)
     segment = history.segment(write("fs__delete"))

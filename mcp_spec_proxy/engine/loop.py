@@ -317,8 +317,9 @@ class _Run:
             return True
         step = self.step_for(proposal)
         author: Author = "replacement" if proposal.source == "replacement" else "repair"
-        prefix = request.segment.steps[: verdict.accepted_steps]
-        await self.execute(step, author, list(prefix))
+        # The accepted prefix committed with the verdict (`verify`): it is the history the
+        # substitute's review reads, never a segment of its own to be judged and labelled again.
+        await self.execute(step, author, [])
         self.history.committed.append(step)
         return False
 
