@@ -52,6 +52,7 @@ from mcp_spec_proxy.gate import (
     capped,
     error_result,
     failed_result,
+    new_call_id,
 )
 from mcp_spec_proxy.models import ModelCall
 from mcp_spec_proxy.prompts import step_json
@@ -106,7 +107,12 @@ class Barrier:
         arguments: dict[str, Any],
         user: UserChannel,
         report: Report | None = None,
+        *,
+        call: str | None = None,
+        key: str | None = None,
     ) -> types.CallToolResult:
+        """`call` names the call on the audit trail (the front's id); `key` is the client's
+        idempotency key, which the gate lets only one write of the session be forwarded with."""
         prepared = self._prepare(name, arguments)  # ToolNotFound is a protocol error, raised to the front
         if isinstance(prepared, types.CallToolResult):
             return prepared
@@ -114,7 +120,7 @@ class Barrier:
         if tool.effect == "read":
             step = Step(tool.name, forwarded, "read")
             try:
-                result = await self.gate.read(session.id, tool, forwarded, step, "client", report)
+                result = await self.gate.read(session.id, tool, forwarded, step, "client", report, call)
             except CALL_FAILED:  # the backend's error, or the proxy's own: the read still happened
                 await self._sessions.read(session.id, session.history, step)
                 raise
@@ -129,7 +135,7 @@ class Barrier:
                 if isinstance(prepared, types.CallToolResult):
                     return prepared
                 tool, forwarded, intent = prepared
-            return await self._hold(session, tool, forwarded, intent, user, report)
+            return await self._hold(session, tool, forwarded, intent, user, report, call, key)
 
     def _prepare(
         self, name: str, arguments: dict[str, Any]
@@ -157,7 +163,9 @@ class Barrier:
             return None
         return tool if tool.effect == "read" and tool.reason not in HELD_REASONS else None
 
-    async def read_json(self, session: Session, tool: CatalogTool, arguments: dict[str, Any]) -> dict[str, Any]:
+    async def read_json(
+        self, session: Session, tool: CatalogTool, arguments: dict[str, Any], call: str | None = None
+    ) -> dict[str, Any]:
         """`call` for a read (`read_tool`), its result as wire JSON."""
         current = self.read_tool(tool.name)
         if current is None:
@@ -172,7 +180,7 @@ class Barrier:
         forwarded, _ = strip_intent(tool, arguments)
         step = Step(tool.name, forwarded, "read")
         try:
-            result = await self.gate.read_json(session.id, tool, forwarded, step)
+            result = await self.gate.read_json(session.id, tool, forwarded, step, call)
         except CALL_FAILED:
             await self._sessions.read(session.id, session.history, step)
             raise
@@ -187,11 +195,15 @@ class Barrier:
         intent: str | None,
         user: UserChannel,
         report: Report | None,
+        call_id: str | None = None,
+        key: str | None = None,
     ) -> types.CallToolResult:
         held = Step(tool.name, arguments, "write", intent=intent)
         segment = await self._sessions.hold(session.id, session.history, held)
         request = ReviewRequest(session.id, tool, arguments, intent, segment, session.history)
-        call = GateCall(session.id, tool, arguments, "client", request, intent=intent)
+        call = GateCall(
+            session.id, tool, arguments, "client", request, intent=intent, id=call_id or new_call_id(), key=key
+        )
         try:
             outcome = await self.gate.write(call, user, report, step=held)
         except BaseException:  # waiting for the user's answer, or the client went away: not settled
@@ -292,7 +304,17 @@ class Barrier:
             except CALL_FAILED as exc:  # the client called another tool: its failure is told in words
                 inner = failed_result(step.tool, exc)
         else:
-            call = GateCall(session.id, step.tool, arguments, author, request, intent=intent, replaces=rejected.call)
+            # In the rejected call's place: it claims that call's idempotency key.
+            call = GateCall(
+                session.id,
+                step.tool,
+                arguments,
+                author,
+                request,
+                intent=intent,
+                replaces=rejected.call,
+                key=rejected.key,
+            )
             outcome = await self.gate.write(call, user, report, step=executed)
             if outcome.result is None:
                 await self._settle_rejected(session, segment, verdict)

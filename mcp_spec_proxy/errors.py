@@ -9,6 +9,7 @@
     │   └── ResultTooLarge        a result past the server's `max_result_bytes`     -32014
     ├── ToolNotFound              the client named a tool the catalog does not have  -32602
     ├── InvalidArguments          arguments fail the tool's input schema
+    ├── CallReplayed              a call's idempotency key is another call's: not forwarded -32015
     └── StateError                the state directory (fingerprints, audit log) cannot be used
 
 A backend's own JSON-RPC error is not in this tree: it is the SDK's `MCPError`, and it reaches
@@ -38,6 +39,8 @@ BACKEND_TIMEOUT = -32013
 """The proxy's own clock ran out (the server's `timeout`); it told the backend to cancel."""
 RESULT_TOO_LARGE = -32014
 """The result was over the server's `max_result_bytes` and was withheld."""
+CALL_REPLAYED = -32015
+"""The call's idempotency key belongs to another call of its session: this one was not forwarded."""
 
 
 class ProxyError(Exception):
@@ -104,6 +107,16 @@ class ToolNotFound(ProxyError):
 
 class InvalidArguments(ProxyError):
     """The arguments do not satisfy the tool's input schema."""
+
+
+class CallReplayed(ProxyError):
+    """A call whose idempotency key another call of its session holds (`first`): it is not forwarded."""
+
+    code: ClassVar[int] = CALL_REPLAYED
+
+    def __init__(self, first: str, message: str) -> None:
+        self.first = first
+        super().__init__(message)
 
 
 class StateError(ProxyError):

@@ -9,7 +9,9 @@ replacement and the repair turn — and the gate applies one policy to all of th
            → verdict → audit `verdict` (fsynced) → forward only if accepted → audit `forwarded`
 
 One call id joins a call's lines, with its `author` (client, weak, strong, replacement, repair)
-and its `reviewer`. The effective reviewer is the tool's override or `review.default`, then:
+and its `reviewer`; the front chooses it for a client's call and hands it back in the result's
+`_meta` (`CALL_META`), so a client and an operator name the same call. The effective reviewer
+is the tool's override or `review.default`, then:
 
 * `deny` never runs, and `human` (or `console`) always asks, whoever authored the call;
 * a call the strong model authored (strong-led steps, a replacement, a repair) counts as
@@ -30,6 +32,20 @@ failure the proxy saw itself (`BackendError`: its timeout, the connection ending
 bound) — is that call's `CallFailed`: raised from `read` and `read_json` after its audit line,
 and carried by a write's `Outcome` (`error`), audited as forwarded with its code. The step's
 observation states the failure either way, so a reviewer and the engine's models see it.
+
+Where an audit line cannot be written decides what the caller is told. Before the forward (its
+`held`, `verdict`, `edited` line, its key's claim) the write is refused — `StateError`, saying it
+was not forwarded — and its terminal line (`abandoned`) is left to the sink to write when it can
+(`AuditSink.later`). After the forward (`forwarded`, `unsent`, `forward-interrupted`, and a
+`blocked`) the backend's real outcome stands: the line is left to the sink, and a result says in
+its `_meta` (`AUDIT_META`) that its audit line is late. So no call stays `held` for ever while
+the process lives, and nothing that ran is reported as not run.
+
+A client's write that carries an idempotency key (`GateCall.key`) is forwarded only if the key
+is still free in its session: the gate claims it through the audit sink just before the forward
+(every replica sees a Postgres store's claim), and a call that finds it taken is refused
+(`CallReplayed`, naming the call that holds it) and audited `blocked`. A substitute of a rejected
+call claims its client's key, since it runs in that call's place.
 
 A reviewer that fails or times out becomes a refusing verdict (or, with `review.on_error:
 allow`, an accepting one); the exception never reaches the door. A verdict and its reason are
@@ -57,7 +73,14 @@ from mcp_spec_proxy.audit import AuditSink
 from mcp_spec_proxy.backends import BackendPool
 from mcp_spec_proxy.catalog import Catalog, CatalogTool, digest, is_held
 from mcp_spec_proxy.config import ProxyConfig, ReviewMode
-from mcp_spec_proxy.errors import BackendClosed, BackendError, BackendUnavailable, ToolNotFound
+from mcp_spec_proxy.errors import (
+    BackendClosed,
+    BackendError,
+    BackendUnavailable,
+    CallReplayed,
+    StateError,
+    ToolNotFound,
+)
 from mcp_spec_proxy.models import ModelCall
 from mcp_spec_proxy.review import InputNeeded, Reviewer, ReviewFailed, ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review.waiting import Both, asks_a_person, waiting_note, with_heartbeat
@@ -82,10 +105,21 @@ Executor = Callable[[CatalogTool, dict[str, Any], "Report | None"], Awaitable[ty
 
 AUDIT_TEXT_CAP = 4000
 """Characters of one free-text audit field (a reviewer's reason); the rest is cut with a marker."""
+CALL_META = "mcp-spec-proxy/call"
+"""The `_meta` key of a tools/call result (and the `data` key of a proxy error about a call that
+reached the gate) that names the call, as the audit trail names it."""
+FIRST_META = "mcp-spec-proxy/first-call"
+"""The `data` key of a `CallReplayed` error: the call that holds the idempotency key."""
+AUDIT_META = "mcp-spec-proxy/audit"
+"""The `_meta` key of a result whose audit line could not be written yet: why, and that it is retried."""
 JUDGES = frozenset({"strong", "human", "console"})
 """Reviewers whose verdicts are judgements (not policy, not LEASH's own, not a standing rule): a
 verdict labels its steps for LEASH when every reviewer it names (`strong→human→console`,
 `strong+console`) is one of these."""
+
+
+def new_call_id() -> str:
+    return uuid.uuid4().hex[:12]
 
 
 @dataclass
@@ -101,7 +135,8 @@ class GateCall:
     baseline: str | None = None  # an operator's baseline run (`run`, benchmarks): the loop's mode
     replaces: str | None = None  # the call id of the rejected call this one stands in for
     flagged: bool = False  # LEASH flagged it: a model verdict is due even if the strong model wrote it
-    id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    id: str = field(default_factory=new_call_id)
+    key: str | None = None  # the client's idempotency key: at most one call of the session is forwarded with it
 
 
 CallFailed = MCPError | BackendError
@@ -119,6 +154,7 @@ class Outcome:
     result: types.CallToolResult | None
     latency_ms: float
     error: CallFailed | None = None
+    key: str | None = None  # the call's idempotency key, which a substitute run in its place claims
 
     @property
     def forwarded(self) -> bool:
@@ -158,15 +194,18 @@ class Gate:
         step: Step,
         author: Author,
         report: Report | None,
+        call: str | None = None,
     ) -> types.CallToolResult:
         """Forward a read at once; its audit line is buffered and written with the next commit."""
-        self._note_read(session, tool, arguments, author)
+        self._note_read(session, tool, arguments, author, call)
         return await self.forward(tool, arguments, step, report)
 
-    async def read_json(self, session: str, tool: CatalogTool, arguments: dict[str, Any], step: Step) -> dict[str, Any]:
+    async def read_json(
+        self, session: str, tool: CatalogTool, arguments: dict[str, Any], step: Step, call: str | None = None
+    ) -> dict[str, Any]:
         """`read` for the fast path (a client's read with no progress to report): the same audit
         line, and the result as wire JSON, forwarded unchanged (no model built for it)."""
-        self._note_read(session, tool, arguments, "client")
+        self._note_read(session, tool, arguments, "client", call)
         started = time.perf_counter()
         try:
             result = await self._backends.get(tool.server).call_tool_json(tool.original, arguments)
@@ -181,10 +220,13 @@ class Gate:
         step.observation = observation_text([block for block in content if isinstance(block, dict)])
         return result
 
-    def _note_read(self, session: str, tool: CatalogTool, arguments: dict[str, Any], author: Author) -> None:
+    def _note_read(
+        self, session: str, tool: CatalogTool, arguments: dict[str, Any], author: Author, call: str | None
+    ) -> None:
         assert tool.effect == "read", f"{tool.name} is a write: it must be held"
         self._audit.note(
             "read",
+            **({"call": call} if call is not None else {}),
             session=session,
             tool=tool.name,
             server=tool.server,
@@ -234,22 +276,25 @@ class Gate:
         }
         if call.replaces:
             common["replaces"] = call.replaces
-        await self._audit.record("held", **common, segment_length=len(call.request.segment))
+        if call.key is not None:
+            common["key"] = digest(call.key)  # a digest: the key is the client's text
+        await self._before(call, "held", **common, segment_length=len(call.request.segment))
         if flagged is not None:
-            await self._audit.record("leash-escalated", call=call.id, session=call.session, **flagged)
+            await self._before(call, "leash-escalated", call=call.id, session=call.session, **flagged)
         started = time.perf_counter()
         try:
             request = dataclasses.replace(call.request, call=call.id)
             verdict = await self._review(reviewer, request, user, report)
         except InputNeeded:
-            await self._audit.record("awaiting-input", **common)
+            await self._before(call, "awaiting-input", **common)
             raise
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
-                await self._audit.record("abandoned", **common, reason="the client cancelled or disconnected")
+                await self._after("abandoned", **common, reason="the client cancelled or disconnected")
             raise
         latency_ms = round((time.perf_counter() - started) * 1000, 3)
-        await self._audit.record(
+        await self._before(
+            call,
             "verdict",
             **common,
             accepted=verdict.accepted,
@@ -262,15 +307,17 @@ class Gate:
         if decided is not None:
             await decided(verdict)
         if not verdict.accepted:
-            await self._audit.record("blocked", call=call.id, session=call.session)
+            await self._after("blocked", call=call.id, session=call.session)
             await self._label(call, verdict)
-            return Outcome(call.id, verdict, None, latency_ms)
+            return Outcome(call.id, verdict, None, latency_ms, key=call.key)
         step = step or Step(tool.name, call.arguments, tool.effect, intent=call.intent)
         if verdict.arguments is not None and verdict.arguments != call.arguments:
             # A person edited the call on the approval console (validated there against its schema).
             edited = {"original_digest": digest(call.arguments), "edited_digest": digest(verdict.arguments)}
-            await self._audit.record("edited", call=call.id, session=call.session, by=verdict.reviewer, **edited)
+            await self._before(call, "edited", call=call.id, session=call.session, by=verdict.reviewer, **edited)
             call.arguments = step.arguments = dict(verdict.arguments)
+        if call.key is not None:
+            await self._claim(call)
         try:
             if executor is not None:
                 started = time.perf_counter()
@@ -283,21 +330,65 @@ class Gate:
             # A backend that was not connected was sent nothing: the audit says so, not "forwarded".
             sent = not isinstance(exc, BackendUnavailable) or isinstance(exc, BackendClosed)
             event = "forwarded" if sent else "unsent"
-            await self._audit.record(event, call=call.id, session=call.session, is_error=True, error_code=code)
+            await self._after(event, call=call.id, session=call.session, is_error=True, error_code=code)
             await self._label(call, verdict)
-            return Outcome(call.id, verdict, failed_result(tool, exc), latency_ms, error=exc)
+            return Outcome(call.id, verdict, failed_result(tool, exc), latency_ms, error=exc, key=call.key)
         except BaseException as exc:  # cancelled (or worse) mid-send: the call may have run
             with anyio.CancelScope(shield=True):
-                await self._audit.record(
+                await self._after(
                     "forward-interrupted",
                     call=call.id,
                     session=call.session,
                     reason=f"{type(exc).__name__} while forwarding: the backend may or may not have run it",
                 )
             raise
-        await self._audit.record("forwarded", call=call.id, session=call.session, is_error=bool(result.is_error))
+        late = await self._after("forwarded", call=call.id, session=call.session, is_error=bool(result.is_error))
+        if late is not None:
+            # It ran: the client gets the backend's result, told that its audit line is late.
+            note = f"the backend ran this call; its audit line could not be written yet ({late}): it is retried"
+            result = result.model_copy(update={"meta": {**(result.meta or {}), AUDIT_META: note}})
         await self._label(call, verdict)  # after the write: a slow bank never delays an accepted call
-        return Outcome(call.id, verdict, result, latency_ms)
+        return Outcome(call.id, verdict, result, latency_ms, key=call.key)
+
+    async def _before(self, gated: GateCall, kind: str, /, **fields: Any) -> None:
+        """A line the forward waits for. When it cannot be written the write is refused, and the
+        call's terminal line (`abandoned`) is left to the sink: the call never stays `held`."""
+        try:
+            await self._audit.record(kind, **fields)
+        except StateError as exc:
+            self._audit.later("abandoned", call=gated.id, session=gated.session, reason=f"its {kind} line: {exc}")
+            raise StateError(
+                f"{exc}: {gated.tool.name} was not forwarded (call {gated.id}) — no write runs without its audit"
+                " line; writes are refused until the audit trail takes lines again, reads keep working"
+            ) from None
+
+    async def _after(self, kind: str, **fields: Any) -> str | None:
+        """A line about what already happened (the forward, a refusal): when it cannot be written
+        now the sink keeps it and writes it later; the problem, or None when it was written."""
+        try:
+            await self._audit.record(kind, **fields)
+        except StateError as exc:
+            self._audit.later(kind, **fields)
+            return str(exc)
+        return None
+
+    async def _claim(self, call: GateCall) -> None:
+        """Take the call's idempotency key before it is forwarded, or refuse the call."""
+        assert call.key is not None
+        try:
+            first = await self._audit.claim(call.session, digest(call.key), call.id)
+        except StateError as exc:
+            self._audit.later("abandoned", call=call.id, session=call.session, reason=f"its key's claim: {exc}")
+            raise StateError(f"{exc}: {call.tool.name} was not forwarded (call {call.id})") from None
+        if first is None:
+            return
+        reason = f"its idempotency key belongs to call {first}, which may have run"
+        await self._after("blocked", call=call.id, session=call.session, reason=reason)
+        raise CallReplayed(
+            first,
+            f"{call.tool.name} was not forwarded: its idempotency key was used by call {first} of this session"
+            " (forwarded, or about to be; `mcp-spec-proxy audit` shows its outcome) — send a new key for a new call",
+        )
 
     async def _label(self, call: GateCall, verdict: Verdict) -> None:
         """Labels for free: a judgement's accepted prefix succeeded, its first rejected step failed."""
@@ -447,6 +538,10 @@ class Gate:
         self._audit.note("unsubscribe", session=session, server=server, uri=capped(uri, 500))
         await self._backends.get(server).unsubscribe(uri)
 
+    def note(self, kind: str, **fields: Any) -> None:
+        """A best-effort audit line about something the front answered itself (a replayed key's outcome)."""
+        self._audit.note(kind, **fields)
+
     async def record(self, kind: str, **fields: Any) -> None:
         """An audit line about a decision that sends nothing anywhere (the engine's graded answers)."""
         if isinstance(fields.get("reason"), str):
@@ -537,7 +632,10 @@ def blocked_result(tool: CatalogTool, verdict: Verdict, why_not_replaced: str = 
 
 
 __all__ = [
+    "AUDIT_META",
     "CALL_FAILED",
+    "CALL_META",
+    "FIRST_META",
     "Author",
     "CallFailed",
     "Gate",
@@ -548,5 +646,6 @@ __all__ = [
     "blocked_result",
     "error_result",
     "failed_result",
+    "new_call_id",
     "text_result",
 ]

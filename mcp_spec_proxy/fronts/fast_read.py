@@ -20,7 +20,9 @@ codes (`fronts/wire.py`); a result of the plain shape (text blocks, a boolean `i
 structured content, `_meta`) as the backend sent it; any other shape through the SDK's own
 per-version check and sieve, and one that fails it as the backend's error. Each era gets what
 the SDK would give it: 2026-07-28 results carry `resultType` and the server's `serverInfo`
-stamp, handshake-era results carry neither key of that era.
+stamp, handshake-era results carry neither key of that era. Every result names its call in
+`_meta` (`gate.CALL_META`), as the SDK's path does; a call that carries an idempotency key takes
+the SDK's path, which keeps its outcome for replays (`replays.py`).
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ from mcp_spec_proxy.barrier import Session
 from mcp_spec_proxy.catalog import CatalogTool
 from mcp_spec_proxy.errors import ToolNotFound
 from mcp_spec_proxy.fronts.relay import declares_any
+from mcp_spec_proxy.fronts.replays import KEY_META
 from mcp_spec_proxy.fronts.wire import wire_error
-from mcp_spec_proxy.gate import CALL_FAILED, as_wire, error_result
+from mcp_spec_proxy.gate import CALL_FAILED, CALL_META, as_wire, error_result, new_call_id
 from mcp_spec_proxy.sdk import server_connection
 from mcp_spec_proxy.telemetry import tracing_configured
 
@@ -138,6 +141,8 @@ class FastRead:
             return None  # a backend could ask this client something: only the SDK's path suspends a call
         if isinstance(meta, Mapping) and LOG_LEVEL_META_KEY in meta:
             return None  # the call opted in to log messages on its request: the SDK's path relays them
+        if isinstance(meta, Mapping) and KEY_META in meta:
+            return None  # an idempotency key: the SDK's path keeps the outcome for its replays
         try:
             methods.validate_client_request("tools/call", version, params)
         except (KeyError, ValueError, ValidationError):
@@ -150,13 +155,14 @@ class FastRead:
     async def run(self, read: Read, session: Session) -> dict[str, Any]:
         """The read's result, shaped for its client's era; a call that got none raises its wire
         error (`MCPError`): the backend's as it sent it, or the proxy's own."""
+        call = new_call_id()
         try:
-            result = await self._front.proxy.barrier.read_json(session, read.tool, read.arguments)
+            result = await self._front.proxy.barrier.read_json(session, read.tool, read.arguments, call)
         except CALL_FAILED as exc:
-            raise wire_error(exc) from exc
-        return self._for_client(result, read.version, read.modern)
+            raise wire_error(exc, call) from exc
+        return self._for_client(result, read.version, read.modern, call)
 
-    def _for_client(self, result: dict[str, Any], version: str, modern: bool) -> dict[str, Any]:
+    def _for_client(self, result: dict[str, Any], version: str, modern: bool, call: str) -> dict[str, Any]:
         if _plain(result):
             out = dict(result)
             out.pop("resultType", None)
@@ -167,15 +173,15 @@ class FastRead:
                 out = methods.serialize_server_result("tools/call", version, shaped)
             except ValidationError:
                 out = as_wire(error_result("the backend answered with something that is not a tool result"))
+        meta = out.get("_meta")
+        meta = {**meta, CALL_META: call} if isinstance(meta, dict) else {CALL_META: call}
+        out["_meta"] = meta
         if not modern:
             out.pop("resultType", None)
             return out
         out["resultType"] = "complete"
-        meta = out.get("_meta")
-        if meta is None:
-            out["_meta"] = {SERVER_INFO_META: self._front.server.server_info_stamp}
-        elif isinstance(meta, dict) and meta.get(SERVER_INFO_META) is None:
-            out["_meta"] = {**meta, SERVER_INFO_META: self._front.server.server_info_stamp}
+        if meta.get(SERVER_INFO_META) is None:
+            meta[SERVER_INFO_META] = self._front.server.server_info_stamp
         return out
 
 

@@ -19,6 +19,11 @@ ticket as its `request_state`: single-use, bound (by HMAC) to the session, the t
 arguments, and expiring with `review.timeout`; a replayed or forged ticket counts for nothing and
 the user is asked again. What the reviewers decided before asking (the strong verdict under
 `strong_then_human`) rides with the ticket, so a retry does not ask the model twice.
+
+Each backend tool's result names its call in `_meta["mcp-spec-proxy/call"]` (the id its audit
+lines carry), and so does the `data` of the proxy's own error about it. A call may carry an
+idempotency key in `_meta["mcp-spec-proxy/idempotency-key"]`: its replays in the session get its
+outcome instead of running again (`replays.py`), and the gate forwards at most one write per key.
 """
 
 from __future__ import annotations
@@ -53,12 +58,14 @@ from mcp_spec_proxy.backends.notices import request_logs
 from mcp_spec_proxy.backends.relay import CALLER
 from mcp_spec_proxy.barrier import Report, Session
 from mcp_spec_proxy.catalog import digest
-from mcp_spec_proxy.errors import ProxyError, StateError
+from mcp_spec_proxy.errors import BackendError, CallReplayed, ProxyError, StateError
 from mcp_spec_proxy.fronts import fast_read
 from mcp_spec_proxy.fronts.notices import Notices
 from mcp_spec_proxy.fronts.own_tools import OwnTools
 from mcp_spec_proxy.fronts.relay import Suspensions, connection_link, mute_link, request_link
+from mcp_spec_proxy.fronts.replays import Replays, idempotency_key
 from mcp_spec_proxy.fronts.wire import wire_error
+from mcp_spec_proxy.gate import CALL_META, new_call_id
 from mcp_spec_proxy.proxy import Proxy
 from mcp_spec_proxy.review import InputNeeded
 from mcp_spec_proxy.sdk import server_connection
@@ -150,6 +157,7 @@ class McpFront:
         self.stdio_session: Session | None = None  # set while serving stdio: one client, one session
         self.stdio_connection: Connection | None = None  # its connection, from its `initialize` on
         self.suspensions = Suspensions(proxy.config.review.timeout)
+        self.replays = Replays()
         self._bus = InMemorySubscriptionBus()  # 2026-07-28 clients hear of changes on subscriptions/listen
         self.notices = Notices(proxy, self._bus)
         proxy.listeners.append(self._broadcast)
@@ -263,6 +271,8 @@ class McpFront:
         session = self.session_for(ctx)
         arguments = dict(params.arguments or {})
         binding = self._binding(ctx, session, params.name, arguments)
+        key = idempotency_key(ctx.meta)
+        call = new_call_id()
         log_route = request_logs.set(self.notices.route(ctx))
         try:
             ticket = None
@@ -271,12 +281,24 @@ class McpFront:
             user = _UserChannel(ctx, params, ticket)
 
             async def run() -> types.CallToolResult:
-                return await self.proxy.barrier.call(session, params.name, arguments, user, _reporter(ctx))
+                # The id is stamped here, inside the call: a suspended call's resumed answer names it too.
+                try:
+                    done = await self.proxy.barrier.call(
+                        session, params.name, arguments, user, _reporter(ctx), call=call, key=key
+                    )
+                except (BackendError, StateError, CallReplayed) as exc:
+                    raise wire_error(exc, call) from exc
+                return done.model_copy(update={"meta": {**(done.meta or {}), CALL_META: call}})
 
-            result: types.CallToolResult | types.InputRequiredResult = await self._served(
-                ctx, session, binding, params, run
-            )
-            return result
+            async def serve() -> types.CallToolResult | types.InputRequiredResult:
+                served: types.CallToolResult | types.InputRequiredResult = await self._served(
+                    ctx, session, binding, params, run
+                )
+                return served
+
+            if key is None or self.suspensions.owns(params.request_state):
+                return await serve()  # a suspended call's resumption is that call, not a replay
+            return await self.replays.run(session.id, key, call, serve, self._replayed(session.id, call))
         except InputNeeded as need:
             request = types.ElicitRequest(
                 params=types.ElicitRequestFormParams(message=need.message, requested_schema=need.schema)
@@ -284,9 +306,15 @@ class McpFront:
             state = await self._approvals.issue(binding, need)
             return types.InputRequiredResult(input_requests={need.key: request}, request_state=state)
         except (ProxyError, MCPError) as exc:
-            raise wire_error(exc) from exc
+            raise wire_error(exc, call) from exc
         finally:
             request_logs.reset(log_route)
+
+    def _replayed(self, session: str, call: str) -> Callable[[str], None]:
+        def audit(first: str) -> None:
+            self.proxy.gate.note("replayed", call=call, session=session, first=first)
+
+        return audit
 
     # -- the relay of a backend's requests to the client (fronts/relay.py) ---------------------
 

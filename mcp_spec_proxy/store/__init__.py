@@ -9,8 +9,9 @@ One seam, two stores (`store:` in servers.yaml):
   never configures `store:` never needs it.
 
 `open_store(config, state, environ)` is an async context manager yielding a `Store`; `run` is
-its background work (the Postgres store batches read rows and sweeps the held calls of replicas
-that died), started in the proxy's task group.
+its background work (both write the audit lines of settled calls that could not be written at
+once; the Postgres store also batches read rows and sweeps the held calls of replicas that
+died), started in the proxy's task group.
 """
 
 from __future__ import annotations
@@ -82,7 +83,9 @@ class FileStore:
         self.approvals: ApprovalStore = LocalApprovals()
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Write the audit lines of settled calls that the disk refused once (`AuditLog.later`)."""
         task_status.started()
+        await self.log.run()
 
     async def read_audit(self, session: str | None = None) -> list[dict[str, Any]]:
         if self._state is None or not self._state.audit.exists():

@@ -5,10 +5,20 @@
 take it: the write is then refused. A call marked abandoned (its replica died while it was held)
 takes no verdict afterwards, so it is never forwarded by anyone. `note` (reads) never waits:
 its rows are batched by `flush_notes`, and dropped with one warning while the database is away.
+The gate says what a refused row means for its call (forwarded or not); this module only says
+that the database could not take it.
+
+`later` keeps a row `record` could not write about a call already settled (the `forwarded` of a
+call that ran, a `blocked`, an `abandoned`): `flush_notes` writes it with the next batch, and
+again until the database takes it, with one warning — so a live replica leaves no call `held`
+for ever. `claim` binds an idempotency key to one call for every replica: a `claimed` row, taken
+under a transaction-scoped advisory lock on the key, its `call` column the key's slot
+(`key:<digest>`, so the call index finds it; the row's data names the call).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -20,6 +30,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from mcp_spec_proxy.errors import StateError
+from mcp_spec_proxy.store.migrations import LOCK_NAMESPACE
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +43,12 @@ INSERT_VERDICT = (
     "INSERT INTO audit (ts, event, call, session, replica, data) SELECT %s, %s, %s, %s, %s, %s::jsonb"
     " WHERE NOT EXISTS (SELECT 1 FROM audit WHERE call = %s AND event = 'abandoned')"
 )
+KEY_LOCKS = LOCK_NAMESPACE + 1  # the advisory-lock class of idempotency keys: apart from replica locks
+INSERT_LATE = (
+    "INSERT INTO audit (ts, event, call, session, replica, data) SELECT %s, %s, %s, %s, %s, %s::jsonb"
+    " WHERE NOT EXISTS (SELECT 1 FROM audit WHERE call = %s AND event = %s) ON CONFLICT DO NOTHING"
+)  # a row whose first attempt timed out may have landed after all: it is not written twice
+HOLDER = "SELECT data->>'call' FROM audit WHERE call = %s AND event = 'claimed' ORDER BY id LIMIT 1"
 
 
 def json_text(value: Any) -> str:
@@ -56,6 +73,7 @@ class PgAudit:
         self._notes: list[tuple[Any, ...]] = []
         self._wake = anyio.Event()
         self._failing = False
+        self._late: list[tuple[Any, ...]] = []
 
     def _row(self, kind: str, fields: dict[str, Any]) -> tuple[Any, ...]:
         call, session = fields.get("call"), fields.get("session")
@@ -76,10 +94,31 @@ class PgAudit:
                     else:
                         await conn.execute(INSERT + " ON CONFLICT DO NOTHING", row)
         except DB_ERRORS as exc:
-            raise StateError(
-                f"cannot write the audit trail to Postgres ({problem(exc)}): no write is forwarded without"
-                " its audit row — writes are refused until the database is back; reads keep working"
-            ) from None
+            raise StateError(f"cannot write the audit trail to Postgres ({problem(exc)})") from None
+        if self._late:
+            self._wake.set()  # the database takes rows again: the kept ones go with the next batch
+
+    def later(self, kind: str, **fields: Any) -> None:
+        if not self._late:
+            logger.warning("audit rows of settled calls are kept in memory until Postgres takes them")
+        self._late.append(self._row(kind, {**fields, "late": True}))
+        self._wake.set()
+
+    async def claim(self, session: str, key: str, call: str) -> str | None:
+        slot = "key:" + hashlib.sha256(f"{session}\0{key}".encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        try:
+            with anyio.fail_after(self._timeout):
+                async with self._pool.connection() as conn, conn.transaction():
+                    await conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (KEY_LOCKS, slot))
+                    cursor = await conn.execute(HOLDER, (slot,))
+                    held = await cursor.fetchone()
+                    if held is not None:
+                        return str(held[0])
+                    row = self._row("claimed", {"call": call, "session": session, "key": key})
+                    await conn.execute(INSERT, (row[0], row[1], slot, *row[3:]))
+        except DB_ERRORS as exc:
+            raise StateError(f"cannot write the audit trail to Postgres ({problem(exc)})") from None
+        return None
 
     def note(self, kind: str, **fields: Any) -> None:
         self._notes.append(self._row(kind, fields))
@@ -88,11 +127,27 @@ class PgAudit:
         self._wake.set()
 
     async def flush_notes(self) -> None:
-        """Write the read rows noted so far in one batch; a failure drops them with one warning."""
+        """Write the read rows noted so far in one batch; a failure drops them with one warning.
+        Then the kept rows of settled calls (`later`), which a failure keeps for the next flush."""
         batch, self._notes = self._notes, []
         self._wake = anyio.Event()
-        if not batch:
-            return
+        if batch:
+            await self._write_notes(batch)
+        if self._late:
+            await self._write_late()
+
+    async def _write_late(self) -> None:
+        late = list(self._late)
+        try:
+            with anyio.fail_after(self._timeout):
+                async with self._pool.connection() as conn, conn.cursor() as cursor:
+                    await cursor.executemany(INSERT_LATE, [(*row, row[2], row[1]) for row in late])
+        except DB_ERRORS:
+            return  # kept: retried with the next batch, or the next sweep's
+        del self._late[: len(late)]
+        logger.warning("the kept audit rows of settled calls are written to Postgres")
+
+    async def _write_notes(self, batch: list[tuple[Any, ...]]) -> None:
         try:
             with anyio.fail_after(self._timeout):
                 async with self._pool.connection() as conn, conn.cursor() as cursor:
@@ -110,7 +165,10 @@ class PgAudit:
         await self._wake.wait()
 
     def close(self) -> None:
-        return None  # the store flushes the notes and closes the pool as it closes (`PgStore.open`)
+        # The store flushes the notes (and the kept rows) and closes the pool as it closes (`PgStore.open`).
+        for row in self._late:
+            logger.error("audit row never written (the proxy stopped first): %s", row[5])
+        self._late.clear()
 
 
 async def read_rows(
