@@ -6,8 +6,9 @@ it, while the server stays up.
 `record_file`) on a free port; `Cutter(port, marker)` relays a free port to it and, for the one
 connection whose request carries `marker`, holds back the server's answer until it has arrived
 (so the backend's ledger has the call), then forwards nothing (`cut="before"`: the connection ends
-before any response byte) or only the response's headers (`cut="after-headers"`: the JSON body or
-the SSE stream ends midway), and closes both sides. Every other connection is relayed as it is.
+before any response byte), only the response's headers (`cut="after-headers"`), or the answer up
+to the marker (`cut="mid-answer"`: the JSON body or the SSE event ends midway), and closes both
+sides. Every other connection is relayed as it is.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from anyio.abc import SocketStream
 from mcp_spec_proxy.fronts.asgi import serve_asgi
 from tests.fixtures import toy_server
 
-Cut = Literal["before", "after-headers"]
+Cut = Literal["before", "after-headers", "mid-answer"]
 
 
 @asynccontextmanager
@@ -83,6 +84,8 @@ class Cutter:
                 if self.marker in held:  # the server has answered the marked call: it ran
                     if self.cut == "after-headers":
                         await client.send(held[: held.index(b"\r\n\r\n") + 4])
+                    elif self.cut == "mid-answer":  # half the answer: inside its JSON body or SSE event
+                        await client.send(held[: held.index(self.marker)])
                     return
         finally:
             if doomed.is_set():

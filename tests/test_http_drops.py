@@ -11,6 +11,7 @@ import mcp_types as types
 import pytest
 from mcp import MCPError
 
+from mcp_spec_proxy.backends.http import LOST_KEY, GuardedClient
 from mcp_spec_proxy.errors import BACKEND_CLOSED
 from tests.dropping import Cut, Cutter, toy_over_http
 from tests.harness import proxied, recorded, text_of, toy
@@ -30,7 +31,7 @@ class Heard:
 
 
 @pytest.mark.parametrize("json_response", [True, False], ids=["json", "sse"])
-@pytest.mark.parametrize("cut", ["before", "after-headers"])
+@pytest.mark.parametrize("cut", ["before", "after-headers", "mid-answer"])
 async def test_one_dropped_http_connection_fails_only_its_call_and_says_it_may_have_run(
     tmp_path: Path, json_response: bool, cut: Cut
 ) -> None:
@@ -92,3 +93,10 @@ async def test_a_call_arriving_while_a_dead_stdio_backend_restarts_waits_for_it(
     )
     assert "toy__echo" in names and echoed == "back"
     assert restarts == 1 and heard.tools == 0
+
+
+async def test_a_backend_cannot_forge_the_mark_of_a_lost_connection() -> None:
+    # A backend's error that carries the mark's key with a value of its own stays the backend's.
+    async with GuardedClient() as http:
+        assert http.claim({LOST_KEY: "0" * 32}) is None
+        assert http.claim({LOST_KEY: {"kind": "dropped"}}) is None
