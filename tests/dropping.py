@@ -40,15 +40,16 @@ async def toy_over_http(record_file: Path, *, json_response: bool) -> AsyncItera
 class Cutter:
     """A TCP relay that drops the connection of the request carrying `marker`, once answered."""
 
-    def __init__(self, upstream: int, marker: bytes, *, cut: Cut = "before") -> None:
+    def __init__(self, upstream: int, marker: bytes = b"", *, cut: Cut = "before", port: int = 0) -> None:
         self.upstream = upstream
+        self.port = port  # 0: a free one
         self.marker = marker
         self.cut = cut
         self.cuts = 0
         self.cut_done = anyio.Event()
 
     async def serve(self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
-        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=self.port)
         async with listener:
             task_status.started(int(listener.extra(anyio.abc.SocketAttribute.local_port)))
             await listener.serve(self._relay)
@@ -68,7 +69,7 @@ class Cutter:
         seen = b""
         async for chunk in client:
             seen = (seen + chunk)[-(len(chunk) + len(self.marker)) :]
-            if self.marker in seen and self.cuts == 0:
+            if self.marker and self.marker in seen and self.cuts == 0:
                 self.cuts += 1
                 doomed.set()
             await server.send(chunk)

@@ -12,9 +12,10 @@ import pytest
 from mcp import MCPError
 
 from mcp_spec_proxy.backends.http import LOST_KEY, GuardedClient
-from mcp_spec_proxy.errors import BACKEND_CLOSED
+from mcp_spec_proxy.errors import BACKEND_CLOSED, BACKEND_UNAVAILABLE
 from tests.dropping import Cut, Cutter, toy_over_http
-from tests.harness import proxied, recorded, text_of, toy
+from tests.harness import call_error, proxied, recorded, text_of, toy
+from tests.test_resilience import ToolChanges, wait_for_tool
 
 pytestmark = pytest.mark.anyio
 
@@ -71,6 +72,32 @@ async def test_one_dropped_http_connection_fails_only_its_call_and_says_it_may_h
     assert ledger == sorted(f'{{"value": "{value}"}}' for value in values)  # each ran once, none again
     assert "toy__record" in names and after == "still here"
     assert heard.tools == 0 and restarts == 0  # the session held: no reconnect, no list change
+
+
+async def test_a_call_to_an_http_backend_that_cannot_be_reached_is_not_sent_and_it_comes_back(tmp_path: Path) -> None:
+    record = tmp_path / "rec"
+    changes = ToolChanges()
+    async with toy_over_http(record, json_response=True) as port, anyio.create_task_group() as tg:
+        up = anyio.CancelScope()
+
+        async def first_relay(task_status: anyio.abc.TaskStatus[int]) -> None:
+            with up:
+                await Cutter(port).serve(task_status=task_status)
+
+        address = await tg.start(first_relay)
+        cfg = {"servers": {"toy": {"url": f"http://127.0.0.1:{address}/mcp"}}, "review": {"default": "allow"}}
+        async with proxied(cfg, tmp_path / "state", messages=changes) as p:
+            with anyio.fail_after(30):
+                up.cancel()  # the relay stops listening: connections are refused
+                unsent = await call_error(p.client, "toy__record", {"value": "never", "intent": "x"})
+                await tg.start(Cutter(port, port=address).serve)  # back on the same port
+                await wait_for_tool(p.client, changes, "toy__record")
+                written = text_of(await p.client.call_tool("toy__record", {"value": "later", "intent": "x"}))
+        tg.cancel_scope.cancel()
+    assert unsent.code == BACKEND_UNAVAILABLE
+    assert "could not be reached" in unsent.message and "tools/call record was not sent" in unsent.message
+    assert written == "recorded later"
+    assert recorded(record) == ['{"value": "later"}']  # the refused write never reached it
 
 
 async def test_a_call_arriving_while_a_dead_stdio_backend_restarts_waits_for_it(tmp_path: Path) -> None:
