@@ -6,8 +6,9 @@ modules or names comes from here, each under a public alias, with the reason it 
 * `mcp.client._transport.Transport` / `TransportStreams`, `mcp.shared._stream_protocols.ReadStream`:
   the types of a client transport and its streams. `backends/transports.py` wraps the read side
   to learn the moment a backend's stream ends; `backends/stdio.py` yields the same pair.
-* `mcp.shared._httpx_utils.create_mcp_http_client`: the httpx client the SDK's own streamable
-  HTTP transport would build (its timeouts, redirects), given the configured headers.
+* `mcp.shared._httpx_utils.MCP_DEFAULT_TIMEOUT`, `MCP_DEFAULT_SSE_READ_TIMEOUT`: the timeouts of
+  the httpx client the SDK's own streamable HTTP transport would build (`create_mcp_http_client`),
+  given to the proxy's own (`backends/http.py`) as `MCP_HTTP_TIMEOUT`.
 * `mcp.client.stdio._create_platform_compatible_process`, `_drain_stdout`, `_parse_line`,
   `_stop_server_process`: the SDK's spawn (own process group), line parsing and bounded, shielded
   shutdown, so `backends/stdio.py`'s size-bounded stdio client behaves as the SDK's in all else.
@@ -30,6 +31,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any, BinaryIO
 
+import httpx2
 from mcp.client._transport import Transport, TransportStreams
 from mcp.client.client import Client
 from mcp.client.stdio import _create_platform_compatible_process as create_platform_compatible_process
@@ -39,8 +41,10 @@ from mcp.client.stdio import _stop_server_process as stop_server_process
 from mcp.server.connection import Connection
 from mcp.server.context import ServerRequestContext
 from mcp.server.stdio import _claim_fd, _open_stdin_diversion, _open_stdout_diversion
-from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 from mcp.shared._stream_protocols import ReadStream
+
+MCP_HTTP_TIMEOUT = httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT)
 
 
 @contextmanager
@@ -76,11 +80,11 @@ def server_connection(ctx: ServerRequestContext[Any, Any]) -> Connection:
 
 
 __all__ = [
+    "MCP_HTTP_TIMEOUT",
     "ReadStream",
     "Transport",
     "TransportStreams",
     "claimed_stdio",
-    "create_mcp_http_client",
     "create_platform_compatible_process",
     "drain_stdout",
     "parse_line",

@@ -5,15 +5,20 @@ requests to the client, which the proxy relays, need its back-channel, and so do
 for it), or in 2026-07-28 where the server offers it (`protocol: auto`, and a server that refuses
 the handshake) — lists its tools, prompts and resources, publishes them
 through `on_listing`, and then waits for the connection to end. When it ends (the process exited,
-the HTTP session died, the handshake timed out) the backend's listing is withdrawn, calls in
-flight fail with `BackendClosed`, and it reconnects with exponential backoff. A backend never
-raises into its siblings: every failure is logged with the fix and turned into "unavailable".
+the HTTP session died) calls in flight fail with `BackendClosed` and it reconnects (a stdio server
+is started again): its listing stays published meanwhile, and a call that arrives waits for the
+new connection on its own clock, so a reconnect is no window of "unknown tool". When an attempt
+fails (it would not start, refused the handshake, timed out) the listing is withdrawn and it
+tries again with exponential backoff. A backend never raises into its siblings: every failure is
+logged with the fix and turned into "unavailable". A streamable HTTP request whose own connection
+was lost fails alone, and the session goes on (`backends/http.py`).
 
 Errors: a backend's own JSON-RPC error is raised as the `MCPError` it sent, whatever its code
 (a backend may well answer -32000 or -32001 itself). Only what the proxy observed becomes its
 own `BackendError`: its own clock running out (`anyio.fail_after` around the call — the SDK's
 read timeout is not used, since it reports with the same code a backend may send), the
-transport really ending, the transport's size bound (`raw.Oversized`, which no backend can send).
+transport really ending or one HTTP request's connection lost (`http.GuardedClient`'s mark), the
+transport's size bound (`raw.Oversized`): marks no backend can send.
 
 Shutdown contract: cancelling `run()` closes the client, which closes the child's stdin, waits,
 terminates and kills its process tree, all bounded and shielded inside the SDK's stdio
@@ -26,7 +31,7 @@ import logging
 import math
 import sys
 from collections.abc import Iterator
-from contextlib import AsyncExitStack, contextmanager
+from contextlib import AbstractContextManager, AsyncExitStack, contextmanager
 from pathlib import Path
 from typing import Any, TextIO, cast
 
@@ -46,6 +51,7 @@ from mcp_types import (
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
+from mcp_spec_proxy.backends.http import Lost
 from mcp_spec_proxy.backends.listing import Listing, OnListing, list_all
 from mcp_spec_proxy.backends.notices import LogMessage, LogRoute, OnNotice, ResourceUpdate, admits, request_logs
 from mcp_spec_proxy.backends.raw import (
@@ -104,7 +110,9 @@ class Backend:
         self._wake = anyio.Event()  # set by a list_changed notification or the end of the stream
         self.connected = anyio.Event()
         self.first_attempt = anyio.Event()  # set once the first connect has succeeded or failed
-        self.status = "starting"
+        self.status = "starting"  # then "connected", "reconnecting" (it was, and will be) or "unavailable"
+        self._back = anyio.Event()  # set when a reconnect settles: connected again, or the attempt failed
+        self._served = False  # whether the current attempt connected (its end is then no failed attempt)
         self.last_error: str | None = None
         self.restarts = 0
         self._exit_code: int | None = None  # of the last stdio process, once it has ended
@@ -138,9 +146,33 @@ class Backend:
 
     @property
     def client(self) -> Client:
+        """The live connection, for a look at it (requests go out through `_live`)."""
         if self._client is None:
             raise BackendUnavailable(self.name, f"is unavailable ({self.last_error or self.status})")
         return self._client
+
+    async def _live(self, what: str, deadline: float) -> Client:
+        """The connection a request goes out on. One that arrives while a lost connection is being
+        made again waits for it until `deadline` (its tools stay listed meanwhile): nothing is sent
+        to a backend that is not connected."""
+        with anyio.CancelScope(deadline=deadline):
+            while self._client is None and self.status == "reconnecting":
+                await self._back.wait()
+        if self._client is not None:
+            return self._client
+        if self.status == "reconnecting":
+            raise BackendUnavailable(
+                self.name, f"is reconnecting and was not back within {self.config.timeout:g}s; {what} was not sent"
+            )
+        raise BackendUnavailable(self.name, f"is unavailable ({self.last_error or self.status})")
+
+    def _deadline(self) -> float:
+        return anyio.current_time() + self.config.timeout
+
+    @staticmethod
+    def _clock(deadline: float) -> AbstractContextManager[anyio.CancelScope]:
+        """The proxy's clock on one request: its `timeout`, counted from when it arrived."""
+        return anyio.fail_after(max(0.0, deadline - anyio.current_time()))
 
     async def call_tool(
         self, tool: str, arguments: dict[str, Any], progress: ProgressFnT | None = None
@@ -148,12 +180,13 @@ class Backend:
         """The backend's result. Its own JSON-RPC error is raised as the `MCPError` it sent; what
         the proxy saw go wrong (its clock, the connection ending, the size bound) as a `BackendError`."""
         what = f"tools/call {tool}"
-        client = self.client
+        deadline = self._deadline()
+        client = await self._live(what, deadline)
         route = request_logs.get()
         try:
             # The proxy's clock, not the SDK's: the SDK reports its own timeout with the code a
             # backend may send too (-32001), and only a timeout measured here is the proxy's to name.
-            with anyio.fail_after(self.config.timeout) as clock, self.relay.calling(clock), self._routed(route):
+            with self._clock(deadline) as clock, self.relay.calling(clock), self._routed(route):
                 result = await client.call_tool(
                     tool, arguments, progress_callback=progress, meta=self._log_meta(client, route)
                 )
@@ -170,21 +203,22 @@ class Backend:
         """A read's result as wire JSON, for the fast path: written and read past the SDK client
         where the transport allows (`backends/raw.py`), through it elsewhere. Same timeout, size
         bound and errors as `call_tool`; a result of another shape is the backend's error."""
-        client = self.client
+        what = f"tools/call {tool}"
+        deadline = self._deadline()
+        client = await self._live(what, deadline)
         raw = self._raw
         if raw is None or not raw.open or request_logs.get() is not None:  # a log route needs the SDK's path
             dumped: dict[str, Any] = (await self.call_tool(tool, arguments)).model_dump(
                 by_alias=True, mode="json", exclude_none=True
             )
             return dumped
-        what = f"tools/call {tool}"
         request: dict[str, Any] = {"method": "tools/call", "params": {"name": tool, "arguments": arguments}}
         stamp_request(client, request)
         if (log_meta := self._log_meta(client, None)) is not None:
             request["params"]["_meta"] = {**request["params"].get("_meta", {}), **dict(log_meta)}
         request["jsonrpc"] = "2.0"
         try:
-            with anyio.fail_after(self.config.timeout) as clock, self.relay.calling(clock):
+            with self._clock(deadline) as clock, self.relay.calling(clock):
                 answer = await raw.request(request)
                 if isinstance(answer, dict) and asks_for_input(answer):  # a 2026-07-28 backend's question
                     return await self._answer_input_required(client, tool, arguments, answer)
@@ -252,15 +286,31 @@ class Backend:
 
     def _closed(self, what: str) -> BackendClosed:
         ran = ", so it may have run" if what.startswith("tools/call") else ""
+        again = "restarts it" if self.config.transport == "stdio" else "reconnects"  # what `run` does next
         return BackendClosed(
-            self.name, f"closed its connection during {what}, before answering{ran}; the proxy reconnects"
+            self.name, f"closed its connection during {what}, before answering{ran}; the proxy {again}"
+        )
+
+    def _lost(self, lost: Lost, what: str, client: Client) -> BackendError:
+        """One HTTP request's connection lost: the session goes on, unless nothing could be sent."""
+        if lost.kind == "dropped":
+            ran = ", so it may have run; the proxy did not send it again" if what.startswith("tools/call") else ""
+            return BackendClosed(
+                self.name, f"lost the HTTP connection carrying {what} before answering ({lost.detail}){ran}"
+            )
+        # No connection could be made: the server may be down or restarted, its session with it.
+        if self._client is client and self._transport is not None:
+            self._transport.ended.set()
+        return BackendUnavailable(
+            self.name, f"could not be reached ({lost.detail}); {what} was not sent, and the proxy reconnects"
         )
 
     async def get_prompt(self, name: str, arguments: dict[str, str] | None) -> types.GetPromptResult:
         what = f"prompts/get {name}"
-        client = self.client
+        deadline = self._deadline()
+        client = await self._live(what, deadline)
         try:
-            with anyio.fail_after(self.config.timeout) as clock, self.relay.calling(clock):
+            with self._clock(deadline) as clock, self.relay.calling(clock):
                 return await client.get_prompt(name, arguments)
         except TimeoutError:
             raise self._timeout(what) from None
@@ -269,9 +319,10 @@ class Backend:
 
     async def read_resource(self, uri: str) -> types.ReadResourceResult:
         what = f"resources/read {uri}"
-        client = self.client
+        deadline = self._deadline()
+        client = await self._live(what, deadline)
         try:
-            with anyio.fail_after(self.config.timeout) as clock, self.relay.calling(clock):
+            with self._clock(deadline) as clock, self.relay.calling(clock):
                 return await client.read_resource(uri)
         except TimeoutError:
             raise self._timeout(what) from None
@@ -281,10 +332,11 @@ class Backend:
     async def complete(self, params: types.CompleteRequestParams) -> types.CompleteResult:
         """`completion/complete` with the client's params as they are (the ref already the server's own)."""
         what = "completion/complete"
-        client = self.client
+        deadline = self._deadline()
+        client = await self._live(what, deadline)
         params = params.model_copy(update={"meta": without_envelope(params.meta)})
         try:
-            with anyio.fail_after(self.config.timeout) as clock, self.relay.calling(clock):
+            with self._clock(deadline) as clock, self.relay.calling(clock):
                 return await client.session.send_request(types.CompleteRequest(params=params), types.CompleteResult)
         except TimeoutError:
             raise self._timeout(what) from None
@@ -373,6 +425,9 @@ class Backend:
         ending, or (anything else, whatever its code) the backend's own error, passed on unchanged."""
         if isinstance(exc.data, Oversized):
             return self._too_large(what.removeprefix("tools/call "), amount(exc.data.size))
+        guard = self._transport.guard if self._transport is not None and self._client is client else None
+        if guard is not None and (lost := guard.claim(exc.data)) is not None:
+            return self._lost(lost, what, client)
         if exc.code == CONNECTION_CLOSED and self._ended(client):
             return self._closed(what)
         return exc
@@ -391,11 +446,18 @@ class Backend:
         """Keep the backend connected until cancelled."""
         failures = 0
         while True:
+            self._served = False
             try:
                 await self._session()
-                failures = 0  # it ran; a later crash starts the backoff afresh
             except Exception as exc:  # boundary: any failure of one backend stays with that backend
-                self._down(self._explain(exc))
+                if self._served:  # it ran and its connection ended: its listing stays, calls wait
+                    self.last_error = self._explain(exc)
+                    logger.warning("%s — reconnecting; calls wait for it", self.last_error)
+                else:
+                    self._down(self._explain(exc))
+                    await self._on_listing(self.name, None)
+            if self._served:
+                failures = 0  # it ran; a later crash starts the backoff afresh
             delay = min(BACKOFF_MAX, BACKOFF_START * math.pow(2, failures))
             failures += 1
             self.restarts += 1
@@ -443,7 +505,9 @@ class Backend:
             )
 
     async def _serve(self, client: Client, transport: WatchedTransport | None, listing: Listing) -> None:
-        """Publish the listing, then keep it fresh until the connection ends."""
+        """Publish the listing, then keep it fresh until the connection ends; the listing outlives
+        it (`run` withdraws it when an attempt to connect again fails)."""
+        self._served = True
         self._client = client
         self._transport = transport
         self._raw = transport.raw if transport is not None else None
@@ -461,6 +525,7 @@ class Backend:
         try:
             await self._on_listing(self.name, listing)
             await self._restore(client)
+            self._back.set()  # calls that waited for this connection go out on it
             async with anyio.create_task_group() as tg:
                 if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
                     tg.start_soon(self._listen, client)
@@ -486,8 +551,8 @@ class Backend:
             self._transport = None
             self._raw = None
             self.connected = anyio.Event()
-            with anyio.CancelScope(shield=True):
-                await self._on_listing(self.name, None)
+            self.status = "reconnecting"
+            self._back = anyio.Event()
 
     async def _restore(self, client: Client) -> None:
         """Give a fresh connection the log level and the handshake-era subscriptions the clients
@@ -576,6 +641,7 @@ class Backend:
     def _down(self, message: str) -> None:
         self.first_attempt.set()
         self.status = "unavailable"
+        self._back.set()  # calls that waited for a reconnect learn it failed
         self.last_error = message
         logger.warning("%s — its tools are unavailable until it reconnects", message)
 

@@ -20,11 +20,12 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.message import SessionMessage
 
+from mcp_spec_proxy.backends.http import GuardedClient
 from mcp_spec_proxy.backends.raw import RawCalls
 from mcp_spec_proxy.backends.stdio import bounded_stdio_client
 from mcp_spec_proxy.config import ServerConfig
 from mcp_spec_proxy.early import resolve_command  # also used before the SDK loads: one place
-from mcp_spec_proxy.sdk import ReadStream, Transport, TransportStreams, create_mcp_http_client
+from mcp_spec_proxy.sdk import MCP_HTTP_TIMEOUT, ReadStream, Transport, TransportStreams
 
 
 class _WatchedReadStream:
@@ -70,12 +71,20 @@ class _WatchedReadStream:
 
 class WatchedTransport:
     """A `Transport` whose `ended` event fires when the backend stops talking; `raw` is the fast
-    path's channel on the same connection where the transport has one (stdio)."""
+    path's channel on the same connection where the transport has one (stdio), `guard` the HTTP
+    client that marks a streamable HTTP request whose connection was lost."""
 
-    def __init__(self, inner: Transport, on_end: Callable[[], None], raw: RawCalls | None = None) -> None:
+    def __init__(
+        self,
+        inner: Transport,
+        on_end: Callable[[], None],
+        raw: RawCalls | None = None,
+        guard: GuardedClient | None = None,
+    ) -> None:
         self._inner = inner
         self.ended = _EndSignal(on_end)
         self.raw = raw
+        self.guard = guard  # a streamable HTTP connection's: it marks the requests whose connection was lost
 
     async def __aenter__(self) -> TransportStreams:
         read, write = await self._inner.__aenter__()
@@ -108,11 +117,8 @@ class _EndSignal:
 
 
 @asynccontextmanager
-async def _http(url: str, headers: dict[str, str]) -> AsyncIterator[TransportStreams]:
-    async with (
-        create_mcp_http_client(headers=headers or None) as http,
-        streamable_http_client(url, http_client=http) as streams,
-    ):
+async def _http(url: str, http: GuardedClient) -> AsyncIterator[TransportStreams]:
+    async with http, streamable_http_client(url, http_client=http) as streams:
         yield streams
 
 
@@ -139,7 +145,10 @@ def open_transport(
     assert config.url is not None
     if config.transport == "sse":
         return WatchedTransport(sse_client(config.url, headers=config.headers or None), on_end)
-    return WatchedTransport(_http(config.url, config.headers), on_end)
+    # The SDK's own client settings (its timeouts; redirects it follows itself), and lost
+    # connections kept with their request (`backends/http.py`).
+    http = GuardedClient(headers=config.headers or None, timeout=MCP_HTTP_TIMEOUT)
+    return WatchedTransport(_http(config.url, http), on_end, guard=http)
 
 
 __all__ = ["WatchedTransport", "open_transport", "resolve_command"]
