@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -284,6 +285,8 @@ async def test_a_replica_with_no_lock_and_no_beat_is_swept_and_its_verdict_refus
         rows(
             pg_dsn, "UPDATE replicas SET seen = now() - interval '1 hour' WHERE replica = %s RETURNING 1", (a.replica,)
         )
+        assert await b.sweep() == 0  # b itself has not been connected long enough to judge a's silence
+        b._connected_since = datetime.now(UTC) - timedelta(hours=1)  # as if it had, for an hour
         assert await b.sweep() == 1
         assert await b.sweep() == 0  # once
         with pytest.raises(StateError, match="marked abandoned"):
@@ -328,7 +331,8 @@ async def test_the_sweep_reads_the_open_calls_not_the_history(pg_dsn: str) -> No
             conn.execute("ANALYZE audit")
             conn.execute("ANALYZE open_calls")
             plan = conn.execute(
-                "EXPLAIN (ANALYZE, FORMAT JSON) " + SWEEP, {"me": store.replica, "ns": LOCK_NAMESPACE, "silent": 15.0}
+                "EXPLAIN (ANALYZE, FORMAT JSON) " + SWEEP,
+                {"me": store.replica, "ns": LOCK_NAMESPACE, "dead_after": 3, "since": datetime.now(UTC)},
             ).fetchone()
         assert plan is not None and rows(pg_dsn, "SELECT count(*) FROM open_calls") == [(0,)]
         assert audit_rows_read(plan[0][0]["Plan"]) < 100  # was every held row of the history, and a probe each

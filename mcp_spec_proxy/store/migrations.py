@@ -151,7 +151,8 @@ MIGRATIONS: list[Migration] = [
         CREATE TABLE replicas (
             replica integer PRIMARY KEY,
             started timestamptz NOT NULL DEFAULT clock_timestamp(),
-            seen timestamptz NOT NULL DEFAULT clock_timestamp()
+            seen timestamptz NOT NULL DEFAULT clock_timestamp(),
+            beat_s double precision NOT NULL DEFAULT 5  -- its own heartbeat: its silence is judged by it
         );
         -- The held calls with no terminal row yet, kept by a trigger: the sweep reads these, never
         -- the whole audit history.

@@ -6,7 +6,12 @@ number for as long as it runs, and beats (`replicas.seen`, in the database's clo
 `heartbeat` seconds on that lock's connection. A replica is presumed stopped only when it holds
 no lock *and* has been silent for `DEAD_AFTER` beats: `kill -9` drops the lock at once and the
 beats stop, while a database restart drops every lock but not the beats, and each live replica
-takes its lock again at its next beat — so no live replica's calls are ever swept. Beats,
+takes its lock again at its next beat — so no live replica's calls are ever swept. Each replica's
+silence is judged by its own heartbeat (recorded with its beats, so replicas configured apart
+never misjudge each other), and only by a replica that has itself been connected at least that
+long: after an outage (or at its start) a replica cannot tell a stopped replica from one not yet
+back, so it waits. A replica that stopped on purpose (it signs off) or has no row at all is
+stopped at once. Beats,
 re-registration and sweeps run on their own timer, whatever the traffic; every replica sweeps,
 so a survivor closes a dead replica's held calls within `DEAD_AFTER + 1` beats. The sweep reads
 `open_calls` (held calls with no terminal row, kept by a trigger), never the whole history.
@@ -20,6 +25,7 @@ import logging
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -42,14 +48,13 @@ logger = logging.getLogger(__name__)
 __all__ = ["LATEST", "PgFingerprints", "PgStore", "migrate_database", "read_audit_once"]
 
 DEAD_AFTER = 3  # beats of silence, with no lock held, before a replica is presumed stopped
+FAR_FUTURE = datetime(9999, 1, 1, tzinfo=UTC)
 SESSION_TTL = "1 day"  # a session untouched this long, with nothing held, is forgotten by the sweep
 
 SWEEP = """
 WITH live AS (
     SELECT objid::bigint AS replica FROM pg_locks
     WHERE locktype = 'advisory' AND classid::bigint = %(ns)s AND objsubid = 2 AND granted
-    UNION
-    SELECT replica FROM replicas WHERE seen > clock_timestamp() - make_interval(secs => %(silent)s)
 )
 INSERT INTO audit (ts, event, call, session, replica, data)
 SELECT extract(epoch FROM clock_timestamp()), 'abandoned', o.call, o.session, %(me)s,
@@ -60,11 +65,21 @@ SELECT extract(epoch FROM clock_timestamp()), 'abandoned', o.call, o.session, %(
                           THEN 'its replica stopped after the accepted verdict, before recording the forward:'
                                ' the backend may or may not have run it; it is not sent again'
                           ELSE 'its replica stopped while the call was held: it was never forwarded' END)
-FROM open_calls o JOIN audit h ON h.id = o.held_id
-WHERE o.replica IS NULL OR o.replica NOT IN (SELECT replica FROM live)
+FROM open_calls o JOIN audit h ON h.id = o.held_id LEFT JOIN replicas r ON r.replica = o.replica
+WHERE o.replica IS NULL OR (
+    o.replica NOT IN (SELECT replica FROM live)
+    AND (r.replica IS NULL OR (
+        -- silent past its own limit, and this replica connected for longer than that limit
+        r.seen < clock_timestamp() - make_interval(secs => r.beat_s * %(dead_after)s)
+        AND %(since)s::timestamptz < clock_timestamp() - make_interval(secs => r.beat_s * %(dead_after)s)
+    ))
+)
 ON CONFLICT DO NOTHING
 """
-BEAT = "INSERT INTO replicas (replica) VALUES (%s) ON CONFLICT (replica) DO UPDATE SET seen = clock_timestamp()"
+BEAT = (
+    "INSERT INTO replicas (replica, beat_s) VALUES (%s, %s)"
+    " ON CONFLICT (replica) DO UPDATE SET seen = clock_timestamp(), beat_s = EXCLUDED.beat_s RETURNING seen"
+)
 FORGET_REPLICAS = (
     "DELETE FROM replicas r WHERE seen < now() - interval '1 day'"
     " AND NOT EXISTS (SELECT 1 FROM open_calls o WHERE o.replica = r.replica)"
@@ -90,6 +105,7 @@ class PgStore:
         settings: PostgresSettings,
         replica: int,
         lock: psycopg.AsyncConnection[Any],
+        registered: datetime | None = None,
     ) -> None:
         self.pool = pool
         self._dsn = dsn
@@ -97,6 +113,8 @@ class PgStore:
         self._lock = lock
         self._timeout = settings.timeout
         self._beat_s = settings.heartbeat
+        # Since when (the database's clock) this replica's lock connection has beaten without a break.
+        self._connected_since: datetime | None = registered
         self.rows = PgAudit(pool, replica, settings.timeout)
         self.audit: AuditSink = self.rows
         self.sessions: SessionStore = PgSessions(pool, settings.timeout)
@@ -118,11 +136,11 @@ class PgStore:
         )
         try:
             await pool.open(wait=True, timeout=settings.timeout)
-            lock, replica = await _register(dsn, settings.timeout)
+            lock, replica, registered = await _register(dsn, settings.timeout, settings.heartbeat)
         except DB_ERRORS as exc:
             await pool.close()
             raise StateError(f"cannot reach the Postgres store: {problem(exc)}") from None
-        store = cls(pool, dsn, settings, replica, lock)
+        store = cls(pool, dsn, settings, replica, lock, registered)
         try:
             await store.sweep()
             yield store
@@ -160,17 +178,19 @@ class PgStore:
         database restarted) — within `DEAD_AFTER` beats, before any sweep takes this replica for dead."""
         try:
             with anyio.fail_after(self._timeout):
-                await self._lock.execute(BEAT, (self.replica,))
+                seen = await _beat(self._lock, self.replica, self._beat_s)
+            if self._connected_since is None:
+                self._connected_since = seen
             return
         except DB_ERRORS:
-            pass
+            self._connected_since = None
         try:
             with anyio.fail_after(self._timeout):
                 await self._lock.close()
                 self._lock = await _lock_connection(self._dsn, self._timeout)
                 cursor = await self._lock.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_NAMESPACE, self.replica))
                 row = await cursor.fetchone()
-                await self._lock.execute(BEAT, (self.replica,))
+                self._connected_since = await _beat(self._lock, self.replica, self._beat_s)
         except DB_ERRORS as exc:
             logger.warning("replica %d is not registered with Postgres: %s", self.replica, problem(exc))
             return
@@ -191,8 +211,13 @@ class PgStore:
         try:
             with anyio.fail_after(self._timeout):
                 async with self.pool.connection() as conn:
-                    silent = DEAD_AFTER * self._beat_s
-                    cursor = await conn.execute(SWEEP, {"me": self.replica, "ns": LOCK_NAMESPACE, "silent": silent})
+                    args = {
+                        "me": self.replica,
+                        "ns": LOCK_NAMESPACE,
+                        "dead_after": DEAD_AFTER,
+                        "since": self._connected_since or FAR_FUTURE,  # not connected: judge no one's silence
+                    }
+                    cursor = await conn.execute(SWEEP, args)
                     marked = int(cursor.rowcount)
                     await conn.execute(
                         f"DELETE FROM sessions WHERE held = 0 AND updated_at < now() - interval '{SESSION_TTL}'"
@@ -216,8 +241,17 @@ async def _lock_connection(dsn: str, limit_s: float) -> psycopg.AsyncConnection[
     return await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=max(1, round(limit_s)))
 
 
-async def _register(dsn: str, limit_s: float) -> tuple[psycopg.AsyncConnection[Any], int]:
-    """A connection holding this replica's liveness lock, and the replica's number (beaten once)."""
+async def _beat(conn: psycopg.AsyncConnection[Any], replica: int, beat_s: float) -> datetime:
+    """One beat: this replica is alive now (the database's clock, which it returns)."""
+    cursor = await conn.execute(BEAT, (replica, beat_s))
+    row = await cursor.fetchone()
+    assert row is not None  # INSERT … RETURNING always returns its row
+    seen: datetime = row[0]
+    return seen
+
+
+async def _register(dsn: str, limit_s: float, beat_s: float) -> tuple[psycopg.AsyncConnection[Any], int, datetime]:
+    """A connection holding this replica's liveness lock, the replica's number, its first beat."""
     conn = await _lock_connection(dsn, limit_s)
     for _ in range(32):
         replica = secrets.randbelow(2**31 - 3) + 2  # 1 is the migration lock's
@@ -227,10 +261,12 @@ async def _register(dsn: str, limit_s: float) -> tuple[psycopg.AsyncConnection[A
             # A number a stopped replica used, whose calls are still open, is not taken over: its
             # calls would look alive. (The sweep closes them; the next number is as good.)
             cursor = await conn.execute(
-                "INSERT INTO replicas (replica) VALUES (%s) ON CONFLICT DO NOTHING RETURNING 1", (replica,)
+                "INSERT INTO replicas (replica, beat_s) VALUES (%s, %s) ON CONFLICT DO NOTHING RETURNING seen",
+                (replica, beat_s),
             )
-            if await cursor.fetchone():
-                return conn, replica
+            first = await cursor.fetchone()
+            if first:
+                return conn, replica, first[0]
             await conn.execute("SELECT pg_advisory_unlock(%s, %s)", (LOCK_NAMESPACE, replica))
     await conn.close()
     raise StateError("could not take a replica number in the Postgres store")
