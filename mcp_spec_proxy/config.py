@@ -196,6 +196,9 @@ class PostgresSettings(_Strict):
     dsn_env: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")  # the variable holding the DSN: it carries a password
     pool_size: int = Field(default=10, ge=1, le=200)
     timeout: float = Field(default=5.0, gt=0)  # seconds to reach the database before a write is refused
+    # Seconds between a replica's liveness beats and its sweeps of stopped replicas' held calls. A
+    # replica with no lock that has not beaten for 3 of these is presumed stopped.
+    heartbeat: float = Field(default=5.0, gt=0, le=300)
 
 
 class PostgresStore(_Strict):

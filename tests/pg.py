@@ -15,12 +15,13 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio
 import psycopg
 import yaml
 
@@ -52,6 +53,15 @@ def fresh_database(admin_dsn: str) -> str:
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {name}")
     return re.sub(r"/postgres(\?|$)", rf"/{name}\1", admin_dsn, count=1)
+
+
+async def until(check: Callable[[], bool], every: float = 0.1) -> None:
+    """Wait until `check()` — an outside observation: the database, a replica's log — holds (bound
+    it with `anyio.fail_after`): what the replicas do on their own timers is seen, not slept on."""
+    while True:
+        if check():
+            return
+        await anyio.sleep(every)
 
 
 def database_name(dsn: str) -> str:

@@ -9,19 +9,21 @@ import os
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import anyio
+import psycopg
 import pytest
 import yaml
 
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.errors import StateError
 from mcp_spec_proxy.store import Ticket, open_store
-from mcp_spec_proxy.store.migrations import LATEST
+from mcp_spec_proxy.store.migrations import LATEST, LEASH, LOCK_NAMESPACE, MIGRATIONS
 from mcp_spec_proxy.store.pg_fingerprints import PgFingerprints
-from mcp_spec_proxy.store.postgres import PgStore, migrate_database
+from mcp_spec_proxy.store.postgres import SWEEP, PgStore, migrate_database
 from mcp_spec_proxy.trajectory import History, Step
 from tests.harness import PROXY_COMMAND
 from tests.pg import DSN_ENV, rows
@@ -97,12 +99,37 @@ def test_the_audit_command_reads_the_files_store(tmp_path: Path) -> None:
 # -- the Postgres store ---------------------------------------------------------------------------
 
 
-async def test_migrations_apply_once_and_a_newer_schema_is_refused(pg_dsn: str) -> None:
-    assert await migrate_database(pg_dsn, 5) == list(range(1, LATEST + 1))
+async def test_migrations_apply_once_and_leash_tables_only_for_a_config_with_leash(pg_dsn: str) -> None:
+    core = [m.version for m in MIGRATIONS if m.part != LEASH]
+    assert await migrate_database(pg_dsn, 5) == core
     assert await migrate_database(pg_dsn, 5) == []
-    rows(pg_dsn, "INSERT INTO schema_version (version, name) VALUES (%s, 'from the future') RETURNING 1", (LATEST + 1,))
-    with pytest.raises(StateError, match="newer than this proxy's"):
+    # A proxy without LEASH needs neither pgvector nor the right to create extensions.
+    assert rows(pg_dsn, "SELECT count(*) FROM pg_extension WHERE extname = 'vector'") == [(0,)]
+    assert rows(pg_dsn, "SELECT to_regclass('bank_vectors') IS NULL") == [(True,)]
+    assert await migrate_database(pg_dsn, 5, leash=True) == [m.version for m in MIGRATIONS if m.part == LEASH]
+    assert rows(pg_dsn, "SELECT count(*) FROM pg_extension WHERE extname = 'vector'") == [(1,)]
+    assert await migrate_database(pg_dsn, 5, leash=True) == []
+
+
+async def test_a_newer_additive_step_lets_an_older_replica_start_and_a_breaking_one_does_not(pg_dsn: str) -> None:
+    """Expand, then contract: replicas upgraded one at a time keep serving while the first new one
+    migrates; a step that changes what older replicas use stops them in one line."""
+    await migrate_database(pg_dsn, 5)
+    future = "INSERT INTO schema_version (version, name, breaking) VALUES (%s, 'from the future', %s) RETURNING 1"
+    rows(pg_dsn, future, (LATEST + 1, False))
+    assert await migrate_database(pg_dsn, 5) == []  # starts: the newer step only adds
+    config = ProxyConfig.model_validate({"store": {"postgres": {"dsn_env": DSN_ENV}}})
+    async with open_store(config, None, {DSN_ENV: pg_dsn}) as store:
+        await store.audit.record("held", call="c1", session="s", tool="toy__record")
+    rows(pg_dsn, future, (LATEST + 2, True))
+    with pytest.raises(StateError, match=f"has step {LATEST + 2}, which changes what this proxy"):
         await migrate_database(pg_dsn, 5)
+
+
+async def test_store_migrate_to_stops_at_the_version_named(pg_dsn: str) -> None:
+    assert await migrate_database(pg_dsn, 5, to=1) == [1]
+    assert rows(pg_dsn, "SELECT to_regclass('open_calls') IS NULL") == [(True,)]
+    assert await migrate_database(pg_dsn, 5) == [m.version for m in MIGRATIONS if m.part != LEASH and m.version > 1]
 
 
 async def test_a_definition_accepted_once_is_accepted_on_every_replica(pg_dsn: str) -> None:
@@ -221,9 +248,101 @@ async def test_a_sweep_spares_the_held_calls_of_live_replicas(pg_dsn: str) -> No
         async with open_store(config, None, environ) as b:  # opening sweeps
             assert isinstance(b, PgStore)
             assert await b.sweep() == 0
-    async with open_store(config, None, environ):  # A is gone now: its held call is abandoned
+    async with open_store(config, None, environ):  # A stopped (and signed off): its held call is abandoned
         pass
     assert rows(pg_dsn, "SELECT call FROM audit WHERE event = 'abandoned'") == [("live",)]
+
+
+def cut_lock(dsn: str, replica: int) -> None:
+    """As a database restart does to one replica: its lock's connection is cut, and the lock with it."""
+    rows(dsn, "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND objid = %s", (replica,))
+
+
+async def test_a_live_replica_that_lost_its_lock_keeps_its_held_calls(pg_dsn: str) -> None:
+    """After a database restart every lock is gone at once; a replica still beating is alive."""
+    config = ProxyConfig.model_validate({"store": {"postgres": {"dsn_env": DSN_ENV, "heartbeat": 60}}})
+    environ = {DSN_ENV: pg_dsn}
+    async with open_store(config, None, environ) as a, open_store(config, None, environ) as b:
+        assert isinstance(a, PgStore) and isinstance(b, PgStore)
+        await a.audit.record("held", call="mine", session="s", tool="toy__record")
+        cut_lock(pg_dsn, a.replica)
+        assert await b.sweep() == 0  # silent for less than DEAD_AFTER beats: not taken for dead
+        await a._keep_registered()  # a's own timer: it takes its lock again
+        assert await b.sweep() == 0
+        await a.audit.record("verdict", call="mine", session="s", accepted=True)  # not refused
+    assert rows(pg_dsn, "SELECT count(*) FROM audit WHERE event = 'abandoned'") == [(0,)]
+
+
+async def test_a_replica_with_no_lock_and_no_beat_is_swept_and_its_verdict_refused(pg_dsn: str) -> None:
+    config = ProxyConfig.model_validate({"store": {"postgres": {"dsn_env": DSN_ENV, "heartbeat": 60}}})
+    environ = {DSN_ENV: pg_dsn}
+    async with open_store(config, None, environ) as a, open_store(config, None, environ) as b:
+        assert isinstance(a, PgStore) and isinstance(b, PgStore)
+        await a.audit.record("held", call="gone", session="s", tool="toy__record")
+        await a.audit.record("held", call="settled", session="s", tool="toy__record")
+        await a.audit.record("blocked", call="settled", session="s")
+        cut_lock(pg_dsn, a.replica)
+        rows(
+            pg_dsn, "UPDATE replicas SET seen = now() - interval '1 hour' WHERE replica = %s RETURNING 1", (a.replica,)
+        )
+        assert await b.sweep() == 0  # b itself has not been connected long enough to judge a's silence
+        b._connected_since = datetime.now(UTC) - timedelta(hours=1)  # as if it had, for an hour
+        assert await b.sweep() == 1
+        assert await b.sweep() == 0  # once
+        with pytest.raises(StateError, match="marked abandoned"):
+            await a.audit.record("verdict", call="gone", session="s", accepted=True)
+    found = rows(pg_dsn, "SELECT call, replica, data->>'replica' FROM audit WHERE event = 'abandoned'")
+    assert found == [("gone", b.replica, str(a.replica))]
+
+
+async def test_a_busy_replica_sweeps_on_its_own_timer(pg_dsn: str) -> None:
+    """Reads never let up, and still the survivor closes the dead replica's held call: beats and
+    sweeps no longer wait for a quiet moment."""
+    config = ProxyConfig.model_validate({"store": {"postgres": {"dsn_env": DSN_ENV, "heartbeat": 0.2}}})
+    environ = {DSN_ENV: pg_dsn}
+    async with open_store(config, None, environ) as a, open_store(config, None, environ) as b:
+        assert isinstance(a, PgStore) and isinstance(b, PgStore)
+        await a.audit.record("held", call="dead", session="s", tool="toy__record")
+        cut_lock(pg_dsn, a.replica)  # and a never beats: its `run` is not running, as after kill -9
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                await tg.start(b.run)
+                while not rows(pg_dsn, "SELECT 1 FROM audit WHERE event = 'abandoned' AND call = 'dead'"):
+                    b.audit.note("read", call=None, session="s", tool="toy__echo")
+                    await anyio.sleep(0.01)  # steady traffic: a read every 10 ms
+                tg.cancel_scope.cancel()
+    assert rows(pg_dsn, "SELECT count(*) FROM audit WHERE event = 'read'")[0][0] > 0
+
+
+async def test_the_sweep_reads_the_open_calls_not_the_history(pg_dsn: str) -> None:
+    """A long history of settled calls: the sweep's plan reads none of them (at a million rows, the
+    old plan's time neared its 5 s limit: `python -m bench.sweep`, docs/BENCHMARKS.md)."""
+    config = ProxyConfig.model_validate({"store": {"postgres": {"dsn_env": DSN_ENV}}})
+    async with open_store(config, None, {DSN_ENV: pg_dsn}) as store:
+        assert isinstance(store, PgStore)
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            with conn.transaction():
+                conn.execute("SET LOCAL session_replication_role = replica")  # settled: no open call to keep
+                conn.execute(
+                    "INSERT INTO audit (ts, event, call, session, replica, data)"
+                    " SELECT 0, e.event, 'old' || g, 's', 7, '{}' FROM generate_series(1, 100000) g,"
+                    " (VALUES ('held'), ('forwarded')) e(event)"
+                )
+            conn.execute("ANALYZE audit")
+            conn.execute("ANALYZE open_calls")
+            plan = conn.execute(
+                "EXPLAIN (ANALYZE, FORMAT JSON) " + SWEEP,
+                {"me": store.replica, "ns": LOCK_NAMESPACE, "dead_after": 3, "since": datetime.now(UTC)},
+            ).fetchone()
+        assert plan is not None and rows(pg_dsn, "SELECT count(*) FROM open_calls") == [(0,)]
+        assert audit_rows_read(plan[0][0]["Plan"]) < 100  # was every held row of the history, and a probe each
+        assert await store.sweep() == 0
+
+
+def audit_rows_read(node: dict[str, Any]) -> int:
+    """The rows a plan's scans of the audit table produced, in all their loops."""
+    own = int(node.get("Actual Rows", 0) * node.get("Actual Loops", 1)) if node.get("Relation Name") == "audit" else 0
+    return own + sum(audit_rows_read(child) for child in node.get("Plans", []))
 
 
 async def test_tools_accept_on_any_machine_reaches_the_postgres_store(pg_dsn: str, tmp_path: Path) -> None:
@@ -263,7 +382,8 @@ async def test_store_migrate_applies_the_schema_once(pg_dsn: str, tmp_path: Path
             assert run.returncode == 0, run.stderr.decode()
             said.append(run.stdout.decode().strip())
     assert said == [
-        f"applied migration(s) {', '.join(str(v) for v in range(1, LATEST + 1))}: schema at version {LATEST}",
+        f"applied migration(s) {', '.join(str(m.version) for m in MIGRATIONS if m.part != LEASH)}:"
+        f" schema at version {LATEST}",
         f"schema is current (version {LATEST})",
         "store: files — nothing to migrate",
     ]

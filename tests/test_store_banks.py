@@ -7,6 +7,7 @@ from typing import Any
 
 import anyio
 import numpy as np
+import psycopg
 import pytest
 
 from mcp_spec_proxy.leash.encoders import EncoderInfo
@@ -24,7 +25,7 @@ HASHING = EncoderInfo("hashing", "hashing-v1", 16)
 
 
 async def test_labels_added_through_one_bank_are_neighbours_through_another(pg_dsn: str) -> None:
-    await migrate_database(pg_dsn, 5)
+    await migrate_database(pg_dsn, 5, leash=True)
     a, b = PgBank(pg_dsn, kind="step", encoder=HASHING), PgBank(pg_dsn, kind="step", encoder=HASHING)
     try:
         rng = np.random.default_rng(7)
@@ -84,6 +85,38 @@ async def test_a_verdicts_labels_on_replica_a_are_the_neighbours_of_a_lookup_on_
     assert len(reviewed) == 2  # A's review, and B's escalation
     escalated = rows(pg_dsn, "SELECT data->>'to' FROM audit WHERE event = 'leash-escalated'")
     assert escalated == [("strong",)]
+
+
+async def test_two_replicas_creating_one_bank_at_once_both_keep_their_labels(pg_dsn: str) -> None:
+    """The first vectors of a bank create its index; two replicas doing that at once lost labels
+    (the second `CREATE INDEX IF NOT EXISTS` failed on the index's name) in 7 trials of 10."""
+    await migrate_database(pg_dsn, 5, leash=True)
+    for trial in range(10):
+        kind = "step" if trial % 2 else "task"
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:  # a bank no replica has made yet
+            conn.execute("DELETE FROM bank_vectors")
+            conn.execute("DELETE FROM banks")
+            conn.execute(f"DROP INDEX IF EXISTS bank_vectors_{kind}_hnsw")
+        banks = [PgBank(pg_dsn, kind=kind, encoder=HASHING) for _ in range(2)]
+        failures: list[BaseException] = []
+
+        def add(bank: PgBank, label: str, failures: list[BaseException] = failures) -> None:
+            try:
+                bank.add(np.ones((1, 16), dtype=np.float32), label, source="verdict")  # type: ignore[arg-type]
+            except BaseException as exc:  # what fails is the point
+                failures.append(exc)
+
+        try:
+            with anyio.fail_after(60):
+                async with anyio.create_task_group() as tg:
+                    for bank, label in zip(banks, ("success", "failure"), strict=True):
+                        tg.start_soon(anyio.to_thread.run_sync, add, bank, label)
+        finally:
+            for bank in banks:
+                bank.close()
+        assert failures == [], (trial, failures)
+        stored = rows(pg_dsn, "SELECT label FROM bank_vectors WHERE bank = %s ORDER BY label", (kind,))
+        assert stored == [("failure",), ("success",)], trial
 
 
 def test_a_bank_on_a_database_never_migrated_says_how_to_migrate(pg_dsn: str) -> None:

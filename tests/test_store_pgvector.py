@@ -61,7 +61,7 @@ def test_the_tests_pgvector_uses_wide_vector_instructions_only_where_it_dispatch
 
 
 async def test_a_working_pgvector_passes_the_check_at_migration(pg_dsn: str) -> None:
-    assert await migrate_database(pg_dsn, 5) == [1, 2]
+    assert await migrate_database(pg_dsn, 5, leash=True) == [1, 2, 3]
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
         await check_vector(conn)
 
@@ -69,7 +69,7 @@ async def test_a_working_pgvector_passes_the_check_at_migration(pg_dsn: str) -> 
 async def test_a_pgvector_that_kills_its_server_process_is_named_in_one_line(pg_dsn: str) -> None:
     """The probe's server process dies as an AVX-512 build's does on a CPU without it (here it is
     terminated, which the client sees the same way: the connection is gone mid-query)."""
-    await migrate_database(pg_dsn, 5)
+    await migrate_database(pg_dsn, 5, leash=True)
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
         with pytest.raises(StateError) as raised:
             await check_vector(conn, probe="SELECT pg_terminate_backend(pg_backend_pid())")
@@ -79,7 +79,7 @@ async def test_a_pgvector_that_kills_its_server_process_is_named_in_one_line(pg_
 
 
 async def test_a_pgvector_that_computes_wrong_distances_is_refused(pg_dsn: str) -> None:
-    await migrate_database(pg_dsn, 5)
+    await migrate_database(pg_dsn, 5, leash=True)
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
         with pytest.raises(StateError, match="computes wrong distances"):
             await check_vector(conn, probe="SELECT 0.0, 0.0, 0.0")

@@ -25,7 +25,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_spec_proxy.fronts.mcp import SESSION_HEADER
 from mcp_spec_proxy.testing import ChatRequest, Respond, ScriptedModelServer
 from tests.harness import PROXY_COMMAND, approve, recorded, segment_length, text_of, toy, verdict
-from tests.pg import DSN_ENV, database_down, database_name, database_up, replica, rows
+from tests.pg import DSN_ENV, database_down, database_name, database_up, replica, rows, until
 
 pytestmark = pytest.mark.anyio
 
@@ -155,32 +155,57 @@ async def test_the_strong_verdict_rides_with_the_ticket_to_the_other_replica(tmp
     assert recorded(ledger) == ['{"value": "v"}']
 
 
-async def test_a_replica_killed_with_writes_held_loses_no_audit_row_and_forwards_nothing(
+def waiting_elicitation(asked: list[str], all_asked: anyio.Event, want: int, go: anyio.Event | None = None) -> Any:
+    """A person who is asked (`want` questions in all) and answers yes once `go` is set — never without it."""
+
+    async def callback(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        if len(asked) == want:
+            all_asked.set()
+        if go is None:
+            await anyio.sleep_forever()
+        else:
+            await go.wait()
+        return types.ElicitResult(action="accept", content={"approve": True, "note": ""})
+
+    return callback
+
+
+async def steady_reads(url: str, stop: anyio.Event) -> int:
+    """Reads one after another until `stop`: the replica is never idle. How many ran."""
+    done = 0
+    async with client(url, "reader") as c:
+        while not stop.is_set():
+            await c.call_tool("toy__echo", {"text": str(done)})
+            done += 1
+    return done
+
+
+BEAT = 0.5  # seconds: the replicas' heartbeat in these tests (3 silent beats with no lock: stopped)
+
+
+async def test_a_replica_killed_with_writes_held_has_them_closed_by_a_busy_survivor(
     tmp_path: Path, pg_dsn: str
 ) -> None:
+    """kill -9 with two writes held: the survivor, busy with reads the whole time, marks them
+    abandoned within a few beats — no replica needs to start or idle — and nothing it held runs."""
     ledger = tmp_path / "ledger"
     config = {"servers": {"toy": toy(ledger)}, "review": {"default": "human", "intent": False}}
-    asked = 0
+    asked: list[str] = []
     both_asked = anyio.Event()
-
-    async def never_answers(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
-        nonlocal asked
-        asked += 1
-        if asked == 2:
-            both_asked.set()
-        await anyio.sleep_forever()
-        raise AssertionError("unreachable")
-
     failures: list[BaseException] = []
 
     async def held_write(url: str, value: str) -> None:
         try:
-            async with client(url, None, mode="legacy", elicitation=never_answers) as c:
+            async with client(url, None, mode="legacy", elicitation=waiting_elicitation(asked, both_asked, 2)) as c:
                 await c.call_tool("toy__record", {"value": value})
         except Exception as exc:  # the replica dies under the call: how it fails is not the point
             failures.append(exc)
 
-    with replica(config, tmp_path, pg_dsn, "a") as a:
+    with (
+        replica(config, tmp_path, pg_dsn, "a", heartbeat=BEAT) as a,
+        replica(config, tmp_path, pg_dsn, "b", heartbeat=BEAT) as b,
+    ):
         with anyio.fail_after(60):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(held_write, a.url, "one")
@@ -188,13 +213,20 @@ async def test_a_replica_killed_with_writes_held_loses_no_audit_row_and_forwards
                 await both_asked.wait()
                 a.kill()
                 tg.cancel_scope.deadline = anyio.current_time() + 20
-    held = rows(pg_dsn, "SELECT call FROM audit WHERE event = 'held' ORDER BY id")
-    assert len(held) == 2  # committed before the user was asked, so before the kill
-    # The next replica to start (or any replica's periodic sweep) marks them abandoned.
-    with replica(config, tmp_path, pg_dsn, "b") as b:
-        abandoned = rows(pg_dsn, "SELECT call, data->>'reason' FROM audit WHERE event = 'abandoned' ORDER BY call")
-        assert sorted(c for c, _ in abandoned) == sorted(c for (c,) in held)
-        assert all("never forwarded" in reason for _, reason in abandoned)
+        held = rows(pg_dsn, "SELECT call, replica FROM audit WHERE event = 'held' ORDER BY id")
+        assert len(held) == 2  # committed before the user was asked, so before the kill
+        stop = anyio.Event()
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(steady_reads, b.url, stop)
+                await until(lambda: len(rows(pg_dsn, "SELECT 1 FROM audit WHERE event = 'abandoned'")) == 2)
+                stop.set()
+        abandoned = rows(
+            pg_dsn, "SELECT call, replica, data->>'reason' FROM audit WHERE event = 'abandoned' ORDER BY call"
+        )
+        assert sorted(c for c, _, _ in abandoned) == sorted(c for c, _ in held)
+        assert {r for _, r, _ in abandoned} != {r for _, r in held}  # by the survivor, not by the dead
+        assert all("never forwarded" in reason for _, _, reason in abandoned)
         with anyio.fail_after(60):
             async with client(b.url, None, mode="legacy", elicitation=approve(True)) as on_b:
                 again = await on_b.call_tool("toy__record", {"value": "one"})
@@ -202,7 +234,56 @@ async def test_a_replica_killed_with_writes_held_loses_no_audit_row_and_forwards
     assert recorded(ledger) == ['{"value": "one"}']  # the retry ran once; the held calls never did
     forwarded = rows(pg_dsn, "SELECT call, count(*) FROM audit WHERE event = 'forwarded' GROUP BY call")
     assert [n for _, n in forwarded] == [1]
-    assert not {c for c, _ in forwarded} & {c for (c,) in held}
+    assert not {c for c, _ in forwarded} & {c for c, _ in held}
+
+
+async def test_after_a_database_outage_under_traffic_no_live_replicas_held_call_is_abandoned(
+    tmp_path: Path, pg_dsn: str, postgres_server: str
+) -> None:
+    """The database goes away for longer than three beats (every lock and connection cut) while a
+    write waits for its person on A and B serves reads; when it is back, both replicas register
+    again on their own timers, neither sweeps the other, and the person's yes still runs the write."""
+    ledger = tmp_path / "ledger"
+    config = {"servers": {"toy": toy(ledger)}, "review": {"default": "human", "intent": False}}
+    asked: list[str] = []
+    was_asked, go = anyio.Event(), anyio.Event()
+    name = database_name(pg_dsn)
+    outcome: list[types.CallToolResult] = []
+
+    async def held_write(url: str) -> None:
+        elicitation = waiting_elicitation(asked, was_asked, 1, go)
+        async with client(url, None, mode="legacy", elicitation=elicitation) as c:
+            outcome.append(await c.call_tool("toy__record", {"value": "held through the outage"}))
+
+    def said(r: Any, text: str) -> int:
+        return sum(text in line for line in r.log)
+
+    with (
+        replica(config, tmp_path, pg_dsn, "a", heartbeat=BEAT, timeout=2) as a,
+        replica(config, tmp_path, pg_dsn, "b", heartbeat=BEAT, timeout=2) as b,
+    ):
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(held_write, a.url)
+                await was_asked.wait()
+                stop = anyio.Event()
+                tg.start_soon(steady_reads, a.url, stop)
+                tg.start_soon(steady_reads, b.url, stop)
+                database_down(postgres_server, name)
+                # Each has missed four of its beats: both silent past their limits.
+                await until(lambda: min(said(a, "is not registered"), said(b, "is not registered")) >= 4)
+                database_up(postgres_server, name)
+                (up,) = rows(pg_dsn, "SELECT now()")
+                await until(lambda: min(said(a, "with Postgres again"), said(b, "with Postgres again")) >= 1)
+                await until(lambda: said(a, "Postgres is reachable again") >= 1)  # A's pool is back too
+                # Several of B's beats (and sweeps) after the outage, and A's, reads going on all along.
+                beaten = "SELECT bool_and(seen > %s + make_interval(secs => 2 * beat_s)) FROM replicas"
+                await until(lambda: bool(rows(pg_dsn, beaten, (up[0],))[0][0]))
+                stop.set()
+                go.set()
+    assert rows(pg_dsn, "SELECT count(*) FROM audit WHERE event = 'abandoned'") == [(0,)]
+    assert outcome and not outcome[0].is_error, text_of(outcome[0]) if outcome else "no answer"
+    assert recorded(ledger) == ['{"value": "held through the outage"}']
 
 
 async def test_with_the_database_gone_writes_fail_closed_in_one_line_and_reads_keep_working_until_it_is_back(

@@ -52,9 +52,15 @@ def store() -> None:
 
 @store.command("migrate")
 @file_options
+@click.option(
+    "--to",
+    "to",
+    type=click.IntRange(min=1),
+    help="Apply the steps up to this version only (and breaking steps up to it, which replicas never apply).",
+)
 @click.pass_context
-def store_migrate(ctx: click.Context) -> None:
-    """Create or upgrade the Postgres schema (replicas also apply it when they start)."""
+def store_migrate(ctx: click.Context, to: int | None) -> None:
+    """Create or upgrade the Postgres schema (replicas also apply its additive steps when they start)."""
     config = load(ctx.obj["config_path"])
     dsn = _dsn(ctx, config)
     if dsn is None or config.store == "files":
@@ -64,11 +70,11 @@ def store_migrate(ctx: click.Context) -> None:
     timeout = config.store.postgres.timeout
 
     async def migrate() -> list[int]:
-        applied: list[int] = await postgres.migrate_database(dsn, timeout)
+        applied: list[int] = await postgres.migrate_database(dsn, timeout, leash=config.leash is not None, to=to)
         return applied
 
     applied = run_loop(migrate)
-    latest = postgres.LATEST
+    latest = postgres.LATEST if to is None else min(to, postgres.LATEST)
     if applied:
         click.echo(f"applied migration(s) {', '.join(map(str, applied))}: schema at version {latest}")
     else:

@@ -32,9 +32,14 @@ from mcp_spec_proxy.leash.bank import Bank, Neighbour
 from mcp_spec_proxy.leash.encoders import EncoderInfo, normalise_rows
 from mcp_spec_proxy.leash.rows import checked_rows
 from mcp_spec_proxy.leash.storage import SOURCES, BankError, BankMismatch, Kind, Label
+from mcp_spec_proxy.store.migrations import LOCK_NAMESPACE
 
 _NAME = re.compile(r"^[a-z]+$")
-UNMIGRATED = "its tables do not exist yet: run `mcp-spec-proxy store migrate` (a replica also applies it at start)"
+UNMIGRATED = (
+    "its tables do not exist yet: run `mcp-spec-proxy store migrate` with this config (its `leash:` section"
+    " asks for them; a replica with it also applies them at start)"
+)
+INDEX_LOCK = 3  # the advisory lock (in the schema's class) under which a bank's index is created
 HNSW_M = 16  # pgvector's defaults; it requires ef_construction >= 2 * m
 EF_CONSTRUCTION = 64
 EF_SEARCH = 40
@@ -129,11 +134,21 @@ class PgBank(Bank):
         )
         self._encoder = EncoderInfo(info.name, info.model, dim)
         self._check_encoder()
-        self._run(
+        create = (
             f"CREATE INDEX IF NOT EXISTS bank_vectors_{self.kind}_hnsw ON bank_vectors"
             f" USING hnsw ((vector::vector({int(self._encoder.dim)})) vector_ip_ops)"
             f" WITH (m = {HNSW_M}, ef_construction = {EF_CONSTRUCTION}) WHERE bank = '{self.kind}'"
         )
+        # Two replicas creating the same index at once: IF NOT EXISTS does not make the second wait,
+        # it fails on the catalog's unique name (and its labels were lost). One at a time, then.
+        with self._conn_lock:
+            try:
+                conn = self._connection()
+                with conn.transaction():
+                    conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_NAMESPACE, INDEX_LOCK))
+                    conn.execute(create)
+            except psycopg.Error as exc:
+                raise BankError(f"the {self.kind} bank failed in Postgres: {_first_line(exc)}") from None
 
     # -- reading -------------------------------------------------------------------------------
 

@@ -132,5 +132,5 @@ async def open_store(
         raise ConfigError(
             source, "store.postgres", f"{exc.name} is not installed", "pip install 'mcp-spec-proxy[postgres]'"
         ) from None
-    async with PgStore.open(dsn, config.store.postgres) as store:
+    async with PgStore.open(dsn, config.store.postgres, leash=config.leash is not None) as store:
         yield store

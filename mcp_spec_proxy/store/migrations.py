@@ -1,8 +1,21 @@
 """The Postgres schema, versioned: each migration is applied once, in order, inside one transaction.
 
 `migrate(conn)` brings a database up to `LATEST` under an advisory lock, so replicas starting
-together apply each step once; a database already past `LATEST` (written by a newer proxy) is
-refused rather than guessed at. Never edit a shipped step: add the next one.
+together apply each step once. Never edit a shipped step: add the next one.
+
+Each step belongs to a part: the core (audit, sessions, approvals, fingerprints, liveness) every
+replica needs, or `leash` (the banks, in pgvector), applied only for a config with a `leash:`
+section — so a database without pgvector, or a role that may not create extensions, serves a
+proxy without LEASH. A database's version is the set of steps applied, not a counter.
+
+Rolling upgrades (expand, then contract): a step is *additive* unless marked breaking — it adds
+tables, columns, indexes or triggers that older replicas neither read nor mind. A replica starts
+on a database that holds steps newer than it knows as long as none of them is breaking (it says
+so once), so replicas can be upgraded one at a time while the first new one migrates. A breaking
+step (one that drops or changes what older replicas use) is applied only by `store migrate`, once
+every replica runs a version that knows it; until then replicas refuse to start in one line.
+Proxies from before step 3 know no such marks: they refuse any newer step, so the upgrade to
+step 3 is: stop, upgrade every replica, start (or run `store migrate --to 2` meanwhile).
 
 After migrating, `migrate` computes one distance of each kind with the database's pgvector: a
 build compiled for a CPU the server lacks (`-march=native` on an AVX-512 machine, as some
@@ -13,17 +26,39 @@ traffic as a database that keeps crashing.
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
 from mcp_spec_proxy.errors import StateError
 
+logger = logging.getLogger(__name__)
+
 LOCK_NAMESPACE = 0x6D637370  # 'mcsp': the advisory-lock class of this schema (migrations, replica liveness)
 MIGRATE_LOCK = 1
 
-MIGRATIONS: list[tuple[int, str, str]] = [
-    (
+LEASH = "leash"  # the part of the schema only a `leash:` section needs
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+    part: str = "core"
+    breaking: bool = False  # drops or changes what older replicas use: applied by `store migrate` only
+
+
+# The liveness and open-call bookkeeping of step 3. Settled events close a held call; a call held
+# again after one of them (a suspended call resumed) is open again. Kept in step with the gate's
+# terminal events (`gate.py`): a new terminal event needs a new step that replaces the function.
+_SETTLED = ("blocked", "forwarded", "unsent", "abandoned", "forward-interrupted", "awaiting-input")
+_SETTLED_SQL = ", ".join(f"'{event}'" for event in _SETTLED)
+
+MIGRATIONS: list[Migration] = [
+    Migration(
         1,
         "audit, sessions, approvals, fingerprints",
         """
@@ -78,7 +113,7 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         CREATE TABLE fingerprint_servers (server text PRIMARY KEY, first_listing double precision NOT NULL);
         """,
     ),
-    (
+    Migration(
         2,
         "LEASH banks in pgvector",
         """
@@ -105,13 +140,58 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         -- The HNSW index of each bank is built by the proxy once the bank's dimension is known
         -- (`leash/pgvector.py`): pgvector indexes only vectors of one declared dimension.
         """,
+        part=LEASH,
+    ),
+    Migration(
+        3,
+        "replica heartbeats, open calls",
+        f"""
+        -- A replica's last beat, in the database's clock: a replica with no lock is presumed stopped
+        -- only once it has also been silent for a while (a database restart drops every lock at once).
+        CREATE TABLE replicas (
+            replica integer PRIMARY KEY,
+            started timestamptz NOT NULL DEFAULT clock_timestamp(),
+            seen timestamptz NOT NULL DEFAULT clock_timestamp(),
+            beat_s double precision NOT NULL DEFAULT 5  -- its own heartbeat: its silence is judged by it
+        );
+        -- The held calls with no terminal row yet, kept by a trigger: the sweep reads these, never
+        -- the whole audit history.
+        CREATE TABLE open_calls (
+            call text PRIMARY KEY,
+            replica integer,
+            session text,
+            held_id bigint NOT NULL
+        );
+        CREATE INDEX open_calls_replica ON open_calls (replica);
+        CREATE FUNCTION audit_open_calls() RETURNS trigger LANGUAGE plpgsql AS $fn$
+        BEGIN
+            IF NEW.event = 'held' THEN
+                INSERT INTO open_calls (call, replica, session, held_id)
+                VALUES (NEW.call, NEW.replica, NEW.session, NEW.id)
+                ON CONFLICT (call) DO UPDATE SET replica = EXCLUDED.replica, held_id = EXCLUDED.held_id;
+            ELSE
+                DELETE FROM open_calls WHERE call = NEW.call;
+            END IF;
+            RETURN NULL;
+        END
+        $fn$;
+        CREATE TRIGGER audit_open_calls AFTER INSERT ON audit FOR EACH ROW
+            WHEN (NEW.call IS NOT NULL AND NEW.event IN ('held', {_SETTLED_SQL}))
+            EXECUTE FUNCTION audit_open_calls();
+        INSERT INTO open_calls (call, replica, session, held_id)
+        SELECT DISTINCT ON (h.call) h.call, h.replica, h.session, h.id FROM audit h
+        WHERE h.event = 'held' AND h.call IS NOT NULL AND NOT EXISTS (
+            SELECT 1 FROM audit t WHERE t.call = h.call AND t.id > h.id AND t.event IN ({_SETTLED_SQL}))
+        ORDER BY h.call, h.id DESC;
+        """,
     ),
 ]
-LATEST = MIGRATIONS[-1][0]
+LATEST = MIGRATIONS[-1].version
 
 
-async def migrate(conn: Any) -> list[int]:
-    """Apply every migration `conn`'s database lacks; the versions applied (empty when current).
+async def migrate(conn: Any, *, leash: bool = False, to: int | None = None) -> list[int]:
+    """Apply every step `conn`'s database lacks (the `leash` part only when asked, none past `to`,
+    no breaking step unless `to` names it): the versions applied, empty when current.
 
     `conn` is a `psycopg.AsyncConnection` in autocommit mode.
     """
@@ -121,23 +201,52 @@ async def migrate(conn: Any) -> list[int]:
             "CREATE TABLE IF NOT EXISTS schema_version (version integer PRIMARY KEY, name text NOT NULL,"
             " applied_at timestamptz NOT NULL DEFAULT now())"
         )
-        cursor = await conn.execute("SELECT coalesce(max(version), 0) FROM schema_version")
-        row = await cursor.fetchone()
-        current = int(row[0]) if row else 0
-        if current > LATEST:
-            raise StateError(
-                f"the database's schema is version {current}, newer than this proxy's {LATEST}:"
-                " upgrade mcp-spec-proxy on this machine"
-            )
+        # The mark is part of the bookkeeping, not of a step: every step's row carries it.
+        await conn.execute(
+            "ALTER TABLE schema_version ADD COLUMN IF NOT EXISTS breaking boolean NOT NULL DEFAULT false"
+        )
+        cursor = await conn.execute("SELECT version FROM schema_version")
+        present = {int(row[0]) for row in await cursor.fetchall()}
+        await _refuse_unknown_breaking(conn, present)
         applied = []
-        for version, name, sql in MIGRATIONS:
-            if version <= current:
+        for step in MIGRATIONS:
+            if step.version in present or (step.part == LEASH and not leash):
                 continue
-            await conn.execute(sql)
-            await conn.execute("INSERT INTO schema_version (version, name) VALUES (%s, %s)", (version, name))
-            applied.append(version)
+            if to is not None and step.version > to:
+                break
+            if step.breaking and to is None:
+                continue  # a contraction waits for `store migrate --to N`: older replicas may still run
+            await conn.execute(step.sql)
+            await conn.execute(
+                "INSERT INTO schema_version (version, name, breaking) VALUES (%s, %s, %s)",
+                (step.version, step.name, step.breaking),
+            )
+            applied.append(step.version)
     await check_vector(conn)
     return applied
+
+
+async def _refuse_unknown_breaking(conn: Any, present: set[int]) -> None:
+    newer = sorted(v for v in present if v > LATEST)
+    if not newer:
+        return
+    cursor = await conn.execute("SELECT version FROM schema_version WHERE version > %s AND breaking", (LATEST,))
+    breaking = [int(row[0]) for row in await cursor.fetchall()]
+    if breaking:
+        raise StateError(
+            f"the database's schema has step {breaking[0]}, which changes what this proxy (schema {LATEST})"
+            " relies on: upgrade mcp-spec-proxy on this machine"
+        )
+    logger.warning(
+        "the database's schema has step(s) %s, newer than this proxy's %d but additive: starting",
+        ", ".join(map(str, newer)),
+        LATEST,
+    )
+
+
+def versions_wanted(*, leash: bool) -> list[int]:
+    """The steps a database serving this config should hold."""
+    return [m.version for m in MIGRATIONS if (m.part != LEASH or leash) and not m.breaking]
 
 
 # <#> is the negative inner product, <=> the cosine distance, <-> the L2 distance: the kernels

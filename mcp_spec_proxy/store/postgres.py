@@ -1,12 +1,22 @@
 """The Postgres store: one database for every replica of the proxy.
 
 Opening it reaches the database (or fails in one line), applies the schema's migrations, and
-registers this process as a live replica by holding a session-level advisory lock on its own
-number for as long as it runs. The lock is the liveness signal: when a replica dies — even by
-`kill -9` — Postgres drops its connection and the lock with it, and the next sweep (at any
-replica's start, then every `SWEEP_S`) marks that replica's held calls abandoned. Abandoned calls
-are never forwarded, by anyone: the call's verdict row is refused once it is marked
-(`pg_audit.py`), and nothing re-sends a held call.
+registers this process as a live replica: it holds a session-level advisory lock on its own
+number for as long as it runs, and beats (`replicas.seen`, in the database's clock) every
+`heartbeat` seconds on that lock's connection. A replica is presumed stopped only when it holds
+no lock *and* has been silent for `DEAD_AFTER` beats: `kill -9` drops the lock at once and the
+beats stop, while a database restart drops every lock but not the beats, and each live replica
+takes its lock again at its next beat — so no live replica's calls are ever swept. Each replica's
+silence is judged by its own heartbeat (recorded with its beats, so replicas configured apart
+never misjudge each other), and only by a replica that has itself been connected at least that
+long: after an outage (or at its start) a replica cannot tell a stopped replica from one not yet
+back, so it waits. A replica that stopped on purpose (it signs off) or has no row at all is
+stopped at once. Beats,
+re-registration and sweeps run on their own timer, whatever the traffic; every replica sweeps,
+so a survivor closes a dead replica's held calls within `DEAD_AFTER + 1` beats. The sweep reads
+`open_calls` (held calls with no terminal row, kept by a trigger), never the whole history.
+Abandoned calls are never forwarded, by anyone: the call's verdict row is refused once it is
+marked (`pg_audit.py`), and nothing re-sends a held call.
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ import logging
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -36,38 +47,52 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["LATEST", "PgFingerprints", "PgStore", "migrate_database", "read_audit_once"]
 
-SWEEP_S = 30.0
+DEAD_AFTER = 3  # beats of silence, with no lock held, before a replica is presumed stopped
+FAR_FUTURE = datetime(9999, 1, 1, tzinfo=UTC)
 SESSION_TTL = "1 day"  # a session untouched this long, with nothing held, is forgotten by the sweep
-SETTLED = ("blocked", "forwarded", "unsent", "abandoned", "forward-interrupted", "awaiting-input")
 
-SWEEP = f"""
+SWEEP = """
+WITH live AS (
+    SELECT objid::bigint AS replica FROM pg_locks
+    WHERE locktype = 'advisory' AND classid::bigint = %(ns)s AND objsubid = 2 AND granted
+)
 INSERT INTO audit (ts, event, call, session, replica, data)
-SELECT extract(epoch FROM clock_timestamp()), 'abandoned', h.call, h.session, %(me)s,
-       jsonb_build_object('call', h.call, 'session', h.session, 'tool', h.data->>'tool',
-                          'replica', h.replica, 'reason', CASE WHEN EXISTS (
-                              SELECT 1 FROM audit v WHERE v.call = h.call AND v.event = 'verdict'
+SELECT extract(epoch FROM clock_timestamp()), 'abandoned', o.call, o.session, %(me)s,
+       jsonb_build_object('call', o.call, 'session', o.session, 'tool', h.data->>'tool',
+                          'replica', o.replica, 'reason', CASE WHEN EXISTS (
+                              SELECT 1 FROM audit v WHERE v.call = o.call AND v.event = 'verdict'
                               AND (v.data->>'accepted')::boolean)
                           THEN 'its replica stopped after the accepted verdict, before recording the forward:'
                                ' the backend may or may not have run it; it is not sent again'
                           ELSE 'its replica stopped while the call was held: it was never forwarded' END)
-FROM audit h
-WHERE h.event = 'held' AND NOT (h.replica = ANY(%(live)s))
-  AND NOT EXISTS (SELECT 1 FROM audit t WHERE t.call = h.call AND t.event IN ({", ".join(f"'{e}'" for e in SETTLED)}))
+FROM open_calls o JOIN audit h ON h.id = o.held_id LEFT JOIN replicas r ON r.replica = o.replica
+WHERE o.replica IS NULL OR (
+    o.replica NOT IN (SELECT replica FROM live)
+    AND (r.replica IS NULL OR (
+        -- silent past its own limit, and this replica connected for longer than that limit
+        r.seen < clock_timestamp() - make_interval(secs => r.beat_s * %(dead_after)s)
+        AND %(since)s::timestamptz < clock_timestamp() - make_interval(secs => r.beat_s * %(dead_after)s)
+    ))
+)
 ON CONFLICT DO NOTHING
 """
-LIVE = (
-    "SELECT objid::bigint FROM pg_locks"
-    " WHERE locktype = 'advisory' AND classid::bigint = %s AND objsubid = 2 AND granted"
+BEAT = (
+    "INSERT INTO replicas (replica, beat_s) VALUES (%s, %s)"
+    " ON CONFLICT (replica) DO UPDATE SET seen = clock_timestamp(), beat_s = EXCLUDED.beat_s RETURNING seen"
+)
+FORGET_REPLICAS = (
+    "DELETE FROM replicas r WHERE seen < now() - interval '1 day'"
+    " AND NOT EXISTS (SELECT 1 FROM open_calls o WHERE o.replica = r.replica)"
 )
 
 
-async def migrate_database(dsn: str, limit_s: float) -> list[int]:
+async def migrate_database(dsn: str, limit_s: float, *, leash: bool = False, to: int | None = None) -> list[int]:
     """`mcp-spec-proxy store migrate`: the versions applied."""
     try:
         async with await psycopg.AsyncConnection.connect(
             dsn, autocommit=True, connect_timeout=max(1, round(limit_s))
         ) as conn:
-            return await migrate(conn)
+            return await migrate(conn, leash=leash, to=to)
     except psycopg.Error as exc:
         raise StateError(f"cannot migrate the Postgres store: {problem(exc)}") from None
 
@@ -80,12 +105,16 @@ class PgStore:
         settings: PostgresSettings,
         replica: int,
         lock: psycopg.AsyncConnection[Any],
+        registered: datetime | None = None,
     ) -> None:
         self.pool = pool
         self._dsn = dsn
         self.replica = replica
         self._lock = lock
         self._timeout = settings.timeout
+        self._beat_s = settings.heartbeat
+        # Since when (the database's clock) this replica's lock connection has beaten without a break.
+        self._connected_since: datetime | None = registered
         self.rows = PgAudit(pool, replica, settings.timeout)
         self.audit: AuditSink = self.rows
         self.sessions: SessionStore = PgSessions(pool, settings.timeout)
@@ -95,8 +124,8 @@ class PgStore:
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, dsn: str, settings: PostgresSettings) -> AsyncIterator[PgStore]:
-        await migrate_database(dsn, settings.timeout)
+    async def open(cls, dsn: str, settings: PostgresSettings, *, leash: bool = False) -> AsyncIterator[PgStore]:
+        await migrate_database(dsn, settings.timeout, leash=leash)
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             dsn,
             min_size=1,
@@ -107,11 +136,11 @@ class PgStore:
         )
         try:
             await pool.open(wait=True, timeout=settings.timeout)
-            lock, replica = await _register(dsn, settings.timeout)
+            lock, replica, registered = await _register(dsn, settings.timeout, settings.heartbeat)
         except DB_ERRORS as exc:
             await pool.close()
             raise StateError(f"cannot reach the Postgres store: {problem(exc)}") from None
-        store = cls(pool, dsn, settings, replica, lock)
+        store = cls(pool, dsn, settings, replica, lock, registered)
         try:
             await store.sweep()
             yield store
@@ -120,40 +149,61 @@ class PgStore:
                 await store.rows.flush_notes()
             store.prints.close()
             with anyio.CancelScope(shield=True):
+                with anyio.move_on_after(settings.timeout):
+                    await store._sign_off()
                 await store._lock.close()
                 await pool.close(timeout=settings.timeout)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Write batched read rows as they come, and sweep dead replicas' held calls every `SWEEP_S`."""
-        task_status.started()
+        """Write batched read rows as they come; beat, re-register and sweep every `heartbeat` seconds."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._write_notes)
+            tg.start_soon(self._keep_alive)
+            task_status.started()
+
+    async def _write_notes(self) -> None:
         while True:
-            with anyio.move_on_after(SWEEP_S) as waited:
-                await self.rows.wait_for_notes()
+            await self.rows.wait_for_notes()
             await self.rows.flush_notes()
-            if waited.cancelled_caught:
-                await self._keep_registered()
-                await self.sweep()
+
+    async def _keep_alive(self) -> None:
+        # On its own timer: a replica busy with reads beats and sweeps as often as an idle one.
+        while True:
+            await anyio.sleep(self._beat_s)
+            await self._keep_registered()
+            await self.sweep()
 
     async def _keep_registered(self) -> None:
-        """Take this replica's lock again when its connection was lost (the database restarted):
-        until then, other replicas' sweeps take this replica for dead and its held calls are refused."""
+        """Beat on the lock's connection; take the lock again when that connection was lost (the
+        database restarted) — within `DEAD_AFTER` beats, before any sweep takes this replica for dead."""
         try:
             with anyio.fail_after(self._timeout):
-                await self._lock.execute("SELECT 1")
+                seen = await _beat(self._lock, self.replica, self._beat_s)
+            if self._connected_since is None:
+                self._connected_since = seen
             return
         except DB_ERRORS:
-            pass
+            self._connected_since = None
         try:
             with anyio.fail_after(self._timeout):
                 await self._lock.close()
                 self._lock = await _lock_connection(self._dsn, self._timeout)
                 cursor = await self._lock.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_NAMESPACE, self.replica))
                 row = await cursor.fetchone()
+                self._connected_since = await _beat(self._lock, self.replica, self._beat_s)
         except DB_ERRORS as exc:
             logger.warning("replica %d is not registered with Postgres: %s", self.replica, problem(exc))
             return
         if row and row[0]:
             logger.warning("replica %d registered with Postgres again", self.replica)
+
+    async def _sign_off(self) -> None:
+        """A replica that stops on purpose says so: its calls left open are swept at once, not
+        after `DEAD_AFTER` beats (it recorded its own abandoned calls as it stopped)."""
+        try:
+            await self._lock.execute("DELETE FROM replicas WHERE replica = %s", (self.replica,))
+        except DB_ERRORS as exc:
+            logger.warning("replica %d could not sign off in Postgres: %s", self.replica, problem(exc))
 
     async def sweep(self) -> int:
         """Mark abandoned every held call whose replica is gone (how many were marked), and forget
@@ -161,13 +211,18 @@ class PgStore:
         try:
             with anyio.fail_after(self._timeout):
                 async with self.pool.connection() as conn:
-                    cursor = await conn.execute(LIVE, (LOCK_NAMESPACE,))
-                    live = [int(row[0]) for row in await cursor.fetchall()]
-                    cursor = await conn.execute(SWEEP, {"me": self.replica, "live": live})
+                    args = {
+                        "me": self.replica,
+                        "ns": LOCK_NAMESPACE,
+                        "dead_after": DEAD_AFTER,
+                        "since": self._connected_since or FAR_FUTURE,  # not connected: judge no one's silence
+                    }
+                    cursor = await conn.execute(SWEEP, args)
                     marked = int(cursor.rowcount)
                     await conn.execute(
                         f"DELETE FROM sessions WHERE held = 0 AND updated_at < now() - interval '{SESSION_TTL}'"
                     )
+                    await conn.execute(FORGET_REPLICAS)
         except DB_ERRORS as exc:
             logger.warning("could not sweep held calls of stopped replicas: %s", problem(exc))
             return 0
@@ -186,15 +241,33 @@ async def _lock_connection(dsn: str, limit_s: float) -> psycopg.AsyncConnection[
     return await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=max(1, round(limit_s)))
 
 
-async def _register(dsn: str, limit_s: float) -> tuple[psycopg.AsyncConnection[Any], int]:
-    """A connection holding this replica's liveness lock, and the replica's number."""
+async def _beat(conn: psycopg.AsyncConnection[Any], replica: int, beat_s: float) -> datetime:
+    """One beat: this replica is alive now (the database's clock, which it returns)."""
+    cursor = await conn.execute(BEAT, (replica, beat_s))
+    row = await cursor.fetchone()
+    assert row is not None  # INSERT … RETURNING always returns its row
+    seen: datetime = row[0]
+    return seen
+
+
+async def _register(dsn: str, limit_s: float, beat_s: float) -> tuple[psycopg.AsyncConnection[Any], int, datetime]:
+    """A connection holding this replica's liveness lock, the replica's number, its first beat."""
     conn = await _lock_connection(dsn, limit_s)
     for _ in range(32):
         replica = secrets.randbelow(2**31 - 3) + 2  # 1 is the migration lock's
         cursor = await conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_NAMESPACE, replica))
         row = await cursor.fetchone()
         if row and row[0]:
-            return conn, replica
+            # A number a stopped replica used, whose calls are still open, is not taken over: its
+            # calls would look alive. (The sweep closes them; the next number is as good.)
+            cursor = await conn.execute(
+                "INSERT INTO replicas (replica, beat_s) VALUES (%s, %s) ON CONFLICT DO NOTHING RETURNING seen",
+                (replica, beat_s),
+            )
+            first = await cursor.fetchone()
+            if first:
+                return conn, replica, first[0]
+            await conn.execute("SELECT pg_advisory_unlock(%s, %s)", (LOCK_NAMESPACE, replica))
     await conn.close()
     raise StateError("could not take a replica number in the Postgres store")
 
