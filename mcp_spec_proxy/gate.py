@@ -58,8 +58,8 @@ import dataclasses
 import json
 import logging
 import re
+import secrets
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -119,7 +119,9 @@ verdict labels its steps for LEASH when every reviewer it names (`strong→human
 
 
 def new_call_id() -> str:
-    return uuid.uuid4().hex[:12]
+    """128 random bits: call ids share one audit table across replicas and years (48 bits met by
+    chance past ~10M calls), and a client must not guess another's."""
+    return secrets.token_hex(16)
 
 
 @dataclass

@@ -164,6 +164,11 @@ class PgAudit:
     async def wait_for_notes(self) -> None:
         await self._wake.wait()
 
+    def retry_late(self) -> None:
+        """Wake the writer for the kept rows of settled calls, if any (the store's timer calls this)."""
+        if self._late:
+            self._wake.set()
+
     def close(self) -> None:
         # The store flushes the notes (and the kept rows) and closes the pool as it closes (`PgStore.open`).
         for row in self._late:

@@ -172,6 +172,7 @@ class PgStore:
             await anyio.sleep(self._beat_s)
             await self._keep_registered()
             await self.sweep()
+            self.rows.retry_late()  # kept audit rows are retried on the timer too, traffic or not
 
     async def _keep_registered(self) -> None:
         """Beat on the lock's connection; take the lock again when that connection was lost (the
