@@ -14,8 +14,8 @@ on a database that holds steps newer than it knows as long as none of them is br
 so once), so replicas can be upgraded one at a time while the first new one migrates. A breaking
 step (one that drops or changes what older replicas use) is applied only by `store migrate`, once
 every replica runs a version that knows it; until then replicas refuse to start in one line.
-Proxies from before step 3 know no such marks: they refuse any newer step, so the upgrade to
-step 3 is: stop, upgrade every replica, start (or run `store migrate --to 2` meanwhile).
+Proxies from before step 3 know no such marks: they refuse to start on any newer step (running
+ones keep serving), so from them an upgrade replaces replicas and never restarts an old one.
 
 After migrating, `migrate` computes one distance of each kind with the database's pgvector: a
 build compiled for a CPU the server lacks (`-march=native` on an AVX-512 machine, as some
