@@ -31,10 +31,12 @@ import math
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from mcp_spec_proxy.trajectory import Effect
+
+if TYPE_CHECKING:  # numpy loads with the first index (search mode), not with the words a prompt needs
+    import numpy as np
 
 # Tuned on bench/retrieval.py: tool texts differ in length far more than the words that matter,
 # so length counts for less than in prose search (k1 0.6-1.5 and b 0.2-0.75 tried).
@@ -228,6 +230,8 @@ class Bm25:
     """Okapi BM25 over documents of terms; `scores(query)` gives one score per document."""
 
     def __init__(self, documents: Sequence[Sequence[str]], k1: float = BM25_K1, b: float = BM25_B) -> None:
+        import numpy as np
+
         self._n = len(documents)
         lengths = np.array([len(d) for d in documents], dtype=np.float64)
         average = float(lengths.mean()) if self._n else 0.0
@@ -240,6 +244,8 @@ class Bm25:
         self._k1 = k1
 
     def scores(self, query: Iterable[str]) -> np.ndarray:
+        import numpy as np
+
         out = np.zeros(self._n, dtype=np.float64)
         for term in set(query):
             postings = self._postings.get(term)
@@ -265,6 +271,8 @@ class Bm25F:
         b: float = BM25F_B,
     ) -> None:
         self._n, self._k1 = len(documents), k1
+        import numpy as np
+
         postings: dict[str, dict[int, float]] = {}
         for field, weight in weights.items():
             lengths = np.array([len(d.get(field, ())) for d in documents], dtype=np.float64)
@@ -280,6 +288,8 @@ class Bm25F:
         }
 
     def scores(self, query: Mapping[str, float]) -> np.ndarray:
+        import numpy as np
+
         out = np.zeros(self._n, dtype=np.float64)
         for term, weight in query.items():
             posting = self._postings.get(term)

@@ -207,7 +207,8 @@ async def test_the_gate_forwards_one_write_per_key_when_the_front_remembers_noth
                 tg.start_soon(call)
                 tg.start_soon(call)
                 await asked[0].wait()
-                await asked[1].wait()  # both are held at once; then both are approved
+                # The second is sent while the first is held: it waits for its session's earlier
+                # write (the barrier settles one at a time), then finds the key claimed at its forward.
                 release.set()
         else:
             release.set()

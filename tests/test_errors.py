@@ -24,6 +24,7 @@ from mcp import Client, MCPError, StdioServerParameters
 from mcp_types import ErrorData
 
 from mcp_spec_proxy.errors import BACKEND_CLOSED, BACKEND_TIMEOUT
+from mcp_spec_proxy.gate import CALL_META
 from tests.harness import ERAS, call_error, spawned, toy
 
 pytestmark = pytest.mark.anyio
@@ -105,12 +106,12 @@ async def test_the_proxys_own_timeout_and_a_backend_death_carry_its_own_codes(tm
         with anyio.fail_after(60):
             hung = await call_error(client, "toy__hang", {})
             crashed = await call_error(client, "toy__crash", {})
-    assert hung.code == BACKEND_TIMEOUT and hung.data is None
+    assert hung.code == BACKEND_TIMEOUT and set(hung.data or {}) == {CALL_META}  # only the call's id
     assert hung.message == (
         "backend 'toy' did not answer tools/call hang within 0.5s, this server's `timeout`;"
         " the proxy stopped waiting and asked it to cancel, so it may still have run"
     )
-    assert crashed.code == BACKEND_CLOSED and crashed.data is None
+    assert crashed.code == BACKEND_CLOSED and set(crashed.data or {}) == {CALL_META}
     assert crashed.message == (
         "backend 'toy' closed its connection during tools/call crash, before answering, so it may have run;"
         " the proxy restarts it"  # a stdio server's process is started again (an HTTP one is reconnected)

@@ -69,10 +69,12 @@ async def test_two_writes_sent_at_once_after_a_read_show_and_commit_the_read_onc
             barrier = p.proxy.barrier
             enter = barrier.call
 
-            async def counted(session: Any, name: str, arguments: dict[str, Any], *rest: Any) -> types.CallToolResult:
+            async def counted(
+                session: Any, name: str, arguments: dict[str, Any], *rest: Any, **named: Any
+            ) -> types.CallToolResult:
                 if arguments.get("value") == "v2":
                     second_arrived.set()
-                return await enter(session, name, arguments, *rest)
+                return await enter(session, name, arguments, *rest, **named)
 
             barrier.call = counted  # type: ignore[method-assign]  # the front's one door into the barrier
             results: dict[str, types.CallToolResult] = {}
