@@ -58,6 +58,7 @@ from mcp_spec_proxy.catalog import Catalog, CatalogTool, digest, is_held
 from mcp_spec_proxy.config import ProxyConfig, ReviewMode
 from mcp_spec_proxy.errors import BackendClosed, BackendError, BackendUnavailable, ToolNotFound
 from mcp_spec_proxy.models import ModelCall
+from mcp_spec_proxy.provenance import from_backend, notice
 from mcp_spec_proxy.review import InputNeeded, Reviewer, ReviewFailed, ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review.waiting import Both, asks_a_person, waiting_note, with_heartbeat
 from mcp_spec_proxy.trajectory import Step, observation_text
@@ -168,7 +169,7 @@ class Gate:
         self._note_read(session, tool, arguments, "client")
         started = time.perf_counter()
         try:
-            result = await self._backends.get(tool.server).call_tool_json(tool.original, arguments)
+            result = from_backend(await self._backends.get(tool.server).call_tool_json(tool.original, arguments))
         except CALL_FAILED as exc:
             _observe(step, failed_result(tool, exc), started)
             raise
@@ -387,7 +388,7 @@ class Gate:
         started = time.perf_counter()
         try:
             backend = self._backends.get(tool.server)
-            result = await backend.call_tool(tool.original, arguments, report)
+            result = from_backend(await backend.call_tool(tool.original, arguments, report))
         except CALL_FAILED as exc:
             _observe(step, failed_result(tool, exc), started)
             raise
@@ -510,10 +511,12 @@ def capped(text: str, limit: int = AUDIT_TEXT_CAP) -> str:
 
 
 def error_result(text: str) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
+    """An error result in the proxy's own words, marked as its (`provenance.py`)."""
+    return notice(text)
 
 
 def text_result(text: str, is_error: bool = False) -> types.CallToolResult:
+    """A result in someone else's words (a gateway client's observation): unmarked."""
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=is_error)
 
 

@@ -161,6 +161,8 @@ class Backend:
             raise self._timeout(what) from None
         except MCPError as exc:
             raise self._translate(exc, what, client) from exc
+        except ValidationError:  # the SDK client's check of the answer: the lean path's `tool_result`
+            raise self._no_result(what) from None
         size = result_size(result)
         if size > self.config.max_result_bytes:
             raise self._too_large(tool, amount(size))
@@ -178,6 +180,7 @@ class Backend:
             )
             return dumped
         what = f"tools/call {tool}"
+        modern = client.protocol_version in MODERN_PROTOCOL_VERSIONS
         request: dict[str, Any] = {"method": "tools/call", "params": {"name": tool, "arguments": arguments}}
         stamp_request(client, request)
         if (log_meta := self._log_meta(client, None)) is not None:
@@ -186,7 +189,7 @@ class Backend:
         try:
             with anyio.fail_after(self.config.timeout) as clock, self.relay.calling(clock):
                 answer = await raw.request(request)
-                if isinstance(answer, dict) and asks_for_input(answer):  # a 2026-07-28 backend's question
+                if modern and isinstance(answer, dict) and asks_for_input(answer):  # a backend's question
                     return await self._answer_input_required(client, tool, arguments, answer)
         except TimeoutError:
             raise self._timeout(what) from None
@@ -198,9 +201,9 @@ class Backend:
             raise remote_error(answer["error"]) or BackendError(
                 self.name, f"answered {what} with a malformed JSON-RPC error"
             )
-        result = tool_result(answer.get("result"))
+        result = tool_result(answer.get("result"), client.protocol_version)
         if result is None:
-            raise BackendError(self.name, f"answered {what} with something that is not a tool result")
+            raise self._no_result(what)
         size = json_size(result)
         if size > self.config.max_result_bytes:
             raise self._too_large(tool, amount(size))
@@ -241,6 +244,10 @@ class Backend:
             f" ({amount(self.config.max_result_bytes)}); the result was withheld — ask for less,"
             " or raise max_result_bytes for this server",
         )
+
+    def _no_result(self, what: str) -> BackendError:
+        # The same words and code on both paths of a read (`call_tool`, `call_tool_json`).
+        return BackendError(self.name, f"answered {what} with something that is not a tool result")
 
     def _timeout(self, what: str) -> BackendTimeout:
         return BackendTimeout(
