@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from mcp_spec_proxy.errors import BackendError
+from mcp_spec_proxy.stderr_log import StderrLog
 
 if TYPE_CHECKING:
     from mcp_spec_proxy.config import ProxyConfig
@@ -123,7 +124,7 @@ def spawn_early(config: ProxyConfig, log_dir: Path) -> list[str]:
         path = log_dir / f"{name}.log"  # the file the backend pool appends the server's stderr to
         env = default_environment() | server.env
         key = SpawnKey.of(name, command, server.args, env, server.cwd, str(path))
-        log = path.open("a", encoding="utf-8")
+        log = StderrLog(path)  # capped and rotated as the pool's own (`stderr_log.py`)
         _registry.logs.append(log)
         try:
             process = subprocess.Popen(

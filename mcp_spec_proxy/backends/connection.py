@@ -70,6 +70,7 @@ from mcp_spec_proxy.errors import (
     ResultTooLarge,
 )
 from mcp_spec_proxy.sdk import stamp_request
+from mcp_spec_proxy.stderr_log import StderrLog
 
 logger = logging.getLogger(__name__)
 
@@ -590,8 +591,11 @@ class Backend:
         if self._log_dir is None:
             return sys.stderr
         self._log_dir.mkdir(parents=True, exist_ok=True)
-        handle: TextIO = stack.enter_context((self._log_dir / f"{self.name}.log").open("a", encoding="utf-8"))
-        self._log_start = handle.tell()
+        path = self._log_dir / f"{self.name}.log"
+        self._log_start = path.stat().st_size if path.exists() else 0
+        handle = StderrLog(path)
+        # Its close waits (bounded) for the last lines to reach the file: off the event loop.
+        stack.push_async_callback(anyio.to_thread.run_sync, handle.close)
         return handle
 
     def _exited(self, code: int | None) -> None:
@@ -603,7 +607,8 @@ class Backend:
             return ""
         try:
             with self._log_path.open("rb") as log:
-                log.seek(self._log_start)
+                # A rotation since the attempt began (`stderr_log.py`) leaves a shorter file.
+                log.seek(self._log_start if self._log_start <= self._log_path.stat().st_size else 0)
                 tail = log.read()[-8192:]
         except OSError:
             return ""
