@@ -30,7 +30,7 @@ MAX_BYTES = 5_000_000
 KEEP = 1
 """Rotated files kept beside it: `<server>.log.1` … `<server>.log.<KEEP>`."""
 _CHUNK = 65536
-_JOIN_TIMEOUT_S = 1.0
+_DRAIN_TIMEOUT_S = 1.0
 
 
 class StderrLog(io.TextIOWrapper):
@@ -51,13 +51,16 @@ class StderrLog(io.TextIOWrapper):
         return str(self._path)
 
     def close(self) -> None:
-        """Close the proxy's end of the pipe; once every child holding it has exited too, the
-        thread writes what is left and ends. Waits for that a bounded while: a grandchild that
-        keeps the pipe open must not hold up the proxy."""
+        """Close the proxy's end of the pipe: once every child holding it has exited too, the
+        thread writes what is left and ends (`drain` waits for that)."""
         with contextlib.suppress(OSError):
             super().close()
+
+    def drain(self, timeout: float = _DRAIN_TIMEOUT_S) -> None:
+        """Wait, a bounded while, for the thread to have written everything: a grandchild that
+        keeps the pipe open must not hold up the proxy. Blocking: call it off the event loop."""
         if self._pump is not threading.current_thread():
-            self._pump.join(_JOIN_TIMEOUT_S)
+            self._pump.join(timeout)
 
 
 def _pump(read_fd: int, path: Path, max_bytes: int, keep: int) -> None:

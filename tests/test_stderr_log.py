@@ -10,6 +10,7 @@ servers are spawned at launch (`early.py`) before the pool adopts them.
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,9 @@ async def test_a_backend_flooding_stderr_during_a_call_is_answered_and_its_log_s
         result = await p.client.call_tool("raw__shout", {})  # the backend is not blocked on its stderr
     assert text_of(result) == "shouted"
     assert_capped_and_newest_kept(tmp_path / "state" / "logs")
+    # The proxy's end of the pipe closed with the connection, though shutdown cancels it: the
+    # thread that kept the log saw the end and is gone, nothing of it left behind.
+    assert not [thread for thread in threading.enumerate() if thread.name == "stderr of raw"]
 
 
 async def test_a_server_spawned_at_launch_that_floods_stderr_keeps_a_capped_log(tmp_path: Path) -> None:

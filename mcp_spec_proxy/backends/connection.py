@@ -594,8 +594,7 @@ class Backend:
         path = self._log_dir / f"{self.name}.log"
         self._log_start = path.stat().st_size if path.exists() else 0
         handle = StderrLog(path)
-        # Its close waits (bounded) for the last lines to reach the file: off the event loop.
-        stack.push_async_callback(anyio.to_thread.run_sync, handle.close)
+        stack.push_async_callback(_close_stderr, handle)
         return handle
 
     def _exited(self, code: int | None) -> None:
@@ -621,6 +620,12 @@ class Backend:
 
     def _log_hint(self) -> str:
         return f" (its stderr is in {self._log_path})" if self._log_path is not None else ""
+
+
+async def _close_stderr(log: StderrLog) -> None:
+    log.close()  # at once, cancelled or not: the pipe's write end must not outlive the attempt
+    with anyio.CancelScope(shield=True):  # the attempt's last lines reach the file before it is read back
+        await anyio.to_thread.run_sync(log.drain)
 
 
 async def _cancel_on(event: anyio.Event, scope: anyio.CancelScope) -> None:
