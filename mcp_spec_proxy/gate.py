@@ -30,6 +30,10 @@ bound) — is that call's `CallFailed`: raised from `read` and `read_json` after
 and carried by a write's `Outcome` (`error`), audited as forwarded with its code. The step's
 observation states the failure either way, so a reviewer and the engine's models see it.
 
+A backend's tool result leaves the gate through `provenance.from_backend` on both doors (`forward`
+and `read_json`): it never carries the mark of the proxy's own words, which `error_result` gives
+every result the proxy writes, so a client tells them apart on every path.
+
 A reviewer that fails or times out becomes a refusing verdict (or, with `review.on_error:
 allow`, an accepting one); the exception never reaches the door. A verdict and its reason are
 capped before they are written, so a model cannot flood the audit trail.
