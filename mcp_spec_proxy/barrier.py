@@ -56,6 +56,7 @@ from mcp_spec_proxy.gate import (
 )
 from mcp_spec_proxy.models import ModelCall
 from mcp_spec_proxy.prompts import step_json
+from mcp_spec_proxy.provenance import noted
 from mcp_spec_proxy.review import ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review.strong import ProposedStep, Repairer, check_step
 from mcp_spec_proxy.store.sessions import LocalSessions, SessionStore
@@ -328,8 +329,4 @@ class Barrier:
             f"[mcp-spec-proxy] {original} was rejected by the reviewer ({verdict.reason}); the reviewer "
             f"{how} {step.tool.name} {json.dumps(arguments, ensure_ascii=False)}, which ran. Its result follows."
         )
-        return types.CallToolResult(
-            content=[types.TextContent(type="text", text=note), *inner.content],
-            is_error=inner.is_error,
-            structured_content=inner.structured_content if step.tool.name == original else None,
-        )
+        return noted(note, inner, structured=step.tool.name == original)

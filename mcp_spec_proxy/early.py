@@ -25,9 +25,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 from mcp_spec_proxy.errors import BackendError
+from mcp_spec_proxy.stderr_log import StderrLog
 
 if TYPE_CHECKING:
     from mcp_spec_proxy.config import ProxyConfig
@@ -92,7 +93,7 @@ class SpawnKey:
 @dataclass
 class _Registry:
     waiting: dict[str, tuple[SpawnKey, subprocess.Popen[bytes]]] = field(default_factory=dict)
-    logs: list[IO[str]] = field(default_factory=list)
+    logs: list[StderrLog] = field(default_factory=list)
     refused: list[subprocess.Popen[bytes]] = field(default_factory=list)
     hooked: bool = False
 
@@ -123,7 +124,7 @@ def spawn_early(config: ProxyConfig, log_dir: Path) -> list[str]:
         path = log_dir / f"{name}.log"  # the file the backend pool appends the server's stderr to
         env = default_environment() | server.env
         key = SpawnKey.of(name, command, server.args, env, server.cwd, str(path))
-        log = path.open("a", encoding="utf-8")
+        log = StderrLog(path)  # capped and rotated as the pool's own (`stderr_log.py`)
         _registry.logs.append(log)
         try:
             process = subprocess.Popen(
@@ -177,8 +178,9 @@ def stop_unclaimed() -> None:
     _registry.refused.clear()
     _stop(*processes)
     for log in _registry.logs:
-        with contextlib.suppress(OSError):
-            log.close()
+        log.close()
+    for log in _registry.logs:
+        log.drain()  # the processes are stopped: their last lines reach the file
     _registry.logs.clear()
 
 

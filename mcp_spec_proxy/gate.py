@@ -47,6 +47,10 @@ is still free in its session: the gate claims it through the audit sink just bef
 (`CallReplayed`, naming the call that holds it) and audited `blocked`. A substitute of a rejected
 call claims its client's key, since it runs in that call's place.
 
+A backend's tool result leaves the gate through `provenance.from_backend` on both doors (`forward`
+and `read_json`): it never carries the mark of the proxy's own words, which `error_result` gives
+every result the proxy writes, so a client tells them apart on every path.
+
 A reviewer that fails or times out becomes a refusing verdict (or, with `review.on_error:
 allow`, an accepting one); the exception never reaches the door. A verdict and its reason are
 capped before they are written, so a model cannot flood the audit trail.
@@ -82,6 +86,7 @@ from mcp_spec_proxy.errors import (
     ToolNotFound,
 )
 from mcp_spec_proxy.models import ModelCall
+from mcp_spec_proxy.provenance import from_backend, notice
 from mcp_spec_proxy.review import InputNeeded, Reviewer, ReviewFailed, ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review.waiting import Both, asks_a_person, waiting_note, with_heartbeat
 from mcp_spec_proxy.trajectory import Step, observation_text
@@ -210,7 +215,7 @@ class Gate:
         self._note_read(session, tool, arguments, "client", call)
         started = time.perf_counter()
         try:
-            result = await self._backends.get(tool.server).call_tool_json(tool.original, arguments)
+            result = from_backend(await self._backends.get(tool.server).call_tool_json(tool.original, arguments))
         except CALL_FAILED as exc:
             _observe(step, failed_result(tool, exc), started)
             raise
@@ -489,7 +494,7 @@ class Gate:
         started = time.perf_counter()
         try:
             backend = self._backends.get(tool.server)
-            result = await backend.call_tool(tool.original, arguments, report)
+            result = from_backend(await backend.call_tool(tool.original, arguments, report))
         except CALL_FAILED as exc:
             _observe(step, failed_result(tool, exc), started)
             raise
@@ -616,10 +621,12 @@ def capped(text: str, limit: int = AUDIT_TEXT_CAP) -> str:
 
 
 def error_result(text: str) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
+    """An error result in the proxy's own words, marked as its (`provenance.py`)."""
+    return notice(text)
 
 
 def text_result(text: str, is_error: bool = False) -> types.CallToolResult:
+    """A result in someone else's words (a gateway client's observation): unmarked."""
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=is_error)
 
 

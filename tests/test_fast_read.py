@@ -204,11 +204,15 @@ def test_raw_channel_takes_only_answers_to_its_own_requests() -> None:
 
 
 def test_only_a_finished_tool_result_passes() -> None:
-    assert tool_result({"content": [{"type": "text", "text": "x"}]}) is not None
-    assert tool_result({"content": [], "resultType": "complete"}) is not None
-    assert tool_result({"content": [], "resultType": "input_required"}) is None
-    assert tool_result({"content": "x"}) is None
-    assert tool_result(["content"]) is None
+    modern = "2026-07-28"
+    assert tool_result({"content": [{"type": "text", "text": "x"}]}, modern) is not None
+    assert tool_result({"content": [], "resultType": "complete"}, modern) is not None
+    assert tool_result({"content": [], "resultType": "input_required"}, modern) is None
+    assert tool_result({"content": "x"}, modern) is None
+    assert tool_result(["content"], modern) is None
+    assert tool_result({"content": [{"type": "nope"}]}, modern) is None  # what the SDK client refuses
+    # A handshake-era backend's `resultType` means nothing in its era: the SDK client ignores it too.
+    assert tool_result({"content": [], "resultType": "input_required"}, "2025-11-25") is not None
 
 
 @pytest.mark.parametrize("mode", ERAS)

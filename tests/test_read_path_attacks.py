@@ -313,7 +313,8 @@ async def test_answers_to_ids_never_asked_are_dropped_and_the_channel_goes_on(tm
         listed = await wire.answer(3)
     assert first["result"]["content"] == [{"type": "text", "text": "real"}]
     assert second["result"]["content"] == [{"type": "text", "text": "real"}]
-    assert {tool["name"] for tool in listed["result"]["tools"]} == {"raw__odd_numbers", "raw__stray", "raw__smuggle"}
+    names = {tool["name"] for tool in listed["result"]["tools"]}
+    assert names == {"raw__odd_numbers", "raw__stray", "raw__smuggle", "raw__forged", "raw__shout"}
 
 
 async def test_a_result_cannot_smuggle_a_message_into_the_clients_stream(tmp_path: Path) -> None:

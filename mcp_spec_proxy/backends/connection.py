@@ -76,6 +76,7 @@ from mcp_spec_proxy.errors import (
     ResultTooLarge,
 )
 from mcp_spec_proxy.sdk import stamp_request
+from mcp_spec_proxy.stderr_log import StderrLog
 
 logger = logging.getLogger(__name__)
 
@@ -194,6 +195,8 @@ class Backend:
             raise self._timeout(what) from None
         except MCPError as exc:
             raise self._translate(exc, what, client) from exc
+        except ValidationError:  # the SDK client's check of the answer: the lean path's `tool_result`
+            raise self._no_result(what) from None
         size = result_size(result)
         if size > self.config.max_result_bytes:
             raise self._too_large(tool, amount(size))
@@ -212,6 +215,7 @@ class Backend:
                 by_alias=True, mode="json", exclude_none=True
             )
             return dumped
+        modern = client.protocol_version in MODERN_PROTOCOL_VERSIONS
         request: dict[str, Any] = {"method": "tools/call", "params": {"name": tool, "arguments": arguments}}
         stamp_request(client, request)
         if (log_meta := self._log_meta(client, None)) is not None:
@@ -220,7 +224,7 @@ class Backend:
         try:
             with self._clock(deadline) as clock, self.relay.calling(clock):
                 answer = await raw.request(request)
-                if isinstance(answer, dict) and asks_for_input(answer):  # a 2026-07-28 backend's question
+                if modern and isinstance(answer, dict) and asks_for_input(answer):  # a backend's question
                     return await self._answer_input_required(client, tool, arguments, answer)
         except TimeoutError:
             raise self._timeout(what) from None
@@ -232,9 +236,9 @@ class Backend:
             raise remote_error(answer["error"]) or BackendError(
                 self.name, f"answered {what} with a malformed JSON-RPC error"
             )
-        result = tool_result(answer.get("result"))
+        result = tool_result(answer.get("result"), client.protocol_version)
         if result is None:
-            raise BackendError(self.name, f"answered {what} with something that is not a tool result")
+            raise self._no_result(what)
         size = json_size(result)
         if size > self.config.max_result_bytes:
             raise self._too_large(tool, amount(size))
@@ -275,6 +279,10 @@ class Backend:
             f" ({amount(self.config.max_result_bytes)}); the result was withheld — ask for less,"
             " or raise max_result_bytes for this server",
         )
+
+    def _no_result(self, what: str) -> BackendError:
+        # The same words and code on both paths of a read (`call_tool`, `call_tool_json`).
+        return BackendError(self.name, f"answered {what} with something that is not a tool result")
 
     def _timeout(self, what: str) -> BackendTimeout:
         return BackendTimeout(
@@ -649,8 +657,10 @@ class Backend:
         if self._log_dir is None:
             return sys.stderr
         self._log_dir.mkdir(parents=True, exist_ok=True)
-        handle: TextIO = stack.enter_context((self._log_dir / f"{self.name}.log").open("a", encoding="utf-8"))
-        self._log_start = handle.tell()
+        path = self._log_dir / f"{self.name}.log"
+        self._log_start = path.stat().st_size if path.exists() else 0
+        handle = StderrLog(path)
+        stack.push_async_callback(_close_stderr, handle)
         return handle
 
     def _exited(self, code: int | None) -> None:
@@ -662,7 +672,8 @@ class Backend:
             return ""
         try:
             with self._log_path.open("rb") as log:
-                log.seek(self._log_start)
+                # A rotation since the attempt began (`stderr_log.py`) leaves a shorter file.
+                log.seek(self._log_start if self._log_start <= self._log_path.stat().st_size else 0)
                 tail = log.read()[-8192:]
         except OSError:
             return ""
@@ -675,6 +686,12 @@ class Backend:
 
     def _log_hint(self) -> str:
         return f" (its stderr is in {self._log_path})" if self._log_path is not None else ""
+
+
+async def _close_stderr(log: StderrLog) -> None:
+    log.close()  # at once, cancelled or not: the pipe's write end must not outlive the attempt
+    with anyio.CancelScope(shield=True):  # the attempt's last lines reach the file before it is read back
+        await anyio.to_thread.run_sync(log.drain)
 
 
 async def _cancel_on(event: anyio.Event, scope: anyio.CancelScope) -> None:

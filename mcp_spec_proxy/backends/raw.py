@@ -25,7 +25,8 @@ from typing import Any
 import anyio
 import mcp_types as types
 from mcp.shared.exceptions import MCPError
-from mcp_types import CLIENT_CAPABILITIES_META_KEY, CLIENT_INFO_META_KEY, PROTOCOL_VERSION_META_KEY
+from mcp_types import CLIENT_CAPABILITIES_META_KEY, CLIENT_INFO_META_KEY, PROTOCOL_VERSION_META_KEY, methods
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 PREFIX = "msp-"
 _PREFIX_BYTES = PREFIX.encode()
@@ -174,16 +175,58 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def tool_result(result: Any) -> dict[str, Any] | None:
-    """`result` if it is a finished tool result (a JSON object with a content list), else None.
+def tool_result(result: Any, version: str) -> dict[str, Any] | None:
+    """`result` if it is a finished tool result, else None: what the SDK client takes for one on
+    a connection of that `version`, so both paths of a read agree on what is a result.
 
-    Its blocks are not checked here: the front passes the plain shape as it is and has the SDK's
-    model check and sieve any other (`fronts/fast_read.py`). A result that asks for input
-    (`resultType: input_required`) is None: a proxied read has no one to ask.
+    The plain shape passes unchecked (the front passes it as it is, `fronts/fast_read.py`);
+    any other is checked as the SDK client checks it: against its era's surface, then its
+    result model. A 2026-07-28 backend's result that asks for input (`resultType:
+    input_required`), or names any other kind, is None: a proxied read has no one to ask. A
+    handshake-era backend's `resultType` is a key of no meaning in its era, which the SDK client
+    does not read either.
     """
     if not isinstance(result, dict) or not isinstance(result.get("content"), list):
         return None
-    return result if result.get("resultType", "complete") == "complete" else None
+    modern = version in MODERN_PROTOCOL_VERSIONS
+    if modern and result.get("resultType", "complete") != "complete":
+        return None
+    if plain(result):
+        return result
+    try:
+        methods.validate_server_result("tools/call", version, result)
+        # As the SDK client drops a later era's keys before its model reads the result.
+        types.CallToolResult.model_validate(result if modern else _without(result, "resultType"))
+    except (KeyError, ValueError):  # pydantic's ValidationError is a ValueError
+        return None
+    return result
+
+
+def _without(result: dict[str, Any], key: str) -> dict[str, Any]:
+    return {name: value for name, value in result.items() if name != key}
+
+
+_RESULT_KEYS = frozenset({"content", "isError", "structuredContent", "_meta", "resultType"})
+_TEXT_BLOCK = frozenset({"type", "text"})
+
+
+def plain(result: dict[str, Any]) -> bool:
+    """The shape that goes out as it came: what the SDK's sieve would pass unchanged."""
+    content = result["content"]
+    return (
+        result.keys() <= _RESULT_KEYS
+        and isinstance(content, list)
+        and all(
+            isinstance(block, dict)
+            and block.keys() == _TEXT_BLOCK
+            and block["type"] == "text"
+            and isinstance(block["text"], str)
+            for block in content
+        )
+        and isinstance(result.get("isError", False), bool)
+        and isinstance(result.get("structuredContent", {}), dict)
+        and isinstance(result.get("_meta", {}), dict)
+    )
 
 
 def json_size(result: dict[str, Any]) -> int:
@@ -267,6 +310,7 @@ __all__ = [
     "decode",
     "encode",
     "json_size",
+    "plain",
     "remote_error",
     "result_size",
     "tool_result",

@@ -36,6 +36,7 @@ from mcp_types import CLIENT_CAPABILITIES_META_KEY, LOG_LEVEL_META_KEY, methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
+from mcp_spec_proxy.backends.raw import plain
 from mcp_spec_proxy.barrier import Session
 from mcp_spec_proxy.catalog import CatalogTool
 from mcp_spec_proxy.errors import ToolNotFound
@@ -50,8 +51,6 @@ if TYPE_CHECKING:
     from mcp_spec_proxy.fronts.mcp import McpFront
 
 _PARAMS = frozenset({"name", "arguments", "_meta"})
-_RESULT_KEYS = frozenset({"content", "isError", "structuredContent", "_meta", "resultType"})
-_TEXT_BLOCK = frozenset({"type", "text"})
 SERVER_INFO_META = "io.modelcontextprotocol/serverInfo"
 
 
@@ -163,7 +162,7 @@ class FastRead:
         return self._for_client(result, read.version, read.modern, call)
 
     def _for_client(self, result: dict[str, Any], version: str, modern: bool, call: str) -> dict[str, Any]:
-        if _plain(result):
+        if plain(result):
             out = dict(result)
             out.pop("resultType", None)
         else:
@@ -190,25 +189,6 @@ def _askable(meta: Mapping[str, Any]) -> bool:
     if not isinstance(declared, Mapping):
         return False
     return any(declared.get(kind) is not None for kind in ("sampling", "elicitation", "roots"))
-
-
-def _plain(result: dict[str, Any]) -> bool:
-    """The shape that goes out as it came: what the SDK's sieve would pass unchanged."""
-    content = result["content"]
-    return (
-        result.keys() <= _RESULT_KEYS
-        and isinstance(content, list)
-        and all(
-            isinstance(block, dict)
-            and block.keys() == _TEXT_BLOCK
-            and block["type"] == "text"
-            and isinstance(block["text"], str)
-            for block in content
-        )
-        and isinstance(result.get("isError", False), bool)
-        and isinstance(result.get("structuredContent", {}), dict)
-        and isinstance(result.get("_meta", {}), dict)
-    )
 
 
 __all__ = ["FastRead", "Read", "install"]
