@@ -329,4 +329,11 @@ class Barrier:
             f"[mcp-spec-proxy] {original} was rejected by the reviewer ({verdict.reason}); the reviewer "
             f"{how} {step.tool.name} {json.dumps(arguments, ensure_ascii=False)}, which ran. Its result follows."
         )
-        return noted(note, inner, structured=step.tool.name == original)
+        same = step.tool.name == original
+        result = noted(note, inner, structured=same)
+        if not same and tool.definition.output_schema is not None and not result.is_error:
+            # The client's library checks a success of `original` against its output schema, which
+            # another tool's result cannot meet (it would fail the client): the call the client made
+            # did not run, so the answer is an error result that says what ran instead.
+            result = result.model_copy(update={"is_error": True})
+        return result

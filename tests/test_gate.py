@@ -23,7 +23,7 @@ from mcp_spec_proxy.gate import Gate, GateCall
 from mcp_spec_proxy.review import InputNeeded, ReviewRequest, Verdict
 from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
 from mcp_spec_proxy.trajectory import History, Segment, Step
-from tests.harness import approve, call_error, proxied, recorded, segment_length, text_of, toy, verdict
+from tests.harness import approve, call_error, proxied, recorded, segment_length, spawned, text_of, toy, verdict
 
 pytestmark = pytest.mark.anyio
 
@@ -154,6 +154,28 @@ async def test_a_substitute_meets_its_own_tools_reviewer(
     assert second["replaces"] == first["call"]
     assert second["author"] == ("replacement" if on_reject == "replace" else "repair")
     assert second["reviewer"] == ("deny" if substitute_review == "deny" else "strong (authored)")
+
+
+@pytest.mark.parametrize("era", ["legacy", "2026-07-28"])
+async def test_a_replacement_of_a_tool_with_an_output_schema_reaches_the_client_as_what_it_is(
+    tmp_path: Path, era: str
+) -> None:
+    """The client's library checks a success of `pay` against pay's output schema; another tool ran
+    in its place, so the client gets an error result saying so — not a broken answer."""
+    substitute = {"tool": "toy__record", "arguments": {"value": "instead"}}
+
+    def answer(request: ChatRequest) -> str:
+        return verdict(0, "record it instead", substitute)
+
+    async with ScriptedModelServer(Respond(answer)) as server:
+        cfg = world(server, tmp_path, {"default": "strong", "on_reject": "replace"})
+        cfg["servers"] = {"toy": toy(tmp_path / "ledger", "--receipts")}
+        async with spawned(cfg, tmp_path, mode=era) as client:
+            with anyio.fail_after(60):
+                result = await client.call_tool("toy__pay", {"value": "100"})
+    assert result.is_error and result.structured_content is None
+    assert "replaced it with toy__record" in text_of(result) and "recorded instead" in text_of(result)
+    assert recorded(tmp_path / "ledger") == ['{"value": "instead"}']  # the replacement ran, pay never did
 
 
 async def test_audit_joins_each_call_by_one_id_and_caps_a_flooding_reason(tmp_path: Path) -> None:
