@@ -1,7 +1,10 @@
 """`mcp-spec-proxy bank`: what LEASH's banks hold, importing labelled examples, calibrating thresholds.
 
 Every command here opens LEASH strictly: an operator asked for it, so a LEASH failure is an error,
-never a silent fallback. `calibrate` scores held-out steps without importing them.
+never a silent fallback. `calibrate` scores held-out steps without importing them, with the runtime's
+own representation (`layers.view`) and decision (`calibrate.flags`), so its curve is what the proxy does.
+Under the `hidden` encoder neither `import` nor `calibrate` can work (a JSONL example has no hidden state)
+and both say so instead of reporting what did not happen.
 """
 
 from __future__ import annotations
@@ -44,19 +47,33 @@ def bank_import(ctx: click.Context, file: str) -> None:
     """Add labelled examples from a JSONL FILE.
 
     Each line: {"kind": "task", "text": "...", "label": "success"|"failure"} or
-    {"kind": "step", "tool": "...", "arguments": {...}, "observation": "...", "label": ...}.
+    {"kind": "step", "tool": "...", "arguments": {...}, "label": ...}. An "observation" is read and
+    ignored: a step is judged before it runs, so LEASH represents it by its call alone. Refused under
+    leash.encoder: hidden, whose vectors only the weak model's drafting calls give.
     """
     leash = open_configured_leash(ctx, strict=True)  # a label not stored is an error here
+    _refuse_hidden(leash, "import")
     tasks, steps = _examples(Path(file))
 
-    async def add() -> None:
+    async def add() -> tuple[int, int]:
+        stored_tasks = 0
         for text, label in tasks:
-            await leash.label_task(text, label == "success", source="import")
+            stored_tasks += int(await leash.label_task(text, label == "success", source="import"))
+        stored_steps = 0
         if steps:
-            await leash.label_steps([s for s, _ in steps], [label for _, label in steps], source="import")
+            stored_steps = await leash.label_steps(
+                [s for s, _ in steps], [label for _, label in steps], source="import"
+            )
+        return stored_tasks, stored_steps
 
-    run_loop(add)
-    click.echo(f"imported {len(tasks)} tasks and {len(steps)} steps")
+    stored_tasks, stored_steps = run_loop(add)
+    # Say what the banks now hold, never what the file held: the two differ when an encoder gives no vector.
+    click.echo(f"imported {stored_tasks} tasks and {stored_steps} steps")
+    if (stored_tasks, stored_steps) != (len(tasks), len(steps)):
+        raise click.ClickException(
+            f"{file} holds {len(tasks)} tasks and {len(steps)} steps; the {leash.encoder.info.describe()} gave no"
+            " vector for the rest, so they were not stored"
+        )
 
 
 @bank.command("calibrate")
@@ -85,12 +102,14 @@ def bank_calibrate(
     if sum(option is not None for option in (target_rate, target_precision, max_false_accept)) != 1:
         raise click.BadParameter("give one of --target-rate, --target-precision and --max-false-accept")
     leash = open_configured_leash(ctx, strict=True)
+    _refuse_hidden(leash, "calibrate")
     _, steps = _examples(Path(file))
     if not steps:
         raise click.ClickException(f"{file}: no step examples to calibrate on")
     failed = [label == "failure" for _, label in steps]
 
     async def scores() -> list[Score]:
+        # The runtime's own score of each step (its observation, if the file gives one, plays no part).
         return [await leash.step_score(step) for step, _ in steps]
 
     found = run_loop(scores)
@@ -99,7 +118,8 @@ def bank_calibrate(
     if max_false_accept is not None:
         _calibrate_accept(leash, file, found, failed, max_false_accept)
         return
-    points = curve([score.value if score.value is not None else 0.5 for score in found], failed)
+    # Unscored steps stay unscored: the runtime never escalates on no opinion, and neither does the curve.
+    points = curve([score.value for score in found], failed)
     click.echo(table(points))
     chosen = pick(points, target_rate=target_rate, target_precision=target_precision)
     click.echo(
@@ -107,6 +127,16 @@ def bank_calibrate(
         f" {chosen.precision:.1%}, recall {chosen.recall:.1%} — set leash.escalate_threshold and"
         " leash.observe_threshold to it"
     )
+
+
+def _refuse_hidden(leash: Leash, command: str) -> None:
+    """The hidden encoder's vectors exist only for steps the weak model drafted here: refuse, in one line."""
+    if leash.encoder.info.name == "hidden":
+        raise click.ClickException(
+            f"bank {command} cannot work under leash.encoder: hidden — its vectors are the weak model's own states,"
+            " returned with the drafting calls of its server, and a JSONL example has none; the runtime labels"
+            " drafted steps itself (or set leash.encoder to hashing or embedding)"
+        )
 
 
 def _calibrate_accept(leash: Leash, file: str, found: list[Score], failed: list[bool], bound: float) -> None:

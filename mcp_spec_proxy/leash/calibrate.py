@@ -40,8 +40,15 @@ class Point:
     recall: float
 
 
-def curve(scores: Sequence[float], failed: Sequence[bool], steps: int = 20) -> list[Point]:
-    """Precision, recall and escalation rate at thresholds 0, 1/steps, …, 1."""
+def flags(score: float | None, threshold: float) -> bool:
+    """THE escalation decision, at runtime (`Leash.at_least`: routing, step escalation, the shadow
+    observer) and in `curve` alike: a score at or above the threshold; no score (too few near
+    neighbours) is no opinion, and no opinion never escalates."""
+    return score is not None and score >= threshold
+
+
+def curve(scores: Sequence[float | None], failed: Sequence[bool], steps: int = 20) -> list[Point]:
+    """Precision, recall and escalation rate at thresholds 0, 1/steps, …, 1, decided by `flags`."""
     if len(scores) != len(failed):
         raise ValueError("scores and labels differ in length")
     total = len(scores)
@@ -49,7 +56,7 @@ def curve(scores: Sequence[float], failed: Sequence[bool], steps: int = 20) -> l
     points = []
     for i in range(steps + 1):
         threshold = i / steps
-        flagged = [f for s, f in zip(scores, failed, strict=True) if s >= threshold]
+        flagged = [f for s, f in zip(scores, failed, strict=True) if flags(s, threshold)]
         hits = sum(flagged)
         points.append(
             Point(

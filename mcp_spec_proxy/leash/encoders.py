@@ -72,7 +72,9 @@ class EncoderError(LeashError):
 
 @dataclass(frozen=True)
 class StepView:
-    """What an encoder sees of one step: the tool, its arguments and (when known) what it returned."""
+    """What an encoder sees of one step: the tool, its arguments and (when given) what it returned.
+
+    LEASH's own banks never pass the observation (`layers.view`): a step is judged before it runs."""
 
     tool: str
     arguments: Mapping[str, Any] = field(default_factory=dict)

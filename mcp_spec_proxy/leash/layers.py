@@ -39,7 +39,7 @@ import numpy as np
 
 from mcp_spec_proxy.config import LeashConfig
 from mcp_spec_proxy.leash.bank import Bank, Label, Neighbour
-from mcp_spec_proxy.leash.calibrate import Calibration
+from mcp_spec_proxy.leash.calibrate import Calibration, flags
 from mcp_spec_proxy.leash.encoders import (
     EmbeddingEncoder,
     Encoder,
@@ -73,7 +73,16 @@ class Score:
 
 
 def view(step: Step) -> StepView:
-    return StepView(step.tool, step.arguments, step.observation)
+    """LEASH's one representation of a step, the same when it is labelled, looked up and calibrated on.
+
+    It is the call (tool and arguments) and never the step's own observation: a step is judged before
+    it runs (a drafted read at `drafted`, a held write at the gate and at `review: leash`), when there is
+    no observation of it yet, so a label that carried one would be a point no lookup can ever land on.
+    The context before the call is not added for the text encoders: an MCP client sends no conversation
+    and an imported or held-out example carries none, so it could not be the same at all three; a hidden
+    state returned with the drafting call already is a function of that context (the drafting prompt).
+    """
+    return StepView(step.tool, step.arguments)
 
 
 class _Guard:
@@ -151,6 +160,10 @@ def _nothing() -> None:
 
 def _no() -> bool:
     return False
+
+
+def _none_stored() -> int:
+    return 0
 
 
 def _uncalibrated() -> Calibration | None:
@@ -258,7 +271,8 @@ class Leash:
         return Score(failed / sum(weights), near)
 
     def at_least(self, score: Score, threshold: float) -> bool:
-        return score.value is not None and score.value >= threshold
+        """The escalation decision; `bank calibrate`'s curve is drawn with the same `flags`."""
+        return flags(score.value, threshold)
 
     @_advisory(_uncalibrated)
     async def calibration(self) -> Calibration | None:
@@ -267,15 +281,16 @@ class Leash:
 
     # -- labels --------------------------------------------------------------------------------
 
-    @_advisory(_nothing)
+    @_advisory(_none_stored)
     async def label_steps(
         self, steps: Sequence[Step], labels: Sequence[Label], *, source: str, hidden: Sequence[Any] | None = None
-    ) -> None:
-        await self._label_steps(steps, labels, source=source, hidden=hidden)
+    ) -> int:
+        """Store the steps' labels; how many were stored (a step with no vector, or a failure, stores none)."""
+        return await self._label_steps(steps, labels, source=source, hidden=hidden)
 
     async def _label_steps(
         self, steps: Sequence[Step], labels: Sequence[Label], *, source: str, hidden: Sequence[Any] | None = None
-    ) -> None:
+    ) -> int:
         vectors = []
         kept: list[tuple[Step, Label]] = []
         for index, (step, label) in enumerate(zip(steps, labels, strict=True)):
@@ -284,11 +299,12 @@ class Leash:
                 vectors.append(vector)
                 kept.append((step, label))
         if not vectors:
-            return
+            return 0
         metadata = [{"tool": step.tool, "at": time.time()} for step, _ in kept]
         async with self._lock:
             await self.steps.aadd(np.stack(vectors), [label for _, label in kept], source=source, metadata=metadata)
             await anyio.to_thread.run_sync(self.steps.save)
+        return len(vectors)
 
     @_advisory(_nothing)
     async def label_verdict(self, steps: Sequence[Step], accepted_steps: int, *, source: str = "verdict") -> None:
@@ -299,22 +315,24 @@ class Leash:
             labels.append("failure")
         await self._label_steps(labelled, labels, source=source)
 
-    @_advisory(_nothing)
+    @_advisory(_no)
     async def label_task(
         self, task: str, success: bool, *, source: str = "outcome", meta: dict[str, Any] | None = None
-    ) -> None:
-        await self._label_task(task, success, source=source, meta=meta)
+    ) -> bool:
+        """Store the task's label; whether it was stored."""
+        return await self._label_task(task, success, source=source, meta=meta)
 
     async def _label_task(
         self, task: str, success: bool, *, source: str = "outcome", meta: dict[str, Any] | None = None
-    ) -> None:
+    ) -> bool:
         if isinstance(self.encoder, HiddenStateEncoder):
-            return
+            return False
         vector = await self.encoder.encode_texts([task])
         label: Label = "success" if success else "failure"
         async with self._lock:
             await self.tasks.aadd(vector, [label], source=source, metadata=[{"task": task[:500], **(meta or {})}])
             await anyio.to_thread.run_sync(self.tasks.save)
+        return True
 
     # -- runs and outcomes ---------------------------------------------------------------------
 
