@@ -55,7 +55,7 @@ def fill(dsn: str, size: int) -> None:
             conn.execute("SET LOCAL session_replication_role = replica")
             conn.execute(
                 "INSERT INTO audit (ts, event, call, session, replica, data)"
-                " SELECT 0, e.event, 'old' || g, 's' || (g % 1000), 7, '{}' FROM generate_series(1, %s) g,"
+                " SELECT 0, e.event, 'old' || g, 's' || (g %% 1000), 7, '{}' FROM generate_series(1, %s) g,"
                 " (VALUES ('held'), ('forwarded')) e(event)",
                 (size,),
             )
