@@ -399,7 +399,7 @@ class Gate:
 
     async def _label(self, call: GateCall, verdict: Verdict) -> None:
         """Labels for free: a judgement's accepted prefix succeeded, its first rejected step failed."""
-        if self._leash is not None and _judged(verdict.reviewer):
+        if self._leash is not None and judged(verdict.reviewer):
             await self._leash.label_verdict(call.request.segment.steps, verdict.accepted_steps)
 
     def _still_held(self, tool: CatalogTool) -> bool:
@@ -586,7 +586,9 @@ def _ref_name(ref: types.PromptReference | types.ResourceTemplateReference) -> s
     return ref.name if isinstance(ref, types.PromptReference) else ref.uri
 
 
-def _judged(reviewer: str) -> bool:
+def judged(reviewer: str) -> bool:
+    """Whether a verdict by `reviewer` is a judgement (`JUDGES`): it labels LEASH, and the engine's
+    acceptance counts its steps."""
     return all(part in JUDGES for part in re.split(r"[→+]", reviewer))
 
 

@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from mcp_spec_proxy.engine.result import acceptance
+
 BASELINE = "strong-only"
 # Per-run quantities averaged per mode, with their column titles.
 MEANS: tuple[tuple[str, str], ...] = (
@@ -73,7 +75,11 @@ def summarize(records: Sequence[Mapping[str, Any]], modes: Sequence[str], trials
             "status": dict(Counter(str(r["status"]) for r in mine)),
             "strong_calls_by_purpose": dict(purposes),
             "drafted_steps": sum(int(r["drafted_steps"]) for r in mine),
+            # Records written before the judged/failed split lack these: they read as 0.
+            "judged_steps": sum(int(r.get("judged_steps", 0)) for r in mine),
+            "failed_steps": sum(int(r.get("failed_steps", 0)) for r in mine),
             "accepted_steps": sum(int(r["accepted_steps"]) for r in mine),
+            "dropped_calls": sum(int(r.get("dropped_calls", 0)) for r in mine),
             "replacements": sum(int(r["replacements"]) for r in mine),
             "repairs": sum(int(r["repairs"]) for r in mine),
             "strong_led": sum(bool(r.get("strong_led")) for r in mine),
@@ -135,11 +141,14 @@ def details(summary: Mapping[str, Mapping[str, Any]]) -> str:
         lines.append(f"  {mode:<12} " + "; ".join(parts))
     lines.append("what ran (all runs of a mode):")
     for mode, s in summary.items():
-        acceptance = s["accepted_steps"] / s["drafted_steps"] if s["drafted_steps"] else None
+        # The engine's own rate: accepted of judged steps, failed drafts judged and failed.
+        rate = acceptance(s["accepted_steps"], s["judged_steps"], s["failed_steps"])
         lines.append(
             f"  {mode:<12} status {s['status']}; strong calls by purpose {s['strong_calls_by_purpose']}; "
-            f"drafted {s['drafted_steps']}, accepted {s['accepted_steps']}"
-            + (f" ({100 * acceptance:.1f} %)" if acceptance is not None else "")
+            f"drafted {s['drafted_steps']}, judged {s['judged_steps']} (failed drafts {s['failed_steps']}), "
+            f"accepted {s['accepted_steps']}"
+            + (f" ({100 * rate:.1f} % of judged)" if rate is not None else "")
+            + (f", dropped calls {s['dropped_calls']}" if s["dropped_calls"] else "")
             + f", replacements {s['replacements']}, repairs {s['repairs']}"
             + (f", LEASH strong-led {s['strong_led']}" if s["strong_led"] else "")
         )

@@ -166,7 +166,10 @@ class Conversation:
         for turn in self.turns:
             merged.segments += turn.segments
             merged.drafted += turn.drafted
+            merged.judged += turn.judged
             merged.accepted += turn.accepted
+            merged.failed += turn.failed
+            merged.dropped += turn.dropped
             merged.repairs += turn.repairs
             merged.replacements += turn.replacements
             merged.calls.extend(turn.calls)

@@ -3,7 +3,9 @@
     draft   the weak model drafts up to K steps; reads execute at once (several reads of one
             turn concurrently), so every drafted step is grounded in real observations; the
             first write — or the final answer, when the answer is the graded deliverable — is
-            held, not executed. A chunk of K reads commits without review.
+            held, not executed. A chunk of K reads commits without review. K bounds the
+            segment, not the turn: calls a turn makes past the K-th step, or after the held
+            write, do not run, and the model's next draft is told which.
     verify  the strong model, thinking off, reviews the drafted segment in ONE request
             (`review.StrongReviewer`, the same verifier the MCP front uses).
     commit  the longest accepted prefix commits; a valid replacement executes directly;
@@ -30,13 +32,14 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import mcp_types as types
 
+from mcp_spec_proxy.actions import ToolCall
 from mcp_spec_proxy.catalog import CLIENT, CatalogTool, ToolSource, digest, is_held, strip_intent
 from mcp_spec_proxy.config import SpeculationConfig
 from mcp_spec_proxy.engine.conversation import conversation, user_request
 from mcp_spec_proxy.engine.hooks import AskNow, ClientExecutor, NoUser, Observer, Progress, Watch
 from mcp_spec_proxy.engine.result import Mode, RunResult, Status
 from mcp_spec_proxy.errors import ToolNotFound
-from mcp_spec_proxy.gate import CALL_FAILED, Author, GateCall, Report, blocked_result, capped, text_result
+from mcp_spec_proxy.gate import CALL_FAILED, Author, GateCall, Report, blocked_result, capped, judged, text_result
 from mcp_spec_proxy.models import ChatModel, ModelCall, ModelError
 from mcp_spec_proxy.prompts import FINAL_ANSWER, agent_messages, openai_tool
 from mcp_spec_proxy.review import ReviewFailed, ReviewRequest, UserChannel, Verdict
@@ -127,6 +130,9 @@ class _Run:
         self.watch: Watch | None = None
         self.strong_led = False
         self.history = History(commit_every=10**9)  # the engine decides commit points itself
+        # Drafts that ran nothing (no such tool, refused arguments, no action): never accepted.
+        self.failures: list[Step] = []
+        self.unrun: str | None = None  # calls of the last turn that did not run: the next draft hears of them
         self.result = RunResult(uuid.uuid4().hex[:12], mode, "max_steps", None, [])
         # A held tool runs for no one (the gate refuses it): the weak and strong models are not offered it.
         offered = sorted((t for t in source.tools() if not is_held(t)), key=lambda t: t.name)
@@ -177,9 +183,13 @@ class _Run:
         held: Step | None = None
         answer: str | None = None
         while len(segment) < self.limits.draft_steps and held is None:
-            reads, write, answer = await self.draft_turn(self.engine.weak, segment, thinking=False, screen=True)
+            room = self.limits.draft_steps - len(segment)
+            reads, write, answer = await self.draft_turn(
+                self.engine.weak, segment, thinking=False, screen=True, room=room
+            )
             segment.extend(reads)
             self.result.drafted += len(reads)
+            self.result.failed += sum(self.failure(step) for step in reads)
             if write is not None:
                 held = write
             elif answer is not None:
@@ -188,9 +198,9 @@ class _Run:
                 else:
                     break
         if held is None:
-            # A chunk of reads (or reads then an ungraded answer) commits without review.
+            # A chunk of reads (or reads then an ungraded answer) commits without review: no one
+            # judged it, so acceptance does not count it.
             self.history.committed.extend(segment)
-            self.result.accepted += len(segment)
             await self.say(f"committed {len(segment)} reads without review")
             if answer is not None:
                 self.result.answer = answer
@@ -212,6 +222,7 @@ class _Run:
         if tool is None and held.tool != FINAL_ANSWER:
             # Its backend left between drafting and now: a failed step the model sees, nothing held.
             held.observation, held.is_error = f"error: {held.tool} is no longer available", True
+            self.result.failed += 1
             self.history.committed.extend([*drafted, held])
             return False
         await self.say(f"verifying a segment of {len(segment)} steps")
@@ -221,7 +232,8 @@ class _Run:
         else:
             verdict, ran = await self.hold(tool, held, author, request, flagged=flagged, verified=True)
         accepted = verdict.accepted_steps
-        self.result.accepted += accepted
+        if judged(verdict.reviewer) and not verdict.failed:
+            self.tally(segment.steps, accepted)
         self.history.committed.extend(segment.steps[: min(accepted, len(drafted))])
         if verdict.accepted:
             self.history.committed.append(held)
@@ -238,6 +250,16 @@ class _Run:
             )
         await self.say(f"rejected at step {accepted + 1}: {verdict.reason}")
         return await self.substitute(request, verdict)
+
+    def tally(self, steps: tuple[Step, ...], accepted_steps: int) -> None:
+        """A judgement's steps to acceptance: its accepted prefix accepted, the rest not. A failed
+        draft among them was counted a failure when drafted, whatever the verdict says of it."""
+        valid = [not self.failure(step) for step in steps]
+        self.result.judged += sum(valid)
+        self.result.accepted += sum(valid[: max(0, accepted_steps)])
+
+    def failure(self, step: Step) -> bool:
+        return any(step is failure for failure in self.failures)
 
     async def verify_answer(self, request: ReviewRequest) -> Verdict:
         """The graded final answer: the strong verifier's alone (it reaches no backend)."""
@@ -326,14 +348,25 @@ class _Run:
     # -- drafting ----------------------------------------------------------------------------
 
     async def draft_turn(
-        self, model: ChatModel, segment: list[Step], *, thinking: bool, screen: bool = False
+        self,
+        model: ChatModel,
+        segment: list[Step],
+        *,
+        thinking: bool,
+        screen: bool = False,
+        room: int | None = None,
     ) -> tuple[list[Step], Step | None, str | None]:
         """One model turn: the reads it made (executed), the first write (not executed), or an answer.
 
         With `screen` (weak drafts under LEASH), a read that looks like past rejected steps is held
-        like a write: the draft ends there and goes to verification.
+        like a write: the draft ends there and goes to verification. With `room`, the turn takes
+        at most that many steps (the held write one of them): the segment's K bounds it.
         """
         messages = agent_messages(self.conversation, [*self.history.committed, *segment])
+        if self.unrun is not None:
+            # Last in the prompt, and only in this one: the prefix the server caches is unchanged.
+            messages.append({"role": "user", "content": self.unrun})
+            self.unrun = None
         author: Author = "weak" if model is self.engine.weak else "strong"
         # Only a watch whose encoder reads hidden states says so (`wants_hidden`); the others
         # would pay for vectors they never look at (an extra embeddings request, or a big answer).
@@ -362,14 +395,21 @@ class _Run:
                 observation=f"error: {completion.action_error} — reply with one JSON action",
                 is_error=True,
             )
+            self.failures.append(failed)
             return [failed], None, None
         if not completion.tool_calls:
             return [], None, completion.content or ""
         reads: list[Step] = []
         write: Step | None = None
         states = completion.hidden_states
+        taken = 0
         for index, call in enumerate(completion.tool_calls):
+            if room is not None and len(reads) >= room:
+                break
+            taken = index + 1
             step = self.parse_call(call.name, call.arguments)
+            if step.observation is not None:
+                self.failures.append(step)
             risky = (
                 screen
                 and self.watch is not None
@@ -384,6 +424,7 @@ class _Run:
                     await self.say(f"LEASH flags {step.tool}: ending the draft for verification")
                 write = step  # the first write (or flagged read) ends the turn; later calls are dropped
                 break
+        self.drop(completion.tool_calls[taken:], ended_by=write, room=room)
         async with anyio.create_task_group() as tg:
             for step in reads:
                 if step.observation is None:
@@ -391,6 +432,21 @@ class _Run:
         for step in reads:
             await self.say(f"read {step.tool}")
         return reads, write, None
+
+    def drop(self, calls: tuple[ToolCall, ...], *, ended_by: Step | None, room: int | None) -> None:
+        """Calls of a turn that will not run: counted, and named to the model in its next draft
+        (a model told nothing would take their absence for results it never got)."""
+        if not calls:
+            return
+        self.result.dropped += len(calls)
+        why = (
+            f"the turn ended at {ended_by.tool}, which is dealt with before any call after it"
+            if ended_by is not None
+            else f"a draft runs at most {self.limits.draft_steps} steps before they are checked,"
+            f" and your turn had room for {room}"
+        )
+        listed = "; ".join(f"{call.name} {call.arguments[:120]}" for call in calls)
+        self.unrun = f"These calls of your last turn did not run: {listed} ({why}). Make those you still need again."
 
     def parse_call(self, name: str, arguments: str) -> Step:
         """A drafted call as a step; an unknown tool or bad arguments is a failed read the model sees."""

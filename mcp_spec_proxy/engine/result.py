@@ -2,6 +2,14 @@
 
 `RunResult.summary()` is the task line telemetry records and the benchmarks aggregate (prefill,
 cached and decode tokens per model role); `trace()` is the account a person reads.
+
+Acceptance is the share of judged steps that were accepted, and nothing else: `judged` counts
+the steps a reviewer's verdict decided (not a policy's refusal, not a failed review), `accepted`
+those of them in the accepted prefix, and a failed draft — a call to no tool, arguments its tool
+refuses, a reply that is no action — is a failure (`failed`) whatever a verdict on its segment
+says, since it ran nothing. Reads that commit as a chunk of K without review are drafted but
+never judged, so they count in neither. `dropped` counts the calls of a turn that did not run:
+past the segment's K steps, or after the write that ended the draft.
 """
 
 from __future__ import annotations
@@ -27,7 +35,10 @@ class RunResult:
     steps: list[Step]
     segments: int = 0
     drafted: int = 0
+    judged: int = 0
     accepted: int = 0
+    failed: int = 0
+    dropped: int = 0
     repairs: int = 0
     replacements: int = 0
     calls: list[ModelCall] = field(default_factory=list)
@@ -44,8 +55,11 @@ class RunResult:
             "steps": len(self.steps),
             "segments": self.segments,
             "drafted_steps": self.drafted,
+            "judged_steps": self.judged,
+            "failed_steps": self.failed,
             "accepted_steps": self.accepted,
-            "acceptance": round(self.accepted / self.drafted, 4) if self.drafted else None,
+            "acceptance": self.acceptance(),
+            "dropped_calls": self.dropped,
             "replacements": self.replacements,
             "repairs": self.repairs,
             "strong_calls": len(strong),
@@ -57,6 +71,10 @@ class RunResult:
             "weak_decode_tokens": sum(c.completion_tokens for c in weak),
             "wall_s": round(self.wall_s, 4),
         }
+
+    def acceptance(self) -> float | None:
+        """Accepted of judged steps, failed drafts counted as judged and failed; None when none were."""
+        return acceptance(self.accepted, self.judged, self.failed)
 
     def trace(self) -> str:
         """A compact, human-readable account of what ran."""
@@ -71,3 +89,9 @@ class RunResult:
             f"{s['strong_calls']} strong calls, {s['weak_calls']} weak calls; task id {self.task_id}"
         )
         return "\n".join(lines)
+
+
+def acceptance(accepted: int, judged: int, failed: int) -> float | None:
+    """The acceptance rate of these counts (the benchmarks sum them over runs first)."""
+    total = judged + failed
+    return round(accepted / total, 4) if total else None
