@@ -57,10 +57,14 @@ class LeashReviewer:
     async def review(self, request: ReviewRequest, user: UserChannel) -> Verdict:
         found = await self._leash.step_score(request.segment.held)
         score, distrusted = trusted(found, request, self._leash.config)
-        evidence: dict[str, Any] = {"layer": "accept", **score.as_json()}
+        # The score counts trusted labels only; the neighbours shown are all the near ones, with who labelled them.
+        evidence: dict[str, Any] = {"layer": "accept", **found.as_json(), "score": score.as_json()["score"]}
+        for shown, neighbour in zip(evidence["neighbours"], found.neighbours, strict=False):
+            origin = neighbour.provenance
+            shown |= {"reporter": origin.reporter, **({"session": origin.session} if origin.session else {})}
         if distrusted:
             evidence["distrusted"] = distrusted
-        why_not = await self._why_not_alone(request, score)
+        why_not = await self._why_not_alone(request, score, distrusted)
         if why_not is None:
             reason = (
                 f"LEASH: failure score {score.value:.3f} over {len(score.neighbours)} neighbours is at or below"
@@ -72,7 +76,7 @@ class LeashReviewer:
         verdict = await self._fallback.review(request, user)
         return replace(verdict, evidence=evidence)
 
-    async def _why_not_alone(self, request: ReviewRequest, score: Score) -> str | None:
+    async def _why_not_alone(self, request: ReviewRequest, score: Score, distrusted: dict[str, int]) -> str | None:
         """Why this write may not pass on LEASH's word alone, or None when it may."""
         leash = self._leash
         threshold = leash.config.accept_threshold
@@ -106,7 +110,8 @@ class LeashReviewer:
                 f" {calibration.held_out} held-out steps — lower it, or recalibrate"
             )
         if score.value is None:
-            return f"too few trusted near neighbours to judge ({len(score.neighbours)} within min_similarity)"
+            left_out = "".join(f"; {count} left out: {why}" for why, count in distrusted.items())
+            return f"too few trusted near neighbours to judge ({len(score.neighbours)} within min_similarity{left_out})"
         if score.neighbours[0].label == "failure":
             return "its nearest trusted neighbour is a failure"
         witnesses = len({witness(n) for n in score.neighbours if n.label == "success"})
