@@ -77,6 +77,8 @@ class Session:
     history: History = field(default_factory=History)
     # Held, reviewed, run (or not) and settled one at a time: see the module docstring.
     writes: anyio.Lock = field(default_factory=anyio.Lock, repr=False, compare=False)
+    # Who the client is, where a front authenticated it (none does yet): LEASH records it with each label.
+    client: str | None = None
 
 
 class Barrier:
@@ -201,7 +203,7 @@ class Barrier:
     ) -> types.CallToolResult:
         held = Step(tool.name, arguments, "write", intent=intent)
         segment = await self._sessions.hold(session.id, session.history, held)
-        request = ReviewRequest(session.id, tool, arguments, intent, segment, session.history)
+        request = ReviewRequest(session.id, tool, arguments, intent, segment, session.history, client=session.client)
         call = GateCall(
             session.id, tool, arguments, "client", request, intent=intent, id=call_id or new_call_id(), key=key
         )

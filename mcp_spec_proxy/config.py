@@ -163,6 +163,9 @@ class EmbeddingEndpoint(_Strict):
     api_key_env: str | None = None
 
 
+LabelTrust = Literal["judgements", "operator", "agent_outcomes", "unknown"]
+
+
 class LeashConfig(_Strict):
     """LEASH: nearest-neighbour escalation against banks of past successes and failures."""
 
@@ -182,6 +185,14 @@ class LeashConfig(_Strict):
     accept_threshold: float | None = Field(default=None, ge=0, le=1)
     # Offer `report_outcome` to MCP clients. Off by default: the agent under review must not label its own work.
     client_outcomes: bool = False
+    # Whose `success` labels `review: leash` may accept on (docs/SECURITY.md, "Who labels a LEASH bank"):
+    # judgements = strong/human/console verdicts on other sessions' calls; operator = `bank import` and
+    # outcomes the operator reported; agent_outcomes = a client's `report_outcome`; unknown = rows
+    # stored before provenance was. Failures count whoever labelled them: they can only escalate.
+    accept_from: list[LabelTrust] = Field(default_factory=lambda: list[LabelTrust](["judgements", "operator"]))
+    accept_min_sessions: int = Field(default=3, ge=1)  # independent sessions (or operator rows) among the successes
+    same_client_window: float = Field(default=86400, ge=0)  # seconds a client's own labels do not vouch for it
+    labels_per_session_hour: int | None = Field(default=60, ge=0)  # more from one session per bank: not stored
 
     @model_validator(mode="after")
     def _endpoint(self) -> LeashConfig:

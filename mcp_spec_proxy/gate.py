@@ -398,9 +398,17 @@ class Gate:
         )
 
     async def _label(self, call: GateCall, verdict: Verdict) -> None:
-        """Labels for free: a judgement's accepted prefix succeeded, its first rejected step failed."""
+        """Labels for free: a judgement's accepted prefix succeeded, its first rejected step failed.
+
+        Each label says who judged which session's call, so `review: leash` never takes a
+        session's (or its client's) own accepted calls as evidence for its next one."""
         if self._leash is not None and judged(verdict.reviewer):
-            await self._leash.label_verdict(call.request.segment.steps, verdict.accepted_steps)
+            from mcp_spec_proxy.leash.provenance import Provenance  # LEASH loads only with a `leash:` section
+
+            provenance = Provenance(
+                "verdict", verdict.reviewer, "proxy", call.session, call.request.client, time.time()
+            )
+            await self._leash.label_verdict(call.request.segment.steps, verdict.accepted_steps, provenance=provenance)
 
     def _still_held(self, tool: CatalogTool) -> bool:
         """`tools accept` may have run since (in another process): the store is reread first."""

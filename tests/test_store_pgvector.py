@@ -61,7 +61,7 @@ def test_the_tests_pgvector_uses_wide_vector_instructions_only_where_it_dispatch
 
 
 async def test_a_working_pgvector_passes_the_check_at_migration(pg_dsn: str) -> None:
-    assert await migrate_database(pg_dsn, 5, leash=True) == [1, 2, 3]
+    assert await migrate_database(pg_dsn, 5, leash=True) == [1, 2, 3, 4]
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
         await check_vector(conn)
 

@@ -74,7 +74,11 @@ def store_migrate(ctx: click.Context, to: int | None) -> None:
         return applied
 
     applied = run_loop(migrate)
-    latest = postgres.LATEST if to is None else min(to, postgres.LATEST)
+    # The newest step this config's part of the schema has (a leash-only step is not a core database's).
+    from mcp_spec_proxy.store.migrations import versions_wanted
+
+    newest = max(versions_wanted(leash=config.leash is not None))
+    latest = newest if to is None else min(to, newest)
     if applied:
         click.echo(f"applied migration(s) {', '.join(map(str, applied))}: schema at version {latest}")
     else:

@@ -168,8 +168,13 @@ class OwnTools:
         if not isinstance(success, bool):
             return error_result("report_outcome needs `success`: true if the task was done right, else false")
         task_id = arguments.get("task_id")
+        # The client reports it: the party under review (`leash.accept_from` does not trust it by default).
+        from mcp_spec_proxy.leash.provenance import Provenance  # LEASH loads only with a `leash:` section
+
+        reporter = session_of_call()
+        origin = Provenance("outcome", reporter="agent", session=reporter.id, client=reporter.client)
         if isinstance(task_id, str) and task_id:
-            if not await leash.report_outcome(task_id, success):
+            if not await leash.report_outcome(task_id, success, provenance=origin):
                 return error_result(f"report_outcome: no run {task_id!r} is remembered (see the delegate trace)")
             text = f"recorded: run {task_id} {'succeeded' if success else 'failed'}"
         else:
@@ -177,8 +182,8 @@ class OwnTools:
             steps = session.history.committed + session.history.open
             intents = [step.intent for step in steps if step.intent]
             task = str(arguments.get("task") or (intents[0] if intents else f"session {session.id}"))
-            await leash.label_task(task, success, meta={"session": session.id})
+            await leash.label_task(task, success, meta={"session": session.id}, provenance=origin)
             if success and steps:
-                await leash.label_steps(steps, ["success"] * len(steps), source="outcome")
+                await leash.label_steps(steps, ["success"] * len(steps), source="outcome", provenance=origin)
             text = f"recorded: this session's task {'succeeded' if success else 'failed'}"
         return types.CallToolResult(content=[types.TextContent(type="text", text=text)])

@@ -3,7 +3,8 @@
 A bank answers "what are the k nearest past tasks (or steps), and did they succeed or fail?" (how
 the neighbours become a decision is `layers.py`'s business). Vectors are L2-normalised, so inner
 product is cosine similarity. Each vector has an id (its position, 0, 1, 2...), a label (`success` /
-`failure`), a source (`verdict`, `outcome`, `import`) and a JSON metadata object.
+`failure`), a source (`verdict`, `outcome`, `import`), a JSON metadata object and a provenance (`provenance.py`:
+who labelled it, in which session, when), which `review: leash` reads before it trusts a label.
 
 Index. Up to `approximate_after` vectors the index is exact (`IndexIDMap2(IndexFlatIP)`); once the
 bank grows past it, an HNSW graph (`IndexHNSWFlat`, M=32, efSearch 32, inner product) replaces it,
@@ -32,6 +33,7 @@ already loaded, and `save()` refuses to write over it.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import logging
 import math
@@ -50,6 +52,7 @@ import faiss
 import numpy as np
 
 from mcp_spec_proxy.leash.encoders import EncoderInfo, normalise_rows
+from mcp_spec_proxy.leash.provenance import UNKNOWN, Provenance
 from mcp_spec_proxy.leash.rows import checked_rows
 from mcp_spec_proxy.leash.storage import (
     LABELS,
@@ -85,6 +88,7 @@ class Neighbour:
     label: Label
     source: Source
     metadata: dict[str, Any]
+    provenance: Provenance = UNKNOWN
 
 
 @contextmanager
@@ -187,6 +191,9 @@ class Bank:
         self._labels = array("b")  # index into LABELS
         self._sources = array("b")  # index into SOURCES
         self._metadata: list[dict[str, Any] | None] = []
+        self._provenance: list[Provenance] = []
+        # When each session's labels were stored, oldest first: the per-session rate limit reads it.
+        self._by_session: dict[str, list[float]] = {}
         self._recall: Recall | None = None
         self._dirty = True
 
@@ -300,6 +307,9 @@ class Bank:
     def stats(self) -> dict[str, Any]:
         with self._lock:
             by_source = {source: self._sources.count(code) for code, source in enumerate(SOURCES)}
+            by_reporter: dict[str, int] = {}
+            for row in self._provenance:
+                by_reporter[row.reporter] = by_reporter.get(row.reporter, 0) + 1
             failures = self._labels.count(1)
             stats: dict[str, Any] = {
                 "kind": self.kind,
@@ -309,6 +319,7 @@ class Bank:
                 "successes": len(self._labels) - failures,
                 "failures": failures,
                 "by_source": by_source,
+                "by_reporter": by_reporter,
                 "index": "hnsw" if self._approximate else "flat",
                 "approximate_after": self.approximate_after if self._encoder.dim else None,
                 "unsaved": self._dirty,
@@ -335,7 +346,26 @@ class Bank:
 
     def _neighbour(self, id: int, score: float) -> Neighbour:
         metadata = self._metadata[id]
-        return Neighbour(id, score, LABELS[self._labels[id]], SOURCES[self._sources[id]], dict(metadata or {}))
+        label, source = LABELS[self._labels[id]], SOURCES[self._sources[id]]
+        return Neighbour(id, score, label, source, dict(metadata or {}), self._provenance[id])
+
+    def labels_since(self, session: str, since: float) -> int:
+        """How many labels of `session` were stored at or after `since` (unix seconds)."""
+        self.refresh()
+        with self._lock:
+            times = self._by_session.get(session, [])
+            return len(times) - bisect.bisect_left(times, since)
+
+    async def alabels_since(self, session: str, since: float) -> int:
+        """`labels_since` in a worker thread."""
+        return await anyio.to_thread.run_sync(self.labels_since, session, since)
+
+    def _keep_provenance(self, provenance: Sequence[Provenance]) -> None:
+        """Append the provenance of new rows (they follow every row already held). Hold the lock."""
+        self._provenance.extend(provenance)
+        for row in provenance:
+            if row.session is not None:
+                bisect.insort(self._by_session.setdefault(row.session, []), row.at or 0.0)
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -346,15 +376,19 @@ class Bank:
         *,
         source: str,
         metadata: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
+        provenance: Provenance | Sequence[Provenance] | None = None,
     ) -> list[int]:
         """Store `vectors` (one row each, normalised here) with their labels; their new ids.
 
-        `labels` and `metadata` are one per row, or one for all. `source` is one of `SOURCES`.
+        `labels`, `metadata` and `provenance` are one per row, or one for all (no provenance:
+        `Provenance.of(source)`). `source` is one of `SOURCES`.
         Metadata must be JSON (it is stored as its JSON round trip). Memory only until `save()`.
         The call that takes the bank past `approximate_after` also builds the HNSW graph (seconds to
         minutes); other threads' lookups and adds go on meanwhile.
         """
-        rows = checked_rows(vectors, labels, source=source, metadata=metadata, dim=self._encoder.dim)
+        rows = checked_rows(
+            vectors, labels, source=source, metadata=metadata, dim=self._encoder.dim, provenance=provenance
+        )
         if rows is None:
             return []
         matrix, label_list, stored = rows.matrix, rows.labels, rows.metadata
@@ -371,6 +405,7 @@ class Bank:
             self._labels.extend(LABELS.index(label) for label in label_list)
             self._sources.extend([SOURCES.index(source)] * count)
             self._metadata.extend(stored)
+            self._keep_provenance(rows.provenance)
             self._dirty = True
             switch = not self._approximate and not self._building and len(self._labels) > self.approximate_after
             self._building |= switch
@@ -426,10 +461,11 @@ class Bank:
         *,
         source: str,
         metadata: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
+        provenance: Provenance | Sequence[Provenance] | None = None,
     ) -> list[int]:
         """`add` in a worker thread."""
         return await anyio.to_thread.run_sync(
-            functools.partial(self.add, vectors, labels, source=source, metadata=metadata)
+            functools.partial(self.add, vectors, labels, source=source, metadata=metadata, provenance=provenance)
         )
 
     async def asearch(self, vector: np.ndarray | Sequence[float], k: int = 10) -> list[Neighbour]:

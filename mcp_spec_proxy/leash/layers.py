@@ -12,7 +12,9 @@ nearest neighbours into decisions:
 
 A score needs `min_neighbours` labelled neighbours; with fewer there is no opinion and the
 ordinary path runs. Labels come for free: every verdict labels its segment (the accepted prefix
-succeeded, the first rejected step failed), and `report_outcome` labels a whole task.
+succeeded, the first rejected step failed), and `report_outcome` labels a whole task. Each label
+carries its provenance (`provenance.py`), and one session stores at most
+`leash.labels_per_session_hour` labels in each bank per hour: the rest are dropped, logged once.
 
 LEASH advises; it never breaks the call it advises on. Every method the barrier, the gate and the
 engine call (`task_score`, `step_score`, the `label_*` methods, `remember`, and all of `LeashWatch`)
@@ -25,6 +27,7 @@ label not stored. The call then goes the ordinary way. Operator commands (`bank 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -47,12 +50,15 @@ from mcp_spec_proxy.leash.encoders import (
     HiddenStateEncoder,
     StepView,
 )
+from mcp_spec_proxy.leash.provenance import Provenance
 from mcp_spec_proxy.telemetry import Telemetry
 from mcp_spec_proxy.trajectory import Step
 
 logger = logging.getLogger(__name__)
 
 RUNS_KEPT = 10_000
+RATE_WINDOW_S = 3600.0  # `labels_per_session_hour`
+_LIMITED_KEPT = 10_000  # sessions told they hit the rate limit, remembered so each is logged once
 
 
 @dataclass(frozen=True)
@@ -190,6 +196,7 @@ class Leash:
         self._runs = self._root / "runs.jsonl"
         self._lock = anyio.Lock()
         self._guard = _Guard(strict)
+        self._limited: set[tuple[str, str]] = set()  # (bank kind, session) past the rate limit, logged
 
     @property
     def strict(self) -> bool:
@@ -283,13 +290,26 @@ class Leash:
 
     @_advisory(_none_stored)
     async def label_steps(
-        self, steps: Sequence[Step], labels: Sequence[Label], *, source: str, hidden: Sequence[Any] | None = None
+        self,
+        steps: Sequence[Step],
+        labels: Sequence[Label],
+        *,
+        source: str,
+        hidden: Sequence[Any] | None = None,
+        provenance: Provenance | None = None,
     ) -> int:
-        """Store the steps' labels; how many were stored (a step with no vector, or a failure, stores none)."""
-        return await self._label_steps(steps, labels, source=source, hidden=hidden)
+        """Store the steps' labels; how many were stored (a step with no vector, or a failure, stores
+        none; a session past its hourly bound stores no more)."""
+        return await self._label_steps(steps, labels, source=source, hidden=hidden, provenance=provenance)
 
     async def _label_steps(
-        self, steps: Sequence[Step], labels: Sequence[Label], *, source: str, hidden: Sequence[Any] | None = None
+        self,
+        steps: Sequence[Step],
+        labels: Sequence[Label],
+        *,
+        source: str,
+        hidden: Sequence[Any] | None = None,
+        provenance: Provenance | None = None,
     ) -> int:
         vectors = []
         kept: list[tuple[Step, Label]] = []
@@ -301,36 +321,89 @@ class Leash:
         if not vectors:
             return 0
         metadata = [{"tool": step.tool, "at": time.time()} for step, _ in kept]
+        origin = _stamped(provenance, source)
         async with self._lock:
-            await self.steps.aadd(np.stack(vectors), [label for _, label in kept], source=source, metadata=metadata)
+            room = await self._room(self.steps, origin, len(kept))
+            if room == 0:
+                return 0
+            labels_kept = [label for _, label in kept][:room]
+            stacked = np.stack(vectors[:room])
+            await self.steps.aadd(stacked, labels_kept, source=source, metadata=metadata[:room], provenance=origin)
             await anyio.to_thread.run_sync(self.steps.save)
-        return len(vectors)
+        return len(labels_kept)
+
+    async def _room(self, bank: Bank, origin: Provenance, wanted: int) -> int:
+        """How many of `wanted` new labels `origin`'s session may still store in `bank` this hour.
+
+        A session is the unit an agent under review controls, so it is what is bounded: one that
+        labels in bulk (look-alikes of a call it wants through) is cut off, and said so once."""
+        limit = self.config.labels_per_session_hour
+        session = origin.session
+        if limit is None or session is None or origin.reporter == "operator":
+            return wanted
+        stored = await bank.alabels_since(session, time.time() - RATE_WINDOW_S)
+        room = max(0, min(wanted, limit - stored))
+        if room < wanted and (bank.kind, session) not in self._limited:
+            if len(self._limited) >= _LIMITED_KEPT:
+                self._limited.clear()
+            self._limited.add((bank.kind, session))
+            logger.warning(
+                "LEASH %s bank: session %s reached leash.labels_per_session_hour (%d); its further labels"
+                " this hour are not stored",
+                bank.kind,
+                session,
+                limit,
+            )
+        return room
 
     @_advisory(_nothing)
-    async def label_verdict(self, steps: Sequence[Step], accepted_steps: int, *, source: str = "verdict") -> None:
+    async def label_verdict(
+        self,
+        steps: Sequence[Step],
+        accepted_steps: int,
+        *,
+        source: str = "verdict",
+        provenance: Provenance | None = None,
+    ) -> None:
         """The accepted prefix succeeded; the first rejected step failed; what came after says nothing."""
         labelled = list(steps[: accepted_steps + 1])
         labels: list[Label] = ["success"] * min(accepted_steps, len(steps))
         if accepted_steps < len(steps):
             labels.append("failure")
-        await self._label_steps(labelled, labels, source=source)
+        await self._label_steps(labelled, labels, source=source, provenance=provenance)
 
     @_advisory(_no)
     async def label_task(
-        self, task: str, success: bool, *, source: str = "outcome", meta: dict[str, Any] | None = None
+        self,
+        task: str,
+        success: bool,
+        *,
+        source: str = "outcome",
+        meta: dict[str, Any] | None = None,
+        provenance: Provenance | None = None,
     ) -> bool:
         """Store the task's label; whether it was stored."""
-        return await self._label_task(task, success, source=source, meta=meta)
+        return await self._label_task(task, success, source=source, meta=meta, provenance=provenance)
 
     async def _label_task(
-        self, task: str, success: bool, *, source: str = "outcome", meta: dict[str, Any] | None = None
+        self,
+        task: str,
+        success: bool,
+        *,
+        source: str = "outcome",
+        meta: dict[str, Any] | None = None,
+        provenance: Provenance | None = None,
     ) -> bool:
         if isinstance(self.encoder, HiddenStateEncoder):
             return False
         vector = await self.encoder.encode_texts([task])
         label: Label = "success" if success else "failure"
+        origin = _stamped(provenance, source)
         async with self._lock:
-            await self.tasks.aadd(vector, [label], source=source, metadata=[{"task": task[:500], **(meta or {})}])
+            if await self._room(self.tasks, origin, 1) == 0:
+                return False
+            metadata = [{"task": task[:500], **(meta or {})}]
+            await self.tasks.aadd(vector, [label], source=source, metadata=metadata, provenance=origin)
             await anyio.to_thread.run_sync(self.tasks.save)
         return True
 
@@ -351,19 +424,21 @@ class Leash:
         with self._runs.open("a", encoding="utf-8") as handle:
             handle.write(line)
 
-    async def report_outcome(self, task_id: str, success: bool) -> bool:
+    async def report_outcome(self, task_id: str, success: bool, *, provenance: Provenance | None = None) -> bool:
         """Label a remembered run's task (and, on failure, nothing more: which step failed is unknown).
 
         Not advisory: whoever reports an outcome (the CLI, a client's tool call) is told when it was not stored.
+        `provenance` says who reported it; none is the operator (the CLI).
         """
         record = await anyio.to_thread.run_sync(self._find_run, task_id)
         if record is None:
             return False
-        await self._label_task(record["task"], success, meta={"task_id": task_id})
+        origin = provenance or Provenance("outcome", reporter="operator", session=task_id)
+        await self._label_task(record["task"], success, meta={"task_id": task_id}, provenance=origin)
         if success:
             steps = [Step(s["tool"], s["arguments"], "read", observation=s.get("observation")) for s in record["steps"]]
             if steps:
-                await self._label_steps(steps, ["success"] * len(steps), source="outcome")
+                await self._label_steps(steps, ["success"] * len(steps), source="outcome", provenance=origin)
         return True
 
     def _find_run(self, task_id: str) -> dict[str, Any] | None:
@@ -378,6 +453,13 @@ class Leash:
             if record.get("task_id") == task_id:
                 found = record
         return found
+
+
+def _stamped(provenance: Provenance | None, source: str) -> Provenance:
+    """The provenance a new row is stored with: the one given, timed now if it was not."""
+    if provenance is None:
+        return Provenance.of(source)
+    return provenance if provenance.at is not None else dataclasses.replace(provenance, at=time.time())
 
 
 class LeashWatch:

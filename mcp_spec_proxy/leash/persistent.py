@@ -134,10 +134,11 @@ class PersistentBank(Bank):
         return bank
 
     def _extend_meta(self, rows: list[MetaRow]) -> None:
-        for label, source, metadata in rows:
+        for label, source, metadata, _ in rows:
             self._labels.append(label)
             self._sources.append(source)
             self._metadata.append(metadata)
+        self._keep_provenance([row[3] for row in rows])
 
     def _add_rows(self, first: int) -> None:
         """Add the stored vectors from id `first` on to the index, segment by segment."""
@@ -227,6 +228,7 @@ class PersistentBank(Bank):
             fresh._labels.extend(self._labels[saved:])
             fresh._sources.extend(self._sources[saved:])
             fresh._metadata.extend(self._metadata[saved:])
+            fresh._keep_provenance(self._provenance[saved:])
             fresh._dirty = True
         fresh._files.bad_signature = self._files.bad_signature
         for name in [
@@ -236,6 +238,8 @@ class PersistentBank(Bank):
             "_labels",
             "_sources",
             "_metadata",
+            "_provenance",
+            "_by_session",
             "_recall",
             "_dirty",
             "_files",
@@ -281,6 +285,7 @@ class PersistentBank(Bank):
                     labels=self._labels,
                     sources=self._sources,
                     metadata=self._metadata,
+                    provenance=self._provenance,
                     index=self._index if self._approximate else None,
                     index_info=index_info,
                 )

@@ -10,6 +10,9 @@ each replica: a label written on one replica is a neighbour on every other at it
 with no cache to keep in sync, at the latency and recall `bench/store.py` measures
 (docs/BENCHMARKS.md).
 
+Each row's provenance (`provenance.py`) is its `provenance` column (schema step 4); a row an
+older replica wrote has none and reads as `UNKNOWN`.
+
 The layers call these methods from worker threads (`aadd`, `asearch`), so this module speaks to
 the database through one synchronous connection, behind the bank's lock.
 """
@@ -30,6 +33,7 @@ from pgvector.psycopg import register_vector
 
 from mcp_spec_proxy.leash.bank import Bank, Neighbour
 from mcp_spec_proxy.leash.encoders import EncoderInfo, normalise_rows
+from mcp_spec_proxy.leash.provenance import Provenance
 from mcp_spec_proxy.leash.rows import checked_rows
 from mcp_spec_proxy.leash.storage import SOURCES, BankError, BankMismatch, Kind, Label
 from mcp_spec_proxy.store.migrations import LOCK_NAMESPACE
@@ -176,7 +180,7 @@ class PgBank(Bank):
             try:
                 conn = self._connection()
                 sql = (
-                    f"SELECT id, label, source, metadata, (vector::vector({dim})) <#> %s AS distance"
+                    f"SELECT id, label, source, metadata, provenance, (vector::vector({dim})) <#> %s AS distance"
                     f" FROM bank_vectors WHERE bank = %s ORDER BY (vector::vector({dim})) <#> %s LIMIT %s"
                 )
                 if k <= self._ef_search:
@@ -188,7 +192,17 @@ class PgBank(Bank):
             except psycopg.Error as exc:
                 raise BankError(f"the {self.kind} bank failed in Postgres: {_first_line(exc)}") from None
         # `<#>` is the negative inner product.
-        return [Neighbour(int(i), -float(d), label, source, dict(meta or {})) for i, label, source, meta, d in rows]
+        return [
+            Neighbour(int(i), -float(d), label, source, dict(meta or {}), Provenance.from_json(provenance))
+            for i, label, source, meta, provenance, d in rows
+        ]
+
+    def labels_since(self, session: str, since: float) -> int:
+        found = self._run(
+            "SELECT count(*) FROM bank_vectors WHERE bank = %s AND provenance->>'session' = %s AND ts >= %s",
+            (self.kind, session, since),
+        )
+        return int(found[0][0])
 
     def stats(self) -> dict[str, Any]:
         """What the bank holds; with the database unreachable or not migrated, that problem instead."""
@@ -198,6 +212,13 @@ class PgBank(Bank):
             )
             sources = dict(
                 self._run("SELECT source, count(*) FROM bank_vectors WHERE bank = %s GROUP BY source", (self.kind,))
+            )
+            reporters = dict(
+                self._run(
+                    "SELECT coalesce(provenance->>'reporter', 'unknown'), count(*) FROM bank_vectors"
+                    " WHERE bank = %s GROUP BY 1",
+                    (self.kind,),
+                )
             )
         except BankError as exc:
             return {"kind": self.kind, "store": "postgres", "encoder": self._encoder.as_json(), "error": str(exc)}
@@ -210,6 +231,7 @@ class PgBank(Bank):
             "successes": counts.get("success", 0),
             "failures": counts.get("failure", 0),
             "by_source": {source: sources.get(source, 0) for source in SOURCES},
+            "by_reporter": reporters,
             "index": "pgvector-hnsw",
             "hnsw": {"m": HNSW_M, "ef_construction": EF_CONSTRUCTION, "ef_search": self._ef_search},
             "unsaved": False,
@@ -224,10 +246,13 @@ class PgBank(Bank):
         *,
         source: str,
         metadata: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
+        provenance: Provenance | Sequence[Provenance] | None = None,
     ) -> list[int]:
         if not self._encoder.dim:
             self._check_encoder()
-        checked = checked_rows(vectors, labels, source=source, metadata=metadata, dim=self._encoder.dim)
+        checked = checked_rows(
+            vectors, labels, source=source, metadata=metadata, dim=self._encoder.dim, provenance=provenance
+        )
         if checked is None:
             return []
         matrix, label_list = checked.matrix, checked.labels
@@ -238,16 +263,17 @@ class PgBank(Bank):
         normalised = normalise_rows(matrix)
         now = time.time()
         rows = [
-            (self.kind, self.kind, self._encoder.name, label, source, text, vector, now)
-            for label, text, vector in zip(label_list, texts, normalised, strict=True)
+            (self.kind, self.kind, self._encoder.name, label, source, text, json.dumps(origin.as_json()), vector, now)
+            for label, text, origin, vector in zip(label_list, texts, checked.provenance, normalised, strict=True)
         ]
         with self._conn_lock:
             try:
                 conn = self._connection()
                 with conn.transaction(), conn.cursor() as cursor:
                     cursor.executemany(
-                        "INSERT INTO bank_vectors (bank, kind, encoder, label, source, metadata, vector, ts)"
-                        " VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s, %s) RETURNING id",
+                        "INSERT INTO bank_vectors"
+                        " (bank, kind, encoder, label, source, metadata, provenance, vector, ts)"
+                        " VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, %s, %s) RETURNING id",
                         rows,
                         returning=True,
                     )

@@ -9,17 +9,19 @@ from typing import Any
 
 import numpy as np
 
+from mcp_spec_proxy.leash.provenance import Provenance
 from mcp_spec_proxy.leash.storage import LABELS, SOURCES, Label
 
 
 @dataclass(frozen=True)
 class Rows:
-    """Rows for a bank, checked: an (n, dim) finite matrix, one label and one metadata (as its JSON
-    round trip) per row."""
+    """Rows for a bank, checked: an (n, dim) finite matrix, one label, one metadata (as its JSON
+    round trip) and one provenance per row."""
 
     matrix: np.ndarray
     labels: list[Label]
     metadata: list[dict[str, Any] | None]
+    provenance: list[Provenance]
 
 
 def checked_rows(
@@ -29,9 +31,11 @@ def checked_rows(
     source: str,
     metadata: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None,
     dim: int,
+    provenance: Provenance | Sequence[Provenance] | None = None,
 ) -> Rows | None:
     """What `add` was given, checked the same way by every bank (FAISS or pgvector); None for no
-    rows. `dim` 0 takes any width. A `ValueError` names what is wrong."""
+    rows. `dim` 0 takes any width; no `provenance` is `Provenance.of(source)`. A `ValueError`
+    names what is wrong."""
     matrix = np.asarray(vectors, dtype=np.float32)
     if matrix.ndim == 1:
         matrix = matrix[None, :]
@@ -59,4 +63,10 @@ def checked_rows(
         stored = [json.loads(json.dumps(dict(m), ensure_ascii=False)) if m else None for m in metadata_list]
     except (TypeError, ValueError) as exc:
         raise ValueError(f"metadata must be JSON-serialisable: {exc}") from None
-    return Rows(matrix, label_list, stored)
+    if provenance is None or isinstance(provenance, Provenance):
+        provenance_list = [provenance or Provenance.of(source)] * count
+    else:
+        provenance_list = list(provenance)
+    if len(provenance_list) != count or not all(isinstance(p, Provenance) for p in provenance_list):
+        raise ValueError(f"provenance must be one Provenance per vector ({count})")
+    return Rows(matrix, label_list, stored, provenance_list)

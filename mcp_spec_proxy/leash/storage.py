@@ -4,11 +4,15 @@ The only code that reads or writes a bank directory (`persistent.py` calls it). 
 
 Format (directory per bank). `bank.json`, the manifest (kind, encoder, count, generation, and the
 name, size and sha256 of every data file); segments of rows, each a `vectors-G.npy` (float32, one
-unit vector a row) and a `meta-G.jsonl` (one `{"id", "label", "source", "metadata"}` per line)
-written by save number G; and, for an HNSW bank, `index-G.faiss`. A save writes only the rows added
-since the last one, as a new segment that absorbs the segments before it no longer than itself (a
-binary counter: O(log n) segments, each row rewritten O(log n) times), and rewrites the HNSW graph
-only once an eighth of it is new (loading adds the rest).
+unit vector a row) and a `meta-G.jsonl` (one `{"id", "label", "source", "metadata", "provenance"}`
+per line: `provenance.py`) written by save number G; and, for an HNSW bank, `index-G.faiss`. A
+save writes only the rows added since the last one, as a new segment that absorbs the segments
+before it no longer than itself (a binary counter: O(log n) segments, each row rewritten O(log n)
+times), and rewrites the HNSW graph only once an eighth of it is new (loading adds the rest).
+
+Provenance came with the format unchanged in version: a meta line without `provenance` (a bank
+saved before it, or a segment an older proxy rewrote) loads as `UNKNOWN`, and an older proxy
+reads these files and ignores the field.
 
 Crash safety. Every file goes to a temporary file that is fsynced and renamed, and the manifest
 goes LAST, so a process killed at any moment leaves the manifest naming a complete earlier
@@ -45,6 +49,7 @@ import numpy as np
 
 from mcp_spec_proxy.fingerprints import write_atomic
 from mcp_spec_proxy.leash.encoders import EncoderInfo, LeashError
+from mcp_spec_proxy.leash.provenance import Provenance
 
 # The row vocabulary is the file format's: `bank.py` re-exports it.
 Label = Literal["success", "failure"]
@@ -59,7 +64,8 @@ MANIFEST = "bank.json"
 _DATA_FILE = re.compile(r"^\.?(vectors|meta|index)-(\d{6,})\.(npy|jsonl|faiss)(\..*)?$")
 
 Signature = tuple[int, int, int]
-MetaRow = tuple[int, int, dict[str, Any] | None]  # a row as the bank keeps it: LABELS and SOURCES codes, metadata
+MetaRow = tuple[int, int, dict[str, Any] | None, Provenance]
+"""A row as the bank keeps it: LABELS and SOURCES codes, metadata, who labelled it."""
 
 
 class BankError(LeashError):
@@ -328,6 +334,7 @@ class BankFiles:
         labels: array[int],
         sources: array[int],
         metadata: Sequence[dict[str, Any] | None],
+        provenance: Sequence[Provenance],
         index: Any | None,
         index_info: dict[str, Any],
     ) -> None:
@@ -347,7 +354,7 @@ class BankFiles:
             )
             meta_file = _write_file_atomic(
                 directory / f"meta-{generation:06d}.jsonl",
-                lambda out: _write_meta(out, labels, sources, metadata, start, count),
+                lambda out: _write_meta(out, labels, sources, metadata, provenance, start, count),
             )
             segments.append({"start": start, "end": count, "vectors": vectors_file, "meta": meta_file})
         index_file = None
@@ -452,6 +459,7 @@ def _write_meta(
     labels: array[int],
     sources: array[int],
     metadata: Sequence[dict[str, Any] | None],
+    provenance: Sequence[Provenance],
     start: int,
     end: int,
 ) -> None:
@@ -462,6 +470,7 @@ def _write_meta(
             "label": LABELS[labels[position]],
             "source": SOURCES[sources[position]],
             "metadata": metadata[position] or {},
+            "provenance": provenance[position].as_json(),
         }
         lines.append(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
         if len(lines) >= 4096:
@@ -471,7 +480,7 @@ def _write_meta(
 
 
 def _read_meta(path: Path, start: int, end: int, first: int = 0) -> list[MetaRow]:
-    """(label, source, metadata) of rows `max(first, start)`..`end` of a meta file holding `start`..`end`."""
+    """The rows `max(first, start)`..`end` of a meta file holding `start`..`end`."""
     lines = path.read_text(encoding="utf-8").splitlines()
     if len(lines) != end - start:
         raise ValueError(f"{path.name} has {len(lines)} entries, the manifest says {end - start}")
@@ -485,7 +494,8 @@ def _read_meta(path: Path, start: int, end: int, first: int = 0) -> list[MetaRow
         metadata = record.get("metadata")
         if metadata is not None and not isinstance(metadata, dict):
             raise ValueError(f"{path.name}: metadata of id {position} is not an object")
-        rows.append((LABELS.index(record["label"]), SOURCES.index(record["source"]), metadata or None))
+        provenance = Provenance.from_json(record.get("provenance"))
+        rows.append((LABELS.index(record["label"]), SOURCES.index(record["source"]), metadata or None, provenance))
     return rows
 
 

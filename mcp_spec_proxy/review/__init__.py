@@ -49,6 +49,7 @@ class ReviewRequest:
     history: History = field(repr=False)
     task: str = ""  # the user's request, when the proxy drives the agent (engine)
     call: str = ""  # the gate's call id (set by the gate): the approval console binds its decision to it
+    client: str | None = None  # the session's client identity, where a front authenticated one (LEASH provenance)
 
 
 class InputNeeded(ProxyError):

@@ -7,10 +7,14 @@ reviewers: it scores steps; this module turns a score into a verdict or hands th
 from __future__ import annotations
 
 import logging
+import re
+import time
 from collections.abc import Collection
 from dataclasses import replace
 from typing import Any
 
+from mcp_spec_proxy.config import LeashConfig
+from mcp_spec_proxy.leash.bank import Neighbour
 from mcp_spec_proxy.leash.layers import Leash, Score
 from mcp_spec_proxy.review import Reviewer, ReviewRequest, UserChannel, Verdict
 
@@ -28,7 +32,11 @@ class LeashReviewer:
     * the tool declares `destructiveHint: false` and its server's annotations are trusted;
     * a calibration record for this encoder is in the bank directory (`bank calibrate
       --max-false-accept`), and the threshold is no looser than the one calibrated on held-out labels;
-    * the held write's failure score, from enough near neighbours, is at or below the threshold.
+    * the held write's failure score, from enough near neighbours, is at or below the threshold —
+      counting only the labels the operator trusts for it (`trusted`: a success from the calling
+      session, from its client's recent calls, or from a source outside `leash.accept_from` is no
+      evidence; a failure always is), with the successes from at least `leash.accept_min_sessions`
+      independent sessions, and the nearest of them not a failure.
 
     Either way the verdict carries the score and the nearest neighbours, and the audit log records them.
     """
@@ -47,9 +55,16 @@ class LeashReviewer:
         return self._fallback
 
     async def review(self, request: ReviewRequest, user: UserChannel) -> Verdict:
-        score = await self._leash.step_score(request.segment.held)
-        evidence: dict[str, Any] = {"layer": "accept", **score.as_json()}
-        why_not = await self._why_not_alone(request, score)
+        found = await self._leash.step_score(request.segment.held)
+        score, distrusted = trusted(found, request, self._leash.config)
+        # The score counts trusted labels only; the neighbours shown are all the near ones, with who labelled them.
+        evidence: dict[str, Any] = {"layer": "accept", **found.as_json(), "score": score.as_json()["score"]}
+        for shown, neighbour in zip(evidence["neighbours"], found.neighbours, strict=False):
+            origin = neighbour.provenance
+            shown |= {"reporter": origin.reporter, **({"session": origin.session} if origin.session else {})}
+        if distrusted:
+            evidence["distrusted"] = distrusted
+        why_not = await self._why_not_alone(request, score, distrusted)
         if why_not is None:
             reason = (
                 f"LEASH: failure score {score.value:.3f} over {len(score.neighbours)} neighbours is at or below"
@@ -61,7 +76,7 @@ class LeashReviewer:
         verdict = await self._fallback.review(request, user)
         return replace(verdict, evidence=evidence)
 
-    async def _why_not_alone(self, request: ReviewRequest, score: Score) -> str | None:
+    async def _why_not_alone(self, request: ReviewRequest, score: Score, distrusted: dict[str, int]) -> str | None:
         """Why this write may not pass on LEASH's word alone, or None when it may."""
         leash = self._leash
         threshold = leash.config.accept_threshold
@@ -95,7 +110,16 @@ class LeashReviewer:
                 f" {calibration.held_out} held-out steps — lower it, or recalibrate"
             )
         if score.value is None:
-            return f"too few near neighbours to judge ({len(score.neighbours)} within min_similarity)"
+            left_out = "".join(f"; {count} left out: {why}" for why, count in distrusted.items())
+            return f"too few trusted near neighbours to judge ({len(score.neighbours)} within min_similarity{left_out})"
+        if score.neighbours[0].label == "failure":
+            return "its nearest trusted neighbour is a failure"
+        witnesses = len({witness(n) for n in score.neighbours if n.label == "success"})
+        if witnesses < leash.config.accept_min_sessions:
+            return (
+                f"its accepting neighbours come from {witnesses} independent session(s), fewer than"
+                f" leash.accept_min_sessions {leash.config.accept_min_sessions}"
+            )
         if score.value > threshold:
             return f"failure score {score.value:.3f} is above accept_threshold {threshold}"
         return None
@@ -106,3 +130,62 @@ class LeashReviewer:
             self._told.add(why)
             logger.warning("review: leash sends every write to its fallback reviewer: %s", why)
         return why
+
+
+def trusted(score: Score, request: ReviewRequest, config: LeashConfig) -> tuple[Score, dict[str, int]]:
+    """`score` recomputed over the neighbours `review: leash` may accept on, and how many were left
+    out, by why. Every failure stays (it can only send the write to a reviewer); a success stays
+    only when `distrust` finds nothing against it."""
+    now = time.time()
+    kept: list[Neighbour] = []
+    left_out: dict[str, int] = {}
+    for neighbour in score.neighbours:
+        why = None if neighbour.label == "failure" else distrust(neighbour, request, config, now)
+        if why is None:
+            kept.append(neighbour)
+        else:
+            left_out[why] = left_out.get(why, 0) + 1
+    if not left_out:
+        return score, {}
+    near = tuple(kept)
+    if len(near) < config.min_neighbours:
+        return Score(None, near), left_out
+    weights = [float(n.score) for n in near]
+    failed = sum(w for w, n in zip(weights, near, strict=True) if n.label == "failure")
+    return Score(failed / sum(weights), near), left_out
+
+
+def distrust(neighbour: Neighbour, request: ReviewRequest, config: LeashConfig, now: float) -> str | None:
+    """Why a success label is no ground to accept `request`'s write, or None when it is."""
+    origin = neighbour.provenance
+    if origin.reporter == "operator":
+        return None if "operator" in config.accept_from else "operator"
+    if origin.reporter == "unknown":
+        return None if "unknown" in config.accept_from else "unknown provenance"
+    if origin.session is None:
+        return "no session"  # nothing to tell it from the caller's own
+    if origin.session == request.session:
+        return "the calling session's own"
+    recent = origin.at is None or now - origin.at <= config.same_client_window
+    if request.client is not None and origin.client == request.client and recent:
+        return "the calling client's recent"
+    if origin.reporter == "agent":
+        return None if "agent_outcomes" in config.accept_from else "reported by the agent"
+    if origin.source != "verdict" or not _judgement(origin.reviewer):
+        return f"source {origin.source} ({origin.reviewer or 'no reviewer'})"
+    return None if "judgements" in config.accept_from else "a judgement"
+
+
+_JUDGES = frozenset({"strong", "human", "console"})  # the gate's JUDGES: whose verdicts label a bank
+
+
+def _judgement(reviewer: str | None) -> bool:
+    return reviewer is not None and all(part in _JUDGES for part in re.split(r"[→+]", reviewer))
+
+
+def witness(neighbour: Neighbour) -> str:
+    """Who vouches for a label: its session, or the row itself when the operator (or nobody) stored it."""
+    origin = neighbour.provenance
+    if origin.reporter in ("operator", "unknown") or origin.session is None:
+        return f"row:{neighbour.id}"
+    return f"session:{origin.session}"

@@ -185,6 +185,18 @@ MIGRATIONS: list[Migration] = [
         ORDER BY h.call, h.id DESC;
         """,
     ),
+    Migration(
+        4,
+        "who labelled each LEASH bank row",
+        """
+        -- `leash/provenance.py`: source, reviewer, reporter, session, client, time. Older replicas
+        -- insert no provenance: their rows read as unknown, which `review: leash` does not trust.
+        ALTER TABLE bank_vectors ADD COLUMN IF NOT EXISTS provenance jsonb;
+        -- The per-session rate limit counts a session's recent labels of one bank.
+        CREATE INDEX IF NOT EXISTS bank_vectors_session ON bank_vectors (bank, (provenance->>'session'), ts);
+        """,
+        part=LEASH,
+    ),
 ]
 LATEST = MIGRATIONS[-1].version
 
