@@ -37,11 +37,11 @@ from mcp_spec_proxy.engine.hooks import AskNow, ClientExecutor, NoUser, Observer
 from mcp_spec_proxy.engine.result import Mode, RunResult, Status
 from mcp_spec_proxy.errors import ToolNotFound
 from mcp_spec_proxy.gate import CALL_FAILED, Author, GateCall, Report, blocked_result, capped, text_result
-from mcp_spec_proxy.models import ChatModel, ModelCall, ModelError
+from mcp_spec_proxy.models import ChatModel, Completion, ModelCall, ModelError
 from mcp_spec_proxy.prompts import FINAL_ANSWER, agent_messages, openai_tool
 from mcp_spec_proxy.review import ReviewFailed, ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review.strong import ProposedAnswer, ProposedStep, Repairer, StrongReviewer, check_step
-from mcp_spec_proxy.trajectory import History, Segment, Step
+from mcp_spec_proxy.trajectory import DraftState, History, Segment, Step
 
 if TYPE_CHECKING:
     from mcp_spec_proxy.engine import Engine
@@ -350,9 +350,9 @@ class _Run:
             if exc.call is not None:
                 self.result.calls.append(exc.call)
             raise _Stop("model_error", str(exc)) from None
-        made = (completion.call, *([completion.state_call] if completion.state_call else []))
-        self.result.calls.extend(made)
-        await self.log_calls(made)
+        self.result.calls.append(completion.call)
+        await self.log_calls((completion.call,))
+        turn = uuid.uuid4().hex[:12]
         if completion.action_error is not None:
             # A JSON action that did not parse: a failed step the model sees, and drafting goes on.
             failed = Step(
@@ -361,21 +361,24 @@ class _Run:
                 "read",
                 observation=f"error: {completion.action_error} — reply with one JSON action",
                 is_error=True,
+                state=_drafted_state(completion, 0, turn),
             )
             return [failed], None, None
         if not completion.tool_calls:
             return [], None, completion.content or ""
         reads: list[Step] = []
         write: Step | None = None
-        states = completion.hidden_states
         for index, call in enumerate(completion.tool_calls):
             step = self.parse_call(call.name, call.arguments)
+            # Every drafted step carries its own state, the write and failed calls too: whoever
+            # judges the segment labels each of them with it.
+            step.state = _drafted_state(completion, index, turn)
             risky = (
                 screen
                 and self.watch is not None
                 and step.effect == "read"
                 and step.observation is None
-                and await self.watch.drafted(step, states[index] if index < len(states) else None)
+                and await self.watch.drafted(step, list(step.state.vector) if step.state else None)
             )
             if step.effect == "read" and not risky:
                 reads.append(step)
@@ -485,3 +488,11 @@ class _Run:
     async def say(self, message: str) -> None:
         if self.progress is not None:
             await self.progress(message)
+
+
+def _drafted_state(completion: Completion, index: int, turn: str) -> DraftState | None:
+    """The `index`-th call's state of a drafting turn, as the server returned it (`models.call_states`)."""
+    if index >= min(len(completion.hidden_states), len(completion.state_kinds)):
+        return None
+    vector = tuple(completion.hidden_states[index])
+    return DraftState(vector, completion.state_kinds[index], turn)

@@ -48,7 +48,7 @@ from mcp_spec_proxy.leash.encoders import EncoderInfo, LeashError
 
 # The row vocabulary is the file format's: `bank.py` re-exports it.
 Label = Literal["success", "failure"]
-Kind = Literal["task", "step"]
+Kind = Literal["task", "step", "observed"]  # observed: steps no weak call drafted, under `hidden` (layers.py)
 Source = Literal["verdict", "outcome", "import"]
 LABELS: tuple[Label, ...] = ("success", "failure")
 SOURCES: tuple[Source, ...] = ("verdict", "outcome", "import")
