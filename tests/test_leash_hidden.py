@@ -78,16 +78,18 @@ async def test_a_segment_of_three_judged_steps_stores_three_labels_with_distinct
             return verdict(2, "nobody asked for evil.txt")
         return Reply(tool_calls=[reads[0]])  # the repair turn
 
-    async with ScriptedModelServer(Respond(answer), hidden_size=DIM, per_call_states=True) as server:
-        async with proxied(config(root, server, tmp_path), tmp_path / "state") as p:
-            assert p.proxy.engine is not None and p.proxy.leash is not None
-            result = await p.proxy.engine.run("What is on my lists?", "spec+leash")
-            bank = p.proxy.leash.steps
-            stats = bank.stats()
-            actions = [action(c.name, c.arguments) for c in [*reads, write]]
-            # The scripted server's state at each call's last token: the actions up to that call.
-            states = [embed_text("\n".join(actions[: i + 1]), DIM) for i in range(3)]
-            found = [nearest(bank, state) for state in states]
+    async with (
+        ScriptedModelServer(Respond(answer), hidden_size=DIM, per_call_states=True) as server,
+        proxied(config(root, server, tmp_path), tmp_path / "state") as p,
+    ):
+        assert p.proxy.engine is not None and p.proxy.leash is not None
+        result = await p.proxy.engine.run("What is on my lists?", "spec+leash")
+        bank = p.proxy.leash.steps
+        stats = bank.stats()
+        actions = [action(c.name, c.arguments) for c in [*reads, write]]
+        # The scripted server's state at each call's last token: the actions up to that call.
+        states = [embed_text("\n".join(actions[: i + 1]), DIM) for i in range(3)]
+        found = [nearest(bank, state) for state in states]
     assert result.answer == "I read both lists and wrote nothing."
     assert not (root / "evil.txt").exists()  # the ledger: the rejected write never ran
     assert (stats["count"], stats["successes"], stats["failures"]) == (3, 2, 1)
@@ -119,14 +121,16 @@ async def test_a_turns_one_state_never_carries_two_opposite_labels(tmp_path: Pat
             return next(verdicts)
         return Reply(tool_calls=[read])  # the repair turn
 
-    async with ScriptedModelServer(Respond(answer), hidden_size=DIM) as server:
-        async with proxied(config(root, server, tmp_path), tmp_path / "state") as p:
-            assert p.proxy.engine is not None and p.proxy.leash is not None
-            refused = await p.proxy.engine.run("Note it down", "spec+leash")
-            done = await p.proxy.engine.run("Note it down", "spec+leash")
-            bank = p.proxy.leash.steps
-            count = bank.stats()["count"]
-            first, second = nearest(bank, rejected), nearest(bank, accepted)
+    async with (
+        ScriptedModelServer(Respond(answer), hidden_size=DIM) as server,
+        proxied(config(root, server, tmp_path), tmp_path / "state") as p,
+    ):
+        assert p.proxy.engine is not None and p.proxy.leash is not None
+        refused = await p.proxy.engine.run("Note it down", "spec+leash")
+        done = await p.proxy.engine.run("Note it down", "spec+leash")
+        bank = p.proxy.leash.steps
+        count = bank.stats()["count"]
+        first, second = nearest(bank, rejected), nearest(bank, accepted)
     assert refused.answer == done.answer == "Done."
     assert not (root / "evil.txt").exists() and (root / "done.txt").read_text() == "ok"
     assert count == 2  # one per turn: never the same point twice
@@ -148,16 +152,18 @@ async def test_a_task_like_past_failures_is_routed_to_the_strong_model_under_hid
         asked.append(request.model)
         return "Done by whoever leads."
 
-    async with ScriptedModelServer(Respond(answer), hidden_size=DIM) as server:
-        async with proxied(config(root, server, tmp_path), tmp_path / "state") as p:
-            assert p.proxy.engine is not None and p.proxy.leash is not None
-            for _ in range(4):
-                await p.proxy.leash.label_task(task, False)
-            routed = await p.proxy.engine.run(task, "spec+leash")
-            seen_routed = list(asked)
-            asked.clear()
-            weak_led = await p.proxy.engine.run("What time is it in Lima?", "spec+leash")
-            tasks = p.proxy.leash.tasks.stats()["count"]
+    async with (
+        ScriptedModelServer(Respond(answer), hidden_size=DIM) as server,
+        proxied(config(root, server, tmp_path), tmp_path / "state") as p,
+    ):
+        assert p.proxy.engine is not None and p.proxy.leash is not None
+        for _ in range(4):
+            await p.proxy.leash.label_task(task, False)
+        routed = await p.proxy.engine.run(task, "spec+leash")
+        seen_routed = list(asked)
+        asked.clear()
+        weak_led = await p.proxy.engine.run("What time is it in Lima?", "spec+leash")
+        tasks = p.proxy.leash.tasks.stats()["count"]
     assert routed.answer == weak_led.answer == "Done by whoever leads."
     assert tasks == 4
     assert seen_routed == ["strong-model"]  # strong-led: the weak model never drafted
@@ -180,16 +186,18 @@ async def test_the_shadow_observer_reviews_a_strong_led_write_like_past_failures
             return verdict(0, "that would wipe the notes", instead)
         return next(turns, "I left the notes as they are.")
 
-    async with ScriptedModelServer(Respond(answer), hidden_size=DIM) as server:
-        async with proxied(config(root, server, tmp_path), tmp_path / "state") as p:
-            assert p.proxy.engine is not None and p.proxy.leash is not None
-            leash = p.proxy.leash
-            for _ in range(4):
-                await leash.label_task(task, False)
-            wipe = Step("fs__write_file", {"path": target, "content": ""}, "write")
-            for _ in range(4):
-                await leash.label_verdict([wipe], 0)  # judged steps no weak call drafted: the observer's bank
-            result = await p.proxy.engine.run(task, "spec+leash")
+    async with (
+        ScriptedModelServer(Respond(answer), hidden_size=DIM) as server,
+        proxied(config(root, server, tmp_path), tmp_path / "state") as p,
+    ):
+        assert p.proxy.engine is not None and p.proxy.leash is not None
+        leash = p.proxy.leash
+        for _ in range(4):
+            await leash.label_task(task, False)
+        wipe = Step("fs__write_file", {"path": target, "content": ""}, "write")
+        for _ in range(4):
+            await leash.label_verdict([wipe], 0)  # judged steps no weak call drafted: the observer's bank
+        result = await p.proxy.engine.run(task, "spec+leash")
     assert result.answer == "I left the notes as they are."
     assert (root / "notes.txt").read_text() == "buy milk\n"  # the ledger: the flagged write never ran
     events = read_audit(tmp_path / "state" / "audit.jsonl")
@@ -215,15 +223,17 @@ async def test_a_weak_server_without_hidden_states_is_named_at_start_and_its_fal
         return Reply(tool_calls=[read])  # the repair turn
 
     caplog.set_level(logging.WARNING, logger="mcp_spec_proxy.leash.layers")
-    async with ScriptedModelServer(Respond(answer), hidden_size=DIM) as server:
-        async with proxied(config(root, server, tmp_path, provider="vllm"), tmp_path / "state") as p:
-            started = [r.getMessage() for r in caplog.records if "returns no hidden states" in r.getMessage()]
-            assert p.proxy.engine is not None and p.proxy.leash is not None
-            await p.proxy.engine.run("What is on my list?", "spec+leash")
-            stats = p.proxy.leash.steps.stats()
-            seen = p.proxy.leash.steps.search(np.ones(DIM, dtype=np.float32), 5)
-            weak = [r for r in server.chat_requests if r.model == "weak-model"]
-            embedded = list(server.embedding_requests)
+    async with (
+        ScriptedModelServer(Respond(answer), hidden_size=DIM) as server,
+        proxied(config(root, server, tmp_path, provider="vllm"), tmp_path / "state") as p,
+    ):
+        started = [r.getMessage() for r in caplog.records if "returns no hidden states" in r.getMessage()]
+        assert p.proxy.engine is not None and p.proxy.leash is not None
+        await p.proxy.engine.run("What is on my list?", "spec+leash")
+        stats = p.proxy.leash.steps.stats()
+        seen = p.proxy.leash.steps.search(np.ones(DIM, dtype=np.float32), 5)
+        weak = [r for r in server.chat_requests if r.model == "weak-model"]
+        embedded = list(server.embedding_requests)
     assert len(started) == 1
     assert "weak-model (none)" in started[0] and "hashing encoder" in started[0]
     assert "not the zero-extra-pass mode" in started[0]

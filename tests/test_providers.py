@@ -275,10 +275,8 @@ async def test_a_server_that_tells_a_turns_calls_apart_gives_each_call_its_own_s
             ASK, purpose="draft", thinking=False, tools=[READ_TOOL, WRITE_TOOL], hidden_states=True
         )
         await chat.aclose()
-    first, both = (
-        '{"tool": "fs__read", "arguments": {"path": "a"}}',
-        '{"tool": "fs__read", "arguments": {"path": "a"}}\n{"tool": "fs__write", "arguments": {"path": "b", "content": "x"}}',
-    )
+    first = '{"tool": "fs__read", "arguments": {"path": "a"}}'
+    both = first + '\n{"tool": "fs__write", "arguments": {"path": "b", "content": "x"}}'
     assert completion.state_kinds == ("call", "call")
     assert np.allclose(completion.hidden_states[0], embed_text(first, 8))
     assert np.allclose(completion.hidden_states[1], embed_text(both, 8))
@@ -305,7 +303,7 @@ async def test_servers_without_hidden_states_make_no_extra_request_for_them() ->
 
 
 def test_the_removed_embeddings_source_is_refused_with_what_to_do() -> None:
-    with pytest.raises(ValueError, match="leash.embedding"):
+    with pytest.raises(ValueError, match=r"leash\.embedding"):
         ModelConfig(base_url="http://h/v1", model="m", provider="llamacpp", hidden_states="embeddings")  # type: ignore[arg-type]  # refused on purpose
 
 
