@@ -15,11 +15,16 @@ import numpy as np
 import pytest
 
 from mcp_spec_proxy.audit import read_audit
+from mcp_spec_proxy.config import LeashConfig
+from mcp_spec_proxy.engine.hooks import NoUser
 from mcp_spec_proxy.leash.bank import Bank, Neighbour
+from mcp_spec_proxy.leash.layers import Leash
+from mcp_spec_proxy.review.leash import LeashReviewer
 from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall, embed_text
 from mcp_spec_proxy.trajectory import Step
 from tests import backends
 from tests.harness import proxied, stdio, verdict
+from tests.test_leash_safety import NON_DESTRUCTIVE, Fallback, calibration, request_for, tool
 
 pytestmark = pytest.mark.anyio
 
@@ -241,3 +246,21 @@ async def test_a_weak_server_without_hidden_states_is_named_at_start_and_its_fal
     assert embedded == [] and all("return_hidden_states" not in r.raw for r in weak)
     assert stats["encoder"]["name"] == "hashing" and (stats["successes"], stats["failures"]) == (1, 1)
     assert {n.metadata["representation"] for n in seen} == {"fallback"}
+
+
+async def test_review_leash_never_passes_a_write_alone_on_the_hidden_encoders_fallback_score(tmp_path: Path) -> None:
+    """Under `hidden`, a client's call has no drafting state: it is scored in the fallback's bank,
+    which no calibration of the hidden encoder measured. Its score, however clean, is never enough."""
+    config = LeashConfig(encoder="hidden", dim=DIM, bank_dir=str(tmp_path / "banks"), k=5, min_neighbours=3)
+    leash = Leash.open(config.model_copy(update={"accept_threshold": 0.2}), hidden_model="w", hidden_native=True)
+    held = Step("t__append", {"line": "groceries"}, "write")
+    await leash.label_steps([held] * 4, ["success"] * 4, source="import")
+    calibration(leash.encoder.info, 0.25).save(tmp_path / "banks")
+    fallback = Fallback()
+
+    result = await LeashReviewer(leash, fallback).review(request_for(held, tool(annotations=NON_DESTRUCTIVE)), NoUser())
+
+    assert result.evidence is not None and result.evidence["score"] == 0.0
+    assert result.evidence["representation"] == "fallback"
+    assert fallback.calls == 1 and result.reviewer == "fallback"
+    assert "no drafting state" in result.evidence["fallback"]
