@@ -22,9 +22,10 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from mcp_spec_proxy.actions import ToolCall, action_format, action_messages, action_text, parse_action, shorten
+from mcp_spec_proxy.actions import ToolCall, action_format, action_messages, parse_action, shorten
 from mcp_spec_proxy.errors import ProxyError
 from mcp_spec_proxy.providers import PROVIDERS, Actions, HiddenStates, ModelConfig, Provider, detect_provider
+from mcp_spec_proxy.trajectory import Representation
 
 # Names that lived here before the split, still importable from `mcp_spec_proxy.models`.
 __all__ = [
@@ -44,7 +45,7 @@ __all__ = [
     "detect_provider",
 ]
 
-Purpose = Literal["verify", "repair", "draft", "answer", "hidden"]
+Purpose = Literal["verify", "repair", "draft", "answer"]
 
 
 class ModelError(ProxyError):
@@ -90,10 +91,11 @@ class Completion:
     call: ModelCall
     reasoning: str | None = None
     # One final-layer vector per drafted step (per tool call, or one for an answer) when asked for
-    # with `hidden_states=True` and the model has a source (`ModelConfig.hidden_states`); else ().
+    # with `hidden_states=True` and the server returns them (`hidden_states: native`); else ().
     hidden_states: tuple[list[float], ...] = ()
     action_error: str | None = None  # a JSON action that did not parse: what was wrong (content: its text)
-    state_call: ModelCall | None = None  # the extra /v1/embeddings request that made hidden_states, if any
+    # What each of hidden_states is: the call's own state, or the turn's standing in (`trajectory.Representation`).
+    state_kinds: tuple[Representation, ...] = ()
     finish_reason: str | None = None  # "length": the answer was cut off at max_tokens
 
 
@@ -130,7 +132,9 @@ class ChatModel:
     ) -> Completion:
         """One chat completion. With `tools` and `actions: json`, the tools become a JSON-schema
         `response_format` and the answer is parsed back into `tool_calls` (see the module
-        docstring). `hidden_states` asks for one vector per drafted step (LEASH's `hidden` encoder)."""
+        docstring). `hidden_states` asks for one vector per drafted step (LEASH's `hidden` encoder) in
+        the same request, where the server returns them (`hidden_states: native`); it never makes
+        another request (`call_states` says what each vector is)."""
         import openai  # loaded by __post_init__; its exception classes are named below
 
         extra = _merge(self.config.extra_body, self.config.thinking_on if thinking else self.config.thinking_off)
@@ -215,16 +219,10 @@ class ChatModel:
         self.calls.append(call)
         reasoning = getattr(message, "reasoning_content", None)
         states: tuple[list[float], ...] = ()
-        state_call: ModelCall | None = None
-        if hidden_states and action_error is None:
-            steps = max(1, len(tool_calls))
-            if self.config.hidden_states == "native":
-                vector = _last_vector((getattr(choice, "model_extra", None) or {}).get("hidden_states"))
-                # SGLang returns the last generated token's state: one per turn, shared by its calls.
-                states = (vector,) * steps if vector is not None else ()
-            elif self.config.hidden_states == "embeddings":
-                texts = [action_text(c.name, c.arguments) for c in tool_calls] or [json.dumps({"answer": content})]
-                states, state_call = await self._embed_states(texts)
+        kinds: tuple[Representation, ...] = ()
+        if hidden_states and self.config.hidden_states == "native":
+            raw = (getattr(choice, "model_extra", None) or {}).get("hidden_states")
+            states, kinds = call_states(raw, max(1, len(tool_calls)))
         return Completion(
             content,
             tool_calls,
@@ -232,46 +230,9 @@ class ChatModel:
             reasoning if isinstance(reasoning, str) else None,
             states,
             action_error,
-            state_call,
+            kinds,
             finish if isinstance(finish := getattr(choice, "finish_reason", None), str) else None,
         )
-
-    async def _embed_states(self, texts: list[str]) -> tuple[tuple[list[float], ...], ModelCall]:
-        """The fallback for servers without hidden states: the same model's `/v1/embeddings` of each
-        drafted step's text (last-token pooling is the server's setting, e.g. llama.cpp
-        `--pooling last`). Advisory: a failure gives no vectors and a failed call, never an error."""
-        import openai  # loaded by __post_init__; its exception classes are named below
-
-        started = time.perf_counter()
-        problem: str | None = None
-        vectors: tuple[list[float], ...] = ()
-        response: Any = None
-        try:
-            response = await self._client.embeddings.create(
-                model=self.config.model, input=texts, encoding_format="float"
-            )
-            data = sorted(response.data, key=lambda item: item.index)
-            vectors = tuple([float(x) for x in item.embedding] for item in data)
-            if len(vectors) != len(texts) or not all(vectors):
-                problem, vectors = f"answered {len(vectors)} embeddings for {len(texts)} steps", ()
-        except openai.APIStatusError as exc:
-            problem = f"embeddings: HTTP {exc.status_code}: {shorten(exc.message)}"
-        except (openai.APIError, ValueError, TypeError, AttributeError) as exc:
-            problem = f"embeddings failed: {shorten(str(exc))}"
-        usage = getattr(response, "usage", None)
-        call = ModelCall(
-            self.role,
-            "hidden",
-            self.config.model,
-            _count(getattr(usage, "prompt_tokens", 0)),
-            0,
-            0,
-            time.perf_counter() - started,
-            ok=problem is None,
-            error=problem,
-        )
-        self.calls.append(call)
-        return vectors, call
 
     def _failed(self, purpose: Purpose, started: float, problem: str) -> ModelError:
         call = ModelCall(
@@ -316,6 +277,40 @@ def _tool_calls(raw: Any) -> tuple[ToolCall, ...]:
         call_id = getattr(call, "id", None)
         calls.append(ToolCall(name, arguments or "{}", call_id if isinstance(call_id, str) else ""))
     return tuple(calls)
+
+
+def call_states(values: Any, calls: int) -> tuple[tuple[list[float], ...], tuple[Representation, ...]]:
+    """One state per call of a turn from SGLang's `hidden_states`, and what each one is.
+
+    SGLang's chat API answers the turn's last generated token's state (one vector; its native
+    /generate answers a list per token, the prompt's block first): that is the state at the last
+    call's own last token, and it stands in (`turn`) for the turn's earlier calls, which it cannot
+    tell apart. A server that reports the state at each call's last token answers one vector per
+    call, in call order (`call` each) — a list of exactly `calls` vectors of one size; a turn's
+    per-token list is never that short, since every call takes more than one token.
+    """
+    if (
+        calls > 1
+        and isinstance(values, list)
+        and len(values) == calls
+        and all(_flat(v) for v in values)
+        and len({len(v) for v in values}) == 1
+    ):
+        own: list[Representation] = ["call"] * calls
+        return tuple([float(x) for x in v] for v in values), tuple(own)
+    vector = _last_vector(values)
+    if vector is None:
+        return (), ()
+    kinds: list[Representation] = ["turn"] * (calls - 1)
+    return (vector,) * calls, (*kinds, "call")
+
+
+def _flat(values: Any) -> bool:
+    return (
+        isinstance(values, list)
+        and bool(values)
+        and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in values)
+    )
 
 
 def _last_vector(values: Any) -> list[float] | None:

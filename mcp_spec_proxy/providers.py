@@ -7,10 +7,15 @@ drafting model acts, and where its hidden states come from. A model's **provider
 
     profile   thinking off / on                          actions  hidden states
     openai    nothing (set thinking_off/on yourself)     tools    none
-    vllm      chat_template_kwargs.enable_thinking       tools    /v1/embeddings of the same model
+    vllm      chat_template_kwargs.enable_thinking       tools    none
     sglang    chat_template_kwargs.enable_thinking       tools    return_hidden_states (same request)
-    llamacpp  chat_template_kwargs.enable_thinking       json     /v1/embeddings of the same model
-    ollama    reasoning_effort: none / (model default)   json     /v1/embeddings of the same model
+    llamacpp  chat_template_kwargs.enable_thinking       json     none
+    ollama    reasoning_effort: none / (model default)   json     none
+
+Only SGLang returns a drafting call's own states. Where a server has none, LEASH's `hidden`
+encoder says so at start-up and encodes with its fallback (`leash.embedding`, else hashing) — never
+with another request to the weak model's server, which costs a forward pass and, on llama.cpp,
+evicts the draft's prefix cache (`hidden_states: embeddings`, which did that, is gone).
 
 `provider: auto` (the default) picks `openai` for api.openai.com, `ollama` for port 11434, and
 otherwise `vllm`, the generic self-hosted profile; SGLang and llama.cpp are never guessed (their
@@ -30,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 Provider = Literal["openai", "vllm", "sglang", "llamacpp", "ollama"]
 PROVIDERS: tuple[Provider, ...] = ("openai", "vllm", "sglang", "llamacpp", "ollama")
 Actions = Literal["tools", "json"]
-HiddenStates = Literal["native", "embeddings", "none"]
+HiddenStates = Literal["native", "none"]
 
 _THINKING_KWARGS_OFF: dict[str, Any] = {"chat_template_kwargs": {"enable_thinking": False}}
 _THINKING_KWARGS_ON: dict[str, Any] = {"chat_template_kwargs": {"enable_thinking": True}}
@@ -49,13 +54,13 @@ class Profile:
 PROFILES: dict[Provider, Profile] = {
     # OpenAI rejects unknown request fields, and reasoning_effort errors on non-reasoning models.
     "openai": Profile({}, {}, "tools", "none"),
-    "vllm": Profile(_THINKING_KWARGS_OFF, _THINKING_KWARGS_ON, "tools", "embeddings"),
+    "vllm": Profile(_THINKING_KWARGS_OFF, _THINKING_KWARGS_ON, "tools", "none"),
     "sglang": Profile(_THINKING_KWARGS_OFF, _THINKING_KWARGS_ON, "tools", "native"),
     # llama.cpp reads per-request chat_template_kwargs; its json_schema grammar beats its tool parsers.
-    "llamacpp": Profile(_THINKING_KWARGS_OFF, _THINKING_KWARGS_ON, "json", "embeddings"),
+    "llamacpp": Profile(_THINKING_KWARGS_OFF, _THINKING_KWARGS_ON, "json", "none"),
     # Ollama's /v1 turns thinking off only with reasoning_effort "none"; asking a model that cannot
     # think to think is an error there, so thinking on is left to the model's default.
-    "ollama": Profile({"reasoning_effort": "none"}, {}, "json", "embeddings"),
+    "ollama": Profile({"reasoning_effort": "none"}, {}, "json", "none"),
 }
 
 
@@ -96,12 +101,9 @@ class ModelConfig(BaseModel):
 
     @property
     def hidden_state_source(self) -> str:
-        """Names where this model's hidden states come from, for a bank to record: vectors from
-        SGLang's return_hidden_states and from /v1/embeddings are different spaces."""
+        """Names where this model's hidden states come from, for a bank to record."""
         if self.hidden_states == "native":
             return f"{self.model} (return_hidden_states)"
-        if self.hidden_states == "embeddings":
-            return f"{self.model} (/v1/embeddings)"
         return f"{self.model} (none)"
 
     @model_validator(mode="before")
@@ -116,6 +118,12 @@ class ModelConfig(BaseModel):
         profile = PROFILES.get(provider)
         if profile is None:
             return data  # the field's own validation names the allowed values
+        if data.get("hidden_states") == "embeddings":
+            raise ValueError(
+                "hidden_states: embeddings is no longer offered: it was an extra forward pass on the weak model's"
+                " server (on llama.cpp it evicted the draft's prefix cache) — remove it; LEASH's hidden encoder"
+                " falls back to leash.embedding (a separate endpoint) or hashing where a server has no states"
+            )
         for key in ("thinking_off", "thinking_on", "actions", "hidden_states"):
             if data.get(key) is None:
                 data[key] = copy.deepcopy(getattr(profile, key))

@@ -112,9 +112,12 @@ def open_leash(
     key = _key(environ, embedding.api_key_env if embedding else None, "leash.embedding", source)
     weak = config.models.get("weak")
     hidden = weak.hidden_state_source if weak else ""
+    native = weak is not None and weak.hidden_states == "native"  # else `hidden`'s fallback stands in
     dsn = postgres_dsn(config, environ, source)
     if dsn is None:
-        return Leash.open(config.leash, api_key=key, hidden_model=hidden, telemetry=telemetry, strict=strict)
+        return Leash.open(
+            config.leash, api_key=key, hidden_model=hidden, hidden_native=native, telemetry=telemetry, strict=strict
+        )
     try:
         from mcp_spec_proxy.leash.pgvector import PgBank  # the banks of every replica, in pgvector
     except ImportError as exc:
@@ -123,7 +126,13 @@ def open_leash(
         ) from None
     opener = PgBank.opener(dsn)
     return Leash.open(
-        config.leash, api_key=key, hidden_model=hidden, telemetry=telemetry, strict=strict, open_bank=opener
+        config.leash,
+        api_key=key,
+        hidden_model=hidden,
+        hidden_native=native,
+        telemetry=telemetry,
+        strict=strict,
+        open_bank=opener,
     )
 
 

@@ -17,6 +17,20 @@ Effect = Literal["read", "write"]
 OBSERVATION_LIMIT = 8_000
 """Characters of a result kept in the history; the client always gets the whole result."""
 
+Representation = Literal["call", "turn"]
+"""What a drafted step's hidden state is: `call`, the drafting model's state at this call's own last
+token; `turn`, the state at the turn's last token standing in for an earlier call of that turn
+(SGLang's chat API returns one state per turn), shared with the turn's other calls."""
+
+
+@dataclass(frozen=True)
+class DraftState:
+    """The weak model's final-layer state for a step, returned with the call that drafted it."""
+
+    vector: tuple[float, ...]
+    representation: Representation
+    turn: str  # the drafting turn: its `turn` states are one vector, so they label the turn, not each call
+
 
 @dataclass
 class Step:
@@ -28,6 +42,9 @@ class Step:
     duration_s: float = 0.0
     intent: str | None = None
     ref: str | None = field(default=None, compare=False, repr=False)  # its row in a shared session store
+    # Travels with the step to whoever labels it (the gate, the engine), so a label carries the state
+    # the step was drafted with, whatever other step has the same tool and arguments.
+    state: DraftState | None = field(default=None, compare=False, repr=False)
 
     def as_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"tool": self.tool, "arguments": self.arguments, "effect": self.effect}

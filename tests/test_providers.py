@@ -88,7 +88,7 @@ def test_profile_defaults_follow_the_provider_and_explicit_settings_win() -> Non
         "none",
     )
     llama = ModelConfig(base_url="http://h:8080/v1", model="m", provider="llamacpp")
-    assert (llama.actions, llama.hidden_states) == ("json", "embeddings")
+    assert (llama.actions, llama.hidden_states) == ("json", "none")
     sglang = ModelConfig(base_url="http://h:30000/v1", model="m", provider="sglang")
     assert (sglang.actions, sglang.hidden_states) == ("tools", "native")
     own = ModelConfig(
@@ -258,14 +258,31 @@ async def test_sglang_drafting_asks_for_hidden_states_and_gives_one_vector_per_c
         await chat.aclose()
     assert chat.config.hidden_state_source == "m (return_hidden_states)"
     assert np.allclose(derived.hidden_states[0], embed_text('{"tool": "fs__read", "arguments": {"path": "c"}}', 8))
+    assert derived.state_kinds == ("call",)
     first, second, _ = (r.raw for r in server.chat_requests)
     assert first["return_hidden_states"] is True and "return_hidden_states" not in second
-    assert asked.hidden_states == (state, state) and asked.state_call is None
+    # SGLang's chat API: the turn's last token, the last call's own state, standing in for the first.
+    assert asked.hidden_states == (state, state) and asked.state_kinds == ("turn", "call")
     assert unasked.hidden_states == ()
     assert server.embedding_requests == []  # no extra pass
 
 
-async def test_servers_without_hidden_states_fall_back_to_the_same_models_embeddings() -> None:
+async def test_a_server_that_tells_a_turns_calls_apart_gives_each_call_its_own_state() -> None:
+    calls = [ToolCall("fs__read", {"path": "a"}), ToolCall("fs__write", {"path": "b", "content": "x"})]
+    async with ScriptedModelServer(Scripted([Reply(tool_calls=calls)]), hidden_size=8, per_call_states=True) as server:
+        chat = model(server, provider="sglang")
+        completion = await chat.complete(
+            ASK, purpose="draft", thinking=False, tools=[READ_TOOL, WRITE_TOOL], hidden_states=True
+        )
+        await chat.aclose()
+    first = '{"tool": "fs__read", "arguments": {"path": "a"}}'
+    both = first + '\n{"tool": "fs__write", "arguments": {"path": "b", "content": "x"}}'
+    assert completion.state_kinds == ("call", "call")
+    assert np.allclose(completion.hidden_states[0], embed_text(first, 8))
+    assert np.allclose(completion.hidden_states[1], embed_text(both, 8))
+
+
+async def test_servers_without_hidden_states_make_no_extra_request_for_them() -> None:
     drafted = Reply(
         tool_calls=[ToolCall("fs__read", {"path": "a"}), ToolCall("fs__write", {"path": "b", "content": "x"})]
     )
@@ -278,29 +295,16 @@ async def test_servers_without_hidden_states_fall_back_to_the_same_models_embedd
             )
             await chat.aclose()
         assert "return_hidden_states" not in server.chat_requests[0].raw
-        [embedded] = server.embedding_requests
-        texts = ['{"tool": "fs__read", "arguments": {"path": "a"}}']
-        if provider == "vllm":
-            texts.append('{"tool": "fs__write", "arguments": {"path": "b", "content": "x"}}')
-        assert (embedded.model, embedded.input) == ("m", texts)
-        assert len(completion.hidden_states) == len(texts)
-        assert np.allclose(completion.hidden_states[0], embed_text(texts[0], 16), atol=1e-6)
-        assert completion.state_call is not None and completion.state_call.purpose == "hidden"
-        assert completion.state_call.ok
-        assert chat.config.hidden_state_source == "m (/v1/embeddings)"
+        # No /v1/embeddings on the weak model's server: it was a second forward pass that, on
+        # llama.cpp, evicted the draft's prefix cache. LEASH's fallback encoder stands in instead.
+        assert server.embedding_requests == [] and len(server.requests) == 1
+        assert completion.hidden_states == () and completion.tool_calls
+        assert chat.config.hidden_state_source == "m (none)"
 
 
-async def test_a_failed_embeddings_fallback_leaves_the_draft_intact() -> None:
-    async with ScriptedModelServer(
-        Scripted([Reply(tool_calls=[ToolCall("fs__read", {"path": "a"})])]),
-        embedding_faults=lambda _: Reply(status=500),
-    ) as server:
-        chat = model(server, provider="vllm")
-        completion = await chat.complete(ASK, purpose="draft", thinking=False, tools=[READ_TOOL], hidden_states=True)
-        await chat.aclose()
-    assert completion.tool_calls[0].name == "fs__read" and completion.hidden_states == ()
-    assert completion.state_call is not None and not completion.state_call.ok
-    assert "500" in (completion.state_call.error or "")
+def test_the_removed_embeddings_source_is_refused_with_what_to_do() -> None:
+    with pytest.raises(ValueError, match=r"leash\.embedding"):
+        ModelConfig(base_url="http://h/v1", model="m", provider="llamacpp", hidden_states="embeddings")  # type: ignore[arg-type]  # refused on purpose
 
 
 async def test_openai_has_no_hidden_states_and_asks_for_none() -> None:
@@ -435,7 +439,7 @@ async def test_spec_leash_gives_each_drafted_read_its_sglang_hidden_state(tmp_pa
     assert all(r.raw.get("return_hidden_states") is True for r in requests)
 
 
-async def test_spec_leash_falls_back_to_embeddings_and_counts_the_extra_request(tmp_path: Path) -> None:
+async def test_spec_leash_asks_a_server_without_hidden_states_for_nothing_more(tmp_path: Path) -> None:
     notes = str(tmp_path / "files" / "notes.txt")
     weak: list[Reply | str] = [Reply(tool_calls=[ToolCall("fs__read_text_file", {"path": notes})]), "buy milk"]
     async with world(tmp_path, weak, {"provider": "vllm"}, embedding_dim=8) as w:
@@ -443,10 +447,8 @@ async def test_spec_leash_falls_back_to_embeddings_and_counts_the_extra_request(
         w.engine.watch = watch
         result = await w.engine.run("What is in my notes?", mode="spec+leash")
         embedded = list(w.server.embedding_requests)
-    [(tool, vector)] = watch.seen
-    assert tool == "fs__read_text_file" and len(vector) == 8
-    assert [r.model for r in embedded] == ["weak-model", "weak-model"]  # the read, then the answer turn
-    assert [c.purpose for c in result.calls].count("hidden") == 2
+    assert watch.seen == [("fs__read_text_file", None)]
+    assert embedded == [] and [c.purpose for c in result.calls] == ["draft", "draft"]
 
 
 async def test_a_watch_that_does_not_read_hidden_states_costs_nothing_extra(tmp_path: Path) -> None:

@@ -124,7 +124,8 @@ async def run_all(settings: Settings) -> list[dict[str, Any]]:
         endpoints = settings.endpoints
         if endpoints is not None and endpoints.leash_encoder == "hidden":
             config = LeashConfig(encoder="hidden", dim=endpoints.leash_dim, bank_dir=str(settings.leash_dir))
-            leash = Leash.open(config, hidden_model=endpoints.weak.model)
+            native = endpoints.weak.hidden_states == "native"
+            leash = Leash.open(config, hidden_model=endpoints.weak.model, hidden_native=native)
         else:
             leash = Leash.open(LeashConfig(encoder="hashing", bank_dir=str(settings.leash_dir)))
         settings.leash_start = (len(leash.tasks), len(leash.steps))

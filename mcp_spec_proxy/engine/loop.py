@@ -40,11 +40,11 @@ from mcp_spec_proxy.engine.hooks import AskNow, ClientExecutor, NoUser, Observer
 from mcp_spec_proxy.engine.result import Mode, RunResult, Status
 from mcp_spec_proxy.errors import ToolNotFound
 from mcp_spec_proxy.gate import CALL_FAILED, Author, GateCall, Report, blocked_result, capped, judged, text_result
-from mcp_spec_proxy.models import ChatModel, ModelCall, ModelError
+from mcp_spec_proxy.models import ChatModel, Completion, ModelCall, ModelError
 from mcp_spec_proxy.prompts import FINAL_ANSWER, agent_messages, openai_tool
 from mcp_spec_proxy.review import ReviewFailed, ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review.strong import ProposedAnswer, ProposedStep, Repairer, StrongReviewer, check_step
-from mcp_spec_proxy.trajectory import History, Segment, Step
+from mcp_spec_proxy.trajectory import DraftState, History, Segment, Step
 
 if TYPE_CHECKING:
     from mcp_spec_proxy.engine import Engine
@@ -383,9 +383,9 @@ class _Run:
             if exc.call is not None:
                 self.result.calls.append(exc.call)
             raise _Stop("model_error", str(exc)) from None
-        made = (completion.call, *([completion.state_call] if completion.state_call else []))
-        self.result.calls.extend(made)
-        await self.log_calls(made)
+        self.result.calls.append(completion.call)
+        await self.log_calls((completion.call,))
+        turn = uuid.uuid4().hex[:12]
         if completion.action_error is not None:
             # A JSON action that did not parse: a failed step the model sees, and drafting goes on.
             failed = Step(
@@ -394,6 +394,7 @@ class _Run:
                 "read",
                 observation=f"error: {completion.action_error} — reply with one JSON action",
                 is_error=True,
+                state=_drafted_state(completion, 0, turn),
             )
             self.failures.append(failed)
             return [failed], None, None
@@ -401,7 +402,6 @@ class _Run:
             return [], None, completion.content or ""
         reads: list[Step] = []
         write: Step | None = None
-        states = completion.hidden_states
         taken = 0
         for index, call in enumerate(completion.tool_calls):
             if room is not None and len(reads) >= room:
@@ -410,12 +410,15 @@ class _Run:
             step = self.parse_call(call.name, call.arguments)
             if step.observation is not None:
                 self.failures.append(step)
+            # Every drafted step carries its own state, the write and failed calls too: whoever
+            # judges the segment labels each of them with it.
+            step.state = _drafted_state(completion, index, turn)
             risky = (
                 screen
                 and self.watch is not None
                 and step.effect == "read"
                 and step.observation is None
-                and await self.watch.drafted(step, states[index] if index < len(states) else None)
+                and await self.watch.drafted(step, list(step.state.vector) if step.state else None)
             )
             if step.effect == "read" and not risky:
                 reads.append(step)
@@ -541,3 +544,11 @@ class _Run:
     async def say(self, message: str) -> None:
         if self.progress is not None:
             await self.progress(message)
+
+
+def _drafted_state(completion: Completion, index: int, turn: str) -> DraftState | None:
+    """The `index`-th call's state of a drafting turn, as the server returned it (`models.call_states`)."""
+    if index >= min(len(completion.hidden_states), len(completion.state_kinds)):
+        return None
+    vector = tuple(completion.hidden_states[index])
+    return DraftState(vector, completion.state_kinds[index], turn)

@@ -55,6 +55,7 @@ from mcp_spec_proxy.leash.encoders import EncoderInfo, normalise_rows
 from mcp_spec_proxy.leash.provenance import UNKNOWN, Provenance
 from mcp_spec_proxy.leash.rows import checked_rows
 from mcp_spec_proxy.leash.storage import (
+    KINDS,
     LABELS,
     MANIFEST,
     SOURCES,
@@ -175,8 +176,8 @@ class Bank:
     def __init__(
         self, *, kind: Kind, encoder: EncoderInfo, approximate_after: int | None = None, ef_search: int = EF_SEARCH
     ) -> None:
-        if kind not in ("task", "step"):
-            raise ValueError(f"bank kind must be 'task' or 'step', got {kind!r}")
+        if kind not in KINDS:
+            raise ValueError(f"bank kind must be one of {', '.join(KINDS)}, got {kind!r}")
         if (approximate_after is not None and approximate_after < 0) or ef_search < 1:
             raise ValueError("approximate_after must be >= 0 (or None: automatic) and ef_search >= 1")
         self.directory: Path | None = None

@@ -7,10 +7,9 @@ Three encoders share one Protocol, `Encoder`:
   input gives the same vector in every process, so banks outlive restarts.
 * `EmbeddingEncoder` — any OpenAI-compatible `POST /v1/embeddings`, through `openai.AsyncOpenAI`.
 * `HiddenStateEncoder` — the weak model's own final-layer hidden state of a drafted step, returned
-  with its drafting call (SGLang `return_hidden_states`, no extra pass) or, for servers without
-  it (vLLM, llama.cpp, Ollama), the same model's `/v1/embeddings` of the step's text (one small
-  extra request; `models.ChatModel` makes both). It cannot encode on demand: it converts what
-  arrives, and remembers each drafted step's vector so the step can be labelled later.
+  with its drafting call (SGLang `return_hidden_states`, no extra pass). It cannot encode on
+  demand: it converts what arrives with the step. Where a server has no states, `layers.Leash`
+  uses its fallback encoder instead (never a second request to the weak model's server).
 
 Every encoder returns float32 arrays of shape (n, dim) with L2-normalised rows; a row with no
 features (an empty text) stays the zero vector, which is similar to nothing. `EncoderInfo` is what
@@ -411,7 +410,7 @@ class HiddenStateEncoder:
     def _no_on_demand(self, detail: str = "") -> EncoderError:
         return EncoderError(
             f"the hidden-state encoder (model '{self.model}') cannot encode on demand{detail}: hidden states arrive"
-            " with the weak model's drafting calls (SGLang return_hidden_states, else its /v1/embeddings) — pass"
+            " with the weak model's drafting calls (SGLang return_hidden_states) — pass"
             " them to from_hidden(), or configure leash.encoder: hashing or embedding"
         )
 

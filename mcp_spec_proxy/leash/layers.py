@@ -33,7 +33,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
@@ -67,6 +67,8 @@ class Score:
 
     value: float | None
     neighbours: tuple[Neighbour, ...]
+    # Under `hidden`, what stood for the step (`Representation`, or `fallback`): telemetry and audit say it.
+    representation: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -75,6 +77,7 @@ class Score:
                 {"id": n.id, "similarity": round(float(n.score), 4), "label": n.label, "source": n.source}
                 for n in self.neighbours[:5]
             ],
+            **({"representation": self.representation} if self.representation else {}),
         }
 
 
@@ -176,7 +179,75 @@ def _uncalibrated() -> Calibration | None:
     return None
 
 
+@dataclass(frozen=True)
+class Row:
+    """One labelled vector on its way into a bank."""
+
+    vector: np.ndarray
+    label: Label
+    metadata: dict[str, Any]
+
+
+def drafted_rows(
+    encoder: HiddenStateEncoder, steps: Sequence[Step], labels: Sequence[Label], hidden: Sequence[Any] | None
+) -> tuple[list[Row], int]:
+    """The rows that judged drafted steps give a hidden-state bank, and how many calls gave none.
+
+    A call with a state of its own (`call`) is one row. A turn whose calls share one state (`turn`:
+    SGLang's chat API cannot tell them apart) is one row when every judged call of it got the same
+    label; otherwise only the call whose own state it is (the turn's last) is stored — never one
+    point under two opposite labels.
+    """
+    rows: list[Row] = []
+    turns: dict[str, list[tuple[Step, Label]]] = {}
+    for index, (step, label) in enumerate(zip(steps, labels, strict=True)):
+        if step.state is not None:
+            turns.setdefault(step.state.turn, []).append((step, label))
+            continue
+        given = hidden[index] if hidden else None
+        vector = encoder.from_hidden(given, step=view(step)) if given is not None else encoder.recall(view(step))
+        if vector is not None:
+            rows.append(Row(vector, label, {"tool": step.tool, "representation": "call"}))
+    skipped = 0
+    for members in turns.values():
+        own = [(s, label) for s, label in members if s.state is not None and s.state.representation == "call"]
+        if len(own) == len(members) or len({label for _, label in members}) > 1:
+            skipped += len(members) - len(own)
+            for s, label in own:
+                assert s.state is not None
+                rows.append(Row(encoder.from_hidden(s.state.vector), label, {"tool": s.tool, "representation": "call"}))
+            continue
+        first, label = members[0]
+        assert first.state is not None
+        tools = [s.tool for s, _ in members]
+        rows.append(
+            Row(
+                encoder.from_hidden(first.state.vector),
+                label,
+                {"tool": tools[-1], "tools": tools, "representation": "turn"},
+            )
+        )
+    return rows, skipped
+
+
+def _fallback(config: LeashConfig, api_key: str | None) -> Encoder:
+    """The configured text encoder: `embedding` (`hidden`'s fallback too where there is an endpoint), or hashing."""
+    if config.embedding is not None and config.encoder != "hashing":
+        return EmbeddingEncoder(config.embedding.base_url, config.embedding.model, api_key=api_key)
+    return HashingEncoder(dim=config.dim)
+
+
 class Leash:
+    """The banks and the decisions over them.
+
+    Under `encoder: hidden` there are two representations, each in banks of its own, each the same
+    at labelling and lookup: a weak-drafted step is its drafting call's state (`steps`, no extra
+    pass); a task, and a step no weak call drafted (strong-led, a client's), is the fallback
+    encoder's vector of its text (`text_encoder`: `leash.embedding`, else hashing; `tasks` and
+    `observed`). Every judged step is labelled in both, so the observer learns from every verdict.
+    Where the weak model's server returns no states, the fallback encodes everything (`stand_in`).
+    """
+
     def __init__(
         self,
         config: LeashConfig,
@@ -186,11 +257,18 @@ class Leash:
         *,
         telemetry: Telemetry | None = None,
         strict: bool = False,
+        text_encoder: Encoder | None = None,
+        observed: Bank | None = None,
+        stand_in: bool = False,
     ) -> None:
         self.config = config
         self.encoder = encoder
+        self.text_encoder = text_encoder or encoder
         self.tasks = tasks
         self.steps = steps
+        self.observed = observed
+        # True: the fallback encodes steps where the weak model's own states were configured (`hidden`).
+        self._stand_in = stand_in
         self.telemetry = telemetry or Telemetry(None)
         self._root = Path(config.bank_dir).expanduser()
         self._runs = self._root / "runs.jsonl"
@@ -204,10 +282,11 @@ class Leash:
         return self._guard.strict
 
     async def aclose(self) -> None:
-        """Close the encoder's connection to its endpoint (an embedding or hidden-state server)."""
-        close = getattr(self.encoder, "aclose", None)
-        if close is not None:
-            await close()
+        """Close the encoders' connections to their endpoints (an embedding server)."""
+        for encoder in {id(e): e for e in (self.encoder, self.text_encoder)}.values():
+            close = getattr(encoder, "aclose", None)
+            if close is not None:
+                await close()
 
     @classmethod
     def open(
@@ -216,55 +295,86 @@ class Leash:
         *,
         api_key: str | None = None,
         hidden_model: str = "",
+        hidden_native: bool = True,
         telemetry: Telemetry | None = None,
         strict: bool = False,
         open_bank: Callable[..., Bank] = Bank.open,
     ) -> Leash:
-        """Build the configured encoder and open (or create) both banks; a bank that will not load is an error.
+        """Build the configured encoder and open (or create) the banks; a bank that will not load is an error.
 
         `open_bank` opens each bank: `Bank.open` (files in `bank_dir`), or the Postgres store's.
+        `hidden_model` names the weak model's states (`ModelConfig.hidden_state_source`);
+        `hidden_native` says whether its server returns them. Under `encoder: hidden` without
+        them, one line at start-up says that the fallback encoder stands in (see the class docstring).
 
         `strict`: LEASH's failures propagate instead of becoming "no evidence" (see the module docstring).
         """
-        encoder: Encoder
-        if config.encoder == "hashing":
-            encoder = HashingEncoder(dim=config.dim)
-        elif config.encoder == "embedding":
-            assert config.embedding is not None  # the config validator requires it
-            encoder = EmbeddingEncoder(config.embedding.base_url, config.embedding.model, api_key=api_key)
-        else:
-            encoder = HiddenStateEncoder(hidden_model, config.dim)
         root = Path(config.bank_dir).expanduser()
-        tasks = open_bank(root / "task", kind="task", encoder=encoder.info)
+        fallback = _fallback(config, api_key)
+        if config.encoder != "hidden":
+            tasks = open_bank(root / "task", kind="task", encoder=fallback.info)
+            steps = open_bank(root / "step", kind="step", encoder=fallback.info)
+            return cls(config, fallback, tasks, steps, telemetry=telemetry, strict=strict)
+        tasks = open_bank(root / "task", kind="task", encoder=fallback.info)
+        if not hidden_native:
+            logger.warning(
+                "LEASH encoder hidden: the weak model %s returns no hidden states, so the %s stands in for"
+                " steps and tasks, over the step text the banks hold — not the zero-extra-pass mode%s",
+                hidden_model or "(none configured)",
+                fallback.info.describe(),
+                " (no model pass at all)" if isinstance(fallback, HashingEncoder) else " (its own endpoint)",
+            )
+            steps = open_bank(root / "step", kind="step", encoder=fallback.info)
+            return cls(config, fallback, tasks, steps, telemetry=telemetry, strict=strict, stand_in=True)
+        encoder = HiddenStateEncoder(hidden_model, config.dim)
         steps = open_bank(root / "step", kind="step", encoder=encoder.info)
-        return cls(config, encoder, tasks, steps, telemetry=telemetry, strict=strict)
+        observed = open_bank(root / "observed", kind="observed", encoder=fallback.info)
+        return cls(
+            config,
+            encoder,
+            tasks,
+            steps,
+            telemetry=telemetry,
+            strict=strict,
+            text_encoder=fallback,
+            observed=observed,
+        )
 
     # -- scores --------------------------------------------------------------------------------
 
     @_advisory(_no_score)
     async def task_score(self, task: str) -> Score:
-        if isinstance(self.encoder, HiddenStateEncoder):
-            # A task has no drafting call of its own to read a hidden state from.
-            return Score(None, ())
-        vector = (await self.encoder.encode_texts([task]))[0]
-        return await self._score(self.tasks, vector)
+        if isinstance(self.text_encoder, HiddenStateEncoder):
+            return Score(None, ())  # a Leash built without a fallback: a task has no drafting call of its own
+        vector = (await self.text_encoder.encode_texts([task]))[0]
+        score = await self._score(self.tasks, vector)
+        return replace(score, representation="fallback") if self.config.encoder == "hidden" else score
 
     @_advisory(_no_score)
     async def step_score(self, step: Step, hidden: Any = None) -> Score:
-        vector = await self._vector(step, hidden)
-        if vector is None:
+        found = await self._vector(step, hidden)
+        if found is None:
             return Score(None, ())
-        return await self._score(self.steps, vector)
+        bank, vector, representation = found
+        return replace(await self._score(bank, vector), representation=representation)
 
-    async def _vector(self, step: Step, hidden: Any) -> np.ndarray | None:
+    async def _vector(self, step: Step, hidden: Any) -> tuple[Bank, np.ndarray, str | None] | None:
+        """The bank a step is looked up in, its vector there, and what stood for it."""
         if isinstance(self.encoder, HiddenStateEncoder):
-            # The drafting call's own state, remembered for the step, so its label carries it later.
-            if hidden is not None:
-                return self.encoder.from_hidden(hidden, step=view(step))
-            return self.encoder.recall(view(step))
+            if step.state is not None:  # the drafting call's own state, carried by the step
+                return self.steps, self.encoder.from_hidden(step.state.vector), step.state.representation
+            # A state handed over, or remembered for the same call, from before steps carried them.
+            vector = self.encoder.from_hidden(hidden, step=view(step)) if hidden is not None else None
+            vector = vector if vector is not None else self.encoder.recall(view(step))
+            if vector is not None:
+                return self.steps, vector, "call"
+            if self.observed is None or isinstance(self.text_encoder, HiddenStateEncoder):
+                return None
+            # No weak call drafted it (strong-led, a client's): the fallback's space, in its own bank.
+            rows: np.ndarray = await self.text_encoder.encode_steps([view(step)])
+            return self.observed, rows[0], "fallback"
         vectors: np.ndarray = await self.encoder.encode_steps([view(step)])
-        row: np.ndarray = vectors[0]
-        return row
+        return self.steps, vectors[0], "fallback" if self._stand_in else None
 
     async def _score(self, bank: Bank, vector: np.ndarray) -> Score:
         """Similarity-weighted share of failures among the near neighbours; far ones are no evidence."""
@@ -311,26 +421,54 @@ class Leash:
         hidden: Sequence[Any] | None = None,
         provenance: Provenance | None = None,
     ) -> int:
-        vectors = []
-        kept: list[tuple[Step, Label]] = []
-        for index, (step, label) in enumerate(zip(steps, labels, strict=True)):
-            vector = await self._vector(step, hidden[index] if hidden else None)
-            if vector is not None:
-                vectors.append(vector)
-                kept.append((step, label))
-        if not vectors:
+        if not steps:
             return 0
-        metadata = [{"tool": step.tool, "at": time.time()} for step, _ in kept]
+        banked: list[tuple[Bank, list[Row]]] = []
+        if isinstance(self.encoder, HiddenStateEncoder):
+            rows, skipped = drafted_rows(self.encoder, steps, labels, hidden)
+            banked.append((self.steps, rows))
+            if skipped:
+                # The turn's state is one vector for calls judged differently: it labels none of them.
+                await self.telemetry.record("leash", layer="label", stored=len(rows), skipped_turn_calls=skipped)
+            if self.observed is not None and not isinstance(self.text_encoder, HiddenStateEncoder):
+                vectors = await self.text_encoder.encode_steps([view(step) for step in steps])
+                text_rows = [
+                    Row(vector, label, {"tool": step.tool, "representation": "fallback"})
+                    for vector, step, label in zip(vectors, steps, labels, strict=True)
+                ]
+                banked.append((self.observed, text_rows))
+        else:
+            vectors = await self.encoder.encode_steps([view(step) for step in steps])
+            extra = {"representation": "fallback"} if self._stand_in else {}
+            banked.append(
+                (
+                    self.steps,
+                    [
+                        Row(v, label, {"tool": s.tool, **extra})
+                        for v, s, label in zip(vectors, steps, labels, strict=True)
+                    ],
+                )
+            )
+        now = time.time()
         origin = _stamped(provenance, source)
+        stored = 0
         async with self._lock:
-            room = await self._room(self.steps, origin, len(kept))
-            if room == 0:
-                return 0
-            labels_kept = [label for _, label in kept][:room]
-            stacked = np.stack(vectors[:room])
-            await self.steps.aadd(stacked, labels_kept, source=source, metadata=metadata[:room], provenance=origin)
-            await anyio.to_thread.run_sync(self.steps.save)
-        return len(labels_kept)
+            for bank, rows in banked:
+                rows = rows[: await self._room(bank, origin, len(rows))] if rows else rows
+                if not rows:
+                    continue
+                metadata = [{**row.metadata, "at": now} for row in rows]
+                await bank.aadd(
+                    np.stack([row.vector for row in rows]),
+                    [row.label for row in rows],
+                    source=source,
+                    metadata=metadata,
+                    provenance=origin,
+                )
+                await anyio.to_thread.run_sync(bank.save)
+                if bank is self.steps:
+                    stored = len(rows)
+        return stored
 
     async def _room(self, bank: Bank, origin: Provenance, wanted: int) -> int:
         """How many of `wanted` new labels `origin`'s session may still store in `bank` this hour.
@@ -394,9 +532,9 @@ class Leash:
         meta: dict[str, Any] | None = None,
         provenance: Provenance | None = None,
     ) -> bool:
-        if isinstance(self.encoder, HiddenStateEncoder):
-            return False
-        vector = await self.encoder.encode_texts([task])
+        if isinstance(self.text_encoder, HiddenStateEncoder):
+            return False  # a Leash built without a fallback: a task has no drafting call of its own
+        vector = await self.text_encoder.encode_texts([task])
         label: Label = "success" if success else "failure"
         origin = _stamped(provenance, source)
         async with self._lock:

@@ -53,7 +53,8 @@ from mcp_spec_proxy.leash.provenance import Provenance
 
 # The row vocabulary is the file format's: `bank.py` re-exports it.
 Label = Literal["success", "failure"]
-Kind = Literal["task", "step"]
+Kind = Literal["task", "step", "observed"]  # observed: steps no weak call drafted, under `hidden` (layers.py)
+KINDS: tuple[Kind, ...] = ("task", "step", "observed")
 Source = Literal["verdict", "outcome", "import"]
 LABELS: tuple[Label, ...] = ("success", "failure")
 SOURCES: tuple[Source, ...] = ("verdict", "outcome", "import")

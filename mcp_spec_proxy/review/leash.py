@@ -85,6 +85,9 @@ class LeashReviewer:
         info = leash.encoder.info
         if info.name == "hashing":
             return self._setup("the hashing encoder never forwards a write on its own; use an embedding encoder")
+        if info.name == "hidden" and score.representation == "fallback":
+            # Not the calibrated representation: a call no weak model drafted is scored in the fallback's bank.
+            return "under encoder: hidden this call has no drafting state: a fallback score never passes it alone"
         tool = request.tool
         if tool is None:
             return "the held step is not a tool call"

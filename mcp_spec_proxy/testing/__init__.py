@@ -19,7 +19,9 @@ sharing words are similar; `embedding_dim` (64) unless the request asks for `dim
 With `hidden_size`, a chat request that says `"return_hidden_states": true` gets SGLang's answer
 shape: `choices[0].hidden_states`, the last generated token's vector — the reply's scripted
 `hidden_states`, else `embed_text` of its tool calls' JSON actions (or its content); without
-`hidden_size` the field is ignored, as servers without hidden states do.
+`hidden_size` the field is ignored, as servers without hidden states do. With `per_call_states`
+it answers the state at each call's last token instead (one vector per call, `embed_text` of the
+actions up to that call), as a server that can tell a turn's calls apart would.
 
 Promises:
 

@@ -49,8 +49,10 @@ class Completion:
         calls: list[dict[str, Any]],
         usage: dict[str, Any],
         hidden_size: int | None = None,
+        per_call_states: bool = False,
     ):
         self.hidden_size = hidden_size
+        self.per_call_states = per_call_states
         self.id = id_
         self.request = request
         self.reply = reply
@@ -73,8 +75,9 @@ class Completion:
             choice["hidden_states"] = self.hidden_state(self.hidden_size)
         return {**self._envelope("chat.completion"), "choices": [choice], "usage": self.usage}
 
-    def hidden_state(self, size: int) -> list[float]:
-        """SGLang's non-streamed `hidden_states`: the last generated token's vector."""
+    def hidden_state(self, size: int) -> list[float] | list[list[float]]:
+        """SGLang's non-streamed `hidden_states`: the last generated token's vector — or, with
+        `per_call_states`, the state at each call's last token, one vector per call in call order."""
         if self.reply.hidden_states is not None:
             return self.reply.hidden_states
         actions = [
@@ -84,6 +87,9 @@ class Completion:
             )
             for c in self.calls
         ]
+        if self.per_call_states and len(actions) > 1:
+            # Each call's state has read the calls before it, as a causal model's would.
+            return [embed_text("\n".join(actions[: i + 1]), size) for i in range(len(actions))]
         return embed_text("\n".join(actions) or self.reply.content or "", size)
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> str:

@@ -46,7 +46,8 @@ class Reply:
     error_body: dict[str, Any] | None = None
     raw_body: str | None = None
     finish_reason: str | None = None
-    hidden_states: list[float] | None = None  # sent when the request asks and the server has hidden_size
+    # Sent when the request asks and the server has hidden_size: one vector, or one per call.
+    hidden_states: list[float] | list[list[float]] | None = None
 
 
 class Policy(Protocol):

@@ -62,6 +62,7 @@ class ScriptedModelServer:
         embedding_faults: EmbeddingFaults | None = None,
         tokenizer: Callable[[str], int] | None = None,
         hidden_size: int | None = None,
+        per_call_states: bool = False,
     ):
         if cache_block < 1:
             raise ValueError(f"cache_block must be at least 1 token, got {cache_block}")
@@ -70,6 +71,7 @@ class ScriptedModelServer:
         if hidden_size is not None and hidden_size < 1:
             raise ValueError(f"hidden_size must be at least 1, got {hidden_size}")
         self.hidden_size = hidden_size
+        self.per_call_states = per_call_states
         self.embedding_dim = embedding_dim
         self.embedding_faults = embedding_faults
         self.embedding_requests: list[EmbeddingRequest] = []
@@ -256,6 +258,7 @@ class ScriptedModelServer:
             calls,
             completion_usage(prompt_count, cached, reply, calls, self.tokenizer),
             self.hidden_size,
+            self.per_call_states,
         )
         if chat.stream:
             return StreamingResponse(completion.chunks(), status_code=reply.status, media_type="text/event-stream")
