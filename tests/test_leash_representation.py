@@ -116,9 +116,9 @@ def cli(*arguments: str) -> Result:
     return CliRunner().invoke(main, list(arguments), catch_exceptions=False)
 
 
-def config_file(tmp_path: Path, leash: dict[str, Any]) -> Path:
+def config_file(tmp_path: Path, leash: dict[str, Any], **rest: Any) -> Path:
     path = tmp_path / "servers.yaml"
-    path.write_text(json.dumps({"servers": {}, "leash": leash}))
+    path.write_text(json.dumps({"servers": {}, "leash": leash, **rest}))
     return path
 
 
@@ -183,8 +183,10 @@ def stats_of(output: str) -> dict[str, dict[str, Any]]:
     return {line.split(": ", 1)[0]: json.loads(line.split(": ", 1)[1]) for line in output.splitlines()}
 
 
-async def import_then_stats(tmp_path: Path, leash: dict[str, Any]) -> tuple[Result, dict[str, dict[str, Any]]]:
-    config = config_file(tmp_path, leash)
+async def import_then_stats(
+    tmp_path: Path, leash: dict[str, Any], **rest: Any
+) -> tuple[Result, dict[str, dict[str, Any]]]:
+    config = config_file(tmp_path, leash, **rest)
     lines = [{"kind": "task", "text": "cancel order 17", "label": "failure"}, *training()]
     examples = write_jsonl(tmp_path / "train.jsonl", lines)
     imported = await anyio.to_thread.run_sync(cli, "bank", "import", str(examples), "-c", str(config))
@@ -212,8 +214,13 @@ async def test_bank_import_and_stats_agree_under_embeddings(tmp_path: Path) -> N
 
 
 async def test_bank_import_under_hidden_refuses_in_one_line_and_stores_nothing(tmp_path: Path) -> None:
+    """With a weak model whose server returns its states, the step bank holds only those. (Without
+    one, the fallback stands in at the runtime too, and an import over it is what the runtime uses.)"""
+    weak = {
+        "weak": {"base_url": "http://127.0.0.1:9/v1", "model": "w", "provider": "sglang", "hidden_states": "native"}
+    }
     with anyio.fail_after(WAIT_S * 2):
-        imported, stats = await import_then_stats(tmp_path, leash_config(tmp_path, "hidden"))
+        imported, stats = await import_then_stats(tmp_path, leash_config(tmp_path, "hidden"), models=weak)
         held_file = write_jsonl(tmp_path / "held-out.jsonl", held_out() * 2)
         config = str(tmp_path / "servers.yaml")
         calibrated = await anyio.to_thread.run_sync(
