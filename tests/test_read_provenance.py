@@ -27,6 +27,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.fronts.fast_read import FastRead
 from mcp_spec_proxy.fronts.mcp import McpFront
+from mcp_spec_proxy.gate import CALL_META
 from mcp_spec_proxy.provenance import NOTICE_META
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
 from tests.harness import ERAS, spawned, toy
@@ -94,7 +95,11 @@ async def answer(config: dict[str, Any], state: Path, mode: str, path: str, tool
             result = await client.call_tool(tool, arguments)
         except MCPError as exc:
             return ("error", exc.error.code, exc.error.message)
-        return result.model_dump(by_alias=True, mode="json", exclude_none=True)
+        dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+    # Every result names its own call (two calls, two ids): checked, then set aside to compare paths.
+    call = dumped.get("_meta", {}).pop(CALL_META, None)
+    assert isinstance(call, str) and len(call) == 32, dumped
+    return dumped
 
 
 def stamp_of(mode: str) -> Any:
