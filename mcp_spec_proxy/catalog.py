@@ -281,10 +281,11 @@ class Catalog:
             for t in listing
         }
 
-    async def refresh_fingerprints(self) -> None:
+    async def refresh_fingerprints(self, *, settle: bool = False) -> None:
         """Re-read acceptance decisions (after `tools accept`) and reclassify: a shared store waits
-        a short bound for the database, then keeps its last copy (a tool not known accepted stays held)."""
-        await self._fingerprints.refresh()
+        a short bound for the database (`settle`: its timeout, at start-up), then keeps its last
+        copy (a tool not known accepted stays held)."""
+        await self._fingerprints.refresh(settle=settle)
         self._rebuild()
 
     # -- queries -----------------------------------------------------------------------------

@@ -82,10 +82,10 @@ class FingerprintStore:
         for listener in self._listeners:
             listener()
 
-    async def refresh(self) -> None:
+    async def refresh(self, *, settle: bool = False) -> None:
         """`reload`, as a request may ask for it (a tool under suspicion): never keeping the loop
         waiting on anything slower than a small file. A shared store waits a short bound, then
-        serves its last copy."""
+        serves its last copy; with `settle` (start-up, which may wait), up to its own timeout."""
         self.reload()
 
     def reload(self) -> None:

@@ -6,14 +6,16 @@ machine reaches them all at the tool's next call.
 
 `SharedFingerprints` is a replica's store, and nothing it does waits on the database on the event
 loop. It loads the database's copy once, awaited, when the store opens — before any listing is
-classified, so a fresh replica knows which servers were listed and holds a tool new since. From
-then on the catalog's questions are answered from memory; a listing or an acceptance changes the
-copy at once under the same rules and is merged in the background (`run`), and the database's rows,
-with whatever of this replica's writes it has not taken yet applied on top, then replace the copy.
-Only the database turns a tool accepted that this replica's rules hold: a merge that finds a server
-already listed elsewhere makes its late tools held, never the reverse. A refresh asked for on the
-request path (a tool under suspicion) waits at most `REFRESH_WAIT_S` for the database's copy and
-otherwise serves the last one; while the database is away (refusing or silent), the copy serves
+classified, so a fresh replica knows at once what was accepted and which servers were listed. From
+then on the catalog's questions are answered from memory. A listing changes the copy at once: a
+changed definition is held, and so is a tool the database has not recorded (only the database can
+tell a server's first listing from one after another replica's, so only a merge accepts it); an
+acceptance applies at once. Both are merged in the background (`run`, the database's first-listing
+rule, `INSERT … ON CONFLICT`), and the database's rows, with whatever of this replica's writes it has
+not taken yet applied on top, then replace the copy and the catalog classifies again. Nothing but
+the database's rows turns a held tool accepted. A refresh asked for on the request path (a tool
+under suspicion, or not yet merged) waits at most `REFRESH_WAIT_S` for the database's copy and
+otherwise serves the last one; while the database is away (refusing or silent) the copy serves
 alone (one warning), and the writes are merged once it is back.
 
 `PgFingerprints` is the same store spoken to synchronously, for short commands (`tools accept`).
@@ -109,11 +111,24 @@ class SharedFingerprints(FingerprintStore):
         self._settled = self._asked
 
     def observe(self, prints: dict[str, str], *, server: str | None = None) -> None:
-        super().observe(prints, server=server)
+        at = time.time()
+        self._note(prints, at)
         last = self._pending[-1] if self._pending else None
         if not (isinstance(last, Listed) and (last.prints, last.server) == (prints, server)):
-            self._pending.append(Listed(dict(prints), server, time.time()))  # a listing repeated is merged once
+            self._pending.append(Listed(dict(prints), server, at))  # a listing repeated is merged once
         self._wake.set()
+
+    def _note(self, prints: dict[str, str], at: float) -> None:
+        """A listing, on this copy: a tool the database has not recorded is new (held) here until a
+        merge says otherwise — only the database can tell a server's first listing from a listing
+        after another replica's — and a changed definition is noted."""
+        for key, sha in prints.items():
+            entry = self._entries.get(key)
+            if entry is None:
+                self._entries[key] = {"accepted": None, "latest": sha, "first_seen": at}
+            elif entry.get("latest") != sha:
+                entry["latest"] = sha
+                entry["changed_at"] = at
 
     def accept(self, key: str) -> bool:
         if not super().accept(key):
@@ -127,12 +142,12 @@ class SharedFingerprints(FingerprintStore):
         self._asked += 1
         self._wake.set()
 
-    async def refresh(self) -> None:
+    async def refresh(self, *, settle: bool = False) -> None:
         self.reload()
         if self._failing:
             return  # the database failed moments ago: do not keep a request waiting on it
         asked = self._asked
-        with anyio.move_on_after(REFRESH_WAIT_S):
+        with anyio.move_on_after(self._timeout if settle else REFRESH_WAIT_S):
             while self._settled < asked:
                 await self._progress.wait()
 
@@ -184,7 +199,7 @@ class SharedFingerprints(FingerprintStore):
 
     def _apply(self, write: Listed | Accepted) -> None:
         if isinstance(write, Listed):
-            FingerprintStore.observe(self, write.prints, server=write.server)
+            self._note(write.prints, write.at)
         else:
             FingerprintStore.accept(self, write.key)
 
