@@ -189,12 +189,13 @@ class SharedFingerprints(FingerprintStore):
             self._answered(asked)
             self._failed(exc)
             return False
-        self._entries = entries
+        before, self._entries = self._entries, entries
         for write in self._pending:  # listed or accepted during the read: not lost from the copy
             self._apply(write)
         self._answered(asked)
         self._recovered()
-        self._changed_by_itself()
+        if self._entries != before:
+            self._changed_by_itself()
         return True
 
     def _apply(self, write: Listed | Accepted) -> None:
