@@ -116,7 +116,7 @@ class Barrier:
     ) -> types.CallToolResult:
         """`call` names the call on the audit trail (the front's id); `key` is the client's
         idempotency key, which the gate lets only one write of the session be forwarded with."""
-        prepared = self._prepare(name, arguments)  # ToolNotFound is a protocol error, raised to the front
+        prepared = await self._prepare(name, arguments)  # ToolNotFound is a protocol error, raised to the front
         if isinstance(prepared, types.CallToolResult):
             return prepared
         tool, forwarded, intent = prepared
@@ -134,20 +134,21 @@ class Barrier:
             if waited:
                 # The catalog may have changed while the earlier write was decided (a rug pull
                 # makes the tool held): this call meets the tool as it is now, held like a write.
-                prepared = self._prepare(name, arguments)
+                prepared = await self._prepare(name, arguments)
                 if isinstance(prepared, types.CallToolResult):
                     return prepared
                 tool, forwarded, intent = prepared
             return await self._hold(session, tool, forwarded, intent, user, report, call, key)
 
-    def _prepare(
+    async def _prepare(
         self, name: str, arguments: dict[str, Any]
     ) -> tuple[CatalogTool, dict[str, Any], str | None] | types.CallToolResult:
         """The tool, the arguments its backend gets and the stated intent; or why the call is refused."""
         tool = self._catalog.lookup(name)
         if tool.reason in HELD_REASONS:
-            # `tools accept` may have run since: a small file, read only for tools under suspicion.
-            self._catalog.refresh_fingerprints()
+            # `tools accept` may have run since: reread only for tools under suspicion (a small file,
+            # or the database with a short bound: the last copy serves when it is slow).
+            await self._catalog.refresh_fingerprints()
             tool = self._catalog.lookup(name)
         try:
             self._catalog.validate(tool, arguments)

@@ -222,6 +222,9 @@ class Catalog:
         self._templates: dict[str, list[types.ResourceTemplate]] = {}
         self._shared_resources: dict[str, set[str]] = {}  # a URI two servers list: served by neither
         self._template_patterns: dict[tuple[str, str], re.Pattern[str]] = {}
+        # A shared store's copy changes off the request path (a merge may find a tool held that this
+        # replica's rules accepted): its tools are classified again at once.
+        fingerprints.subscribe(self._rebuild)
 
     # -- updates -----------------------------------------------------------------------------
 
@@ -278,9 +281,11 @@ class Catalog:
             for t in listing
         }
 
-    def refresh_fingerprints(self) -> None:
-        """Re-read acceptance decisions (after `tools accept`) and reclassify."""
-        self._fingerprints.reload()
+    async def refresh_fingerprints(self, *, settle: bool = False) -> None:
+        """Re-read acceptance decisions (after `tools accept`) and reclassify: a shared store waits
+        a short bound for the database (`settle`: its timeout, at start-up), then keeps its last
+        copy (a tool not known accepted stays held)."""
+        await self._fingerprints.refresh(settle=settle)
         self._rebuild()
 
     # -- queries -----------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -70,6 +70,22 @@ class FingerprintStore:
         self.path = path
         self._entries: dict[str, dict[str, Any]] = {}
         self._read_as: tuple[int, int, int] | None = None  # (inode, size, mtime) of the file last read or written
+        self._listeners: list[Callable[[], None]] = []
+        self.reload()
+
+    def subscribe(self, listener: Callable[[], None]) -> None:
+        """Call `listener` whenever the copy changes by the store's own doing (a shared store's
+        merge or refresh, off the request path): the catalog then classifies its tools again."""
+        self._listeners.append(listener)
+
+    def _changed_by_itself(self) -> None:
+        for listener in self._listeners:
+            listener()
+
+    async def refresh(self, *, settle: bool = False) -> None:
+        """`reload`, as a request may ask for it (a tool under suspicion): never keeping the loop
+        waiting on anything slower than a small file. A shared store waits a short bound, then
+        serves its last copy; with `settle` (start-up, which may wait), up to its own timeout."""
         self.reload()
 
     def reload(self) -> None:

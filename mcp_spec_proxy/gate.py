@@ -410,11 +410,11 @@ class Gate:
             )
             await self._leash.label_verdict(call.request.segment.steps, verdict.accepted_steps, provenance=provenance)
 
-    def _still_held(self, tool: CatalogTool) -> bool:
+    async def _still_held(self, tool: CatalogTool) -> bool:
         """`tools accept` may have run since (in another process): the store is reread first."""
         if self._catalog is None:
             return True
-        self._catalog.refresh_fingerprints()
+        await self._catalog.refresh_fingerprints()
         try:
             return is_held(self._catalog.lookup(tool.name))
         except ToolNotFound:
@@ -425,7 +425,7 @@ class Gate:
     ) -> tuple[Reviewer, dict[str, Any] | None]:
         """The reviewer this call meets, and LEASH's evidence when its shadow observer escalated."""
         tool = call.tool
-        if is_held(tool) and self._still_held(tool):
+        if is_held(tool) and await self._still_held(tool):
             # Whoever wrote the call (the client, a replacement, a repair, the engine): a tool whose
             # definition changed, or that is new, runs for no one until the operator accepts it.
             return _HeldTool(tool), None

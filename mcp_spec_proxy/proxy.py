@@ -265,6 +265,9 @@ async def _running(
     async with anyio.create_task_group() as tg:
         await tg.start(store.run)
         await tg.start(backends.run)
+        # Start-up may wait: a shared store's first listings are merged (its database judges a first
+        # listing; until then their tools are held), bounded by the store's timeout.
+        await catalog.refresh_fingerprints(settle=True)
         logger.info("serving %d tools from %s", len(catalog.tools()), ", ".join(catalog.servers()) or "no backend")
         yield proxy
         tg.cancel_scope.cancel()

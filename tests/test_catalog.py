@@ -179,7 +179,8 @@ def test_backend_gone_removes_its_tools() -> None:
     assert catalog.servers() == ["b"]
 
 
-def test_a_listing_costs_its_own_tools_and_a_changed_status_reclassifies(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.anyio
+async def test_a_listing_costs_its_own_tools_and_a_changed_status_reclassifies(monkeypatch: pytest.MonkeyPatch) -> None:
     """Start-up lists backends one after another: each listing must not redo every other's tools."""
     import mcp_spec_proxy.catalog as catalog_module
 
@@ -206,7 +207,7 @@ def test_a_listing_costs_its_own_tools_and_a_changed_status_reclassifies(monkeyp
     assert (catalog.lookup("a__t0").effect, catalog.lookup("a__t0").reason) == ("write", "changed-definition")
     # Accepting it changes its status with the same objects: the entry is built again.
     store.accept("a/t0")
-    catalog.refresh_fingerprints()
+    await catalog.refresh_fingerprints()
     assert catalog.lookup("a__t0").effect == "read"
 
 
@@ -317,14 +318,15 @@ def test_changed_definition_is_a_write_even_with_a_read_only_override(tmp_path: 
     assert entry.reason == "changed-definition"
 
 
-def test_accepting_a_changed_definition_makes_it_a_read_again(tmp_path: Path) -> None:
+@pytest.mark.anyio
+async def test_accepting_a_changed_definition_makes_it_a_read_again(tmp_path: Path) -> None:
     path = tmp_path / "fingerprints.json"
     catalog = catalog_of([tool("search", read_only=True, description="v1")], store=FingerprintStore(path))
     catalog.set_tools("fs", [tool("search", read_only=True, description="v2")])
     assert only(catalog).effect == "write"
 
     assert FingerprintStore(path).accept("fs/search") is True  # what `tools accept` does
-    catalog.refresh_fingerprints()
+    await catalog.refresh_fingerprints()
 
     assert only(catalog).effect == "read"
 

@@ -247,14 +247,15 @@ def test_a_restart_does_not_launder_a_new_tool(tmp_path: Path) -> None:
     assert after.lookup("fs__search").effect == "read"
 
 
-def test_an_accepted_new_tool_classifies_normally(tmp_path: Path) -> None:
+@pytest.mark.anyio
+async def test_an_accepted_new_tool_classifies_normally(tmp_path: Path) -> None:
     path = tmp_path / "fp.json"
     catalog = Catalog(config("fs"), FingerprintStore(path))
     catalog.set_tools("fs", [tool("search", readOnlyHint=True)])
     catalog.set_tools("fs", [tool("search", readOnlyHint=True), tool("peek", readOnlyHint=True)])
 
     assert FingerprintStore(path).accept("fs/peek") is True  # what `tools accept` does
-    catalog.refresh_fingerprints()
+    await catalog.refresh_fingerprints()
 
     assert (catalog.lookup("fs__peek").effect, catalog.lookup("fs__peek").reason) == ("read", "annotation")
 

@@ -267,7 +267,7 @@ async def test_the_index_never_offers_a_held_tool_and_follows_the_catalog(tmp_pa
     catalog.set_tools("a", [first, later])
     assert [hit.tool.name for hit in await index.search("pay the invoice", 5)] == ["a__send_invoice"]
     store.accept("a/pay_invoice")
-    catalog.refresh_fingerprints()
+    await catalog.refresh_fingerprints()
     assert next(hit.tool.name for hit in await index.search("pay the invoice", 5)) == "a__pay_invoice"
     catalog.set_tools("a", None)
     assert await index.search("pay the invoice", 5) == []

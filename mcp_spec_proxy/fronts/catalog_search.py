@@ -123,7 +123,7 @@ class CatalogSearch:
                 tool = self.proxy.catalog.lookup(name)
             except ToolNotFound:
                 return error_result(f"{CALL}: there is no tool {name!r}; {SEARCH} finds the tools there are")
-            refused = self._held(tool)
+            refused = await self._held(tool)
             if refused is not None:
                 return refused
             # The request this meta-call stands for: everything else (its approval answers) unchanged.
@@ -132,19 +132,19 @@ class CatalogSearch:
             tool = self.proxy.catalog.lookup(params.name)
         except ToolNotFound:
             return params  # the barrier answers an unknown name as it always does
-        return self._held(tool) or params
+        return await self._held(tool) or params
 
-    def _reread_accepts(self) -> None:
+    async def _reread_accepts(self) -> None:
         """A tool accepted since (`tools accept` in another process) becomes findable without a restart."""
         now = time.monotonic()
         if now - self._accepts_read >= ACCEPT_RECHECK_S and any(is_held(t) for t in self.proxy.catalog.tools()):
             self._accepts_read = now
-            self.proxy.catalog.refresh_fingerprints()
+            await self.proxy.catalog.refresh_fingerprints()
 
-    def _held(self, tool: CatalogTool) -> types.CallToolResult | None:
+    async def _held(self, tool: CatalogTool) -> types.CallToolResult | None:
         """The refusal of a held tool, or None. `tools accept` may have run since: reread then."""
         if is_held(tool):
-            self.proxy.catalog.refresh_fingerprints()
+            await self.proxy.catalog.refresh_fingerprints()
             tool = self.proxy.catalog.lookup(tool.name)
         if not is_held(tool):
             return None
@@ -159,7 +159,7 @@ class CatalogSearch:
             return error_result(f"{SEARCH} needs `query`: what you want to do, in words")
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= self.most:
             return error_result(f"{SEARCH}: `limit` must be a whole number from 1 to {self.most}")
-        self._reread_accepts()
+        await self._reread_accepts()
         hits = await self.index.search(query[:MAX_QUERY_CHARS], limit)
         return types.CallToolResult(content=[types.TextContent(type="text", text=results_text(hits))])
 

@@ -10,8 +10,9 @@ One seam, two stores (`store:` in servers.yaml):
 
 `open_store(config, state, environ)` is an async context manager yielding a `Store`; `run` is
 its background work (both write the audit lines of settled calls that could not be written at
-once; the Postgres store also batches read rows and sweeps the held calls of replicas that
-died), started in the proxy's task group.
+once; the Postgres store also batches read rows, sweeps the held calls of replicas that
+died, and merges and refreshes the fingerprints off the request path), started in the proxy's
+task group.
 """
 
 from __future__ import annotations

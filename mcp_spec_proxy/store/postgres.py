@@ -39,7 +39,7 @@ from mcp_spec_proxy.errors import StateError
 from mcp_spec_proxy.fingerprints import FingerprintStore
 from mcp_spec_proxy.store.migrations import LATEST, LOCK_NAMESPACE, migrate
 from mcp_spec_proxy.store.pg_audit import DB_ERRORS, PgAudit, problem, read_rows
-from mcp_spec_proxy.store.pg_fingerprints import PgFingerprints
+from mcp_spec_proxy.store.pg_fingerprints import PgFingerprints, SharedFingerprints
 from mcp_spec_proxy.store.pg_sessions import PgApprovals, PgSessions
 from mcp_spec_proxy.store.sessions import ApprovalStore, SessionStore
 
@@ -119,7 +119,7 @@ class PgStore:
         self.audit: AuditSink = self.rows
         self.sessions: SessionStore = PgSessions(pool, settings.timeout)
         self.approvals: ApprovalStore = PgApprovals(pool, settings.timeout)
-        self.prints = PgFingerprints(dsn, settings.timeout)
+        self.prints = SharedFingerprints(pool, settings.timeout)
         self.fingerprints: FingerprintStore = self.prints
 
     @classmethod
@@ -142,12 +142,17 @@ class PgStore:
             raise StateError(f"cannot reach the Postgres store: {problem(exc)}") from None
         store = cls(pool, dsn, settings, replica, lock, registered)
         try:
+            try:
+                await store.prints.load()  # before any listing is classified: a fresh replica holds late tools
+            except DB_ERRORS as exc:
+                raise StateError(f"cannot read the fingerprints from Postgres: {problem(exc)}") from None
             await store.sweep()
             yield store
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(settings.timeout):
                 await store.rows.flush_notes()
-            store.prints.close()
+            with anyio.CancelScope(shield=True):
+                await store.prints.flush()
             with anyio.CancelScope(shield=True):
                 with anyio.move_on_after(settings.timeout):
                     await store._sign_off()
@@ -155,10 +160,12 @@ class PgStore:
                 await pool.close(timeout=settings.timeout)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Write batched read rows as they come; beat, re-register and sweep every `heartbeat` seconds."""
+        """Write batched read rows as they come; beat, re-register and sweep every `heartbeat` seconds;
+        merge and refresh the fingerprints off the request path."""
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._write_notes)
             tg.start_soon(self._keep_alive)
+            tg.start_soon(self.prints.run)
             task_status.started()
 
     async def _write_notes(self) -> None:
