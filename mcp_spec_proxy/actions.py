@@ -57,14 +57,23 @@ def action_format(tools: list[dict[str, Any]], *, answers: bool = True) -> dict[
 
 
 def action_messages(
-    messages: list[dict[str, Any]], tools: list[dict[str, Any]], *, answers: bool = True
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]], *, answers: bool = True, defined: bool = False
 ) -> list[dict[str, Any]]:
     """The conversation for JSON actions: the tools described in the system prompt (first, so the
     prefix cache keeps serving it), earlier tool calls as the JSON the model writes, and tool
-    results as user turns (chat templates without a tool role render them too)."""
+    results as user turns (chat templates without a tool role render them too).
+
+    `defined`: the messages define the tools already (the repair turn's prompt is the verifier's,
+    whose fenced tool definitions hold every tool offered) and are another request's prefix. The
+    guide then only names the tools, at the end of the last user message: the system message and
+    every message before keep the bytes the other request sent, which a prefix cache serves, and
+    no backend-written description reaches the prompt outside the messages' own fences."""
     answer = ', or {"answer": "<text>"} gives your final answer and ends the task' if answers else ""
     lines = [ACTION_INSTRUCTIONS.replace("{answer}", answer)]
-    for tool in tools:
+    if defined:  # names are the catalog's (letters, digits, `_.-`); the grammar holds the arguments
+        offered = ", ".join(str((tool.get("function") or {}).get("name", "")) for tool in tools)
+        lines[0] += f" {offered} (their definitions are above)."
+    for tool in [] if defined else tools:
         function = tool.get("function") or {}
         lines.append(f"- {function.get('name', '')}: {function.get('description') or ''}".rstrip())
         schema = json.dumps(function.get("parameters") or {}, ensure_ascii=False, sort_keys=True)
@@ -88,7 +97,12 @@ def action_messages(
             out.append({"role": "user", "content": f"Result of {name}:\n{text}"})
         else:
             out.append(dict(message))
-    if out and out[0].get("role") == "system" and isinstance(out[0].get("content"), str):
+    if defined:
+        if out and out[-1].get("role") == "user" and isinstance(out[-1].get("content"), str):
+            out[-1]["content"] = f"{out[-1]['content']}\n\n{guide}"
+        else:
+            out.append({"role": "user", "content": guide})
+    elif out and out[0].get("role") == "system" and isinstance(out[0].get("content"), str):
         out[0]["content"] = f"{out[0]['content']}\n\n{guide}"
     else:
         out.insert(0, {"role": "system", "content": guide})

@@ -129,19 +129,22 @@ class ChatModel:
         response_format: dict[str, Any] | None = None,
         hidden_states: bool = False,
         max_tokens: int | None = None,
+        tools_defined: bool = False,
     ) -> Completion:
         """One chat completion. With `tools` and `actions: json`, the tools become a JSON-schema
         `response_format` and the answer is parsed back into `tool_calls` (see the module
         docstring). `hidden_states` asks for one vector per drafted step (LEASH's `hidden` encoder) in
         the same request, where the server returns them (`hidden_states: native`); it never makes
-        another request (`call_states` says what each vector is)."""
+        another request (`call_states` says what each vector is). `tools_defined`: the messages
+        define the tools and are another request's prefix (the repair turn's): a JSON-action guide
+        then comes after them (`action_messages(defined=True)`)."""
         import openai  # loaded by __post_init__; its exception classes are named below
 
         extra = _merge(self.config.extra_body, self.config.thinking_on if thinking else self.config.thinking_off)
         json_actions = bool(tools) and self.config.actions == "json"
         if json_actions:
             assert tools is not None
-            messages = action_messages(messages, tools, answers=tool_choice != "required")
+            messages = action_messages(messages, tools, answers=tool_choice != "required", defined=tools_defined)
             response_format = action_format(tools, answers=tool_choice != "required")
         kwargs: dict[str, Any] = {"model": self.config.model, "messages": messages}
         # OpenAI-style reasoning knobs are top-level request fields, not extra body.

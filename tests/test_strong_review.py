@@ -134,7 +134,9 @@ async def test_invalid_replacement_triggers_exactly_one_repair(tmp_path: Path) -
     assert len(repairs) == 1
     assert repairs[0].chat_template_kwargs == {"enable_thinking": True}  # thinking on for repair
     assert repairs[0].raw["tool_choice"] == "required"
-    assert "wrong file" in repairs[0].last_user_text
+    # The verifier's verdict, with its reason, is the assistant turn before the repair instruction.
+    assert json.loads(repairs[0].messages[-2]["content"])["reason"] == "wrong file"
+    assert repairs[0].last_user_text.startswith("# Repair\nRejected step: step 1 (fs__write_file)")
     assert not result.is_error, text_of(result)
     assert "repaired it as fs__write_file" in text_of(result)
     assert (s.root / "c.txt").read_text() == "repaired"

@@ -233,11 +233,10 @@ async def test_no_prompt_holds_two_messages_of_one_role_in_a_row(tmp_path: Path)
         roles = [m["role"] for m in request.messages]
         assert roles[0] == "system" and roles[-1] == "user"
         assert all(a != b for a, b in itertools.pairwise(roles)), roles
-    # The repair shares the verifier's prefix: the same system text and leading messages.
+    # The repair's prompt is the verifier's, every message, then the verdict and the instruction.
     review, repair = requests[1], requests[3]
-    assert repair.messages[0] == review.messages[0]
-    shared = [m for m, n in zip(review.messages, repair.messages, strict=False) if m == n]
-    assert len(shared) == len(review.messages) - 1  # all but the segment block, which the repair replaces
+    assert repair.messages[: len(review.messages)] == review.messages
+    assert [m["role"] for m in repair.messages[len(review.messages) :]] == ["assistant", "user"]
     assert repair.last_user_text.startswith("# Repair\nRejected step: step 2 (toy__record)")
 
 

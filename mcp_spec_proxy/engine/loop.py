@@ -23,6 +23,7 @@ never raises for those: the status says how it ended.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -226,6 +227,9 @@ class _Run:
             self.history.committed.extend([*drafted, held])
             return False
         await self.say(f"verifying a segment of {len(segment)} steps")
+        # `hold` writes a refusal into the held step; the repair turn's prompt is the verifier's
+        # (byte for byte, so the prefix cache serves it): it gets the segment as the verifier saw it.
+        reviewed = dataclasses.replace(request, segment=Segment((*drafted, dataclasses.replace(held))))
         if tool is None:
             verdict = await self.verify_answer(request)
             ran = False
@@ -249,7 +253,7 @@ class _Run:
                 "model_error", f"the verification failed, so nothing more of this segment runs: {verdict.reason}"
             )
         await self.say(f"rejected at step {accepted + 1}: {verdict.reason}")
-        return await self.substitute(request, verdict)
+        return await self.substitute(reviewed, verdict)
 
     def tally(self, steps: tuple[Step, ...], accepted_steps: int) -> None:
         """A judgement's steps to acceptance: its accepted prefix accepted, the rest not. A failed

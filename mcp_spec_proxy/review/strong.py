@@ -20,8 +20,9 @@ bounded retry (with more room when it was cut off); one still unreadable rejects
 closed unless `on_error` says otherwise). It is never an acceptance.
 
 `Repairer` is the repair turn: the strong model, thinking on, proposes the one step to take
-instead, as a tool call. Its prompt starts as the verifier's (same system text, same leading
-messages) and ends with the rejection and the repair instruction in the last user message.
+instead, as a tool call. Its prompt is the verifier's, every message as it was sent, then the
+verdict as an assistant turn and the repair instruction in a last user message: what differs
+comes after the verification's bytes, so the prefix cache that served it serves the repair.
 Whatever a backend or the agent under review wrote — tool definitions, tool output, the agent's
 stated intent — is fenced as data in every prompt (`fence`), outside the system message: it can
 inform a verdict, never instruct the reviewer.
@@ -69,10 +70,8 @@ class StrongReviewer:
 
     def messages(self, request: ReviewRequest) -> list[dict[str, Any]]:
         committed = request.history.committed
-        # A client's write that came without the optional `intent`: the reviewer is told so.
-        asked = request.tool is not None and request.tool.wants_intent and not request.task
         return verify_messages(
-            self._catalog, self._policy, committed, request.segment, request.task, intent_asked=asked
+            self._catalog, self._policy, committed, request.segment, request.task, intent_asked=intent_asked(request)
         )
 
     async def review(self, request: ReviewRequest, user: UserChannel) -> Verdict:
@@ -139,6 +138,12 @@ class StrongReviewer:
         return {"max_tokens": 2 * configured if isinstance(configured, int) else self.RETRY_MAX_TOKENS}
 
 
+def intent_asked(request: ReviewRequest) -> bool:
+    """A client's write that came without the optional `intent`: the reviewer is told so (and the
+    repair turn's prompt, the verifier's, says the same)."""
+    return request.tool is not None and request.tool.wants_intent and not request.task
+
+
 @dataclass(frozen=True)
 class ProposedStep:
     tool: CatalogTool
@@ -183,11 +188,11 @@ def check_step(
 class Repairer:
     """One strong-model turn, thinking on, that produces the step to take instead.
 
-    Its prompt begins as the verifier's did — the same system text, the committed history and
-    the segment's steps up to the rejected one, the same bytes — so a prefix cache serves it;
-    the repair instruction is the final user message. (Native `tools=` are still sent for the
-    call itself; chat templates render them into the system preamble, which costs that sharing
-    on servers whose templates do so.)
+    Its prompt is the verifier's messages, the same bytes (`repair_messages`), so a prefix cache
+    serves it; the verdict and the repair instruction come after them. With JSON actions the
+    guide is added at the end (`tools_defined`), never to the system message. (Native `tools=`
+    are the server's to place: chat templates that render them into the system preamble cost
+    that sharing — a server-side limit, not the prompt's.)
     """
 
     def __init__(self, model: ChatModel, catalog: ToolSource, policy: str = "") -> None:
@@ -199,7 +204,14 @@ class Repairer:
         rejected = min(max(verdict.accepted_steps, 0), len(request.segment) - 1)
         committed = request.history.committed
         return repair_messages(
-            self._catalog, self._policy, committed, request.segment, rejected, verdict.reason, request.task
+            self._catalog,
+            self._policy,
+            committed,
+            request.segment,
+            rejected,
+            verdict.reason,
+            request.task,
+            intent_asked=intent_asked(request),
         )
 
     async def repair(
@@ -214,7 +226,7 @@ class Repairer:
             tools.append(FINAL_ANSWER_TOOL)
         try:
             completion = await self.model.complete(
-                messages, purpose="repair", thinking=True, tools=tools, tool_choice="required"
+                messages, purpose="repair", thinking=True, tools=tools, tool_choice="required", tools_defined=True
             )
         except ModelError as exc:
             return f"the repair turn failed: {exc}", exc.call
