@@ -57,7 +57,7 @@ def _cost_line(settings: Settings) -> str:
         whose = measured if real else "wall s (measured) is the scripted stack's, not a model's"
         return f"cost model: none (--cost-model none): nothing modelled; {whose}"
     line = (
-        f"cost model: {settings.cost.source} (MODELLED, not measured; weak {settings.cost.weak.name}, strong "
+        f"cost model: {settings.cost.source} (MODELLED, not measured; {settings.cost.weak.name}; "
         f"{settings.cost.strong.name}); modelled wall = modelled model time + measured non-model time (tools, "
         "proxy, engine)"
     )
@@ -108,6 +108,15 @@ def verdict_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
     return [f"spec / strong-only: pass rate {r['pass_rate_points']:+.1f} points, " + ", ".join(parts), f"({CLAIM})"]
 
 
+def _endpoints(settings: Settings) -> dict[str, dict[str, str]] | None:
+    endpoints = settings.endpoints
+    if endpoints is None:
+        return None
+    user = endpoints.user or endpoints.strong
+    roles = {"weak": endpoints.weak, "strong": endpoints.strong, "user": user}
+    return {role: {"model": config.model, "base_url": config.base_url} for role, config in roles.items()}
+
+
 def write_outputs(
     settings: Settings, records: list[dict[str, Any]], command: str, elapsed: float, tokenizer: str
 ) -> str:
@@ -146,6 +155,7 @@ def write_outputs(
         "split": settings.split,
         "cost_model": settings.cost.source if settings.cost is not None else None,
         "real_endpoints": settings.endpoints is not None,
+        "endpoints": _endpoints(settings),
         "columns": [list(column) for column in means],
     }
     payload = {"meta": meta, "params": settings.params.model_dump(mode="json"), "modes": summary}
