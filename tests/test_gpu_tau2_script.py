@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -101,7 +102,7 @@ async def test_the_gpu_script_runs_every_mode_over_the_test_split_and_writes_the
         assert {r["task"]: r["reward"] for r in records} == {"25": 1.0, "0": 0.0}
         summary = json.loads((out / mode / "summary.json").read_text())
         assert summary["meta"]["split"] == "test" and summary["meta"]["cost_model"].endswith("cost_one_gpu.toml")
-        assert "wall s (measured)" in (out / mode / "summary.md").read_text()
+        assert "| wall s (measured) |" in (out / mode / "summary.md").read_text()  # the column
 
     table = (out / "table.md").read_text()
     rows = table_rows(table)
@@ -150,3 +151,77 @@ async def test_the_gpu_script_gives_up_on_an_endpoint_that_never_answers(data: P
             code, output = await run_script("--data", str(checkout), "--out", str(tmp_path / "o"), env=env)
     assert code == 1 and "the weak model did not answer at http://127.0.0.1:9/v1/models within 1s" in output
     assert not (tmp_path / "o" / "weak-only").exists()
+
+
+def fake_sglang(tmp_path: Path, **values: str) -> dict[str, str]:
+    """SGLANG_PYTHON as a stub: `-c "import sglang"` succeeds, `-m sglang.launch_server` runs fake_sglang.py."""
+    stub = tmp_path / "sglang-python"
+    fake = REPO_ROOT / "tests" / "fake_sglang.py"
+    stub.write_text(f'#!/bin/sh\n[ "$1" = "-c" ] && exit 0\nexec "{sys.executable}" "{fake}" "$@"\n')
+    stub.chmod(0o755)
+    record = tmp_path / "started"
+    record.mkdir()
+    ports = {"WEAK_PORT": str(free_port()), "STRONG_PORT": str(free_port())}
+    return {"SGLANG_PYTHON": str(stub), "FAKE_SGLANG_RECORD": str(record), **ports, **values}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def started(env: dict[str, str], role: str) -> dict[str, Any] | None:
+    path = Path(env["FAKE_SGLANG_RECORD"]) / f"{env[role.upper() + '_PORT']}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def flag(flags: list[str], name: str) -> str:
+    return flags[flags.index(name) + 1]
+
+
+@pytest.mark.anyio
+async def test_the_gpu_script_starts_the_weak_server_with_hidden_states_then_the_strong_one_and_stops_both(
+    data: Path, tmp_path: Path
+) -> None:
+    checkout = make_checkout(data, tmp_path / "tau2-bench", TEST_IDS)
+    env = script_env(
+        **fake_sglang(tmp_path), MODES="strong-only spec", LIMIT="1", MAX_TURNS="1", SGLANG_ARGS="--log-level warning"
+    )
+    with anyio.fail_after(120):
+        code, output = await run_script("--data", str(checkout), "--out", str(tmp_path / "out"), env=env)
+    assert code == 0, output
+    weak, strong = started(env, "weak"), started(env, "strong")
+    assert weak is not None and strong is not None
+    servers = (weak, strong)
+    assert weak["started"] < strong["started"]  # the strong server's share is of what the weak one left
+    assert flag(weak["flags"], "--model-path") == WEAK and flag(strong["flags"], "--model-path") == STRONG
+    assert "--enable-return-hidden-states" in weak["flags"] and "--enable-return-hidden-states" not in strong["flags"]
+    memory = [(flag(s["flags"], "--mem-fraction-static"), flag(s["flags"], "--max-total-tokens")) for s in servers]
+    assert memory == [("0.25", "131072"), ("0.95", "163840")]  # the split of docs/BENCHMARKS.md
+    assert all(flag(s["flags"], "--log-level") == "warning" for s in servers)
+    # Each in its own process group, and both gone when the script is.
+    assert weak["pgid"] == weak["pid"] and strong["pgid"] == strong["pid"]
+    assert not alive(weak["pid"]) and not alive(strong["pid"])
+    assert list(table_rows((tmp_path / "out" / "table.md").read_text())) == ["strong-only", "spec"]
+
+
+@pytest.mark.anyio
+async def test_the_gpu_script_stops_at_a_server_that_dies_and_shows_its_log(data: Path, tmp_path: Path) -> None:
+    checkout = make_checkout(data, tmp_path / "tau2-bench", TEST_IDS)
+    fakes = fake_sglang(tmp_path)
+    env = script_env(**fakes, FAKE_SGLANG_DIE=fakes["WEAK_PORT"])
+    with anyio.fail_after(60):
+        code, output = await run_script("--data", str(checkout), "--out", str(tmp_path / "out"), env=env)
+    assert code == 1
+    assert "the weak server exited before it answered" in output and "CUDA out of memory" in output
+    assert started(env, "strong") is None and not (tmp_path / "out" / "weak-only").exists()

@@ -103,7 +103,7 @@ def test_the_command_runs_the_test_split_of_a_checkout(checkout: Path, tmp_path:
     arguments += ["--params", str(tmp_path / "quick.toml"), "--cost-model", str(ONE_GPU), "--out", str(out)]
     result = CliRunner().invoke(bench_tau2_retail, arguments, catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    held_out = str(select_tasks(checkout, "test", None, None)[0][0]["id"])
+    held_out = json.loads((checkout / "split_tasks.json").read_text())["test"][0]  # the file, not the code under test
     assert [json.loads(line)["task"] for line in (out / "results.jsonl").read_text().splitlines()] == [held_out]
     text = (out / "summary.md").read_text()
     assert f"tasks: 1 (the test split; ids {held_out})" in text
