@@ -105,7 +105,10 @@ trap stop_servers EXIT
 wait_ready() {
   local name="$1" url="$2" pid="${3:-}" deadline=$((SECONDS + WAIT_S))
   echo "gpu-tau2: waiting for the $name model at $url" >&2
-  until curl -sf -m 10 -o /dev/null "$url"; do
+  local auth=()
+  # A keyed endpoint (given as WEAK_URL/STRONG_URL) answers /models only with the key the runner sends.
+  [[ -n "${OPENAI_API_KEY:-}" ]] && auth=(-H "Authorization: Bearer $OPENAI_API_KEY")
+  until curl -sf -m 10 -o /dev/null "${auth[@]}" "$url"; do
     if [[ -n "$pid" ]] && ! kill -0 "$pid" 2>/dev/null; then
       tail -n 30 "$OUT/sglang-$name.log" >&2 || true
       fail "the $name server exited before it answered (log: $OUT/sglang-$name.log)"
