@@ -12,6 +12,15 @@ from bench.tau2_retail.db import tools_spec
 from bench.tau2_retail.params import lines
 from bench.tau2_retail.settings import LEASH_MODE, Settings
 
+DEFAULT_COST = "bench/cost_model.toml"  # the source `bench.cost_model.load()` names for its defaults
+# The ratios the verdict line quotes, in its order, where the run has them.
+VERDICT_RATIOS = (
+    ("strong_decode_tokens", "strong decode"),
+    ("strong_prefill_tokens", "strong prefill"),
+    ("wall_s", "measured wall"),
+    ("modelled_wall_s", "modelled wall"),
+    ("hbm_gb", "modelled HBM"),
+)
 CLAIM = "paper: spec within ~1 point of strong-only success, strong decode <= 0.5x, modelled wall <= 0.55x"
 
 
@@ -22,14 +31,13 @@ def header(settings: Settings, command: str, elapsed: float, tokenizer: str) -> 
         f"date: {datetime.date.today().isoformat()}; machine: {machine_line()}; {elapsed:.0f} s",
         f"models: {source}; tokens: {tokenizer}",
         f"data: {settings.data} (tools' spec: {tools_spec(settings.data)})",
-        f"tasks: {len(settings.tasks)} (ids {', '.join(str(t['id']) for t in settings.tasks[:12])}"
+        f"tasks: {len(settings.tasks)} ({_split(settings)}; ids {', '.join(str(t['id']) for t in settings.tasks[:12])}"
         + (" ..." if len(settings.tasks) > 12 else "")
         + f"); modes {', '.join(settings.modes)}; trials {settings.trials}; seed {settings.seed}",
         _task_line(settings)
         + f"; reward = tau2's DB check (NL assertions have no judge here: {_unjudged(settings)} tasks leave "
         "NL_ASSERTION out of the reward)",
-        f"cost model: {settings.cost.source} (MODELLED, not measured); modelled wall = modelled model time "
-        "+ measured non-model time (tools, proxy, engine)",
+        _cost_line(settings),
     ]
     if LEASH_MODE in settings.modes:
         tasks, steps = settings.leash_start
@@ -40,6 +48,27 @@ def header(settings: Settings, command: str, elapsed: float, tokenizer: str) -> 
             "start; labelled from verdicts as tasks ran and from each run's scored outcome)"
         )
     return out
+
+
+def _cost_line(settings: Settings) -> str:
+    real = settings.endpoints is not None
+    measured = "wall s (measured) = the agent's own turns, timed on this run (the user simulator's left out)"
+    if settings.cost is None:
+        whose = measured if real else "wall s (measured) is the scripted stack's, not a model's"
+        return f"cost model: none (--cost-model none): nothing modelled; {whose}"
+    line = (
+        f"cost model: {settings.cost.source} (MODELLED, not measured; {settings.cost.weak.name}; "
+        f"{settings.cost.strong.name}); modelled wall = modelled model time + measured non-model time (tools, "
+        "proxy, engine)"
+    )
+    if real:
+        line += f"; applied to the endpoints' own token counts; {measured}"
+        if settings.cost.source == DEFAULT_COST:
+            line += (
+                "; the DEFAULT cost model is the SpecAgent paper's hypothetical H20 deployment, not the one that "
+                "ran: pass --cost-model FILE for your own (or none)"
+            )
+    return line
 
 
 def _task_line(settings: Settings) -> str:
@@ -59,6 +88,12 @@ def _task_line(settings: Settings) -> str:
     )
 
 
+def _split(settings: Settings) -> str:
+    if settings.split == "--tasks":
+        return "named by --tasks"
+    return f"the {settings.split} split" if settings.split != "all" else "every split"
+
+
 def _unjudged(settings: Settings) -> int:
     return sum(bool(task["evaluation_criteria"].get("nl_assertions")) for task in settings.tasks)
 
@@ -68,12 +103,18 @@ def verdict_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
     if spec is None or base is None:
         return []
     r = spec["vs_strong_only"]
-    return [
-        f"spec / strong-only: pass rate {r['pass_rate_points']:+.1f} points, strong decode "
-        f"{report._ratio(r['strong_decode_tokens'])}, strong prefill {report._ratio(r['strong_prefill_tokens'])}, "
-        f"modelled wall {report._ratio(r['modelled_wall_s'])}, modelled HBM {report._ratio(r['hbm_gb'])}",
-        f"({CLAIM})",
-    ]
+    named = {key: title for key, title in VERDICT_RATIOS}
+    parts = [f"{named[key]} {report._ratio(value)}" for key, value in r.items() if key in named]
+    return [f"spec / strong-only: pass rate {r['pass_rate_points']:+.1f} points, " + ", ".join(parts), f"({CLAIM})"]
+
+
+def _endpoints(settings: Settings) -> dict[str, dict[str, str]] | None:
+    endpoints = settings.endpoints
+    if endpoints is None:
+        return None
+    user = endpoints.user or endpoints.strong
+    roles = {"weak": endpoints.weak, "strong": endpoints.strong, "user": user}
+    return {role: {"model": config.model, "base_url": config.base_url} for role, config in roles.items()}
 
 
 def write_outputs(
@@ -83,8 +124,10 @@ def write_outputs(
     with (settings.out / "results.jsonl").open("w", encoding="utf-8") as handle:
         for line in ordered:
             handle.write(json.dumps(line, ensure_ascii=False) + "\n")
-    summary = report.summarize(ordered, settings.modes, settings.trials)
-    plots = report.plot(summary, settings.out)
+    means = settings.columns
+    summary = report.summarize(ordered, settings.modes, settings.trials, means)
+    agents = "real models" if settings.endpoints is not None else "scripted agents"
+    plots = report.plot(summary, settings.out, means=means, agents=agents)
     text = "\n".join(
         [
             *header(settings, command, elapsed, tokenizer),
@@ -94,7 +137,7 @@ def write_outputs(
             "",
             "per task run (means over all runs of a mode):",
             "",
-            report.tables(summary, settings.trials),
+            report.tables(summary, settings.trials, means),
             "",
             report.details(summary),
             "",
@@ -104,7 +147,17 @@ def write_outputs(
         ]
     )
     (settings.out / "summary.md").write_text(text + "\n", encoding="utf-8")
-    meta = {"command": command, "elapsed_s": round(elapsed, 1), "tokenizer": tokenizer, "machine": machine_line()}
+    meta = {
+        "command": command,
+        "elapsed_s": round(elapsed, 1),
+        "tokenizer": tokenizer,
+        "machine": machine_line(),
+        "split": settings.split,
+        "cost_model": settings.cost.source if settings.cost is not None else None,
+        "real_endpoints": settings.endpoints is not None,
+        "endpoints": _endpoints(settings),
+        "columns": [list(column) for column in means],
+    }
     payload = {"meta": meta, "params": settings.params.model_dump(mode="json"), "modes": summary}
     (settings.out / "summary.json").write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
     return text

@@ -34,8 +34,9 @@ def record(
     weak = [c for c in calls if c.role == "weak"]
     by_call: defaultdict[str, float] = defaultdict(float)
     model_s, hbm = 0.0, 0.0
-    for call in calls:
-        cost = settings.cost.cost(call)
+    model = settings.cost
+    costs = [(call, model.cost(call)) for call in calls] if model is not None else []
+    for call, cost in costs:
         by_call[f"{call.role} {call.purpose} prefill"] += cost.prefill_s
         by_call[f"{call.role} {call.purpose} decode"] += cost.decode_s
         model_s += cost.seconds
@@ -44,6 +45,11 @@ def record(
     latency = sum(c.latency_s for c in calls)
     other = max(wall - latency, 0.0)
     summary = result.summary() if result is not None else {}
+    modelled = {
+        "modelled_model_s": round(model_s, 4),
+        "hbm_gb": round(hbm / 1e9, 3),
+        "modelled_s_by_call": {key: round(value, 4) for key, value in sorted(by_call.items())},
+    }
     return {
         "mode": mode,
         "trial": trial,
@@ -74,13 +80,12 @@ def record(
         "weak_prefill_tokens": sum(c.prompt_tokens - c.cached_tokens for c in weak),
         "weak_cached_tokens": sum(c.cached_tokens for c in weak),
         "weak_decode_tokens": sum(c.completion_tokens for c in weak),
-        "modelled_model_s": round(model_s, 4),
-        "hbm_gb": round(hbm / 1e9, 3),
-        "modelled_s_by_call": {key: round(value, 4) for key, value in sorted(by_call.items())},
+        # Without a cost model (`--cost-model none`) nothing is modelled: the keys are absent, not zero.
+        **(modelled if model is not None else {"modelled_s_by_call": {}}),
         "wall_s": round(wall, 4),
         "model_latency_s": round(latency, 4),
         "other_s": round(other, 4),
-        "modelled_wall_s": round(model_s + other, 4),
+        **({"modelled_wall_s": round(model_s + other, 4)} if model is not None else {}),
         "strong_led": ROUTED in said,
         "leash_flags": sum(message.startswith(FLAGGED) for message in said),
         "trajectory": [step.tool.removeprefix("retail__") for step in (result.steps if result is not None else [])],

@@ -18,8 +18,8 @@ from typing import Any
 from mcp_spec_proxy.engine.result import acceptance
 
 BASELINE = "strong-only"
-# Per-run quantities averaged per mode, with their column titles.
-MEANS: tuple[tuple[str, str], ...] = (
+Column = tuple[str, str]  # a per-run quantity averaged per mode, and its column title
+TOKENS: tuple[Column, ...] = (
     ("strong_calls", "strong calls"),
     ("strong_decode_tokens", "strong decode"),
     ("strong_prefill_tokens", "strong prefill (uncached)"),
@@ -27,12 +27,23 @@ MEANS: tuple[tuple[str, str], ...] = (
     ("weak_calls", "weak calls"),
     ("weak_decode_tokens", "weak decode"),
     ("weak_prefill_tokens", "weak prefill (uncached)"),
-    ("modelled_wall_s", "modelled wall s"),
-    ("hbm_gb", "modelled HBM GB"),
 )
-# Those with a ratio to strong-only (it makes no weak call, so the weak columns have none).
-RATIOS = tuple((key, title) for key, title in MEANS if not key.startswith("weak_"))
+MEASURED_WALL: Column = ("wall_s", "wall s (measured)")
+MODELLED: tuple[Column, ...] = (("modelled_wall_s", "modelled wall s"), ("hbm_gb", "modelled HBM GB"))
+# The scripted run's columns: its only honest time is the modelled one (its measured wall is the
+# scripted server's, not a model's).
+MEANS: tuple[Column, ...] = (*TOKENS, *MODELLED)
 SUCCESS = 1.0
+
+
+def columns(*, measured: bool, modelled: bool) -> tuple[Column, ...]:
+    """The columns of a run: real endpoints add the measured wall; a run without a cost model has no modelled ones."""
+    return (*TOKENS, *((MEASURED_WALL,) if measured else ()), *(MODELLED if modelled else ()))
+
+
+def ratio_columns(means: Sequence[Column]) -> tuple[Column, ...]:
+    """Those with a ratio to strong-only (it makes no weak call, so the weak columns have none)."""
+    return tuple((key, title) for key, title in means if not key.startswith("weak_"))
 
 
 def pass_hat_k(outcomes: Mapping[str, Sequence[bool]], k: int) -> float:
@@ -41,8 +52,10 @@ def pass_hat_k(outcomes: Mapping[str, Sequence[bool]], k: int) -> float:
     return sum(terms) / len(terms) if terms else float("nan")
 
 
-def summarize(records: Sequence[Mapping[str, Any]], modes: Sequence[str], trials: int) -> dict[str, dict[str, Any]]:
-    """Per mode: runs, pass rate, pass^k (k = 1..trials), per-run means, totals, counts, ratios to strong-only."""
+def summarize(
+    records: Sequence[Mapping[str, Any]], modes: Sequence[str], trials: int, means: Sequence[Column] = MEANS
+) -> dict[str, dict[str, Any]]:
+    """Per mode: runs, pass rate, pass^k (k = 1..trials), per-run `means`, totals, counts, ratios to strong-only."""
     out: dict[str, dict[str, Any]] = {}
     for mode in modes:
         mine = [r for r in records if r["mode"] == mode]
@@ -53,8 +66,8 @@ def summarize(records: Sequence[Mapping[str, Any]], modes: Sequence[str], trials
             outcomes[str(r["task"])].append(float(r["reward"]) >= SUCCESS)
         n = len(mine)
         rate = sum(float(r["reward"]) >= SUCCESS for r in mine) / n
-        means = {key: sum(float(r[key]) for r in mine) / n for key, _ in MEANS}
-        totals = {key: sum(float(r[key]) for r in mine) for key, _ in MEANS}
+        averages = {key: sum(float(r[key]) for r in mine) / n for key, _ in means}
+        totals = {key: sum(float(r[key]) for r in mine) for key, _ in means}
         seconds: defaultdict[str, float] = defaultdict(float)
         events: Counter[str] = Counter()
         purposes: Counter[str] = Counter()
@@ -70,7 +83,7 @@ def summarize(records: Sequence[Mapping[str, Any]], modes: Sequence[str], trials
             "pass_rate": rate,
             "pass_rate_se": math.sqrt(rate * (1 - rate) / n),
             "pass_hat_k": {k: pass_hat_k(outcomes, k) for k in range(1, trials + 1)},
-            "means": means,
+            "means": averages,
             "totals": totals,
             "status": dict(Counter(str(r["status"]) for r in mine)),
             "strong_calls_by_purpose": dict(purposes),
@@ -88,13 +101,13 @@ def summarize(records: Sequence[Mapping[str, Any]], modes: Sequence[str], trials
         }
     base = out.get(BASELINE)
     for summary in out.values():
-        summary["vs_strong_only"] = ratios(summary, base) if base is not None else None
+        summary["vs_strong_only"] = ratios(summary, base, ratio_columns(means)) if base is not None else None
     return out
 
 
-def ratios(summary: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, float | None]:
+def ratios(summary: Mapping[str, Any], base: Mapping[str, Any], of: Sequence[Column]) -> dict[str, float | None]:
     result: dict[str, float | None] = {"pass_rate_points": 100 * (summary["pass_rate"] - base["pass_rate"])}
-    for key, _ in RATIOS:
+    for key, _ in of:
         denominator = base["means"][key]
         result[key] = summary["means"][key] / denominator if denominator else None
     return result
@@ -108,10 +121,10 @@ def _number(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.2f}"
 
 
-def tables(summary: Mapping[str, Mapping[str, Any]], trials: int) -> str:
+def tables(summary: Mapping[str, Mapping[str, Any]], trials: int, means: Sequence[Column] = MEANS) -> str:
     """The two markdown tables: per-run means by mode, then each as a ratio to strong-only."""
     ks = list(range(1, trials + 1))
-    head = ["mode", "runs", "pass rate", *(f"pass^{k}" for k in ks), *(title for _, title in MEANS)]
+    head = ["mode", "runs", "pass rate", *(f"pass^{k}" for k in ks), *(title for _, title in means)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for mode, s in summary.items():
         cells = [
@@ -119,16 +132,16 @@ def tables(summary: Mapping[str, Mapping[str, Any]], trials: int) -> str:
             str(s["runs"]),
             f"{100 * s['pass_rate']:.1f} % ± {100 * s['pass_rate_se']:.1f}",
             *(f"{s['pass_hat_k'][k]:.3f}" for k in ks),
-            *(_number(s["means"][key]) for key, _ in MEANS),
+            *(_number(s["means"][key]) for key, _ in means),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     if not any(s["vs_strong_only"] for s in summary.values()):
         return "\n".join(lines)
-    head = ["mode", "pass rate vs strong-only", *(title for _, title in RATIOS)]
+    head = ["mode", "pass rate vs strong-only", *(title for _, title in ratio_columns(means))]
     lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for mode, s in summary.items():
         r = s["vs_strong_only"]
-        cells = [mode, f"{r['pass_rate_points']:+.1f} points", *(_ratio(r[key]) for key, _ in RATIOS)]
+        cells = [mode, f"{r['pass_rate_points']:+.1f} points", *(_ratio(r[key]) for key, _ in ratio_columns(means))]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -158,17 +171,30 @@ def details(summary: Mapping[str, Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def plot(summary: Mapping[str, Mapping[str, Any]], out: Path, prefix: str = "tau2") -> list[Path]:
-    """Two PNGs: pass rate against mean strong decode tokens, and against mean modelled wall time."""
+def plot(
+    summary: Mapping[str, Mapping[str, Any]],
+    out: Path,
+    prefix: str = "tau2",
+    means: Sequence[Column] = MEANS,
+    agents: str = "scripted agents",
+) -> list[Path]:
+    """Two PNGs: pass rate against mean strong decode tokens, and against mean wall time (measured where
+    the run has it, else modelled)."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
     written = []
+    keys = {key for key, _ in means}
+    wall = (
+        ("wall_s", "measured wall time per task run, s (mean)")
+        if MEASURED_WALL[0] in keys
+        else ("modelled_wall_s", "modelled wall time per task run, s (mean)")
+    )
     panels = (
         ("strong_decode_tokens", "strong-model decode tokens per task run (mean)", "success-vs-strong-tokens"),
-        ("modelled_wall_s", "modelled wall time per task run, s (mean)", "success-vs-wall"),
+        (*wall, "success-vs-wall"),
     )
     for key, label, name in panels:
         figure, axes = plt.subplots(figsize=(6, 4.2), dpi=120)
@@ -178,7 +204,7 @@ def plot(summary: Mapping[str, Mapping[str, Any]], out: Path, prefix: str = "tau
             axes.annotate(mode, (x, y), textcoords="offset points", xytext=(6, 6), fontsize=9)
         axes.set_xlabel(label)
         axes.set_ylabel("pass rate, % (± 1 s.e.)")
-        axes.set_title("tau2-bench retail, scripted agents: success against " + label.split(" per ")[0])
+        axes.set_title(f"tau2-bench retail, {agents}: success against " + label.split(" per ")[0])
         axes.title.set_fontsize(10)
         widest = max((s["means"][key] for s in summary.values()), default=0.0)
         axes.set_xlim(left=-0.04 * widest if widest > 0 else -1)  # a mode at 0 (weak-only) stays visible

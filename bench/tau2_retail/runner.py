@@ -1,4 +1,4 @@
-"""`python -m bench.tau2_retail.runner`: the SpecAgent protocol on tau2-bench retail's train tasks.
+"""`python -m bench.tau2_retail.runner`: the SpecAgent protocol on tau2-bench retail's tasks (`--split`).
 
 Every task run goes through the real stack: the engine (`Engine.run`) of a real proxy whose
 backend `retail` is a fresh retail MCP server process (`proxy_config`), the product's `openai`
@@ -24,10 +24,15 @@ Tokens: the scripted server counts with the real Qwen3.5 tokenizer (`qwen-tokeni
 installed (else the server's regex approximation, and the report says so), over its compact
 JSON rendering of the request with one level of string escaping undone, which is close to the
 text a chat template feeds the model. Wall time and HBM traffic are MODELLED from the tokens
-(`bench/cost_model.toml`) plus the measured non-model time of each run (tools, proxy, engine).
+(`--cost-model FILE`, default `bench/cost_model.toml`: the SpecAgent paper's hypothetical H20
+deployment) plus the measured non-model time of each run (tools, proxy, engine). With real
+endpoints the report adds the measured wall time of the agent's turns, and `--cost-model none`
+leaves out everything modelled.
 
-Data: the repository's `data/tau2-retail` (or `$TAU2_RETAIL_DATA`), or `--data DIR`, e.g. a
-tau2-bench checkout's `data/tau2/domains/retail` (its train split; our TOOLS.md where it has none).
+Data: the repository's `data/tau2-retail` (or `$TAU2_RETAIL_DATA`: the 74 train tasks only), or
+`--data DIR`, e.g. a tau2-bench checkout's `data/tau2/domains/retail` (our TOOLS.md where it has
+none). `--split train|test|all` picks the tasks (by its `split_tasks.json`); ids in `--tasks` are
+found in every split.
 
 Outputs in `--out`: `results.jsonl` (one line per task run), `summary.json`, `summary.md` (also
 printed) and two PNG plots.
@@ -54,6 +59,7 @@ import anyio
 import anyio.to_thread
 import click
 
+from bench.cost_model import CostModel, CostModelError
 from bench.cost_model import load as load_cost_model
 from bench.tau2_retail import report
 from bench.tau2_retail.db import DATA_ENV, DataNotFound, data_dir, load_db
@@ -61,7 +67,7 @@ from bench.tau2_retail.lanes import run_all
 from bench.tau2_retail.outputs import write_outputs
 from bench.tau2_retail.params import Params, ParamsError
 from bench.tau2_retail.params import load as load_params
-from bench.tau2_retail.scoring import Task, load_train_tasks
+from bench.tau2_retail.scoring import SPLITS, SplitNotFound, Task, load_split, load_tasks
 from bench.tau2_retail.settings import MAX_TURNS, Endpoints, Settings
 from bench.tau2_retail.tokens import TOKENIZER, qwen_counter
 from mcp_spec_proxy.engine import MODES, Mode
@@ -108,22 +114,49 @@ def parse_modes(values: Sequence[str]) -> list[Mode]:
     return modes
 
 
-def select_tasks(everything: list[Task], path: Path | None, limit: int | None) -> list[Task]:
-    """All train tasks, or those a file names (a JSON list of ids, or a tasks file), then the first `limit`."""
-    chosen = everything
-    if path is not None:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(data, list):
-            raise click.BadParameter("must hold a JSON list of task ids or of tasks", param_hint="--tasks")
-        if all(isinstance(item, dict) for item in data):
-            chosen = data
-        else:
-            by_id = {str(task["id"]): task for task in everything}
-            missing = [str(item) for item in data if str(item) not in by_id]
-            if missing:
-                raise click.BadParameter(f"no such task ids: {', '.join(missing[:10])}", param_hint="--tasks")
-            chosen = [by_id[str(item)] for item in data]
-    return chosen[:limit] if limit is not None else chosen
+def select_tasks(folder: Path, split: str | None, path: Path | None, limit: int | None) -> tuple[list[Task], str]:
+    """The tasks to run and where they came from, then the first `limit`.
+
+    Without `path`: the `split` (default train). With it: a tasks file (its own tasks), or a JSON
+    list of ids looked up among every task of the data, whatever its split — and, when `split`
+    is named too, refused unless each id is in it.
+    """
+    try:
+        if path is None:
+            chosen, source = load_split(folder, split or "train"), split or "train"
+            return (chosen[:limit] if limit is not None else chosen), source
+        in_split = {str(task["id"]) for task in load_split(folder, split)} if split is not None else None
+    except SplitNotFound as exc:
+        raise click.BadParameter(str(exc), param_hint="--split") from None
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, list):
+        raise click.BadParameter("must hold a JSON list of task ids or of tasks", param_hint="--tasks")
+    if all(isinstance(item, dict) for item in data):
+        if split is not None:
+            raise click.UsageError("--split picks tasks of --data; a tasks file given as --tasks brings its own")
+        chosen = data
+    else:
+        by_id = {str(task["id"]): task for task in load_tasks(folder / "tasks.json")}
+        missing = [str(item) for item in data if str(item) not in by_id]
+        if missing:
+            raise click.BadParameter(f"no such task ids: {', '.join(missing[:10])}", param_hint="--tasks")
+        outside = [str(item) for item in data if in_split is not None and str(item) not in in_split]
+        if outside:
+            raise click.BadParameter(f"not in the {split} split: {', '.join(outside[:10])}", param_hint="--tasks")
+        chosen = [by_id[str(item)] for item in data]
+    return (chosen[:limit] if limit is not None else chosen), "--tasks"
+
+
+def cost_model_from(value: str | None) -> CostModel | None:
+    """`--cost-model`: a file, `none` (nothing modelled), or unset (the SpecAgent paper's deployment)."""
+    if value is not None and value.lower() == "none":
+        return None
+    try:
+        return load_cost_model(Path(value) if value is not None else None)
+    except FileNotFoundError:
+        raise click.BadParameter(f"no such file: {value}", param_hint="--cost-model") from None
+    except CostModelError as exc:
+        raise click.BadParameter(str(exc), param_hint="--cost-model") from None
 
 
 def endpoints_from(
@@ -173,7 +206,14 @@ def endpoints_from(
     "tasks_file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     default=None,
-    help="a JSON list of task ids, or a tasks file (default: all 74 train tasks)",
+    help="a JSON list of task ids (from any split of --data), or a tasks file (default: the --split)",
+)
+@click.option(
+    "--split",
+    type=click.Choice(SPLITS),
+    default=None,
+    help="tau2-bench's task split (default train); test needs --data naming a tau2-bench checkout's retail "
+    "folder (the repository's data holds the 74 train tasks only); with --tasks ids, each must be in it",
 )
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="only the first N tasks")
 @click.option(
@@ -227,6 +267,14 @@ def endpoints_from(
     help="TOML over bench.toml's defaults",
 )
 @click.option(
+    "--cost-model",
+    "cost_model",
+    default=None,
+    metavar="FILE|none",
+    help="the deployment modelled wall and HBM describe (TOML or JSON shaped as bench/cost_model.toml; default: "
+    "that file, the SpecAgent paper's hypothetical H20 setting); none: nothing modelled",
+)
+@click.option(
     "--leash-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
@@ -237,6 +285,7 @@ def bench_tau2_retail(
     trials: int | None,
     seed: int | None,
     tasks_file: Path | None,
+    split: str | None,
     limit: int | None,
     data_folder: Path | None,
     out: Path,
@@ -251,14 +300,16 @@ def bench_tau2_retail(
     provider: str,
     leash_hidden_dim: int | None,
     params_file: Path | None,
+    cost_model: str | None,
     leash_dir: Path | None,
 ) -> None:
-    """The SpecAgent protocol on tau2-bench retail's train tasks, against weak-only and strong-only.
+    """The SpecAgent protocol on tau2-bench retail's tasks, against weak-only and strong-only.
 
-    Scripted weak and strong models (seeded errors, real prompts, real Qwen token counts) drive
-    the real engine, proxy and retail MCP server; wall time and HBM traffic are modelled. With
-    --weak-url/--strong-url the models are real and each task is a conversation with an LLM user
-    simulator, as in tau2-bench.
+    Scripted weak and strong models (seeded errors, real prompts; their texts have lengths set by
+    parameters, counted with the Qwen tokenizer) drive the real engine, proxy and retail MCP
+    server; wall time and HBM traffic are modelled. With --weak-url/--strong-url the models are
+    real, each task is a conversation with an LLM user simulator, as in tau2-bench, and wall time
+    is measured too.
     """
     try:
         params = load_params(params_file)
@@ -274,7 +325,8 @@ def bench_tau2_retail(
                 param_hint="--data",
             ) from None
         raise click.UsageError(str(exc)) from None
-    tasks = select_tasks(load_train_tasks(folder), tasks_file, limit)
+    tasks, source = select_tasks(folder, split, tasks_file, limit)
+    cost = cost_model_from(cost_model)
     if not tasks:
         raise click.UsageError("no tasks selected")
     endpoints = endpoints_from(
@@ -314,12 +366,13 @@ def bench_tau2_retail(
         original=load_db(folder / "db.json"),
         out=out,
         leash_dir=leash_dir,
-        cost=load_cost_model(),
+        cost=cost,
         endpoints=endpoints,
         count=count,
         policy=(folder / "policy.md").read_text(encoding="utf-8") if params.run.review_policy else "",
         max_turns=max_turns,
         agent_policy=(folder / "policy.md").read_text(encoding="utf-8") if endpoints is not None else "",
+        split=source,
     )
     bar = Bar(len(tasks) * settings.trials * len(modes), sys.stderr)
     started = time.perf_counter()

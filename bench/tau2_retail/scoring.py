@@ -36,18 +36,45 @@ def load_tasks(path: Path) -> list[Task]:
     return tasks
 
 
-def load_train_tasks(folder: Path) -> list[Task]:
-    """The train tasks of a data folder, in file order.
+SPLITS = ("train", "test", "all")
+SPLIT_FILE = "split_tasks.json"
 
-    Ours holds the train split only; a tau2-bench checkout keeps both splits in `tasks.json` and
-    names the train ids under `train` in `split_tasks.json`.
+
+class SplitNotFound(LookupError):
+    """A split the data folder does not hold (the message says where to find it)."""
+
+
+def load_split(folder: Path, split: str) -> list[Task]:
+    """The tasks of one split of a data folder (`train`, `test`, or `all` of them), in file order.
+
+    A tau2-bench checkout keeps every task in `tasks.json` and names each split's ids in
+    `split_tasks.json`. The repository's own folder has no such file: it holds the 74 train tasks
+    only (see its NOTICE.md), so it serves `train` and `all` (the same tasks) and refuses `test`.
     """
+    if split not in SPLITS:
+        raise SplitNotFound(f"unknown split {split!r}: expected {', '.join(SPLITS)}")
     tasks = load_tasks(folder / "tasks.json")
-    split = folder / "split_tasks.json"
-    if not split.is_file():
+    if split == "all":
         return tasks
-    train = {str(task_id) for task_id in json.loads(split.read_text(encoding="utf-8"))["train"]}
-    return [task for task in tasks if str(task["id"]) in train]
+    listing = folder / SPLIT_FILE
+    if not listing.is_file():
+        if split == "train":
+            return tasks
+        raise SplitNotFound(
+            f"{folder} has no {SPLIT_FILE}, so it holds no {split} split (the repository's data/tau2-retail "
+            "holds only the 74 train tasks): clone https://github.com/sierra-research/tau2-bench and pass "
+            "its data/tau2/domains/retail as --data"
+        )
+    splits = json.loads(listing.read_text(encoding="utf-8"))
+    if split not in splits:
+        raise SplitNotFound(f"{listing} names no {split!r} split (it has {', '.join(sorted(splits))})")
+    wanted = {str(task_id) for task_id in splits[split]}
+    return [task for task in tasks if str(task["id"]) in wanted]
+
+
+def load_train_tasks(folder: Path) -> list[Task]:
+    """The train tasks of a data folder, in file order (`load_split(folder, "train")`)."""
+    return load_split(folder, "train")
 
 
 def gold_actions(task: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from bench.cost_model import CostModel
 from bench.tau2_retail.db import Db
 from bench.tau2_retail.params import Params
+from bench.tau2_retail.report import Column, columns
 from bench.tau2_retail.scoring import Task
 from bench.tau2_retail.tokens import Count
 from mcp_spec_proxy.engine import Mode
@@ -44,7 +45,7 @@ class Settings:
     original: Db
     out: Path
     leash_dir: Path
-    cost: CostModel
+    cost: CostModel | None  # None: `--cost-model none`, nothing is modelled
     endpoints: Endpoints | None = None
     count: Count | None = None  # the tokenizer the scripted server counts with (None: its regex)
     in_process: bool = False  # tests: the retail server as its in-process twin, not a process
@@ -54,3 +55,10 @@ class Settings:
     leash_start: tuple[int, int] = (0, 0)  # task and step labels the banks held before the run
     max_turns: int = MAX_TURNS  # real endpoints: agent turns per conversation
     agent_policy: str = ""  # real endpoints: the policy in the agent's system prompt, as tau2-bench gives it
+    split: str = "train"  # where the tasks came from: a split of the data, or "--tasks" (named by the user)
+
+    @property
+    def columns(self) -> tuple[Column, ...]:
+        """The report's per-run columns: real endpoints add their measured wall; no cost model, no modelled ones."""
+        measured = self.endpoints is not None or self.cost is None
+        return columns(measured=measured, modelled=self.cost is not None)
