@@ -105,9 +105,9 @@ BASELINES: Mapping[str, ReviewerKind] = {
 """The engine's baseline modes whose steps an operator's run lets stand unreviewed, by mode."""
 
 
-def _check_table() -> None:
+def _check_table(table: type[_Row]) -> None:
     """Every kind has every trait (the row's arity does the rest) and a text a chain can hold."""
-    for kind in ReviewerKind:
+    for kind in table:
         traits = (kind.person, kind.judgement, kind.proposes, kind.met_by_strong_author, kind.mode)
         if not all(isinstance(trait, bool) for trait in traits):
             raise TypeError(f"ReviewerKind.{kind.name}: every trait is True or False")
@@ -115,7 +115,7 @@ def _check_table() -> None:
             raise TypeError(f"ReviewerKind.{kind.name}: its text must be non-empty and hold no {HANDED} or {BOTH}")
 
 
-_check_table()
+_check_table(ReviewerKind)
 
 
 @dataclass(frozen=True)
