@@ -266,8 +266,8 @@ class Barrier:
         on_reject = tool.on_reject or self._config.review.on_reject
         if on_reject == "block":
             return ""
-        if verdict.reviewer != "strong":
-            # Only a judgement can propose: policy (deny), the user and failures replace nothing.
+        if not verdict.by.proposes or verdict.failed:
+            # Only a kind that proposes (the strong model's judgement): policy, the user and failures replace nothing.
             return f"a {verdict.reviewer} verdict proposes no replacement"
         if verdict.accepted_steps < len(request.segment) - 1:
             return "the first rejected step is an earlier call that already ran, so nothing was run instead"

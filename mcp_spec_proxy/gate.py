@@ -13,10 +13,10 @@ and its `reviewer`; the front chooses it for a client's call and hands it back i
 `_meta` (`CALL_META`), so a client and an operator name the same call. The effective reviewer
 is the tool's override or `review.default`, then:
 
-* `deny` never runs, and `human` (or `console`) always asks, whoever authored the call;
+* `deny` never runs, and a person's mode (`human`, `console`) always asks, whoever authored the call;
 * a call the strong model authored (strong-led steps, a replacement, a repair) counts as
-  reviewed by `strong`, so it needs no second model verdict under `strong`, `strong_then_human`
-  or `leash`;
+  reviewed by `strong`, so it needs no second model verdict under a mode a model decides first
+  (`strong`, `strong_then_human`, `leash`: `ReviewerKind.met_by_strong_author`);
 * a call another author made meets the reviewer it names; a segment the engine drafted in
   `spec` (`verified=True`) always gets the engine's strong verifier, which reviews the whole
   drafted segment in one request — and then the user too, where the tool's reviewer is `human`;
@@ -47,7 +47,7 @@ is still free in its session: the gate claims it through the audit sink just bef
 (`CallReplayed`, naming the call that holds it) and audited `blocked`. A substitute of a rejected
 call claims its client's key, since it runs in that call's place.
 
-A backend's tool result leaves the gate through `provenance.from_backend` on both doors (`forward`
+A backend's tool result leaves the gate through `provenance.from_backend` on both doors (`_forward`
 and `read_json`): it never carries the mark of the proxy's own words, which `error_result` gives
 every result the proxy writes, so a client tells them apart on every path.
 
@@ -61,7 +61,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -88,6 +87,7 @@ from mcp_spec_proxy.errors import (
 from mcp_spec_proxy.models import ModelCall
 from mcp_spec_proxy.provenance import from_backend, notice
 from mcp_spec_proxy.review import InputNeeded, Reviewer, ReviewFailed, ReviewRequest, UserChannel, Verdict
+from mcp_spec_proxy.review.kinds import BASELINES, Chain, ReviewerKind
 from mcp_spec_proxy.review.waiting import Both, asks_a_person, waiting_note, with_heartbeat
 from mcp_spec_proxy.trajectory import Step, observation_text
 
@@ -102,8 +102,6 @@ Report = ProgressFnT
 Author = Literal["client", "weak", "strong", "replacement", "repair"]
 STRONG_AUTHORS: frozenset[str] = frozenset({"strong", "replacement", "repair"})
 """Authors whose calls count as reviewed by the strong model: it wrote them itself."""
-MODEL_REVIEWS: frozenset[str] = frozenset({"strong", "strong_then_human", "leash"})
-"""Reviewers a strong-authored call satisfies without another model call."""
 
 Executor = Callable[[CatalogTool, dict[str, Any], "Report | None"], Awaitable[types.CallToolResult]]
 """Runs an accepted call somewhere other than a backend (the gateway's client tools)."""
@@ -117,10 +115,6 @@ FIRST_META = "mcp-spec-proxy/first-call"
 """The `data` key of a `CallReplayed` error: the call that holds the idempotency key."""
 AUDIT_META = "mcp-spec-proxy/audit"
 """The `_meta` key of a result whose audit line could not be written yet: why, and that it is retried."""
-JUDGES = frozenset({"strong", "human", "console"})
-"""Reviewers whose verdicts are judgements (not policy, not LEASH's own, not a standing rule): a
-verdict labels its steps for LEASH when every reviewer it names (`strong→human→console`,
-`strong+console`) is one of these."""
 
 
 def new_call_id() -> str:
@@ -205,7 +199,7 @@ class Gate:
     ) -> types.CallToolResult:
         """Forward a read at once; its audit line is buffered and written with the next commit."""
         self._note_read(session, tool, arguments, author, call)
-        return await self.forward(tool, arguments, step, report)
+        return await self._forward(tool, arguments, step, report)
 
     async def read_json(
         self, session: str, tool: CatalogTool, arguments: dict[str, Any], step: Step, call: str | None = None
@@ -219,7 +213,7 @@ class Gate:
         except CALL_FAILED as exc:
             _observe(step, failed_result(tool, exc), started)
             raise
-        except Exception as exc:  # boundary: as in `forward`
+        except Exception as exc:  # boundary: as in `_forward`
             result = as_wire(failed_result(tool, exc))
         step.duration_s = time.perf_counter() - started
         step.is_error = bool(result.get("isError"))
@@ -269,7 +263,7 @@ class Gate:
         if call.flagged and flagged is None:
             # The engine's shadow observer flagged it (its score is in telemetry): audited here like
             # the front's, whichever reviewer the call meets, so the trail has every escalation.
-            flagged = {"to": reviewer.name, "layer": "flagged by the engine"}
+            flagged = {"to": reviewer.by.text, "layer": "flagged by the engine"}
         common = {
             "call": call.id,
             "session": call.session,
@@ -279,7 +273,7 @@ class Gate:
             "effect": tool.effect,
             "why": tool.why,
             "author": call.author,
-            "reviewer": reviewer.name,
+            "reviewer": reviewer.by.text,
         }
         if call.replaces:
             common["replaces"] = call.replaces
@@ -331,7 +325,7 @@ class Gate:
                 result = await executor(tool, call.arguments, report)
                 _observe(step, result, started)
             else:
-                result = await self.forward(tool, call.arguments, step, report)
+                result = await self._forward(tool, call.arguments, step, report)
         except CALL_FAILED as exc:
             code = exc.code
             # A backend that was not connected was sent nothing: the audit says so, not "forwarded".
@@ -402,7 +396,7 @@ class Gate:
 
         Each label says who judged which session's call, so `review: leash` never takes a
         session's (or its client's) own accepted calls as evidence for its next one."""
-        if self._leash is not None and judged(verdict.reviewer):
+        if self._leash is not None and verdict.by.judged:
             from mcp_spec_proxy.leash.provenance import Provenance  # LEASH loads only with a `leash:` section
 
             provenance = Provenance(
@@ -434,9 +428,11 @@ class Gate:
         mode = self.mode(tool) if tool.effect == "write" else "strong"
         if mode == "strong" and strong is None and "strong" not in self._reviewers:
             mode = "human"
-        if mode == "deny":
-            return self._reviewers["deny"], None
-        if mode in ("human", "console"):
+        kind = ReviewerKind.of_mode(mode)
+        if kind is ReviewerKind.DENY:
+            return self._reviewers[mode], None
+        if kind.person and not kind.met_by_strong_author:
+            # A person's own mode: they are asked whoever wrote the call.
             human = self._reviewers[mode]
             if loop and strong is not None:
                 # The engine's drafted segment is verified first; only then is the user asked.
@@ -444,21 +440,23 @@ class Gate:
             return human, None
         if loop and strong is not None:
             return strong, None  # SpecAgent's own verification; a rejection goes to its repair turn
-        if call.author in STRONG_AUTHORS and mode in MODEL_REVIEWS and not call.flagged:
-            return _Authored(call.author, "the strong model wrote this call itself"), None
-        if call.baseline is not None and mode in (*MODEL_REVIEWS, "allow") and not call.flagged:
-            return _Authored(call.baseline, f"the operator's {call.baseline} baseline runs its steps unreviewed"), None
-        if mode == "allow" and call.flagged:
+        if call.author in STRONG_AUTHORS and kind.met_by_strong_author and not call.flagged:
+            return _Authored(ReviewerKind.STRONG_AUTHORED, "the strong model wrote this call itself"), None
+        baseline = BASELINES.get(call.baseline or "")
+        if baseline is not None and (kind.met_by_strong_author or kind is ReviewerKind.ALLOW) and not call.flagged:
+            why = f"the operator's {call.baseline} baseline runs its steps unreviewed"
+            return _Authored(baseline, why), None
+        if kind is ReviewerKind.ALLOW and call.flagged:
             return strong or self._reviewers.get("strong") or self._reviewers["human"], None
-        if mode == "allow":
+        if kind is ReviewerKind.ALLOW:
             if self._leash is not None:
                 score = await self._leash.step_score(call.request.segment.held)
                 if self._leash.at_least(score, self._leash.config.observe_threshold):
                     escalate: ReviewMode = "strong" if "strong" in self._reviewers or strong else "human"
                     reviewer = strong if escalate == "strong" and strong is not None else self._reviewers[escalate]
-                    return reviewer, {"to": reviewer.name, **score.as_json()}
-            return self._reviewers["allow"], None
-        if mode == "strong" and strong is not None:
+                    return reviewer, {"to": reviewer.by.text, **score.as_json()}
+            return self._reviewers[mode], None
+        if kind is ReviewerKind.STRONG and strong is not None:
             return strong, None
         return self._reviewers[mode], None
 
@@ -474,27 +472,25 @@ class Gate:
                     return await reviewer.review(request, user)
                 return await with_heartbeat(reviewer, request, user, report)
         except TimeoutError:
-            problem = f"review by {reviewer.name} timed out after {self._config.review.timeout:g}s"
+            problem = f"review by {reviewer.by.text} timed out after {self._config.review.timeout:g}s"
             if note := waiting_note(reviewer):
                 problem += f" (no decision came: {note})"
         except InputNeeded:
             raise
         except ReviewFailed as exc:
-            problem, calls = f"review by {reviewer.name} failed: {exc}", exc.calls
+            problem, calls = f"review by {reviewer.by.text} failed: {exc}", exc.calls
         except Exception as exc:  # boundary: a reviewer failure must become a verdict, never a forward
-            logger.exception("reviewer %s failed", reviewer.name)
-            problem = f"review by {reviewer.name} failed: {type(exc).__name__}: {exc}"
+            logger.exception("reviewer %s failed", reviewer.by.text)
+            problem = f"review by {reviewer.by.text} failed: {type(exc).__name__}: {exc}"
         if self._config.review.on_error == "allow" and not asks_a_person(reviewer):
             # `on_error: allow` forgives a model's failure, never a person's silence.
             reason = f"{problem}; allowed because review.on_error is allow"
-            return Verdict(True, reason, held, reviewer="on_error", model_calls=calls)
-        return Verdict(
-            False, f"{problem}; failing closed", held - 1, reviewer="on_error", model_calls=calls, failed=True
-        )
+            return Verdict(True, reason, held, by=_ON_ERROR, model_calls=calls)
+        return Verdict(False, f"{problem}; failing closed", held - 1, by=_ON_ERROR, model_calls=calls, failed=True)
 
     # -- forwarding --------------------------------------------------------------------------
 
-    async def forward(
+    async def _forward(
         self, tool: CatalogTool, arguments: dict[str, Any], step: Step, report: Report | None
     ) -> types.CallToolResult:
         """Send the call to its backend. Private to the gate's own decisions: `read` and `write`.
@@ -564,10 +560,13 @@ class Gate:
         await self._audit.record(kind, **fields)
 
 
+_ON_ERROR = ReviewerKind.ON_ERROR.chain  # a verdict the gate gave for a reviewer that gave none
+
+
 class _HeldTool:
     """The verdict on a held tool: refused, whoever wrote the call, until `tools accept`."""
 
-    name = "held"
+    by = ReviewerKind.HELD.chain
 
     def __init__(self, tool: CatalogTool) -> None:
         self._reason = (
@@ -576,28 +575,22 @@ class _HeldTool:
         )
 
     async def review(self, request: ReviewRequest, user: UserChannel) -> Verdict:
-        return Verdict(False, self._reason, len(request.segment) - 1, reviewer=self.name)
+        return Verdict(False, self._reason, len(request.segment) - 1, by=self.by)
 
 
 class _Authored:
     """The verdict of a call whose author's own standing is its review (strong-authored, baselines)."""
 
-    def __init__(self, author: str, reason: str) -> None:
-        self.name = "strong (authored)" if author in STRONG_AUTHORS else f"{author} (baseline)"
+    def __init__(self, kind: ReviewerKind, reason: str) -> None:
+        self.by: Chain = kind.chain
         self._reason = reason
 
     async def review(self, request: ReviewRequest, user: UserChannel) -> Verdict:
-        return Verdict(True, self._reason, len(request.segment), reviewer=self.name)
+        return Verdict(True, self._reason, len(request.segment), by=self.by)
 
 
 def _ref_name(ref: types.PromptReference | types.ResourceTemplateReference) -> str:
     return ref.name if isinstance(ref, types.PromptReference) else ref.uri
-
-
-def judged(reviewer: str) -> bool:
-    """Whether a verdict by `reviewer` is a judgement (`JUDGES`): it labels LEASH, and the engine's
-    acceptance counts its steps."""
-    return all(part in JUDGES for part in re.split(r"[→+]", reviewer))
 
 
 def failed_result(tool: CatalogTool, exc: Exception) -> types.CallToolResult:

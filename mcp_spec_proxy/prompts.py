@@ -8,7 +8,7 @@ conversation a drafting model (or a gateway client, next turn) sees (`agent_mess
 a backend or the agent under review wrote is fenced as data (`fence`), outside the system message.
 
 The same module is the only reader of those prompts (`segment_block`, `segment_length`,
-`review_steps`, `agent_steps`, `is_repair_prompt`): scripted models in tests and benchmarks
+`review_steps`, `agent_steps`): scripted models in tests and benchmarks
 call these instead of re-parsing the text by hand, so a change of format is made in one place.
 How the model's answer (the verdict) is read is the reviewer's business: `review/verdict.py`.
 """
@@ -407,12 +407,6 @@ def segment_block(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 def segment_length(messages: Sequence[dict[str, Any]]) -> int:
     """How many steps the verifier prompt's segment holds (the held call is the last)."""
     return len(segment_block(messages))
-
-
-def is_repair_prompt(messages: Sequence[dict[str, Any]]) -> bool:
-    """True for a repair turn's prompt: its last user message starts with `REPAIR_HEADING`."""
-    users = [_text(m) for m in messages if m.get("role") == "user"]
-    return bool(users) and users[-1].startswith(REPAIR_HEADING)
 
 
 def review_steps(messages: Sequence[dict[str, Any]]) -> tuple[list[ShownStep], list[ShownStep]]:

@@ -20,7 +20,7 @@ from mcp_spec_proxy.backends import BackendPool
 from mcp_spec_proxy.catalog import CatalogTool
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.gate import Gate, GateCall
-from mcp_spec_proxy.review import InputNeeded, ReviewRequest, Verdict
+from mcp_spec_proxy.review import InputNeeded, ReviewerKind, ReviewRequest, Verdict
 from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
 from mcp_spec_proxy.trajectory import History, Segment, Step
 from tests.harness import approve, call_error, proxied, recorded, segment_length, spawned, text_of, toy, verdict
@@ -199,21 +199,21 @@ async def test_audit_joins_each_call_by_one_id_and_caps_a_flooding_reason(tmp_pa
 
 
 class _Asks:
-    name = "human"
+    by = ReviewerKind.HUMAN.chain
 
     async def review(self, request: ReviewRequest, user: Any) -> Verdict:
         raise InputNeeded("k", "may I?", {})
 
 
 class _Breaks:
-    name = "strong"
+    by = ReviewerKind.STRONG.chain
 
     async def review(self, request: ReviewRequest, user: Any) -> Verdict:
         raise RuntimeError("the model server fell over")
 
 
 def _gate(reviewer: Any) -> tuple[Gate, GateCall]:
-    config = ProxyConfig.model_validate({"servers": {}, "review": {"default": reviewer.name}})
+    config = ProxyConfig.model_validate({"servers": {}, "review": {"default": reviewer.by.text}})
     tool = CatalogTool(
         "t__w",
         "t",
@@ -229,7 +229,7 @@ def _gate(reviewer: Any) -> tuple[Gate, GateCall]:
     )
     held = Step("t__w", {}, "write")
     request = ReviewRequest("s", tool, {}, None, Segment((held,)), History())
-    gate = Gate(config, BackendPool({}, _no_listing), {reviewer.name: reviewer}, AuditLog(None))
+    gate = Gate(config, BackendPool({}, _no_listing), {reviewer.by.text: reviewer}, AuditLog(None))
     return gate, GateCall("s", tool, {}, "client", request)
 
 

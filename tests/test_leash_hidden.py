@@ -262,5 +262,5 @@ async def test_review_leash_never_passes_a_write_alone_on_the_hidden_encoders_fa
 
     assert result.evidence is not None and result.evidence["score"] == 0.0
     assert result.evidence["representation"] == "fallback"
-    assert fallback.calls == 1 and result.reviewer == "fallback"
+    assert fallback.calls == 1 and result.by == Fallback.by
     assert "no drafting state" in result.evidence["fallback"]

@@ -212,7 +212,7 @@ async def test_review_leash_accepts_only_on_labels_from_sources_it_trusts(
     if why is None:
         assert (fallback.calls, result.reviewer) == (0, "leash")
     else:
-        assert (fallback.calls, result.reviewer) == (1, "fallback")
+        assert (fallback.calls, result.by) == (1, Fallback.by)
         assert result.evidence is not None and why in result.evidence["fallback"]
 
 

@@ -32,7 +32,7 @@ from mcp_spec_proxy.leash.encoders import (
     StepView,
 )
 from mcp_spec_proxy.leash.layers import Leash, LeashWatch, Score
-from mcp_spec_proxy.review import ReviewRequest, UserChannel, Verdict
+from mcp_spec_proxy.review import ReviewerKind, ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review.leash import LeashReviewer
 from mcp_spec_proxy.testing import ChatRequest, Respond, ScriptedModelServer
 from mcp_spec_proxy.trajectory import History, Segment, Step
@@ -76,16 +76,16 @@ class DiskFull(Bank):
 
 
 class Fallback:
-    """The ordinary reviewer behind `review: leash`; counts its calls."""
+    """The ordinary reviewer behind `review: leash` (the strong model, as a config gives it); counts its calls."""
 
-    name = "fallback"
+    by = ReviewerKind.STRONG.chain
 
     def __init__(self) -> None:
         self.calls = 0
 
     async def review(self, request: ReviewRequest, user: UserChannel) -> Verdict:
         self.calls += 1
-        return Verdict(True, "the ordinary reviewer looked", len(request.segment), reviewer=self.name)
+        return Verdict(True, "the ordinary reviewer looked", len(request.segment), by=self.by)
 
 
 class NoUser:
@@ -165,7 +165,7 @@ async def test_a_failing_lookup_is_no_evidence_logged_once_and_the_write_goes_to
 
     assert first == second == Score(None, ())
     assert (escalated, observed, routed) == (False, False, False)
-    assert fallback.calls == 1 and reviewed.reviewer == "fallback"  # the ordinary path decided
+    assert fallback.calls == 1 and reviewed.by == Fallback.by  # the ordinary path decided
     assert reviewed.evidence is not None and reviewed.evidence["score"] is None
     said = warnings_about(caplog, "Leash.step_score")
     assert len(said) == 1, said  # once, however many lookups fail the same way
@@ -411,10 +411,10 @@ async def test_review_leash_forwards_alone_only_a_non_destructive_tool_with_a_ca
 
     assert result.accepted and result.evidence is not None and result.evidence["score"] == 0.0
     if why is None:
-        assert fallback.calls == 0 and result.reviewer == "leash"
+        assert fallback.calls == 0 and result.by == ReviewerKind.LEASH.chain
         assert "without a model call" in result.reason
     else:
-        assert fallback.calls == 1 and result.reviewer == "fallback"
+        assert fallback.calls == 1 and result.by == Fallback.by
         assert why in result.evidence["fallback"]
 
 

@@ -40,7 +40,7 @@ from mcp_spec_proxy.engine.conversation import conversation, user_request
 from mcp_spec_proxy.engine.hooks import AskNow, ClientExecutor, NoUser, Observer, Progress, Watch
 from mcp_spec_proxy.engine.result import Mode, RunResult, Status
 from mcp_spec_proxy.errors import ToolNotFound
-from mcp_spec_proxy.gate import CALL_FAILED, Author, GateCall, Report, blocked_result, capped, judged, text_result
+from mcp_spec_proxy.gate import CALL_FAILED, Author, GateCall, Report, blocked_result, capped, text_result
 from mcp_spec_proxy.models import ChatModel, Completion, ModelCall, ModelError
 from mcp_spec_proxy.prompts import FINAL_ANSWER, agent_messages, openai_tool
 from mcp_spec_proxy.review import ReviewFailed, ReviewRequest, UserChannel, Verdict
@@ -236,7 +236,7 @@ class _Run:
         else:
             verdict, ran = await self.hold(tool, held, author, request, flagged=flagged, verified=True)
         accepted = verdict.accepted_steps
-        if judged(verdict.reviewer) and not verdict.failed:
+        if verdict.by.judged and not verdict.failed:
             self.tally(segment.steps, accepted)
         self.history.committed.extend(segment.steps[: min(accepted, len(drafted))])
         if verdict.accepted:
@@ -280,7 +280,7 @@ class _Run:
             tool=FINAL_ANSWER,
             arguments_digest=digest(request.segment.held.arguments),
             author="weak",
-            reviewer="strong",
+            reviewer=self.reviewer.by.text,
             accepted=verdict.accepted,
             accepted_steps=verdict.accepted_steps,
             reason=verdict.reason,

@@ -5,12 +5,17 @@ the committed history, the caller's stated intent) and returns a `Verdict`
 `{reason, accepted_steps, replacement_action}`. `accepted_steps` counts the valid prefix of the
 segment; the held call is its last step, so the call is accepted exactly when
 `accepted_steps == len(segment)`. A reviewer that cannot decide raises `ReviewFailed`; one that
-must ask the person behind the client does so through a `UserChannel`.
+must ask the person behind the client does so through a `UserChannel`. Who decided is data: a
+reviewer is `by` a `Chain` of `ReviewerKind`s (`kinds`: the one table of what each kind may do),
+and so is its verdict; `Verdict.reviewer` is only that chain's text, for people to read.
 
 The reviewers live beside this seam: `policy` (allow, deny, human), `strong` (the one-prefill
 verifier, the repair turn, strong_then_human), `leash` (LEASH's accept layer), `console` (the
 person at the proxy's approval console; `rules`, what its session rules admit), `verdict`
 (reading the strong model's answer); `build` makes the set a config uses.
+
+A new kind of reviewer is its row in `kinds.ReviewerKind`, its class beside the others, a line in
+`build` that makes it, and (when servers.yaml may name it) its name in config's `ReviewMode`.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any, Protocol
 from mcp_spec_proxy.catalog import CatalogTool
 from mcp_spec_proxy.errors import ProxyError
 from mcp_spec_proxy.models import ModelCall
+from mcp_spec_proxy.review.kinds import Chain, ReviewerKind
 from mcp_spec_proxy.trajectory import History, Segment
 
 
@@ -30,13 +36,18 @@ class Verdict:
     reason: str
     accepted_steps: int
     replacement_action: dict[str, Any] | None = None
-    reviewer: str = ""
+    by: Chain = field(kw_only=True)  # who decided, in order: logic reads this, never `reviewer`
     model_calls: tuple[ModelCall, ...] = ()
     evidence: dict[str, Any] | None = None  # what a LEASH decision rested on: score and neighbours
     arguments: dict[str, Any] | None = None  # a person's edit: the backend gets these instead (the gate audits it)
     # No judgement was had (the reviewer failed, timed out, or its answer stayed unreadable): a
     # refusal that fails closed, never a rejection a replacement or a repair may answer.
     failed: bool = False
+
+    @property
+    def reviewer(self) -> str:
+        """Who decided, as the audit trail (`decided_by`) and the client's texts name it."""
+        return self.by.text
 
 
 @dataclass(frozen=True)
@@ -84,9 +95,21 @@ class UserChannel(Protocol):
 
 
 class Reviewer(Protocol):
-    name: str
+    @property
+    def by(self) -> Chain:
+        """Who this reviewer is, as kinds (`Both` is two); its text is the audit's `reviewer`."""
+        ...
 
     async def review(self, request: ReviewRequest, user: UserChannel) -> Verdict: ...
 
 
-__all__ = ["InputNeeded", "ReviewFailed", "ReviewRequest", "Reviewer", "UserChannel", "Verdict"]
+__all__ = [
+    "Chain",
+    "InputNeeded",
+    "ReviewFailed",
+    "ReviewRequest",
+    "Reviewer",
+    "ReviewerKind",
+    "UserChannel",
+    "Verdict",
+]

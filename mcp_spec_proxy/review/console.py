@@ -37,6 +37,7 @@ import anyio
 from mcp_spec_proxy.catalog import INTENT_ARGUMENT, CatalogTool, check_arguments, digest
 from mcp_spec_proxy.errors import InvalidArguments, ProxyError
 from mcp_spec_proxy.review import ReviewRequest, UserChannel, Verdict
+from mcp_spec_proxy.review.kinds import ReviewerKind
 from mcp_spec_proxy.review.rules import Rule, pattern_refusal, pattern_refusal_for, visible
 from mcp_spec_proxy.trajectory import Step
 
@@ -190,7 +191,7 @@ class ConsoleQueue:
 class ConsoleReviewer:
     """`review: console`: the person at the approval console decides."""
 
-    name = "console"
+    by = ReviewerKind.CONSOLE.chain
 
     def __init__(self, queue: ConsoleQueue, leash: Leash | None = None) -> None:
         self.queue = queue
@@ -213,14 +214,14 @@ class ConsoleReviewer:
         rule = self.queue.rule_for(request.session, tool, request.arguments) if tool and not context else None
         if rule is not None:
             return Verdict(True, f"allowed by a session rule set on the approval console: {rule.describe()}", held,
-                           reviewer="console-rule")  # fmt: skip
+                           by=ReviewerKind.CONSOLE_RULE.chain)  # fmt: skip
         if tool is None or self.queue.url is None:
             reason = (
                 "review.fallback is console, but no approval console is being served (the proxy was started"
                 " with --no-console, or this command serves none) — start the proxy with its console, or set"
                 " review.fallback: deny"
             )
-            return Verdict(False, reason, held - 1, reviewer="console-unavailable")
+            return Verdict(False, reason, held - 1, by=ReviewerKind.CONSOLE_UNAVAILABLE.chain)
         score = None
         if self._leash is not None:
             score = (await self._leash.step_score(request.segment.held)).as_json()
@@ -238,7 +239,7 @@ class ConsoleReviewer:
         try:
             self.queue.hold(item)
         except ConsoleRefused as exc:  # a flood of held calls: the rest are refused, not queued
-            return Verdict(False, str(exc), held - 1, reviewer="console-unavailable")
+            return Verdict(False, str(exc), held - 1, by=ReviewerKind.CONSOLE_UNAVAILABLE.chain)
         try:
             await item.decided.wait()
         finally:
@@ -248,13 +249,13 @@ class ConsoleReviewer:
         evidence = {"leash": score} if score else None
         if decision.action == "deny":
             why = decision.reason or "no reason given"
-            return Verdict(False, f"denied on the approval console: {why}", held - 1, reviewer=self.name,
+            return Verdict(False, f"denied on the approval console: {why}", held - 1, by=self.by,
                            evidence=evidence)  # fmt: skip
         how = {"approve": "approved", "edit": "approved with edited arguments", "rule": "approved, with a rule"}
         reason = f"{how[decision.action]} on the approval console" + (f": {decision.reason}" if decision.reason else "")
         if decision.rule is not None:  # its own rule: another decision may have added one since
             reason += f" ({decision.rule.describe()})"
-        return Verdict(True, reason, held, reviewer=self.name, evidence=evidence, arguments=decision.arguments)
+        return Verdict(True, reason, held, by=self.by, evidence=evidence, arguments=decision.arguments)
 
 
 def backend_view(tool: CatalogTool) -> CatalogTool:

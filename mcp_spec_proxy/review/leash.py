@@ -7,7 +7,6 @@ reviewers: it scores steps; this module turns a score into a verdict or hands th
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Collection
 from dataclasses import replace
@@ -17,6 +16,7 @@ from mcp_spec_proxy.config import LeashConfig
 from mcp_spec_proxy.leash.bank import Neighbour
 from mcp_spec_proxy.leash.layers import Leash, Score
 from mcp_spec_proxy.review import Reviewer, ReviewRequest, UserChannel, Verdict
+from mcp_spec_proxy.review.kinds import Chain, ReviewerKind
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class LeashReviewer:
     Either way the verdict carries the score and the nearest neighbours, and the audit log records them.
     """
 
-    name = "leash"
+    by = ReviewerKind.LEASH.chain
 
     def __init__(self, leash: Leash, fallback: Reviewer, *, untrusted_servers: Collection[str] = ()) -> None:
         self._leash = leash
@@ -71,7 +71,7 @@ class LeashReviewer:
                 f" accept_threshold {self._leash.config.accept_threshold} (calibrated on held-out labels) and"
                 " the tool declares destructiveHint: false; forwarded without a model call"
             )
-            return Verdict(True, reason, len(request.segment), reviewer="leash", evidence=evidence)
+            return Verdict(True, reason, len(request.segment), by=self.by, evidence=evidence)
         evidence["fallback"] = why_not
         verdict = await self._fallback.review(request, user)
         return replace(verdict, evidence=evidence)
@@ -174,16 +174,12 @@ def distrust(neighbour: Neighbour, request: ReviewRequest, config: LeashConfig, 
         return "the calling client's recent"
     if origin.reporter == "agent":
         return None if "agent_outcomes" in config.accept_from else "reported by the agent"
-    if origin.source != "verdict" or not _judgement(origin.reviewer):
+    # The reviewer as the bank stored it, read by the kinds' one reader: anything but a chain of
+    # judgements (LEASH's own word, a policy, a garbled text) is no evidence.
+    chain = Chain.parse(origin.reviewer)
+    if origin.source != "verdict" or chain is None or not chain.judged:
         return f"source {origin.source} ({origin.reviewer or 'no reviewer'})"
     return None if "judgements" in config.accept_from else "a judgement"
-
-
-_JUDGES = frozenset({"strong", "human", "console"})  # the gate's JUDGES: whose verdicts label a bank
-
-
-def _judgement(reviewer: str | None) -> bool:
-    return reviewer is not None and all(part in _JUDGES for part in re.split(r"[→+]", reviewer))
 
 
 def witness(neighbour: Neighbour) -> str:

@@ -15,25 +15,26 @@ from typing import Any
 
 from mcp_spec_proxy.review import Reviewer, ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review.console import ConsoleReviewer
+from mcp_spec_proxy.review.kinds import ReviewerKind
 
 
 class AllowReviewer:
     """Accepts everything; the audit log still records each call."""
 
-    name = "allow"
+    by = ReviewerKind.ALLOW.chain
 
     async def review(self, request: ReviewRequest, user: UserChannel) -> Verdict:
-        return Verdict(True, "allowed by policy (audit only)", len(request.segment), reviewer=self.name)
+        return Verdict(True, "allowed by policy (audit only)", len(request.segment), by=self.by)
 
 
 class DenyReviewer:
-    name = "deny"
+    by = ReviewerKind.DENY.chain
 
     def __init__(self, reason: str = "denied by policy: this tool may change state and review is set to deny") -> None:
         self._reason = reason
 
     async def review(self, request: ReviewRequest, user: UserChannel) -> Verdict:
-        return Verdict(False, self._reason, len(request.segment) - 1, reviewer=self.name)
+        return Verdict(False, self._reason, len(request.segment) - 1, by=self.by)
 
 
 APPROVAL_SCHEMA: dict[str, Any] = {
@@ -47,7 +48,7 @@ APPROVAL_SCHEMA: dict[str, Any] = {
 
 
 class HumanReviewer:
-    name = "human"
+    by = ReviewerKind.HUMAN.chain
 
     def __init__(self, fallback: Reviewer) -> None:
         self._fallback = fallback
@@ -69,13 +70,13 @@ class HumanReviewer:
             else:
                 verdict = await fallback.review(request, user)
             reason = f"the client cannot ask the user (no elicitation); fallback {verdict.reviewer}: {verdict.reason}"
-            return dataclasses.replace(verdict, reason=reason, reviewer=f"human→{verdict.reviewer}")
+            return dataclasses.replace(verdict, reason=reason, by=self.by.then(verdict.by))
         content = answer.get("content") or {}
         note = str(content.get("note") or "").strip()
         if answer.get("action") == "accept" and content.get("approve") is True:
-            return Verdict(True, "approved by the user" + (f": {note}" if note else ""), held, reviewer=self.name)
+            return Verdict(True, "approved by the user" + (f": {note}" if note else ""), held, by=self.by)
         how = {"decline": "declined", "cancel": "dismissed"}.get(str(answer.get("action")), "rejected")
-        return Verdict(False, f"{how} by the user" + (f": {note}" if note else ""), held - 1, reviewer=self.name)
+        return Verdict(False, f"{how} by the user" + (f": {note}" if note else ""), held - 1, by=self.by)
 
 
 APPROVAL_VALUE_CHARS = 1_000

@@ -30,7 +30,6 @@ inform a verdict, never instruct the reviewer.
 
 from __future__ import annotations
 
-import inspect
 import json
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -40,6 +39,7 @@ from mcp_spec_proxy.errors import InvalidArguments, ToolNotFound
 from mcp_spec_proxy.models import ChatModel, ModelCall, ModelError
 from mcp_spec_proxy.prompts import FINAL_ANSWER, FINAL_ANSWER_TOOL, openai_tool, repair_messages, verify_messages
 from mcp_spec_proxy.review import InputNeeded, ReviewFailed, ReviewRequest, UserChannel, Verdict
+from mcp_spec_proxy.review.kinds import ReviewerKind
 from mcp_spec_proxy.review.policy import HumanReviewer
 from mcp_spec_proxy.review.verdict import cut_off, parse_verdict, response_format
 
@@ -56,8 +56,7 @@ class StrongReviewer:
     which the gate turns into a verdict by `review.on_error`).
     """
 
-    name = "strong"
-    UNREADABLE = "strong (unreadable)"
+    by = ReviewerKind.STRONG.chain
     RETRY_MAX_TOKENS = 4096  # the retry's room when the configured max_tokens is unset
 
     def __init__(
@@ -95,8 +94,9 @@ class StrongReviewer:
                 parsed = parse_verdict(completion.content, tools)
             except ValueError as exc:
                 problem = str(exc)
-                # `finish_reason` once the model client reports it; until then, an answer that ends inside its JSON.
-                truncated = getattr(completion, "finish_reason", None) == "length" or cut_off(completion.content)
+                # The server's word (`finish_reason`), or an answer that ends inside its JSON: a
+                # server (or a scripted double) may stop early without saying so.
+                truncated = completion.finish_reason == "length" or cut_off(completion.content)
                 if truncated:
                     problem = f"the answer was cut off ({problem})"
                     room = self._more_room()
@@ -119,23 +119,21 @@ class StrongReviewer:
                 parsed.reason,
                 parsed.accepted_steps,
                 None if accepted else replacement,
-                reviewer=self.name,
+                by=self.by,
                 model_calls=tuple(calls),
             )
         why = f"the strong model's verdict was malformed twice: {problem}"
         if self._unreadable == "error":
             raise ReviewFailed(why, tuple(calls))
-        # Never an acceptance: the held call is rejected, the reads before it stand.
-        return Verdict(
-            False, f"{why}; failing closed", length - 1, reviewer=self.UNREADABLE, model_calls=tuple(calls), failed=True
-        )
+        # Never an acceptance, and no judgement either (`failed`): the held call is refused, nothing
+        # is labelled or counted, and the steps before it (which ran) commit unjudged.
+        by = ReviewerKind.STRONG_UNREADABLE.chain
+        return Verdict(False, f"{why}; failing closed", length - 1, by=by, model_calls=tuple(calls), failed=True)
 
     def _more_room(self) -> dict[str, Any]:
-        """`max_tokens` for the retry of a cut-off answer, where the model client takes one."""
-        if "max_tokens" not in inspect.signature(self.model.complete).parameters:
-            return {}  # models.py's `complete` has no per-request max_tokens yet: the prompt asks for brevity
-        configured = getattr(getattr(self.model, "config", None), "max_tokens", None)
-        return {"max_tokens": 2 * configured if isinstance(configured, int) else self.RETRY_MAX_TOKENS}
+        """`max_tokens` for the retry of a cut-off answer: twice the configured room, or `RETRY_MAX_TOKENS`."""
+        configured = self.model.config.max_tokens
+        return {"max_tokens": 2 * configured if configured is not None else self.RETRY_MAX_TOKENS}
 
 
 def intent_asked(request: ReviewRequest) -> bool:
@@ -250,7 +248,7 @@ class Repairer:
 class EscalatingReviewer:
     """`strong_then_human`: the strong model decides; what it rejects (or fails on) goes to the user."""
 
-    name = "strong_then_human"
+    by = ReviewerKind.STRONG_THEN_HUMAN.chain
     MEMO = "strong_then_human.strong"
 
     def __init__(self, strong: StrongReviewer, human: HumanReviewer) -> None:
@@ -283,7 +281,7 @@ class EscalatingReviewer:
             second.accepted,
             f"{second.reason} (after {why})",
             second.accepted_steps,
-            reviewer=f"strong→{second.reviewer}",
+            by=self._strong.by.then(second.by),
             model_calls=calls,
             evidence=second.evidence,
             arguments=second.arguments,

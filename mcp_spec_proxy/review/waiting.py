@@ -2,7 +2,8 @@
 
 `Both` asks a model, then the person; `with_heartbeat` tells the waiting client every few seconds
 (with where a person may decide: `waiting_note`, the approval console's address); `asks_a_person`
-says whether a reviewer may be waiting on someone, whose silence `on_error: allow` never forgives.
+says whether a reviewer may be waiting on someone, whose silence `on_error: allow` never forgives:
+the reviewer's own kinds say so (`ReviewerKind.person`), or those of the reviewer it hands calls to.
 """
 
 from __future__ import annotations
@@ -14,12 +15,11 @@ import anyio
 from mcp.shared.dispatcher import ProgressFnT
 
 from mcp_spec_proxy.review import Reviewer, ReviewRequest, UserChannel, Verdict
+from mcp_spec_proxy.review.kinds import Chain
 
 logger = logging.getLogger(__name__)
 
 HEARTBEAT_S = 5.0
-PERSONS = frozenset({"human", "console"})
-"""Reviewers that are a person: `on_error: allow` never forgives their silence."""
 
 
 class Both:
@@ -28,7 +28,7 @@ class Both:
     def __init__(self, first: Reviewer, second: Reviewer) -> None:
         self._first = first
         self._second = second
-        self.name = f"{first.name}+{second.name}"
+        self.by: Chain = first.by.plus(second.by)
 
     async def review(self, request: ReviewRequest, user: UserChannel) -> Verdict:
         first = await self._first.review(request, user)
@@ -39,7 +39,7 @@ class Both:
             second.accepted,
             f"{second.reason} (after {first.reviewer} accepted: {first.reason})",
             second.accepted_steps,
-            reviewer=f"{first.reviewer}+{second.reviewer}",
+            by=first.by.plus(second.by),
             model_calls=first.model_calls,
             arguments=second.arguments,
         )
@@ -55,7 +55,7 @@ async def with_heartbeat(reviewer: Reviewer, request: ReviewRequest, user: UserC
     verdict: Verdict | None = None
     async with anyio.create_task_group() as tg:
         note = waiting_note(reviewer)
-        tg.start_soon(_heartbeat, report, f"held for review ({reviewer.name})" + (f"; {note}" if note else ""))
+        tg.start_soon(_heartbeat, report, f"held for review ({reviewer.by.text})" + (f"; {note}" if note else ""))
         try:
             verdict = await reviewer.review(request, user)
         except Exception as exc:  # kept out of the group, raised again below as itself
@@ -82,10 +82,10 @@ async def _heartbeat(report: ProgressFnT, message: str) -> None:
 
 
 def asks_a_person(reviewer: Reviewer | None) -> bool:
-    """Whether `reviewer` may be waiting on a person: by its name, or by the reviewer it hands calls
+    """Whether `reviewer` may be waiting on a person: by its kinds, or by the reviewer it hands calls
     to (LEASH without a strong model hands them to the user)."""
     while reviewer is not None:
-        if any(p in reviewer.name for p in PERSONS):
+        if reviewer.by.asks_a_person:
             return True
         reviewer = getattr(reviewer, "fallback", None)
     return False
