@@ -409,6 +409,12 @@ def segment_length(messages: Sequence[dict[str, Any]]) -> int:
     return len(segment_block(messages))
 
 
+def is_repair_prompt(messages: Sequence[dict[str, Any]]) -> bool:
+    """True for a repair turn's prompt: its last user message starts with `REPAIR_HEADING`."""
+    users = [_text(m) for m in messages if m.get("role") == "user"]
+    return bool(users) and users[-1].startswith(REPAIR_HEADING)
+
+
 def review_steps(messages: Sequence[dict[str, Any]]) -> tuple[list[ShownStep], list[ShownStep]]:
     """The calls a verifier or repair prompt shows: the committed ones, then the numbered ones (1..).
 
