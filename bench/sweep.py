@@ -25,7 +25,7 @@ import psycopg
 
 from bench.store import fresh, postgres
 from mcp_spec_proxy.store.migrations import LOCK_NAMESPACE
-from mcp_spec_proxy.store.postgres import DEAD_AFTER, migrate_database
+from mcp_spec_proxy.store.postgres import migrate_database
 
 SETTLED = "'blocked', 'forwarded', 'unsent', 'abandoned', 'forward-interrupted', 'awaiting-input'"
 OLD = f"""
@@ -42,8 +42,8 @@ SELECT o.call FROM open_calls o JOIN audit h ON h.id = o.held_id LEFT JOIN repli
 WHERE o.replica IS NULL OR (
     o.replica NOT IN (SELECT replica FROM live)
     AND (r.replica IS NULL OR (
-        r.seen < clock_timestamp() - make_interval(secs => r.beat_s * %(dead_after)s)
-        AND %(since)s::timestamptz < clock_timestamp() - make_interval(secs => r.beat_s * %(dead_after)s)
+        r.seen < clock_timestamp() - make_interval(secs => r.silent_s)
+        AND %(since)s::timestamptz < clock_timestamp() - make_interval(secs => r.silent_s)
     ))
 )
 """
@@ -90,7 +90,7 @@ def main() -> None:
             fill(dsn, size)
             old_ms, old = timed(dsn, OLD, {"live": []}, args.repeat)
             since = datetime(2000, 1, 1, tzinfo=UTC)  # a sweeper connected long enough to judge
-            new_ms, new = timed(dsn, NEW, {"ns": LOCK_NAMESPACE, "dead_after": DEAD_AFTER, "since": since}, args.repeat)
+            new_ms, new = timed(dsn, NEW, {"ns": LOCK_NAMESPACE, "since": since}, args.repeat)
             assert old == new == [f"open{n}" for n in range(10)], (old, new)
             print(
                 f"{size:>9,} settled calls: old sweep {old_ms:9.2f} ms   open_calls sweep {new_ms:7.2f} ms"

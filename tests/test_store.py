@@ -332,7 +332,7 @@ async def test_the_sweep_reads_the_open_calls_not_the_history(pg_dsn: str) -> No
             conn.execute("ANALYZE open_calls")
             plan = conn.execute(
                 "EXPLAIN (ANALYZE, FORMAT JSON) " + SWEEP,
-                {"me": store.replica, "ns": LOCK_NAMESPACE, "dead_after": 3, "since": datetime.now(UTC)},
+                {"me": store.replica, "ns": LOCK_NAMESPACE, "since": datetime.now(UTC)},
             ).fetchone()
         assert plan is not None and rows(pg_dsn, "SELECT count(*) FROM open_calls") == [(0,)]
         assert audit_rows_read(plan[0][0]["Plan"]) < 100  # was every held row of the history, and a probe each

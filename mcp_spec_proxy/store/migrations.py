@@ -152,7 +152,8 @@ MIGRATIONS: list[Migration] = [
             replica integer PRIMARY KEY,
             started timestamptz NOT NULL DEFAULT clock_timestamp(),
             seen timestamptz NOT NULL DEFAULT clock_timestamp(),
-            beat_s double precision NOT NULL DEFAULT 5  -- its own heartbeat: its silence is judged by it
+            beat_s double precision NOT NULL DEFAULT 5,  -- its own heartbeat
+            silent_s double precision NOT NULL DEFAULT 20  -- how long it may be silent: 3 beats + its timeout
         );
         -- The held calls with no terminal row yet, kept by a trigger: the sweep reads these, never
         -- the whole audit history.

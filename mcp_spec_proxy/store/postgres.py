@@ -4,8 +4,8 @@ Opening it reaches the database (or fails in one line), applies the schema's mig
 registers this process as a live replica: it holds a session-level advisory lock on its own
 number for as long as it runs, and beats (`replicas.seen`, in the database's clock) every
 `heartbeat` seconds on that lock's connection. A replica is presumed stopped only when it holds
-no lock *and* has been silent for `DEAD_AFTER` beats: `kill -9` drops the lock at once and the
-beats stop, while a database restart drops every lock but not the beats, and each live replica
+no lock *and* has been silent past its limit (`DEAD_AFTER` beats plus its timeout): `kill -9`
+drops the lock at once and the beats stop, while a database restart drops every lock but not the beats, and each live replica
 takes its lock again at its next beat — so no live replica's calls are ever swept. Each replica's
 silence is judged by its own heartbeat (recorded with its beats, so replicas configured apart
 never misjudge each other), and only by a replica that has itself been connected at least that
@@ -70,15 +70,15 @@ WHERE o.replica IS NULL OR (
     o.replica NOT IN (SELECT replica FROM live)
     AND (r.replica IS NULL OR (
         -- silent past its own limit, and this replica connected for longer than that limit
-        r.seen < clock_timestamp() - make_interval(secs => r.beat_s * %(dead_after)s)
-        AND %(since)s::timestamptz < clock_timestamp() - make_interval(secs => r.beat_s * %(dead_after)s)
+        r.seen < clock_timestamp() - make_interval(secs => r.silent_s)
+        AND %(since)s::timestamptz < clock_timestamp() - make_interval(secs => r.silent_s)
     ))
 )
 ON CONFLICT DO NOTHING
 """
 BEAT = (
-    "INSERT INTO replicas (replica, beat_s) VALUES (%s, %s)"
-    " ON CONFLICT (replica) DO UPDATE SET seen = clock_timestamp(), beat_s = EXCLUDED.beat_s RETURNING seen"
+    "INSERT INTO replicas (replica, beat_s, silent_s) VALUES (%s, %s, %s) ON CONFLICT (replica)"
+    " DO UPDATE SET seen = clock_timestamp(), beat_s = EXCLUDED.beat_s, silent_s = EXCLUDED.silent_s RETURNING seen"
 )
 FORGET_REPLICAS = (
     "DELETE FROM replicas r WHERE seen < now() - interval '1 day'"
@@ -113,6 +113,9 @@ class PgStore:
         self._lock = lock
         self._timeout = settings.timeout
         self._beat_s = settings.heartbeat
+        # How long this replica may be silent before another takes it for stopped: its beats, and
+        # the time one beat may take to get through (a loaded machine, a reconnect).
+        self._silent_s = silent_limit(settings)
         # Since when (the database's clock) this replica's lock connection has beaten without a break.
         self._connected_since: datetime | None = registered
         self.rows = PgAudit(pool, replica, settings.timeout)
@@ -136,7 +139,9 @@ class PgStore:
         )
         try:
             await pool.open(wait=True, timeout=settings.timeout)
-            lock, replica, registered = await _register(dsn, settings.timeout, settings.heartbeat)
+            lock, replica, registered = await _register(
+                dsn, settings.timeout, settings.heartbeat, silent_limit(settings)
+            )
         except DB_ERRORS as exc:
             await pool.close()
             raise StateError(f"cannot reach the Postgres store: {problem(exc)}") from None
@@ -186,7 +191,7 @@ class PgStore:
         database restarted) — within `DEAD_AFTER` beats, before any sweep takes this replica for dead."""
         try:
             with anyio.fail_after(self._timeout):
-                seen = await _beat(self._lock, self.replica, self._beat_s)
+                seen = await _beat(self._lock, self.replica, self._beat_s, self._silent_s)
             if self._connected_since is None:
                 self._connected_since = seen
             return
@@ -198,7 +203,7 @@ class PgStore:
                 self._lock = await _lock_connection(self._dsn, self._timeout)
                 cursor = await self._lock.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_NAMESPACE, self.replica))
                 row = await cursor.fetchone()
-                self._connected_since = await _beat(self._lock, self.replica, self._beat_s)
+                self._connected_since = await _beat(self._lock, self.replica, self._beat_s, self._silent_s)
         except DB_ERRORS as exc:
             logger.warning("replica %d is not registered with Postgres: %s", self.replica, problem(exc))
             return
@@ -222,7 +227,6 @@ class PgStore:
                     args = {
                         "me": self.replica,
                         "ns": LOCK_NAMESPACE,
-                        "dead_after": DEAD_AFTER,
                         "since": self._connected_since or FAR_FUTURE,  # not connected: judge no one's silence
                     }
                     cursor = await conn.execute(SWEEP, args)
@@ -249,16 +253,22 @@ async def _lock_connection(dsn: str, limit_s: float) -> psycopg.AsyncConnection[
     return await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=max(1, round(limit_s)))
 
 
-async def _beat(conn: psycopg.AsyncConnection[Any], replica: int, beat_s: float) -> datetime:
+def silent_limit(settings: PostgresSettings) -> float:
+    return DEAD_AFTER * settings.heartbeat + settings.timeout
+
+
+async def _beat(conn: psycopg.AsyncConnection[Any], replica: int, beat_s: float, silent_s: float) -> datetime:
     """One beat: this replica is alive now (the database's clock, which it returns)."""
-    cursor = await conn.execute(BEAT, (replica, beat_s))
+    cursor = await conn.execute(BEAT, (replica, beat_s, silent_s))
     row = await cursor.fetchone()
     assert row is not None  # INSERT … RETURNING always returns its row
     seen: datetime = row[0]
     return seen
 
 
-async def _register(dsn: str, limit_s: float, beat_s: float) -> tuple[psycopg.AsyncConnection[Any], int, datetime]:
+async def _register(
+    dsn: str, limit_s: float, beat_s: float, silent_s: float
+) -> tuple[psycopg.AsyncConnection[Any], int, datetime]:
     """A connection holding this replica's liveness lock, the replica's number, its first beat."""
     conn = await _lock_connection(dsn, limit_s)
     for _ in range(32):
@@ -269,8 +279,9 @@ async def _register(dsn: str, limit_s: float, beat_s: float) -> tuple[psycopg.As
             # A number a stopped replica used, whose calls are still open, is not taken over: its
             # calls would look alive. (The sweep closes them; the next number is as good.)
             cursor = await conn.execute(
-                "INSERT INTO replicas (replica, beat_s) VALUES (%s, %s) ON CONFLICT DO NOTHING RETURNING seen",
-                (replica, beat_s),
+                "INSERT INTO replicas (replica, beat_s, silent_s) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING"
+                " RETURNING seen",
+                (replica, beat_s, silent_s),
             )
             first = await cursor.fetchone()
             if first:
