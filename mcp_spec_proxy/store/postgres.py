@@ -5,9 +5,9 @@ registers this process as a live replica: it holds a session-level advisory lock
 number for as long as it runs, and beats (`replicas.seen`, in the database's clock) every
 `heartbeat` seconds on that lock's connection. A replica is presumed stopped only when it holds
 no lock *and* has been silent past its limit (`DEAD_AFTER` beats plus its timeout): `kill -9`
-drops the lock at once and the beats stop, while a database restart drops every lock but not the beats, and each live replica
-takes its lock again at its next beat — so no live replica's calls are ever swept. Each replica's
-silence is judged by its own heartbeat (recorded with its beats, so replicas configured apart
+drops the lock at once and the beats stop, while a database restart drops every lock but not the
+beats, and each live replica takes its lock again at its next beat — so no live replica's calls
+are ever swept. Each replica's silence is judged by its own limit (recorded with its beats, so replicas configured apart
 never misjudge each other), and only by a replica that has itself been connected at least that
 long: after an outage (or at its start) a replica cannot tell a stopped replica from one not yet
 back, so it waits. A replica that stopped on purpose (it signs off) or has no row at all is
