@@ -13,13 +13,13 @@ import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 
-from mcp_spec_proxy.errors import ConfigError
+from mcp_spec_proxy.errors import ConfigError, ConfigProblem
 from mcp_spec_proxy.models import ModelConfig
 
 ReviewMode = Literal["strong", "human", "strong_then_human", "deny", "allow", "leash", "console"]
@@ -308,6 +308,29 @@ class ProxyConfig(_Strict):
         return {name: server for name, server in self.servers.items() if server.active}
 
 
+def _fields_of(model: type[BaseModel]) -> frozenset[str]:
+    """Every key `model` and the models inside it define."""
+    names: set[str] = set()
+    pending: list[Any] = [model]
+    seen: set[Any] = set()
+    while pending:
+        kind = pending.pop()
+        if kind in seen:
+            continue
+        seen.add(kind)
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            names.update(kind.model_fields)
+            pending.extend(field.annotation for field in kind.model_fields.values())
+        else:
+            pending.extend(get_args(kind))
+    return frozenset(names)
+
+
+# The keys a config may hold: a part of an error's path that is none of them and that the user did
+# not write is a union member pydantic names (`_written`).
+_KEYS = _fields_of(ProxyConfig)
+
+
 def _error_at(loc: tuple[str, ...], message: str, value: Any) -> ValidationError:
     """A validation error at `loc`, for a check that needs the whole file but names one key."""
     error = InitErrorDetails(type=PydanticCustomError("value_error", message), loc=loc, input=value)
@@ -339,11 +362,20 @@ def parse_config_text(
         if "servers" in data:
             raise ConfigError(file, "mcpServers", "both `servers` and `mcpServers` are given", "keep one of them")
         data["servers"] = data.pop("mcpServers")
-    data = _expand(file, text, data, environ, ())
+    unexpanded: list[tuple[tuple[str, ...], ConfigProblem]] = []
+    data = _expand(file, text, data, environ, (), unexpanded)
     try:
-        return ProxyConfig.model_validate(data)
+        config = ProxyConfig.model_validate(data)
     except ValidationError as exc:
-        raise _config_error(file, text, exc) from None
+        invalid = _problems(file, text, data, exc)
+    else:
+        invalid = []
+    if not unexpanded and not invalid:
+        return config
+    # A value whose variable did not expand fails validation too: that failure is the same mistake.
+    expanded = [at for at, _ in unexpanded]
+    invalid = [(at, problem) for at, problem in invalid if not any(_related(at, gone) for gone in expanded)]
+    raise ConfigError.of(_in_file_order([*unexpanded, *invalid])) from None
 
 
 def _parse(file: str, text: str, *, json_file: bool) -> Any:
@@ -361,58 +393,136 @@ def _parse(file: str, text: str, *, json_file: bool) -> Any:
         raise ConfigError(file, "", f"invalid YAML: {exc}") from None
 
 
-def _expand(file: str, text: str, value: Any, environ: Mapping[str, str], loc: tuple[str, ...]) -> Any:
+def _expand(
+    file: str,
+    text: str,
+    value: Any,
+    environ: Mapping[str, str],
+    loc: tuple[str, ...],
+    problems: list[tuple[tuple[str, ...], ConfigProblem]],
+) -> Any:
+    """`value` with its `${VAR}` references expanded; a reference that cannot be is added to
+    `problems` and left as written, so the rest of the file is still checked."""
     if isinstance(value, str):
         rest = _ENV_REF.sub("", value)
-        if "${" in rest:
+        unset = [m.group(1) for m in _ENV_REF.finditer(value) if m.group(1) not in environ and m.group(2) is None]
+        if "${" in rest or unset:
             line = _line_of(text, loc)
+            where = f"{file}:{line}" if line else file
+        if "${" in rest:
             broken = rest[rest.index("${") :][:40]
-            raise ConfigError(
-                f"{file}:{line}" if line else file,
+            problem = ConfigProblem(
+                where,
                 ".".join(loc),
                 f"{broken!r} is not a complete ${{VAR}} reference",
                 "close it with `}` — ${NAME} or ${NAME:-default}, NAME of letters, digits and _",
             )
-
-        def substitute(match: re.Match[str]) -> str:
-            name, default = match.group(1), match.group(2)
-            if name in environ:
-                return environ[name]
-            if default is not None:
-                return default
-            raise ConfigError(
-                file,
+            problems.append((loc, problem))
+            return value
+        for name in dict.fromkeys(unset):
+            problem = ConfigProblem(
+                where,
                 ".".join(loc),
                 f"environment variable {name} is not set",
                 f"export {name}, or write ${{{name}:-default}}",
             )
+            problems.append((loc, problem))
+        if unset:
+            return value
+
+        def substitute(match: re.Match[str]) -> str:
+            name, default = match.group(1), match.group(2)
+            return environ[name] if name in environ else str(default)
 
         return _ENV_REF.sub(substitute, value)
     if isinstance(value, dict):
-        return {key: _expand(file, text, item, environ, (*loc, str(key))) for key, item in value.items()}
+        return {key: _expand(file, text, item, environ, (*loc, str(key)), problems) for key, item in value.items()}
     if isinstance(value, list):
-        return [_expand(file, text, item, environ, (*loc, str(index))) for index, item in enumerate(value)]
+        return [_expand(file, text, item, environ, (*loc, str(index)), problems) for index, item in enumerate(value)]
     return value
 
 
-def _config_error(file: str, text: str, exc: ValidationError) -> ConfigError:
-    error = exc.errors()[0]
-    loc = tuple(str(part) for part in error["loc"])
-    # Servers arrive under `mcpServers` in Claude Desktop files; name the key the user wrote.
-    if loc and loc[0] == "servers" and "mcpServers" in text and "servers:" not in text:
-        loc = ("mcpServers", *loc[1:])
-    key = ".".join(loc)
-    line = _line_of(text, loc)
-    where = f"{file}:{line}" if line else file
-    kind = error["type"]
+def _problems(file: str, text: str, data: Any, exc: ValidationError) -> list[tuple[tuple[str, ...], ConfigProblem]]:
+    """Every mistake pydantic found, each at the key the user wrote."""
+    found: list[tuple[tuple[str, ...], ConfigProblem]] = []
+    for error in _one_member_per_union(data, exc.errors()):
+        loc, _ = _written(data, error)
+        # Servers arrive under `mcpServers` in Claude Desktop files; name the key the user wrote.
+        shown = loc
+        if loc and loc[0] == "servers" and "mcpServers" in text and "servers:" not in text:
+            shown = ("mcpServers", *loc[1:])
+        line = _line_of(text, shown)
+        problem = _problem(f"{file}:{line}" if line else file, shown, error)
+        if all(problem != known for _, known in found):  # two union members can say one thing
+            found.append((loc, problem))
+    return found
+
+
+def _problem(where: str, loc: tuple[str, ...], error: ErrorDetails) -> ConfigProblem:
+    key, kind = ".".join(loc), error["type"]
     if kind == "extra_forbidden":
-        return ConfigError(where, key, "unknown key", _suggest(loc[-1]))
+        return ConfigProblem(where, key, "unknown key", _suggest(loc[-1]))
     if kind == "missing":
-        return ConfigError(where, key, "required key is missing")
+        return ConfigProblem(where, key, "required key is missing")
     if kind == "literal_error":
         expected = str(error.get("ctx", {}).get("expected", "one of the allowed values"))
-        return ConfigError(where, key, f"{error['input']!r} is not allowed", f"use {expected}")
-    return ConfigError(where, key, str(error["msg"]).removeprefix("Value error, "))
+        return ConfigProblem(where, key, f"{error['input']!r} is not allowed", f"use {expected}")
+    return ConfigProblem(where, key, str(error["msg"]).removeprefix("Value error, "))
+
+
+def _written(data: Any, error: ErrorDetails) -> tuple[tuple[str, ...], int | None]:
+    """The error's key path as the user wrote it, and where in its `loc` a union member is named.
+    Inside a union pydantic names the member it tried (`PostgresStore`, `literal['files']`) as if
+    it were a key; such names are left out of the path."""
+    loc = error["loc"]
+    keys: list[str] = []
+    member: int | None = None
+    node = data
+    for index, part in enumerate(loc):
+        if isinstance(node, dict) and str(part) in node:
+            node = node[str(part)]
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+        elif str(part) not in _KEYS:  # a key left at its default, or one missing, is still a key
+            member = index if member is None else member
+            continue
+        keys.append(str(part))
+    return tuple(keys), member
+
+
+def _one_member_per_union(data: Any, errors: list[ErrorDetails]) -> list[ErrorDetails]:
+    """Where a value matches no member of a union, pydantic says why for each member; the user
+    meant one of them: the one whose errors reach furthest into what they wrote (the first on a tie)."""
+    chosen: dict[tuple[str, ...], tuple[str, int]] = {}  # a union's key path: its member, how deep
+    members: list[tuple[tuple[str, ...], str] | None] = []
+    for error in errors:
+        keys, index = _written(data, error)
+        if index is None:
+            members.append(None)
+            continue
+        union, member = keys[:index], str(error["loc"][index])  # every part before the first member is a key
+        members.append((union, member))
+        best = chosen.get(union)
+        if best is None or len(keys) > best[1]:
+            chosen[union] = (member, len(keys))
+    return [
+        error
+        for error, tagged in zip(errors, members, strict=True)
+        if tagged is None or chosen[tagged[0]][0] == tagged[1]
+    ]
+
+
+def _related(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """Whether one key path lies inside the other (or they are the same)."""
+    return a[: len(b)] == b or b[: len(a)] == a
+
+
+def _in_file_order(problems: list[tuple[tuple[str, ...], ConfigProblem]]) -> list[ConfigProblem]:
+    def line(problem: ConfigProblem) -> int:  # a problem with no line (the file as a whole) comes first
+        number = problem.file.rpartition(":")[2]
+        return int(number) if number.isdigit() else 0
+
+    return sorted((problem for _, problem in problems), key=line)
 
 
 def _suggest(key: str) -> str:
@@ -427,6 +537,8 @@ def _suggest(key: str) -> str:
         SpeculationConfig,
         GatewayConfig,
         CatalogConfig,
+        RelayConfig,
+        PostgresSettings,
     ):
         candidates.extend(model.model_fields)
     close = [name for name in dict.fromkeys(candidates) if _similar(key, name)]
