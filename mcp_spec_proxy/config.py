@@ -2,24 +2,24 @@
 
 `load_config(path, environ)` is the one way in. It parses YAML or JSON, expands `${VAR}` and
 `${VAR:-default}` from the `environ` the CLI hands it (this module never reads the process
-environment itself), validates with the pydantic models below and raises `ConfigError` naming
-the file, the line where it can, the key and what to change. The names are the product's
+environment itself), validates with the pydantic models below and raises one `ConfigError` naming
+every mistake, each with the file, the line where it can, the key and what to change (the text's
+side of that, parsing and telling, is `config_file.py`). The names are the product's
 interface (see DESIGN.md, "The configuration users write"): keep them stable.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from mcp_spec_proxy.errors import ConfigError, ConfigProblem
+from mcp_spec_proxy.config_file import Found, every_problem, expand, fields_of, parse, validation_problems
+from mcp_spec_proxy.errors import ConfigError
 from mcp_spec_proxy.models import ModelConfig
 
 ReviewMode = Literal["strong", "human", "strong_then_human", "deny", "allow", "leash", "console"]
@@ -28,7 +28,6 @@ OnError = Literal["deny", "allow"]
 TransportKind = Literal["stdio", "http", "sse"]
 
 _SERVER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
 class _Strict(BaseModel):
@@ -308,27 +307,29 @@ class ProxyConfig(_Strict):
         return {name: server for name, server in self.servers.items() if server.active}
 
 
-def _fields_of(model: type[BaseModel]) -> frozenset[str]:
-    """Every key `model` and the models inside it define."""
-    names: set[str] = set()
-    pending: list[Any] = [model]
-    seen: set[Any] = set()
-    while pending:
-        kind = pending.pop()
-        if kind in seen:
-            continue
-        seen.add(kind)
-        if isinstance(kind, type) and issubclass(kind, BaseModel):
-            names.update(kind.model_fields)
-            pending.extend(field.annotation for field in kind.model_fields.values())
-        else:
-            pending.extend(get_args(kind))
-    return frozenset(names)
-
-
 # The keys a config may hold: a part of an error's path that is none of them and that the user did
-# not write is a union member pydantic names (`_written`).
-_KEYS = _fields_of(ProxyConfig)
+# not write is a union member pydantic names. Unknown keys are matched against the fields of these
+# models, in this order (LEASH's short names, `k` and `dim`, would match any key holding the letter).
+_KEYS = fields_of(ProxyConfig)
+_SUGGESTIONS = tuple(
+    dict.fromkeys(
+        name
+        for model in (
+            ProxyConfig,
+            ServerConfig,
+            ReviewConfig,
+            ToolsConfig,
+            ToolOverride,
+            ModelConfig,
+            SpeculationConfig,
+            GatewayConfig,
+            CatalogConfig,
+            RelayConfig,
+            PostgresSettings,
+        )
+        for name in model.model_fields
+    )
+)
 
 
 def _error_at(loc: tuple[str, ...], message: str, value: Any) -> ValidationError:
@@ -353,7 +354,7 @@ def parse_config_text(
     text: str, environ: Mapping[str, str], *, file: str = "<config>", json_file: bool = False
 ) -> ProxyConfig:
     """Validate config given as text; `load_config` reads a file and comes here."""
-    data = _parse(file, text, json_file=json_file)
+    data = parse(file, text, json_file=json_file)
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -362,226 +363,14 @@ def parse_config_text(
         if "servers" in data:
             raise ConfigError(file, "mcpServers", "both `servers` and `mcpServers` are given", "keep one of them")
         data["servers"] = data.pop("mcpServers")
-    unexpanded: list[tuple[tuple[str, ...], ConfigProblem]] = []
-    data = _expand(file, text, data, environ, (), unexpanded)
+    unexpanded: Found = []
+    data = expand(file, text, data, environ, (), unexpanded)
     try:
         config = ProxyConfig.model_validate(data)
     except ValidationError as exc:
-        invalid = _problems(file, text, data, exc)
+        invalid = validation_problems(file, text, data, exc, keys=_KEYS, suggestions=_SUGGESTIONS)
     else:
         invalid = []
-    if not unexpanded and not invalid:
-        return config
-    # A value whose variable did not expand fails validation too: that failure is the same mistake.
-    expanded = [at for at, _ in unexpanded]
-    invalid = [(at, problem) for at, problem in invalid if not any(_related(at, gone) for gone in expanded)]
-    raise ConfigError.of(_in_file_order([*unexpanded, *invalid])) from None
-
-
-def _parse(file: str, text: str, *, json_file: bool) -> Any:
-    if json_file:
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{file}:{exc.lineno}", "", f"invalid JSON: {exc.msg}") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        line = exc.problem_mark.line + 1 if exc.problem_mark is not None else 0
-        raise ConfigError(f"{file}:{line}", "", f"invalid YAML: {exc.problem}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(file, "", f"invalid YAML: {exc}") from None
-
-
-def _expand(
-    file: str,
-    text: str,
-    value: Any,
-    environ: Mapping[str, str],
-    loc: tuple[str, ...],
-    problems: list[tuple[tuple[str, ...], ConfigProblem]],
-) -> Any:
-    """`value` with its `${VAR}` references expanded; a reference that cannot be is added to
-    `problems` and left as written, so the rest of the file is still checked."""
-    if isinstance(value, str):
-        rest = _ENV_REF.sub("", value)
-        unset = [m.group(1) for m in _ENV_REF.finditer(value) if m.group(1) not in environ and m.group(2) is None]
-        if "${" in rest or unset:
-            line = _line_of(text, loc)
-            where = f"{file}:{line}" if line else file
-        if "${" in rest:
-            broken = rest[rest.index("${") :][:40]
-            problem = ConfigProblem(
-                where,
-                ".".join(loc),
-                f"{broken!r} is not a complete ${{VAR}} reference",
-                "close it with `}` — ${NAME} or ${NAME:-default}, NAME of letters, digits and _",
-            )
-            problems.append((loc, problem))
-            return value
-        for name in dict.fromkeys(unset):
-            problem = ConfigProblem(
-                where,
-                ".".join(loc),
-                f"environment variable {name} is not set",
-                f"export {name}, or write ${{{name}:-default}}",
-            )
-            problems.append((loc, problem))
-        if unset:
-            return value
-
-        def substitute(match: re.Match[str]) -> str:
-            name, default = match.group(1), match.group(2)
-            return environ[name] if name in environ else str(default)
-
-        return _ENV_REF.sub(substitute, value)
-    if isinstance(value, dict):
-        return {key: _expand(file, text, item, environ, (*loc, str(key)), problems) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_expand(file, text, item, environ, (*loc, str(index)), problems) for index, item in enumerate(value)]
-    return value
-
-
-def _problems(file: str, text: str, data: Any, exc: ValidationError) -> list[tuple[tuple[str, ...], ConfigProblem]]:
-    """Every mistake pydantic found, each at the key the user wrote."""
-    found: list[tuple[tuple[str, ...], ConfigProblem]] = []
-    for error in _one_member_per_union(data, exc.errors()):
-        loc, _ = _written(data, error)
-        # Servers arrive under `mcpServers` in Claude Desktop files; name the key the user wrote.
-        shown = loc
-        if loc and loc[0] == "servers" and "mcpServers" in text and "servers:" not in text:
-            shown = ("mcpServers", *loc[1:])
-        line = _line_of(text, shown)
-        problem = _problem(f"{file}:{line}" if line else file, shown, error)
-        if all(problem != known for _, known in found):  # two union members can say one thing
-            found.append((loc, problem))
-    return found
-
-
-def _problem(where: str, loc: tuple[str, ...], error: ErrorDetails) -> ConfigProblem:
-    key, kind = ".".join(loc), error["type"]
-    if kind == "extra_forbidden":
-        return ConfigProblem(where, key, "unknown key", _suggest(loc[-1]))
-    if kind == "missing":
-        return ConfigProblem(where, key, "required key is missing")
-    if kind == "literal_error":
-        expected = str(error.get("ctx", {}).get("expected", "one of the allowed values"))
-        return ConfigProblem(where, key, f"{error['input']!r} is not allowed", f"use {expected}")
-    return ConfigProblem(where, key, str(error["msg"]).removeprefix("Value error, "))
-
-
-def _written(data: Any, error: ErrorDetails) -> tuple[tuple[str, ...], int | None]:
-    """The error's key path as the user wrote it, and where in its `loc` a union member is named.
-    Inside a union pydantic names the member it tried (`PostgresStore`, `literal['files']`) as if
-    it were a key; such names are left out of the path."""
-    loc = error["loc"]
-    keys: list[str] = []
-    member: int | None = None
-    node = data
-    for index, part in enumerate(loc):
-        if isinstance(node, dict) and str(part) in node:
-            node = node[str(part)]
-        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
-            node = node[part]
-        elif str(part) not in _KEYS:  # a key left at its default, or one missing, is still a key
-            member = index if member is None else member
-            continue
-        keys.append(str(part))
-    return tuple(keys), member
-
-
-def _one_member_per_union(data: Any, errors: list[ErrorDetails]) -> list[ErrorDetails]:
-    """Where a value matches no member of a union, pydantic says why for each member; the user
-    meant one of them: the one whose errors reach furthest into what they wrote (the first on a tie)."""
-    chosen: dict[tuple[str, ...], tuple[str, int]] = {}  # a union's key path: its member, how deep
-    members: list[tuple[tuple[str, ...], str] | None] = []
-    for error in errors:
-        keys, index = _written(data, error)
-        if index is None:
-            members.append(None)
-            continue
-        union, member = keys[:index], str(error["loc"][index])  # every part before the first member is a key
-        members.append((union, member))
-        best = chosen.get(union)
-        if best is None or len(keys) > best[1]:
-            chosen[union] = (member, len(keys))
-    return [
-        error
-        for error, tagged in zip(errors, members, strict=True)
-        if tagged is None or chosen[tagged[0]][0] == tagged[1]
-    ]
-
-
-def _related(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
-    """Whether one key path lies inside the other (or they are the same)."""
-    return a[: len(b)] == b or b[: len(a)] == a
-
-
-def _in_file_order(problems: list[tuple[tuple[str, ...], ConfigProblem]]) -> list[ConfigProblem]:
-    def line(problem: ConfigProblem) -> int:  # a problem with no line (the file as a whole) comes first
-        number = problem.file.rpartition(":")[2]
-        return int(number) if number.isdigit() else 0
-
-    return sorted((problem for _, problem in problems), key=line)
-
-
-def _suggest(key: str) -> str:
-    candidates: list[str] = []
-    for model in (
-        ProxyConfig,
-        ServerConfig,
-        ReviewConfig,
-        ToolsConfig,
-        ToolOverride,
-        ModelConfig,
-        SpeculationConfig,
-        GatewayConfig,
-        CatalogConfig,
-        RelayConfig,
-        PostgresSettings,
-    ):
-        candidates.extend(model.model_fields)
-    close = [name for name in dict.fromkeys(candidates) if _similar(key, name)]
-    if close:
-        return f"did you mean `{close[0]}`?"
-    return "remove it or check its spelling against the README's servers.yaml reference"
-
-
-def _similar(a: str, b: str) -> bool:
-    if a == b:
-        return False
-    a, b = a.lower(), b.lower()
-    if a.replace("-", "_") == b or a in b or b in a:
-        return True
-    # One edit apart is a typo worth naming.
-    if abs(len(a) - len(b)) > 1:
-        return False
-    if len(a) == len(b):
-        return sum(1 for x, y in zip(a, b, strict=True) if x != y) <= 1
-    # A letter dropped or added anywhere (`timout`, `commmand`), not only at the end.
-    short, long = sorted((a, b), key=len)
-    return any(long[:i] + long[i + 1 :] == short for i in range(len(long)))
-
-
-def _line_of(text: str, loc: tuple[str, ...]) -> int | None:
-    """The 1-based line of a key path in YAML/JSON text, or None where it cannot be found."""
-    try:
-        node = yaml.compose(text)
-    except yaml.YAMLError:
-        return None
-    line: int | None = None
-    for part in loc:
-        if isinstance(node, yaml.MappingNode):
-            for key_node, value_node in node.value:
-                if key_node.value == part or (part == "servers" and key_node.value == "mcpServers"):
-                    line = key_node.start_mark.line + 1
-                    node = value_node
-                    break
-            else:
-                return line
-        elif isinstance(node, yaml.SequenceNode) and part.isdigit() and int(part) < len(node.value):
-            node = node.value[int(part)]
-            line = node.start_mark.line + 1
-        else:
-            return line
-    return line
+    if unexpanded or invalid:
+        raise ConfigError.of(every_problem(unexpanded, invalid)) from None
+    return config
