@@ -18,8 +18,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from mcp_spec_proxy.config_file import Found, every_problem, expand, fields_of, parse, validation_problems
-from mcp_spec_proxy.errors import ConfigError
+from mcp_spec_proxy.config_file import Lines, Loc, every_problem, expand, fields_of, parse, validation_problems
+from mcp_spec_proxy.errors import ConfigError, ConfigProblem
 from mcp_spec_proxy.models import ModelConfig
 
 ReviewMode = Literal["strong", "human", "strong_then_human", "deny", "allow", "leash", "console"]
@@ -363,12 +363,15 @@ def parse_config_text(
         if "servers" in data:
             raise ConfigError(file, "mcpServers", "both `servers` and `mcpServers` are given", "keep one of them")
         data["servers"] = data.pop("mcpServers")
-    unexpanded: Found = []
-    data = expand(file, text, data, environ, (), unexpanded)
+    lines = Lines(text)
+    unexpanded: list[tuple[Loc, ConfigProblem]] = []
+    data = expand(file, lines, data, environ, (), unexpanded)
     try:
         config = ProxyConfig.model_validate(data)
     except ValidationError as exc:
-        invalid = validation_problems(file, text, data, exc, keys=_KEYS, suggestions=_SUGGESTIONS)
+        invalid = validation_problems(
+            file, lines, data, exc, keys=_KEYS, suggestions=_SUGGESTIONS, unexpanded=unexpanded
+        )
     else:
         invalid = []
     if unexpanded or invalid:

@@ -3,8 +3,8 @@ mistake told at the line and the key the user wrote, with what to change (`confi
 models and calls these; this module knows no model by name).
 
 Mistakes are gathered, not raised one by one: `expand` notes each reference it cannot expand and
-leaves it as written, `validation_problems` turns every pydantic error into a `ConfigProblem`,
-and `every_problem` puts both in the file's order, each mistake once.
+leaves it as written, `validation_problems` turns every pydantic error into a `ConfigProblem`
+(each mistake once), and `every_problem` puts them all in the file's order.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pydantic_core import ErrorDetails
 from mcp_spec_proxy.errors import ConfigError, ConfigProblem
 
 Loc = tuple[str, ...]
-Found = list[tuple[Loc, ConfigProblem]]  # each problem with the key path it is about
+Found = Sequence[tuple[Loc, ConfigProblem]]  # each problem with the key path it is about
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -44,11 +44,11 @@ def parse(file: str, text: str, *, json_file: bool) -> Any:
 
 def expand(
     file: str,
-    text: str,
+    lines: Lines,
     value: Any,
     environ: Mapping[str, str],
     loc: Loc,
-    problems: Found,
+    problems: list[tuple[Loc, ConfigProblem]],
 ) -> Any:
     """`value` with its `${VAR}` references expanded; a reference that cannot be is added to
     `problems` and left as written, so the rest of the file is still checked."""
@@ -62,7 +62,7 @@ def expand(
                 return environ[name] if name in environ else str(default)
 
             return _ENV_REF.sub(substitute, value)
-        line = line_of(text, loc)
+        line = lines.of(loc)
         where, key = f"{file}:{line}" if line else file, ".".join(loc)
         if "${" in rest:
             broken = rest[rest.index("${") :][:40]
@@ -74,24 +74,36 @@ def expand(
             problems.append((loc, ConfigProblem(where, key, f"environment variable {name} is not set", fix)))
         return value
     if isinstance(value, dict):
-        return {key: expand(file, text, item, environ, (*loc, str(key)), problems) for key, item in value.items()}
+        return {key: expand(file, lines, item, environ, (*loc, str(key)), problems) for key, item in value.items()}
     if isinstance(value, list):
-        return [expand(file, text, item, environ, (*loc, str(index)), problems) for index, item in enumerate(value)]
+        return [expand(file, lines, item, environ, (*loc, str(index)), problems) for index, item in enumerate(value)]
     return value
 
 
 def validation_problems(
-    file: str, text: str, data: Any, exc: ValidationError, *, keys: frozenset[str], suggestions: Sequence[str]
+    file: str,
+    lines: Lines,
+    data: Any,
+    exc: ValidationError,
+    *,
+    keys: frozenset[str],
+    suggestions: Sequence[str],
+    unexpanded: Found = (),
 ) -> Found:
-    """Every mistake pydantic found, each at the key the user wrote."""
-    found: Found = []
+    """Every mistake pydantic found, each at the key the user wrote. A value whose `${VAR}` did not
+    expand (`unexpanded`) fails its checks too: that is the same mistake, and is not told again;
+    a key that is unknown or missing is its own mistake, whatever its value."""
+    found: list[tuple[Loc, ConfigProblem]] = []
+    gone = [at for at, _ in unexpanded]
     for error in _one_member_per_union(data, exc.errors(), keys):
         loc, _ = _written(data, error, keys)
+        if error["type"] not in ("extra_forbidden", "missing") and any(_related(loc, at) for at in gone):
+            continue
         # Servers arrive under `mcpServers` in Claude Desktop files; name the key the user wrote.
         shown = loc
-        if loc and loc[0] == "servers" and "mcpServers" in text and "servers:" not in text:
+        if loc and loc[0] == "servers" and "mcpServers" in lines.text and "servers:" not in lines.text:
             shown = ("mcpServers", *loc[1:])
-        line = line_of(text, shown)
+        line = lines.of(shown)
         problem = _problem(f"{file}:{line}" if line else file, shown, error, suggestions)
         if all(problem != known for _, known in found):  # two union members can say one thing
             found.append((loc, problem))
@@ -152,17 +164,14 @@ def _one_member_per_union(data: Any, errors: list[ErrorDetails], keys: frozenset
     ]
 
 
-def every_problem(unexpanded: Found, invalid: Found) -> list[ConfigProblem]:
-    """Both kinds of mistake, in the file's order (one with no line, about the whole file, first)."""
-    # A value whose variable did not expand fails validation too: that failure is the same mistake.
-    gone = [at for at, _ in unexpanded]
-    invalid = [(at, problem) for at, problem in invalid if not any(_related(at, loc) for loc in gone)]
+def every_problem(*found: Found) -> list[ConfigProblem]:
+    """Every problem found, in the file's order (one with no line, about the whole file, first)."""
 
     def line(problem: ConfigProblem) -> int:
         number = problem.file.rpartition(":")[2]
         return int(number) if number.isdigit() else 0
 
-    return sorted((problem for _, problem in [*unexpanded, *invalid]), key=line)
+    return sorted((problem for problems in found for problem in (p for _, p in problems)), key=line)
 
 
 def _related(a: Loc, b: Loc) -> bool:
@@ -194,28 +203,40 @@ def _similar(a: str, b: str) -> bool:
     return any(long[:i] + long[i + 1 :] == short for i in range(len(long)))
 
 
-def line_of(text: str, loc: Loc) -> int | None:
-    """The 1-based line of a key path in YAML/JSON text, or None where it cannot be found."""
-    try:
-        node = yaml.compose(text)
-    except yaml.YAMLError:
-        return None
-    line: int | None = None
-    for part in loc:
-        if isinstance(node, yaml.MappingNode):
-            for key_node, value_node in node.value:
-                if key_node.value == part or (part == "servers" and key_node.value == "mcpServers"):
-                    line = key_node.start_mark.line + 1
-                    node = value_node
-                    break
+class Lines:
+    """The 1-based line of each key path in a file's YAML/JSON text (JSON is YAML). The text is
+    composed once, when a line is first asked for: a file with many mistakes is read once, not
+    once per mistake."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self._root: yaml.Node | None = None
+        self._composed = False
+
+    def of(self, loc: Loc) -> int | None:
+        """The line of `loc`, or of the deepest part of it that is written; None where none is."""
+        if not self._composed:
+            self._composed = True
+            try:
+                self._root = yaml.compose(self.text)
+            except yaml.YAMLError:
+                self._root = None
+        node, line = self._root, None
+        for part in loc:
+            if isinstance(node, yaml.MappingNode):
+                for key_node, value_node in node.value:
+                    if key_node.value == part or (part == "servers" and key_node.value == "mcpServers"):
+                        line = key_node.start_mark.line + 1
+                        node = value_node
+                        break
+                else:
+                    return line
+            elif isinstance(node, yaml.SequenceNode) and part.isdigit() and int(part) < len(node.value):
+                node = node.value[int(part)]
+                line = node.start_mark.line + 1
             else:
                 return line
-        elif isinstance(node, yaml.SequenceNode) and part.isdigit() and int(part) < len(node.value):
-            node = node.value[int(part)]
-            line = node.start_mark.line + 1
-        else:
-            return line
-    return line
+        return line
 
 
 def fields_of(model: type[BaseModel]) -> frozenset[str]:

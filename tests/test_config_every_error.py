@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from mcp_spec_proxy.config import parse_config_text
 from mcp_spec_proxy.errors import ConfigError
@@ -151,3 +152,32 @@ def test_claude_desktop_json_with_several_mistakes_names_each_under_mcp_servers(
         (f"{path}:6", "mcpServers.fs.timout"),
         (f"{path}:9", "review.on_error"),
     ]
+
+
+def test_an_unknown_key_is_told_beside_its_unset_variable() -> None:
+    # The key is a mistake whatever its value: only checks of the value are the variable's.
+    error = config_error("servers:\n  fs:\n    command: npx\n    timout: ${UNSET_TIMEOUT}\n")
+
+    assert [(p.file, p.key, p.problem) for p in error.problems] == [
+        ("servers.yaml:4", "servers.fs.timout", "environment variable UNSET_TIMEOUT is not set"),
+        ("servers.yaml:4", "servers.fs.timout", "unknown key"),
+    ]
+
+
+def test_a_file_with_many_mistakes_is_read_for_their_lines_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Composed anew for each mistake, a file of a thousand typos took a minute to be refused.
+    composed: list[str] = []
+    compose = yaml.compose
+
+    def counted(text: str) -> yaml.Node | None:
+        composed.append(text)
+        return compose(text)
+
+    monkeypatch.setattr(yaml, "compose", counted)
+    text = "servers:\n  fs:\n    command: npx\n" + "".join(f"    typo{i}: 1\n" for i in range(50))
+
+    error = config_error(text)
+
+    assert len(error.problems) == 50
+    assert error.problems[-1].file == "servers.yaml:53"
+    assert len(composed) == 1
