@@ -23,6 +23,7 @@ from mcp_spec_proxy.errors import ConfigError, ConfigProblem
 Loc = tuple[str, ...]
 Found = Sequence[tuple[Loc, ConfigProblem]]  # each problem with the key path it is about
 
+_NONE = object()  # no such key in what the user wrote
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -131,8 +132,10 @@ def _written(data: Any, error: ErrorDetails, keys: frozenset[str]) -> tuple[Loc,
     member: int | None = None
     node = data
     for index, part in enumerate(loc):
-        if isinstance(node, dict) and str(part) in node:
-            node = node[str(part)]
+        # YAML keys need not be strings (`1:`, `yes:`); pydantic's path may name them either way.
+        written_key = next((key for key in node if str(key) == str(part)), _NONE) if isinstance(node, dict) else _NONE
+        if written_key is not _NONE:
+            node = node[written_key]
         elif isinstance(node, list) and isinstance(part, int) and part < len(node):
             node = node[part]
         elif str(part) not in keys:  # a key left at its default, or one missing, is still a key

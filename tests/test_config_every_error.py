@@ -181,3 +181,12 @@ def test_a_file_with_many_mistakes_is_read_for_their_lines_once(monkeypatch: pyt
     assert len(error.problems) == 50
     assert error.problems[-1].file == "servers.yaml:53"
     assert len(composed) == 1
+
+
+def test_a_key_yaml_reads_as_a_number_keeps_its_place_in_the_path() -> None:
+    error = config_error("servers:\n  1:\n    command: npx\nreview:\n  default: maybe\n")
+
+    assert [(p.file, p.key) for p in error.problems] == [
+        ("servers.yaml:2", "servers.1"),
+        ("servers.yaml:5", "review.default"),
+    ]
