@@ -2,24 +2,24 @@
 
 `load_config(path, environ)` is the one way in. It parses YAML or JSON, expands `${VAR}` and
 `${VAR:-default}` from the `environ` the CLI hands it (this module never reads the process
-environment itself), validates with the pydantic models below and raises `ConfigError` naming
-the file, the line where it can, the key and what to change. The names are the product's
+environment itself), validates with the pydantic models below and raises one `ConfigError` naming
+every mistake, each with the file, the line where it can, the key and what to change (the text's
+side of that, parsing and telling, is `config_file.py`). The names are the product's
 interface (see DESIGN.md, "The configuration users write"): keep them stable.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from mcp_spec_proxy.errors import ConfigError
+from mcp_spec_proxy.config_file import Lines, Loc, every_problem, expand, fields_of, parse, validation_problems
+from mcp_spec_proxy.errors import ConfigError, ConfigProblem
 from mcp_spec_proxy.models import ModelConfig
 
 ReviewMode = Literal["strong", "human", "strong_then_human", "deny", "allow", "leash", "console"]
@@ -28,7 +28,6 @@ OnError = Literal["deny", "allow"]
 TransportKind = Literal["stdio", "http", "sse"]
 
 _SERVER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
 class _Strict(BaseModel):
@@ -308,6 +307,31 @@ class ProxyConfig(_Strict):
         return {name: server for name, server in self.servers.items() if server.active}
 
 
+# The keys a config may hold: a part of an error's path that is none of them and that the user did
+# not write is a union member pydantic names. Unknown keys are matched against the fields of these
+# models, in this order (LEASH's short names, `k` and `dim`, would match any key holding the letter).
+_KEYS = fields_of(ProxyConfig)
+_SUGGESTIONS = tuple(
+    dict.fromkeys(
+        name
+        for model in (
+            ProxyConfig,
+            ServerConfig,
+            ReviewConfig,
+            ToolsConfig,
+            ToolOverride,
+            ModelConfig,
+            SpeculationConfig,
+            GatewayConfig,
+            CatalogConfig,
+            RelayConfig,
+            PostgresSettings,
+        )
+        for name in model.model_fields
+    )
+)
+
+
 def _error_at(loc: tuple[str, ...], message: str, value: Any) -> ValidationError:
     """A validation error at `loc`, for a check that needs the whole file but names one key."""
     error = InitErrorDetails(type=PydanticCustomError("value_error", message), loc=loc, input=value)
@@ -330,7 +354,7 @@ def parse_config_text(
     text: str, environ: Mapping[str, str], *, file: str = "<config>", json_file: bool = False
 ) -> ProxyConfig:
     """Validate config given as text; `load_config` reads a file and comes here."""
-    data = _parse(file, text, json_file=json_file)
+    data = parse(file, text, json_file=json_file)
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -339,137 +363,17 @@ def parse_config_text(
         if "servers" in data:
             raise ConfigError(file, "mcpServers", "both `servers` and `mcpServers` are given", "keep one of them")
         data["servers"] = data.pop("mcpServers")
-    data = _expand(file, text, data, environ, ())
+    lines = Lines(text)
+    unexpanded: list[tuple[Loc, ConfigProblem]] = []
+    data = expand(file, lines, data, environ, (), unexpanded)
     try:
-        return ProxyConfig.model_validate(data)
+        config = ProxyConfig.model_validate(data)
     except ValidationError as exc:
-        raise _config_error(file, text, exc) from None
-
-
-def _parse(file: str, text: str, *, json_file: bool) -> Any:
-    if json_file:
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{file}:{exc.lineno}", "", f"invalid JSON: {exc.msg}") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        line = exc.problem_mark.line + 1 if exc.problem_mark is not None else 0
-        raise ConfigError(f"{file}:{line}", "", f"invalid YAML: {exc.problem}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(file, "", f"invalid YAML: {exc}") from None
-
-
-def _expand(file: str, text: str, value: Any, environ: Mapping[str, str], loc: tuple[str, ...]) -> Any:
-    if isinstance(value, str):
-        rest = _ENV_REF.sub("", value)
-        if "${" in rest:
-            line = _line_of(text, loc)
-            broken = rest[rest.index("${") :][:40]
-            raise ConfigError(
-                f"{file}:{line}" if line else file,
-                ".".join(loc),
-                f"{broken!r} is not a complete ${{VAR}} reference",
-                "close it with `}` — ${NAME} or ${NAME:-default}, NAME of letters, digits and _",
-            )
-
-        def substitute(match: re.Match[str]) -> str:
-            name, default = match.group(1), match.group(2)
-            if name in environ:
-                return environ[name]
-            if default is not None:
-                return default
-            raise ConfigError(
-                file,
-                ".".join(loc),
-                f"environment variable {name} is not set",
-                f"export {name}, or write ${{{name}:-default}}",
-            )
-
-        return _ENV_REF.sub(substitute, value)
-    if isinstance(value, dict):
-        return {key: _expand(file, text, item, environ, (*loc, str(key))) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_expand(file, text, item, environ, (*loc, str(index))) for index, item in enumerate(value)]
-    return value
-
-
-def _config_error(file: str, text: str, exc: ValidationError) -> ConfigError:
-    error = exc.errors()[0]
-    loc = tuple(str(part) for part in error["loc"])
-    # Servers arrive under `mcpServers` in Claude Desktop files; name the key the user wrote.
-    if loc and loc[0] == "servers" and "mcpServers" in text and "servers:" not in text:
-        loc = ("mcpServers", *loc[1:])
-    key = ".".join(loc)
-    line = _line_of(text, loc)
-    where = f"{file}:{line}" if line else file
-    kind = error["type"]
-    if kind == "extra_forbidden":
-        return ConfigError(where, key, "unknown key", _suggest(loc[-1]))
-    if kind == "missing":
-        return ConfigError(where, key, "required key is missing")
-    if kind == "literal_error":
-        expected = str(error.get("ctx", {}).get("expected", "one of the allowed values"))
-        return ConfigError(where, key, f"{error['input']!r} is not allowed", f"use {expected}")
-    return ConfigError(where, key, str(error["msg"]).removeprefix("Value error, "))
-
-
-def _suggest(key: str) -> str:
-    candidates: list[str] = []
-    for model in (
-        ProxyConfig,
-        ServerConfig,
-        ReviewConfig,
-        ToolsConfig,
-        ToolOverride,
-        ModelConfig,
-        SpeculationConfig,
-        GatewayConfig,
-        CatalogConfig,
-    ):
-        candidates.extend(model.model_fields)
-    close = [name for name in dict.fromkeys(candidates) if _similar(key, name)]
-    if close:
-        return f"did you mean `{close[0]}`?"
-    return "remove it or check its spelling against the README's servers.yaml reference"
-
-
-def _similar(a: str, b: str) -> bool:
-    if a == b:
-        return False
-    a, b = a.lower(), b.lower()
-    if a.replace("-", "_") == b or a in b or b in a:
-        return True
-    # One edit apart is a typo worth naming.
-    if abs(len(a) - len(b)) > 1:
-        return False
-    if len(a) == len(b):
-        return sum(1 for x, y in zip(a, b, strict=True) if x != y) <= 1
-    # A letter dropped or added anywhere (`timout`, `commmand`), not only at the end.
-    short, long = sorted((a, b), key=len)
-    return any(long[:i] + long[i + 1 :] == short for i in range(len(long)))
-
-
-def _line_of(text: str, loc: tuple[str, ...]) -> int | None:
-    """The 1-based line of a key path in YAML/JSON text, or None where it cannot be found."""
-    try:
-        node = yaml.compose(text)
-    except yaml.YAMLError:
-        return None
-    line: int | None = None
-    for part in loc:
-        if isinstance(node, yaml.MappingNode):
-            for key_node, value_node in node.value:
-                if key_node.value == part or (part == "servers" and key_node.value == "mcpServers"):
-                    line = key_node.start_mark.line + 1
-                    node = value_node
-                    break
-            else:
-                return line
-        elif isinstance(node, yaml.SequenceNode) and part.isdigit() and int(part) < len(node.value):
-            node = node.value[int(part)]
-            line = node.start_mark.line + 1
-        else:
-            return line
-    return line
+        invalid = validation_problems(
+            file, lines, data, exc, keys=_KEYS, suggestions=_SUGGESTIONS, unexpanded=unexpanded
+        )
+    else:
+        invalid = []
+    if unexpanded or invalid:
+        raise ConfigError.of(every_problem(unexpanded, invalid)) from None
+    return config

@@ -1,16 +1,32 @@
 """The proxy's exception tree, and its own JSON-RPC error codes.
 
-    ProxyError                    everything the proxy raises on purpose          wire code
-    ├── ConfigError               servers.yaml / mcpServers JSON is wrong: names file, key and fix
-    ├── BackendError              a wrapped server failed us                       -32010
-    │   ├── BackendUnavailable    not connected (never started, exited, reconnecting) -32011
-    │   │   └── BackendClosed     its connection ended while a call waited          -32012
-    │   ├── BackendTimeout        the proxy waited the server's `timeout` and stopped -32013
-    │   └── ResultTooLarge        a result past the server's `max_result_bytes`     -32014
-    ├── ToolNotFound              the client named a tool the catalog does not have  -32602
-    ├── InvalidArguments          arguments fail the tool's input schema
-    ├── CallReplayed              a call's idempotency key is another call's: not forwarded -32015
-    └── StateError                the state directory (fingerprints, audit log) cannot be used
+Every class the proxy raises on purpose, wherever it is defined (the module is named where it is
+not this one); `tests/test_error_tree.py` holds this drawing to the classes.
+
+    ProxyError                  everything the proxy raises on purpose                       wire code
+    ├── ConfigError             a config file is wrong: every mistake, each with file:line, key, fix
+    ├── BackendError            a wrapped server failed us                                   -32010
+    │   ├── BackendUnavailable  not connected (never started, exited, reconnecting)          -32011
+    │   │   └── BackendClosed   its connection ended while a call waited                     -32012
+    │   ├── BackendTimeout      the proxy waited the server's `timeout` and stopped          -32013
+    │   └── ResultTooLarge      a result past the server's `max_result_bytes`                -32014
+    ├── ToolNotFound            the client named a tool the catalog does not have            -32602
+    ├── InvalidArguments        arguments fail the tool's input schema (the client gets a tool error result)
+    ├── CallReplayed            a call's idempotency key is another call's: not forwarded    -32015
+    ├── StateError              the state directory or database (audit, fingerprints) cannot be used
+    ├── ModelError              models.py: a model call failed, or its answer is no chat completion
+    ├── ReviewFailed            review/: the reviewer could not produce a verdict
+    ├── ConsoleRefused          review/console.py: a decision the approval queue will not take
+    ├── LeashError              leash/encoders.py: LEASH cannot do what was asked
+    │   ├── EncoderError        leash/encoders.py: an encoder cannot produce vectors
+    │   └── BankError           leash/storage.py: a bank cannot be loaded or saved
+    │       └── BankMismatch    leash/storage.py: the bank on disk was made by another encoder
+    └── BadRequest              fronts/gateway.py: a request the gateway refuses (its HTTP status)
+
+A class without a code that reaches `wire_error` goes out as Internal Error (-32603), with its
+words. A signal is not an error and is not in this tree: `InputNeeded` (review/), "ask the
+client, then retry", derives from `Exception` itself, so no `except ProxyError` takes it for a
+failure (STYLE.md, rule 16).
 
 A backend's own JSON-RPC error is not in this tree: it is the SDK's `MCPError`, and it reaches
 the client as the backend sent it (code, message, data), whatever its code. Only what the proxy
@@ -27,6 +43,8 @@ the SDK is loaded.)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 BACKEND_FAILED = -32010
@@ -47,19 +65,43 @@ class ProxyError(Exception):
     """Base of every error the proxy raises deliberately."""
 
 
-class ConfigError(ProxyError):
-    """The configuration cannot be used. The message names the file, the key and the fix."""
+@dataclass(frozen=True)
+class ConfigProblem:
+    """One mistake in a config file: where (the file, with `:line` where it is known), the key,
+    what is wrong and what to change."""
 
-    def __init__(self, file: str, key: str, problem: str, fix: str = "") -> None:
+    file: str
+    key: str
+    problem: str
+    fix: str = ""
+
+    def __str__(self) -> str:
+        where = f"{self.file}: {self.key}" if self.key else self.file
+        return f"{where}: {self.problem}" + (f" — {self.fix}" if self.fix else "")
+
+
+class ConfigError(ProxyError):
+    """The configuration cannot be used. Each problem names the file, the key and the fix; a file
+    with several mistakes is one error naming all of them (`problems`, in the file's order), so
+    one run shows everything to change. `file`, `key`, `problem` and `fix` are the first's."""
+
+    def __init__(self, file: str, key: str, problem: str, fix: str = "", *, more: Sequence[ConfigProblem] = ()) -> None:
         self.file = file
         self.key = key
         self.problem = problem
         self.fix = fix
-        where = f"{file}: {key}" if key else file
-        message = f"{where}: {problem}"
-        if fix:
-            message += f" — {fix}"
-        super().__init__(message)
+        self.problems = (ConfigProblem(file, key, problem, fix), *more)
+        if not more:
+            super().__init__(str(self.problems[0]))
+            return
+        lines = "\n".join(f"  {problem}" for problem in self.problems)
+        super().__init__(f"{len(self.problems)} problems in the configuration:\n{lines}")
+
+    @classmethod
+    def of(cls, problems: Sequence[ConfigProblem]) -> ConfigError:
+        """One error for every problem given (at least one)."""
+        first, *more = problems
+        return cls(first.file, first.key, first.problem, first.fix, more=more)
 
 
 class BackendError(ProxyError):

@@ -17,6 +17,19 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+TEST_TIMEOUT_S = 600.0  # generous: it is there to catch a hang, not a slow test
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    # Each test's time limit (pytest-timeout, in the `test` extra), unless --timeout or PYTEST_TIMEOUT
+    # sets another. Set here, not as `timeout` in pyproject.toml: where the plugin is missing, that
+    # unknown key stops pytest from starting at all (warnings are errors).
+    given = config.getoption("timeout", None) is not None or "PYTEST_TIMEOUT" in os.environ
+    if config.pluginmanager.hasplugin("timeout") and not given:
+        config.option.timeout = TEST_TIMEOUT_S
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # The real-model tests are slow (a real 135M model on one CPU thread): the fast ones report first.
     items.sort(key=lambda item: item.get_closest_marker("real_model") is not None)

@@ -180,19 +180,19 @@ def test_expansion_reads_only_the_mapping_passed_in(monkeypatch: pytest.MonkeyPa
     assert "ONLY_IN_PROCESS_ENV is not set" in error.problem
 
 
-def test_missing_variable_names_file_key_path_and_fix(tmp_path: Path) -> None:
+def test_missing_variable_names_file_line_key_path_and_fix(tmp_path: Path) -> None:
     path = write(tmp_path, "servers.yaml", FULL_YAML)
 
     with pytest.raises(ConfigError) as caught:
         load_config(path, {"HOME": "/home/ada"})
 
     error = caught.value
-    assert error.file == str(path)
+    assert error.file == f"{path}:17"
     assert error.key == "servers.tracker.headers.Authorization"
     assert error.problem == "environment variable TRACKER_TOKEN is not set"
     assert error.fix == "export TRACKER_TOKEN, or write ${TRACKER_TOKEN:-default}"
     assert str(error) == (
-        f"{path}: servers.tracker.headers.Authorization: environment variable TRACKER_TOKEN is not set"
+        f"{path}:17: servers.tracker.headers.Authorization: environment variable TRACKER_TOKEN is not set"
         " — export TRACKER_TOKEN, or write ${TRACKER_TOKEN:-default}"
     )
 

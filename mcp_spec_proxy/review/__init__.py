@@ -63,8 +63,10 @@ class ReviewRequest:
     client: str | None = None  # the session's client identity, where a front authenticated one (LEASH provenance)
 
 
-class InputNeeded(ProxyError):
-    """The front must return `input_required` to the client and wait for its retry (2026-07-28 era)."""
+class InputNeeded(Exception):
+    """A signal, not an error: the front must return `input_required` to the client and wait for
+    its retry (2026-07-28 era). Outside the `ProxyError` tree, so no handler of the proxy's errors
+    takes it for a failure; across a task group it must be kept out of the group (`with_heartbeat`)."""
 
     def __init__(self, key: str, message: str, schema: dict[str, Any], memo: dict[str, Any] | None = None) -> None:
         super().__init__(message)
