@@ -106,7 +106,7 @@ def test_the_two_commands_and_the_desktop_snippet_are_near_the_top() -> None:
     readme = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
     first_screen = "\n".join(readme[:40])
     assert "scripts/serve.sh" in first_screen and "scripts/test.sh" in first_screen
-    assert '"mcpServers"' in "\n".join(readme[:100])
+    assert '"mcpServers"' in "\n".join(readme[:50])
 
 
 @pytest.mark.parametrize(
