@@ -296,8 +296,8 @@ def test_serve_sh_says_what_it_is_doing_before_each_slow_step(tmp_path: Path) ->
 # -- 9. models.weak is documented --------------------------------------------------------------------------
 
 
-def test_the_readme_reference_documents_models_weak() -> None:
-    readme = (REPO / "README.md").read_text()
-    reference = readme[readme.index("## servers.yaml reference") :]
+def test_the_servers_yaml_reference_documents_models_weak() -> None:
+    config_page = (REPO / "docs" / "CONFIG.md").read_text()
+    reference = config_page[config_page.index("## servers.yaml reference") :]
     models = reference[reference.index("\nmodels:") : reference.index("\nspeculation:")]
     assert "\n  weak:" in models
