@@ -5,7 +5,8 @@ and 1 point elsewhere while serving (`sdk.claimed_stdio`). Unlike it:
 
 * the pipes are the event loop's own (asyncio pipe transports), not files read and written in
   worker threads: a message costs no thread hand-off either way; where stdin or stdout is not a
-  pipe or socket (a regular file, a terminal, /dev/null), worker threads serve it as before;
+  pipe or socket (a regular file, a terminal, /dev/null), threads serve it (reads in a daemon
+  thread a stop abandons, so Ctrl-C in a terminal does not wait for Enter);
 * a client's read is taken off the wire before the SDK parses it (`_LeanReads`, the lean read
   path of `fast_read.py`) and answered from the line it came in, past the SDK's dispatcher;
 * answers waiting together go out in one write;
