@@ -23,10 +23,12 @@ from urllib.parse import urlsplit
 import anyio
 import anyio.abc
 import httpx
+import httpx2
 import openai
 import pytest
 import yaml
 from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 
 from mcp_spec_proxy.config import ProxyConfig, parse_config_text
 from mcp_spec_proxy.errors import ConfigError
@@ -34,7 +36,7 @@ from mcp_spec_proxy.fronts.asgi import BearerToken, serve_asgi
 from mcp_spec_proxy.fronts.gateway import Gateway, serve_gateway
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
 from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer
-from tests.harness import PROXY_COMMAND, proxied, text_of, toy
+from tests.harness import PROXY_COMMAND, proxied, recorded, segment_length, text_of, toy, verdict
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -461,3 +463,49 @@ def test_console_url_needs_no_config_when_the_state_directory_holds_the_running_
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == "http://127.0.0.1:1/?token=t\n"
+
+
+# -- 12. --http: the refusal names --console; a client that names no session is told how ------------------
+
+
+@asynccontextmanager
+async def http_served(tmp_path: Path, config: Path) -> AsyncIterator[tuple[Started, str]]:
+    async with started("-c", str(config), "--state-dir", str(tmp_path / "s"), "--http", "127.0.0.1:0") as proxy:
+        line = await proxy.until("serving streamable HTTP on ")
+        yield proxy, line.split("serving streamable HTTP on ", 1)[1].strip()
+
+
+@pytest.mark.anyio
+async def test_http_with_the_shipped_review_refuses_a_write_naming_the_console_flag(tmp_path: Path) -> None:
+    config = toy_config(tmp_path, review={"default": "human", "fallback": "console"})  # as servers.yaml ships
+    with anyio.fail_after(60):
+        async with http_served(tmp_path, config) as (_proxy, url), Client(url, mode="legacy") as client:
+            result = await client.call_tool("toy__record", {"value": "x"})
+    assert result.is_error
+    assert "add --console 127.0.0.1:PORT" in text_of(result)
+    assert recorded(tmp_path / "rec") == []
+
+
+@pytest.mark.anyio
+async def test_a_client_that_names_no_session_is_told_once_and_the_session_header_gives_the_reviewer_its_reads(
+    tmp_path: Path,
+) -> None:
+    async with ScriptedModelServer(Respond(lambda request: verdict(segment_length(request)))) as model:
+        strong = {"base_url": model.base_url, "model": "m", "max_retries": 0}
+        config = toy_config(tmp_path, models={"strong": strong}, review={"default": "strong"})
+        with anyio.fail_after(60):
+            async with http_served(tmp_path, config) as (proxy, url):
+                async with Client(url, mode="2026-07-28") as client:  # each call a request of its own
+                    for _ in range(2):
+                        await client.call_tool("toy__echo", {"text": "a read"})
+                        await client.call_tool("toy__record", {"value": "unnamed"})
+                named = httpx2.AsyncClient(headers={"Mcp-Spec-Proxy-Session": "conversation-1"})
+                async with named, Client(streamable_http_client(url, http_client=named), mode="2026-07-28") as client:
+                    await client.call_tool("toy__echo", {"text": "a read"})
+                    await client.call_tool("toy__record", {"value": "named"})
+                proxy.process.send_signal(signal.SIGTERM)
+                said = await proxy.rest()
+        reviewed = [segment_length(request) for request in model.chat_requests]
+    assert reviewed == [1, 1, 2]  # unnamed, each write alone; named, the read that led to it too
+    assert said.count("named no session") == 1
+    assert "send the header `Mcp-Spec-Proxy-Session: <one name per conversation>`" in said

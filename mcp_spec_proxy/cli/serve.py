@@ -139,7 +139,7 @@ async def _start_console(
         if _waits_on_console(proxy):
             logger.warning(
                 "no approval console is served (--no-console, or --http without --console): writes whose review"
-                " would wait there are refused"
+                " would wait there are refused; add --console 127.0.0.1:PORT to serve it"
             )
         return
     proxy.console.link_command = link_command(state.root)

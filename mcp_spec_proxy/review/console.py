@@ -220,8 +220,8 @@ class ConsoleReviewer:
         if tool is None or self.queue.url is None:
             reason = (
                 "review.fallback is console, but no approval console is being served (the proxy was started"
-                " with --no-console, or this command serves none) — start the proxy with its console, or set"
-                " review.fallback: deny"
+                " with --http and no --console, or with --no-console, or this command serves none) — start the"
+                " proxy with its console (with --http: add --console 127.0.0.1:PORT), or set review.fallback: deny"
             )
             return Verdict(False, reason, held - 1, reviewer="console-unavailable")
         score = None
