@@ -509,3 +509,39 @@ async def test_a_client_that_names_no_session_is_told_once_and_the_session_heade
     assert reviewed == [1, 1, 2]  # unnamed, each write alone; named, the read that led to it too
     assert said.count("named no session") == 1
     assert "send the header `Mcp-Spec-Proxy-Session: <one name per conversation>`" in said
+
+
+# -- 13. start-up errors say which command was looked up where ---------------------------------------------
+
+
+def tools_with_path(tmp_path: Path, servers: dict[str, Any], path: str) -> str:
+    config = write_yaml(tmp_path / "servers.yaml", {"servers": servers})
+    env = {"PATH": path, "HOME": str(tmp_path)}  # a desktop app's minimal PATH
+    return run_proxy("-c", str(config), "--state-dir", str(tmp_path / "state"), "tools", env=env).stderr
+
+
+def test_a_command_installed_off_the_path_is_named_where_it_is_not_sent_to_be_installed(tmp_path: Path) -> None:
+    tool = tmp_path / ".local" / "bin" / "first-hour-tool"
+    tool.parent.mkdir(parents=True)
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    said = tools_with_path(tmp_path, {"x": {"command": "first-hour-tool"}}, "/nonexistent")
+    assert "command 'first-hour-tool' is not on PATH (/nonexistent) nor in " in said
+    assert f"but {tool} exists — set `command: {tool}`" in said
+    assert " — install" not in said
+
+
+def test_a_command_found_nowhere_names_the_path_it_was_looked_up_on(tmp_path: Path) -> None:
+    said = tools_with_path(tmp_path, {"x": {"command": "first-hour-missing"}}, "/nonexistent")
+    assert f"command 'first-hour-missing' not found on PATH (/nonexistent) nor in {Path(sys.executable).parent}" in said
+
+
+def test_a_backend_that_dies_with_a_traceback_is_reported_by_its_error_not_its_last_line(tmp_path: Path) -> None:
+    # As mcp-server-git dies where git is not on its PATH: GitPython's error ends in a long help text.
+    script = (
+        "raise ImportError('Failed to initialize: Bad git executable.\\nThe git executable must be specified'"
+        " '\\n\\nExample:\\n    export GIT_PYTHON_REFRESH=quiet')"
+    )
+    said = tools_with_path(tmp_path, {"git": {"command": sys.executable, "args": ["-c", script]}}, "/nonexistent")
+    assert "its error: ImportError: Failed to initialize: Bad git executable." in said
+    assert "GIT_PYTHON_REFRESH" not in said

@@ -640,7 +640,7 @@ class Backend:
             # The process ended during the handshake: say how, not "refused".
             how = f"with code {self._exit_code}" if self._exit_code >= 0 else f"on signal {-self._exit_code}"
             said = self._last_stderr_line()
-            said = f"; its last stderr line: {said}" if said else ""
+            said = f"; its {said}" if said else ""
             return f"backend '{self.name}' exited {how} during startup{said}{self._log_hint()}"
         if isinstance(exc, MCPError):
             return f"backend '{self.name}' refused the connection: {exc}{self._log_hint()}"
@@ -667,7 +667,10 @@ class Backend:
         self._exit_code = code
 
     def _last_stderr_line(self) -> str:
-        """The last non-blank line the current attempt wrote to its log, cut to 200 characters."""
+        """What the current attempt's log says went wrong, named, cut to 200 characters: the
+        exception line of its last Python traceback ("error: ..."), else its last non-blank line
+        ("last stderr line: ...") — a traceback's last line can be the end of a long help text
+        (GitPython's ends `export GIT_PYTHON_REFRESH=quiet`)."""
         if self._log_path is None:
             return ""
         try:
@@ -677,8 +680,14 @@ class Backend:
                 tail = log.read()[-8192:]
         except OSError:
             return ""
-        lines = [line.strip() for line in tail.decode(errors="replace").splitlines() if line.strip()]
-        return lines[-1][:200] if lines else ""
+        raw = tail.decode(errors="replace").splitlines()
+        starts = [i for i, line in enumerate(raw) if line.startswith("Traceback (most recent call last):")]
+        if starts:
+            error = next((line for line in raw[starts[-1] + 1 :] if line.strip() and not line[0].isspace()), "")
+            if error:
+                return f"error: {error.strip()[:200]}"
+        lines = [line.strip() for line in raw if line.strip()]
+        return f"last stderr line: {lines[-1][:200]}" if lines else ""
 
     @property
     def _log_path(self) -> Path | None:
