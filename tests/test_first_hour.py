@@ -7,6 +7,7 @@ HTTP servers on port 0 in this process.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pty
 import shutil
@@ -17,7 +18,7 @@ import sys
 from collections.abc import AsyncIterator, Iterator, MutableMapping
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import anyio
@@ -30,6 +31,7 @@ import yaml
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
+from mcp_spec_proxy.backends import connection
 from mcp_spec_proxy.config import ProxyConfig, parse_config_text
 from mcp_spec_proxy.errors import ConfigError
 from mcp_spec_proxy.fronts.asgi import BearerToken, serve_asgi
@@ -545,3 +547,56 @@ def test_a_backend_that_dies_with_a_traceback_is_reported_by_its_error_not_its_l
     said = tools_with_path(tmp_path, {"git": {"command": sys.executable, "args": ["-c", script]}}, "/nonexistent")
     assert "its error: ImportError: Failed to initialize: Bad git executable." in said
     assert "GIT_PYTHON_REFRESH" not in said
+
+
+# -- 14. a server whose command does not exist: `check` says so; the proxy says it once and backs off ------
+
+
+def test_check_refuses_a_server_whose_command_does_not_exist(tmp_path: Path) -> None:
+    config = write_yaml(tmp_path / "servers.yaml", {"servers": {"calc": {"command": "first-hour-missing"}}})
+    result = run_proxy("-c", str(config), "check")
+    assert result.returncode == 1
+    assert "ok" not in result.stdout
+    assert "backend 'calc'" in result.stderr and "command 'first-hour-missing' not found on PATH" in result.stderr
+
+
+class Heard(logging.Handler):
+    """The records of one logger, and an event once `enough` retries were scheduled."""
+
+    def __init__(self, enough: int) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+        self.enough = enough
+        self.retried = anyio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+        if sum("reconnecting in" in r.msg for r in self.records) >= self.enough:
+            self.retried.set()
+
+
+@pytest.mark.anyio
+async def test_a_backend_that_keeps_failing_the_same_way_is_said_once_and_retried_less_and_less_often(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The same schedule, shrunk: attempts 1 ms apart at first, 2 ms at most while failures change.
+    monkeypatch.setattr(connection, "BACKOFF_START", 0.001)
+    monkeypatch.setattr(connection, "BACKOFF_MAX", 0.002)
+    monkeypatch.setattr(connection, "BACKOFF_MAX_UNCHANGED", 0.016)
+    heard = Heard(enough=8)
+    log = logging.getLogger(connection.__name__)
+    log.addHandler(heard)
+    monkeypatch.setattr(log, "level", logging.DEBUG)
+    config = ProxyConfig.model_validate({"servers": {"calc": {"command": "first-hour-missing"}}})
+    try:
+        with anyio.fail_after(30):
+            async with running_proxy(config, StatePaths(tmp_path / "state")):
+                await heard.retried.wait()
+    finally:
+        log.removeHandler(heard)
+    warned = [r.getMessage() for r in heard.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1, warned
+    assert "retrying in the background, less and less often" in warned[0]
+    delays = [cast(tuple[Any, ...], r.args)[1] for r in heard.records if "reconnecting in" in r.msg]
+    assert max(delays) > 0.002  # past the cap of a backend whose failures change
+    assert delays == sorted(delays)

@@ -83,6 +83,9 @@ logger = logging.getLogger(__name__)
 BACKOFF_START = 0.5
 REFRESH_INTERVAL_S = 0.25
 BACKOFF_MAX = 30.0
+BACKOFF_MAX_UNCHANGED = 300.0
+"""The retry interval's cap once attempts keep failing the same way (a command that does not
+exist): such a backend is retried every few minutes, not every 30 s for ever."""
 
 
 class Backend:
@@ -453,8 +456,10 @@ class Backend:
     async def run(self) -> None:
         """Keep the backend connected until cancelled."""
         failures = 0
+        told: str | None = None  # the failure last logged as a warning: a repeat is not logged again
         while True:
             self._served = False
+            unchanged = False
             try:
                 await self._session()
             except Exception as exc:  # boundary: any failure of one backend stays with that backend
@@ -462,11 +467,16 @@ class Backend:
                     self.last_error = self._explain(exc)
                     logger.warning("%s — reconnecting; calls wait for it", self.last_error)
                 else:
-                    self._down(self._explain(exc))
+                    message = self._explain(exc)
+                    unchanged = message == told
+                    self._down(message, quiet=unchanged)
+                    told = message
                     await self._on_listing(self.name, None)
             if self._served:
                 failures = 0  # it ran; a later crash starts the backoff afresh
-            delay = min(BACKOFF_MAX, BACKOFF_START * math.pow(2, failures))
+                told = None
+            cap = BACKOFF_MAX_UNCHANGED if unchanged else BACKOFF_MAX
+            delay = min(cap, BACKOFF_START * math.pow(2, failures))
             failures += 1
             self.restarts += 1
             logger.info("backend %r: reconnecting in %.1fs", self.name, delay)
@@ -646,12 +656,20 @@ class Backend:
             return f"backend '{self.name}' refused the connection: {exc}{self._log_hint()}"
         return f"backend '{self.name}' failed: {type(exc).__name__}: {exc}{self._log_hint()}"
 
-    def _down(self, message: str) -> None:
+    def _down(self, message: str, *, quiet: bool = False) -> None:
         self.first_attempt.set()
         self.status = "unavailable"
         self._back.set()  # calls that waited for a reconnect learn it failed
         self.last_error = message
-        logger.warning("%s — its tools are unavailable until it reconnects", message)
+        if quiet:  # said already: the same failure again
+            logger.debug("%s (again)", message)
+            return
+        logger.warning(
+            "%s — its tools are unavailable until it connects; retrying in the background, less and less often"
+            " (up to every %.0f min), and saying so again only if the failure changes",
+            message,
+            BACKOFF_MAX_UNCHANGED / 60,
+        )
 
     def _errlog(self, stack: AsyncExitStack) -> TextIO:
         if self._log_dir is None:

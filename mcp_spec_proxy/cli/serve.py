@@ -32,7 +32,9 @@ from mcp_spec_proxy.cli.setup import (
     token_from_env,
 )
 from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.early import resolve_command
 from mcp_spec_proxy.engine import MODES
+from mcp_spec_proxy.errors import ProxyError
 from mcp_spec_proxy.fronts.console import CONSOLE_URL_FILE, Console, serve_console
 from mcp_spec_proxy.fronts.http import serve_http
 from mcp_spec_proxy.fronts.mcp import McpFront
@@ -205,6 +207,15 @@ def check(ctx: click.Context) -> None:
         await validate(config, os.environ, built.source)
 
     run_loop(validated)
+    missing = []
+    for name, server in config.active_servers().items():
+        if server.command is not None:  # the backend would fail to start, and be retried, for ever
+            try:
+                resolve_command(name, server.command)
+            except ProxyError as exc:
+                missing.append(str(exc))
+    if missing:
+        raise click.ClickException("\n".join(missing))
     click.echo(f"{built.source}: ok ({len(config.active_servers())} servers enabled)")
     if not config.models and config.leash is None:
         return  # a plain MCP proxy: `run` and the gateway are not what this config is for
