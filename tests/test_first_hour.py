@@ -600,3 +600,13 @@ async def test_a_backend_that_keeps_failing_the_same_way_is_said_once_and_retrie
     delays = [cast(tuple[Any, ...], r.args)[1] for r in heard.records if "reconnecting in" in r.msg]
     assert max(delays) > 0.002  # past the cap of a backend whose failures change
     assert delays == sorted(delays)
+
+
+# -- 15. `serve` is not a command: say how the proxy serves ------------------------------------------------
+
+
+def test_serve_as_a_command_says_the_proxy_serves_with_no_command(tmp_path: Path) -> None:
+    result = run_proxy("serve", "--http", ":8765")
+    assert result.returncode == 2
+    assert "Did you mean" not in result.stderr
+    assert "the proxy serves when given no command" in result.stderr and "--http :8765" in result.stderr

@@ -169,6 +169,15 @@ def link_command(state_root: Path) -> str:
     return f"{shlex.join([program, 'console-url', '--state-dir', str(state_root.absolute())])}"
 
 
+@main.command("serve", hidden=True, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+def serve_command() -> None:
+    """Not a command: the proxy serves when given none (else click suggests `store`)."""
+    raise click.UsageError(
+        "there is no `serve` command: the proxy serves when given no command —"
+        " `mcp-spec-proxy --config servers.yaml` (stdio) or `mcp-spec-proxy --config servers.yaml --http :8765`"
+    )
+
+
 @main.command("console-url")
 @file_options
 @click.pass_context
