@@ -37,7 +37,9 @@ from mcp_spec_proxy.errors import ConfigError
 from mcp_spec_proxy.fronts.asgi import BearerToken, serve_asgi
 from mcp_spec_proxy.fronts.gateway import Gateway, serve_gateway
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
+from mcp_spec_proxy.review.console import Decision
 from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer
+from tests.console_world import calling, console_world
 from tests.harness import PROXY_COMMAND, proxied, recorded, segment_length, text_of, toy, verdict
 
 REPO = Path(__file__).resolve().parent.parent
@@ -610,3 +612,21 @@ def test_serve_as_a_command_says_the_proxy_serves_with_no_command(tmp_path: Path
     assert result.returncode == 2
     assert "Did you mean" not in result.stderr
     assert "the proxy serves when given no command" in result.stderr and "--http :8765" in result.stderr
+
+
+# -- 16. an edit-then-approve: the agent is told what ran --------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_after_an_edit_on_the_console_the_agent_is_told_the_arguments_that_ran(tmp_path: Path) -> None:
+    async with console_world(tmp_path) as world:
+        call = calling(world, "toy__record", {"value": "buy milk", "intent": "add to the list"})
+        [item] = await world.held()
+        world.queue.decide(item.id, item.digest, Decision("edit", arguments={"value": "buy oat milk"}))
+        result = await call.wait()
+    assert not result.is_error
+    [ran] = recorded(world.ledger)
+    assert json.loads(ran)["value"] == "buy oat milk"  # the backend ran the edit, once
+    said = text_of(result)
+    assert 'toy__record ran with {"value": "buy oat milk"}, not with the arguments you sent' in said
+    assert (result.meta or {}).get("mcp-spec-proxy/notice") == 1  # the note is marked as the proxy's words
