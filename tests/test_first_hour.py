@@ -588,7 +588,8 @@ async def test_a_backend_that_keeps_failing_the_same_way_is_said_once_and_retrie
     heard = Heard(enough=8)
     log = logging.getLogger(connection.__name__)
     log.addHandler(heard)
-    monkeypatch.setattr(log, "level", logging.DEBUG)
+    level = log.level
+    log.setLevel(logging.DEBUG)  # setLevel, not the attribute: it clears the cached isEnabledFor answers
     config = ProxyConfig.model_validate({"servers": {"calc": {"command": "first-hour-missing"}}})
     try:
         with anyio.fail_after(30):
@@ -596,6 +597,7 @@ async def test_a_backend_that_keeps_failing_the_same_way_is_said_once_and_retrie
                 await heard.retried.wait()
     finally:
         log.removeHandler(heard)
+        log.setLevel(level)
     warned = [r.getMessage() for r in heard.records if r.levelno >= logging.WARNING]
     assert len(warned) == 1, warned
     assert "retrying in the background, less and less often" in warned[0]

@@ -477,7 +477,7 @@ class Backend:
                 told = None
             cap = BACKOFF_MAX_UNCHANGED if unchanged else BACKOFF_MAX
             delay = min(cap, BACKOFF_START * math.pow(2, failures))
-            failures += 1
+            failures = min(failures + 1, 64)  # past the cap anyway; 2.0 ** 1024 overflows a float
             self.restarts += 1
             logger.info("backend %r: reconnecting in %.1fs", self.name, delay)
             await anyio.sleep(delay)
