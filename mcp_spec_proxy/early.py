@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import glob
 import os
 import shutil
 import signal
@@ -59,16 +60,56 @@ def resolve_command(name: str, command: str) -> str:
         if not Path(command).exists():
             raise BackendError(name, f"failed to start: command {command!r} does not exist — fix `command`")
         return command
-    found = shutil.which(command) or shutil.which(command, path=str(Path(sys.executable).parent))
+    beside = str(Path(sys.executable).parent)
+    found = shutil.which(command) or shutil.which(command, path=beside)
     if found is None:
+        searched = f"on PATH ({os.environ.get('PATH', '')}) nor in {beside}"
+        elsewhere = _installed_elsewhere(command)
+        if elsewhere is not None:
+            # A desktop app starts the proxy with a minimal PATH: "install Node.js" would send the
+            # user to install what they have.
+            raise BackendError(
+                name,
+                f"failed to start: command {command!r} is not {searched}, but {elsewhere} exists — set"
+                f" `command: {elsewhere}`, or give the proxy a PATH that holds {os.path.dirname(elsewhere)}",
+            )
         hint = {
             "npx": "install Node.js (npm ships npx)",
             "uvx": "install uv, or pip-install the server and name its command",
             "node": "install Node.js",
             "docker": "install Docker",
-        }.get(command, "install it or set `command` to its full path")
-        raise BackendError(name, f"failed to start: command {command!r} not found — {hint}")
+        }.get(command, "install it")
+        raise BackendError(
+            name,
+            f"failed to start: command {command!r} not found {searched} — {hint}, or set `command` to its full path",
+        )
     return found
+
+
+# Where installers put commands that a desktop app's minimal PATH leaves out (Homebrew, nvm,
+# volta, pipx and uv, npm's global prefix), so a miss can say "it is there" instead of "install it".
+_USUAL_PLACES = (
+    "/usr/local/bin",
+    "/opt/homebrew/bin",
+    "/opt/local/bin",
+    "~/.local/bin",
+    "~/.volta/bin",
+    "~/.cargo/bin",
+    "~/.npm-global/bin",
+    "~/.nvm/versions/node/*/bin",
+    "/usr/bin",
+    "/bin",
+)
+
+
+def _installed_elsewhere(command: str) -> str | None:
+    """The first executable `command` in `_USUAL_PLACES`, or None."""
+    for place in _USUAL_PLACES:
+        for folder in sorted(glob.glob(os.path.expanduser(place)), reverse=True):  # nvm's versions: highest name first
+            candidate = os.path.join(folder, command)
+            if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+                return candidate
+    return None
 
 
 @dataclass(frozen=True)

@@ -85,7 +85,7 @@ from mcp_spec_proxy.errors import (
     ToolNotFound,
 )
 from mcp_spec_proxy.models import ModelCall
-from mcp_spec_proxy.provenance import from_backend, notice
+from mcp_spec_proxy.provenance import from_backend, noted, notice
 from mcp_spec_proxy.review import InputNeeded, Reviewer, ReviewFailed, ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review.kinds import BASELINES, Chain, ReviewerKind
 from mcp_spec_proxy.review.waiting import Both, asks_a_person, waiting_note, with_heartbeat
@@ -312,11 +312,18 @@ class Gate:
             await self._label(call, verdict)
             return Outcome(call.id, verdict, None, latency_ms, key=call.key)
         step = step or Step(tool.name, call.arguments, tool.effect, intent=call.intent)
+        edit_note = None
         if verdict.arguments is not None and verdict.arguments != call.arguments:
             # A person edited the call on the approval console (validated there against its schema).
             edited = {"original_digest": digest(call.arguments), "edited_digest": digest(verdict.arguments)}
             await self._before(call, "edited", call=call.id, session=call.session, by=verdict.reviewer, **edited)
             call.arguments = step.arguments = dict(verdict.arguments)
+            # The agent is told what ran: else it believes its own arguments did, and builds on that.
+            shown = capped(json.dumps(call.arguments, ensure_ascii=False))
+            edit_note = (
+                f"[mcp-spec-proxy] the reviewer ({verdict.reviewer}) changed this call's arguments before"
+                f" approving it: {tool.name} ran with {shown}, not with the arguments you sent. Its result follows."
+            )
         if call.key is not None:
             await self._claim(call)
         try:
@@ -333,7 +340,9 @@ class Gate:
             event = "forwarded" if sent else "unsent"
             await self._after(event, call=call.id, session=call.session, is_error=True, error_code=code)
             await self._label(call, verdict)
-            return Outcome(call.id, verdict, failed_result(tool, exc), latency_ms, error=exc, key=call.key)
+            failed = failed_result(tool, exc)
+            failed = noted(edit_note, failed, structured=True) if edit_note else failed
+            return Outcome(call.id, verdict, failed, latency_ms, error=exc, key=call.key)
         except BaseException as exc:  # cancelled (or worse) mid-send: the call may have run
             with anyio.CancelScope(shield=True):
                 await self._after(
@@ -348,6 +357,8 @@ class Gate:
             # It ran: the client gets the backend's result, told that its audit line is late.
             note = f"the backend ran this call; its audit line could not be written yet ({late}): it is retried"
             result = result.model_copy(update={"meta": {**(result.meta or {}), AUDIT_META: note}})
+        if edit_note is not None:
+            result = noted(edit_note, result, structured=True)
         await self._label(call, verdict)  # after the write: a slow bank never delays an accepted call
         return Outcome(call.id, verdict, result, latency_ms, key=call.key)
 

@@ -7,29 +7,40 @@ HTTP servers on port 0 in this process.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import pty
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator, MutableMapping
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+from urllib.parse import urlsplit
 
 import anyio
+import anyio.abc
 import httpx
+import httpx2
 import openai
 import pytest
 import yaml
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 
+from mcp_spec_proxy.backends import connection
 from mcp_spec_proxy.config import ProxyConfig, parse_config_text
 from mcp_spec_proxy.errors import ConfigError
 from mcp_spec_proxy.fronts.asgi import BearerToken, serve_asgi
 from mcp_spec_proxy.fronts.gateway import Gateway, serve_gateway
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
+from mcp_spec_proxy.review.console import Decision
 from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer
-from tests.harness import PROXY_COMMAND, proxied, text_of, toy
+from tests.console_world import calling, console_world
+from tests.harness import PROXY_COMMAND, proxied, recorded, segment_length, text_of, toy, verdict
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -301,3 +312,323 @@ def test_the_servers_yaml_reference_documents_models_weak() -> None:
     reference = config_page[config_page.index("## servers.yaml reference") :]
     models = reference[reference.index("\nmodels:") : reference.index("\nspeculation:")]
     assert "\n  weak:" in models
+
+
+# -- 10. ordinary stops are quiet; Ctrl-C in a terminal stops without a key press --------------------------
+
+
+class Started:
+    """A proxy process under test: what it wrote on stderr so far, read as it comes."""
+
+    def __init__(self, process: anyio.abc.Process) -> None:
+        self.process = process
+        self.stderr = ""
+
+    async def until(self, marker: str) -> str:
+        """Read stderr until a line holds `marker`; that line."""
+        assert self.process.stderr is not None
+        while True:
+            for line in self.stderr.splitlines():
+                if marker in line:
+                    return line
+            chunk = await self.process.stderr.receive()
+            self.stderr += chunk.decode(errors="replace")
+
+    async def rest(self) -> str:
+        """Everything it writes on stderr until it exits."""
+        assert self.process.stderr is not None
+        async for chunk in self.process.stderr:
+            self.stderr += chunk.decode(errors="replace")
+        await self.process.wait()
+        return self.stderr
+
+
+@asynccontextmanager
+async def started(*args: str, stdin: Any = subprocess.PIPE) -> AsyncIterator[Started]:
+    process = await anyio.open_process([PROXY_COMMAND, *args], stdin=stdin, stdout=subprocess.PIPE)
+    try:
+        yield Started(process)
+    finally:
+        if process.returncode is None:
+            process.kill()
+        with anyio.CancelScope(shield=True):
+            await process.aclose()
+
+
+def toy_config(tmp_path: Path, **extra: Any) -> Path:
+    return write_yaml(tmp_path / "servers.yaml", {"servers": {"toy": toy(tmp_path / "rec")}, **extra})
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+async def test_a_stop_of_the_http_mode_logs_no_traceback(tmp_path: Path, stop: signal.Signals) -> None:
+    config = toy_config(tmp_path)
+    with anyio.fail_after(60):
+        async with started("-c", str(config), "--state-dir", str(tmp_path / "s"), "--http", "127.0.0.1:0") as proxy:
+            await proxy.until("serving streamable HTTP on")
+            await proxy.until("session manager started")
+            proxy.process.send_signal(stop)
+            said = await proxy.rest()
+    assert "Traceback" not in said and " ERROR " not in said, said
+    assert proxy.process.returncode in (0, 128 + stop, -stop)
+
+
+@pytest.mark.anyio
+async def test_a_stdio_stop_with_a_console_tab_open_logs_no_traceback(tmp_path: Path) -> None:
+    config = toy_config(tmp_path, review={"default": "console"})
+    with anyio.fail_after(60):
+        async with started("-c", str(config), "--state-dir", str(tmp_path / "s")) as proxy:
+            line = await proxy.until("approval console: ")
+            link = urlsplit(line.split("approval console: ", 1)[1].split()[0])
+            async with httpx.AsyncClient() as browser:  # the link sets the console's cookie
+                cookie = (await browser.get(link.geturl())).headers["set-cookie"].split(";")[0]
+            # The tab's event stream, on a connection of its own as a browser opens it.
+            async with await anyio.connect_tcp(link.hostname or "", link.port or 0) as tab:
+                request = f"GET /events HTTP/1.1\r\nHost: {link.netloc}\r\nCookie: {cookie}\r\n\r\n"
+                await tab.send(request.encode())
+                heard = b""
+                while b"event: queue" not in heard:
+                    heard += await tab.receive()
+                assert proxy.process.stdin is not None
+                await proxy.process.stdin.aclose()  # the client goes: an ordinary stop
+                said = await proxy.rest()
+    assert "Traceback" not in said and " ERROR " not in said, said
+    assert proxy.process.returncode == 0
+
+
+@pytest.mark.anyio
+async def test_ctrl_c_in_a_terminal_stops_the_stdio_proxy_without_a_key_press(tmp_path: Path) -> None:
+    config = toy_config(tmp_path)
+    terminal, its_end = pty.openpty()  # stdin is a terminal, as when a person runs the command
+    try:
+        with anyio.fail_after(60):
+            args = ("-c", str(config), "--state-dir", str(tmp_path / "s"), "--no-console")
+            async with started(*args, stdin=its_end) as proxy:
+                os.close(its_end)
+                await proxy.until("serving 11 tools")
+                proxy.process.send_signal(signal.SIGINT)
+                with anyio.fail_after(15):  # never pressed: unfixed, it waits here for Enter
+                    said = await proxy.rest()
+    finally:
+        os.close(terminal)
+    assert "stopping: closing backends" in said
+    assert "Traceback" not in said, said
+
+
+# -- 11. the console link as the proxy's own messages give it ---------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_the_command_a_waiting_client_is_given_prints_the_link_from_any_folder_and_path(tmp_path: Path) -> None:
+    config = toy_config(tmp_path, review={"default": "console"})
+    state = tmp_path / "state"
+    elsewhere = tmp_path / "elsewhere"  # no servers.yaml here
+    elsewhere.mkdir()
+    heard: list[str] = []
+    given = anyio.Event()
+
+    async def progress(value: float, total: float | None, message: str | None) -> None:
+        heard.append(message or "")
+        given.set()
+
+    params = StdioServerParameters(command=PROXY_COMMAND, args=["-c", str(config), "--state-dir", str(state)])
+    with anyio.fail_after(60):
+        async with Client(params) as client, anyio.create_task_group() as tg:
+            tg.start_soon(lambda: client.call_tool("toy__record", {"value": "x"}, progress_callback=progress))
+            await given.wait()
+            command = heard[0].split("run `", 1)[1].split("`", 1)[0]
+            # A shell in another folder, with the PATH a desktop app gives: .venv/bin is not on it.
+            printed = await anyio.run_process(
+                command, cwd=elsewhere, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}, check=False
+            )
+            assert printed.returncode == 0, printed.stderr.decode()
+            link = printed.stdout.decode().strip()
+            assert link == (state / "console-url").read_text().strip() and "?token=" in link
+            assert link.split("?")[0] in heard[0] and link not in heard[0]  # the agent never gets the key
+            tg.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("how", ["state-dir", "default"])
+def test_console_url_needs_no_config_when_the_state_directory_holds_the_running_console(
+    tmp_path: Path, how: str
+) -> None:
+    xdg = tmp_path / "xdg"
+    state = tmp_path / "state" if how == "state-dir" else xdg / "mcp-spec-proxy"
+    state.mkdir(parents=True)
+    (state / "console-url").write_text("http://127.0.0.1:1/?token=t\n")
+    where = ["--state-dir", str(state)] if how == "state-dir" else []
+    result = subprocess.run(
+        [PROXY_COMMAND, "console-url", *where],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,  # no servers.yaml in it
+        env={**os.environ, "XDG_STATE_HOME": str(xdg)},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "http://127.0.0.1:1/?token=t\n"
+
+
+# -- 12. --http: the refusal names --console; a client that names no session is told how ------------------
+
+
+@asynccontextmanager
+async def http_served(tmp_path: Path, config: Path) -> AsyncIterator[tuple[Started, str]]:
+    async with started("-c", str(config), "--state-dir", str(tmp_path / "s"), "--http", "127.0.0.1:0") as proxy:
+        line = await proxy.until("serving streamable HTTP on ")
+        yield proxy, line.split("serving streamable HTTP on ", 1)[1].strip()
+
+
+@pytest.mark.anyio
+async def test_http_with_the_shipped_review_refuses_a_write_naming_the_console_flag(tmp_path: Path) -> None:
+    config = toy_config(tmp_path, review={"default": "human", "fallback": "console"})  # as servers.yaml ships
+    with anyio.fail_after(60):
+        async with http_served(tmp_path, config) as (_proxy, url), Client(url, mode="legacy") as client:
+            result = await client.call_tool("toy__record", {"value": "x"})
+    assert result.is_error
+    assert "add --console 127.0.0.1:PORT" in text_of(result)
+    assert recorded(tmp_path / "rec") == []
+
+
+@pytest.mark.anyio
+async def test_a_client_that_names_no_session_is_told_once_and_the_session_header_gives_the_reviewer_its_reads(
+    tmp_path: Path,
+) -> None:
+    async with ScriptedModelServer(Respond(lambda request: verdict(segment_length(request)))) as model:
+        strong = {"base_url": model.base_url, "model": "m", "max_retries": 0}
+        config = toy_config(tmp_path, models={"strong": strong}, review={"default": "strong"})
+        with anyio.fail_after(60):
+            async with http_served(tmp_path, config) as (proxy, url):
+                async with Client(url, mode="2026-07-28") as client:  # each call a request of its own
+                    for _ in range(2):
+                        await client.call_tool("toy__echo", {"text": "a read"})
+                        await client.call_tool("toy__record", {"value": "unnamed"})
+                named = httpx2.AsyncClient(headers={"Mcp-Spec-Proxy-Session": "conversation-1"})
+                async with named, Client(streamable_http_client(url, http_client=named), mode="2026-07-28") as client:
+                    await client.call_tool("toy__echo", {"text": "a read"})
+                    await client.call_tool("toy__record", {"value": "named"})
+                proxy.process.send_signal(signal.SIGTERM)
+                said = await proxy.rest()
+        reviewed = [segment_length(request) for request in model.chat_requests]
+    assert reviewed == [1, 1, 2]  # unnamed, each write alone; named, the read that led to it too
+    assert said.count("named no session") == 1
+    assert "send the header `Mcp-Spec-Proxy-Session: <one name per conversation>`" in said
+
+
+# -- 13. start-up errors say which command was looked up where ---------------------------------------------
+
+
+def tools_with_path(tmp_path: Path, servers: dict[str, Any], path: str) -> str:
+    config = write_yaml(tmp_path / "servers.yaml", {"servers": servers})
+    env = {"PATH": path, "HOME": str(tmp_path)}  # a desktop app's minimal PATH
+    return run_proxy("-c", str(config), "--state-dir", str(tmp_path / "state"), "tools", env=env).stderr
+
+
+def test_a_command_installed_off_the_path_is_named_where_it_is_not_sent_to_be_installed(tmp_path: Path) -> None:
+    tool = tmp_path / ".local" / "bin" / "first-hour-tool"
+    tool.parent.mkdir(parents=True)
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    said = tools_with_path(tmp_path, {"x": {"command": "first-hour-tool"}}, "/nonexistent")
+    assert "command 'first-hour-tool' is not on PATH (/nonexistent) nor in " in said
+    assert f"but {tool} exists — set `command: {tool}`" in said
+    assert " — install" not in said
+
+
+def test_a_command_found_nowhere_names_the_path_it_was_looked_up_on(tmp_path: Path) -> None:
+    said = tools_with_path(tmp_path, {"x": {"command": "first-hour-missing"}}, "/nonexistent")
+    assert f"command 'first-hour-missing' not found on PATH (/nonexistent) nor in {Path(sys.executable).parent}" in said
+
+
+def test_a_backend_that_dies_with_a_traceback_is_reported_by_its_error_not_its_last_line(tmp_path: Path) -> None:
+    # As mcp-server-git dies where git is not on its PATH: GitPython's error ends in a long help text.
+    script = (
+        "raise ImportError('Failed to initialize: Bad git executable.\\nThe git executable must be specified'"
+        " '\\n\\nExample:\\n    export GIT_PYTHON_REFRESH=quiet')"
+    )
+    said = tools_with_path(tmp_path, {"git": {"command": sys.executable, "args": ["-c", script]}}, "/nonexistent")
+    assert "its error: ImportError: Failed to initialize: Bad git executable." in said
+    assert "GIT_PYTHON_REFRESH" not in said
+
+
+# -- 14. a server whose command does not exist: `check` says so; the proxy says it once and backs off ------
+
+
+def test_check_refuses_a_server_whose_command_does_not_exist(tmp_path: Path) -> None:
+    config = write_yaml(tmp_path / "servers.yaml", {"servers": {"calc": {"command": "first-hour-missing"}}})
+    result = run_proxy("-c", str(config), "check")
+    assert result.returncode == 1
+    assert "ok" not in result.stdout
+    assert "backend 'calc'" in result.stderr and "command 'first-hour-missing' not found on PATH" in result.stderr
+
+
+class Heard(logging.Handler):
+    """The records of one logger, and an event once `enough` retries were scheduled."""
+
+    def __init__(self, enough: int) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+        self.enough = enough
+        self.retried = anyio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+        if sum("reconnecting in" in r.msg for r in self.records) >= self.enough:
+            self.retried.set()
+
+
+@pytest.mark.anyio
+async def test_a_backend_that_keeps_failing_the_same_way_is_said_once_and_retried_less_and_less_often(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The same schedule, shrunk: attempts 1 ms apart at first, 2 ms at most while failures change.
+    monkeypatch.setattr(connection, "BACKOFF_START", 0.001)
+    monkeypatch.setattr(connection, "BACKOFF_MAX", 0.002)
+    monkeypatch.setattr(connection, "BACKOFF_MAX_UNCHANGED", 0.016)
+    heard = Heard(enough=8)
+    log = logging.getLogger(connection.__name__)
+    log.addHandler(heard)
+    level = log.level
+    log.setLevel(logging.DEBUG)  # setLevel, not the attribute: it clears the cached isEnabledFor answers
+    config = ProxyConfig.model_validate({"servers": {"calc": {"command": "first-hour-missing"}}})
+    try:
+        with anyio.fail_after(30):
+            async with running_proxy(config, StatePaths(tmp_path / "state")):
+                await heard.retried.wait()
+    finally:
+        log.removeHandler(heard)
+        log.setLevel(level)
+    warned = [r.getMessage() for r in heard.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1, warned
+    assert "retrying in the background, less and less often" in warned[0]
+    delays = [cast(tuple[Any, ...], r.args)[1] for r in heard.records if "reconnecting in" in r.msg]
+    assert max(delays) > 0.002  # past the cap of a backend whose failures change
+    assert delays == sorted(delays)
+
+
+# -- 15. `serve` is not a command: say how the proxy serves ------------------------------------------------
+
+
+def test_serve_as_a_command_says_the_proxy_serves_with_no_command(tmp_path: Path) -> None:
+    result = run_proxy("serve", "--http", ":8765")
+    assert result.returncode == 2
+    assert "Did you mean" not in result.stderr
+    assert "the proxy serves when given no command" in result.stderr and "--http :8765" in result.stderr
+
+
+# -- 16. an edit-then-approve: the agent is told what ran --------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_after_an_edit_on_the_console_the_agent_is_told_the_arguments_that_ran(tmp_path: Path) -> None:
+    async with console_world(tmp_path) as world:
+        call = calling(world, "toy__record", {"value": "buy milk", "intent": "add to the list"})
+        [item] = await world.held()
+        world.queue.decide(item.id, item.digest, Decision("edit", arguments={"value": "buy oat milk"}))
+        result = await call.wait()
+    assert not result.is_error
+    [ran] = recorded(world.ledger)
+    assert json.loads(ran)["value"] == "buy oat milk"  # the backend ran the edit, once
+    said = text_of(result)
+    assert 'toy__record ran with {"value": "buy oat milk"}, not with the arguments you sent' in said
+    assert (result.meta or {}).get("mcp-spec-proxy/notice") == 1  # the note is marked as the proxy's words

@@ -83,6 +83,9 @@ logger = logging.getLogger(__name__)
 BACKOFF_START = 0.5
 REFRESH_INTERVAL_S = 0.25
 BACKOFF_MAX = 30.0
+BACKOFF_MAX_UNCHANGED = 300.0
+"""The retry interval's cap once attempts keep failing the same way (a command that does not
+exist): such a backend is retried every few minutes, not every 30 s for ever."""
 
 
 class Backend:
@@ -453,8 +456,10 @@ class Backend:
     async def run(self) -> None:
         """Keep the backend connected until cancelled."""
         failures = 0
+        told: str | None = None  # the failure last logged as a warning: a repeat is not logged again
         while True:
             self._served = False
+            unchanged = False
             try:
                 await self._session()
             except Exception as exc:  # boundary: any failure of one backend stays with that backend
@@ -462,12 +467,17 @@ class Backend:
                     self.last_error = self._explain(exc)
                     logger.warning("%s — reconnecting; calls wait for it", self.last_error)
                 else:
-                    self._down(self._explain(exc))
+                    message = self._explain(exc)
+                    unchanged = message == told
+                    self._down(message, quiet=unchanged)
+                    told = message
                     await self._on_listing(self.name, None)
             if self._served:
                 failures = 0  # it ran; a later crash starts the backoff afresh
-            delay = min(BACKOFF_MAX, BACKOFF_START * math.pow(2, failures))
-            failures += 1
+                told = None
+            cap = BACKOFF_MAX_UNCHANGED if unchanged else BACKOFF_MAX
+            delay = min(cap, BACKOFF_START * math.pow(2, failures))
+            failures = min(failures + 1, 64)  # past the cap anyway; 2.0 ** 1024 overflows a float
             self.restarts += 1
             logger.info("backend %r: reconnecting in %.1fs", self.name, delay)
             await anyio.sleep(delay)
@@ -640,18 +650,26 @@ class Backend:
             # The process ended during the handshake: say how, not "refused".
             how = f"with code {self._exit_code}" if self._exit_code >= 0 else f"on signal {-self._exit_code}"
             said = self._last_stderr_line()
-            said = f"; its last stderr line: {said}" if said else ""
+            said = f"; its {said}" if said else ""
             return f"backend '{self.name}' exited {how} during startup{said}{self._log_hint()}"
         if isinstance(exc, MCPError):
             return f"backend '{self.name}' refused the connection: {exc}{self._log_hint()}"
         return f"backend '{self.name}' failed: {type(exc).__name__}: {exc}{self._log_hint()}"
 
-    def _down(self, message: str) -> None:
+    def _down(self, message: str, *, quiet: bool = False) -> None:
         self.first_attempt.set()
         self.status = "unavailable"
         self._back.set()  # calls that waited for a reconnect learn it failed
         self.last_error = message
-        logger.warning("%s — its tools are unavailable until it reconnects", message)
+        if quiet:  # said already: the same failure again
+            logger.debug("%s (again)", message)
+            return
+        logger.warning(
+            "%s — its tools are unavailable until it connects; retrying in the background, less and less often"
+            " (up to every %.0f min), and saying so again only if the failure changes",
+            message,
+            BACKOFF_MAX_UNCHANGED / 60,
+        )
 
     def _errlog(self, stack: AsyncExitStack) -> TextIO:
         if self._log_dir is None:
@@ -667,7 +685,10 @@ class Backend:
         self._exit_code = code
 
     def _last_stderr_line(self) -> str:
-        """The last non-blank line the current attempt wrote to its log, cut to 200 characters."""
+        """What the current attempt's log says went wrong, named, cut to 200 characters: the
+        exception line of its last Python traceback ("error: ..."), else its last non-blank line
+        ("last stderr line: ...") — a traceback's last line can be the end of a long help text
+        (GitPython's ends `export GIT_PYTHON_REFRESH=quiet`)."""
         if self._log_path is None:
             return ""
         try:
@@ -677,8 +698,14 @@ class Backend:
                 tail = log.read()[-8192:]
         except OSError:
             return ""
-        lines = [line.strip() for line in tail.decode(errors="replace").splitlines() if line.strip()]
-        return lines[-1][:200] if lines else ""
+        raw = tail.decode(errors="replace").splitlines()
+        starts = [i for i, line in enumerate(raw) if line.startswith("Traceback (most recent call last):")]
+        if starts:
+            error = next((line for line in raw[starts[-1] + 1 :] if line.strip() and not line[0].isspace()), "")
+            if error:
+                return f"error: {error.strip()[:200]}"
+        lines = [line.strip() for line in raw if line.strip()]
+        return f"last stderr line: {lines[-1][:200]}" if lines else ""
 
     @property
     def _log_path(self) -> Path | None:

@@ -6,10 +6,14 @@
 from __future__ import annotations
 
 import os
+import shlex
+import sys
+from pathlib import Path
 
 import anyio
 import anyio.abc
 import click
+from click.core import ParameterSource
 
 from mcp_spec_proxy import __version__
 from mcp_spec_proxy.cli.setup import (
@@ -27,7 +31,10 @@ from mcp_spec_proxy.cli.setup import (
     stop_on_signal,
     token_from_env,
 )
+from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.early import resolve_command
 from mcp_spec_proxy.engine import MODES
+from mcp_spec_proxy.errors import ProxyError
 from mcp_spec_proxy.fronts.console import CONSOLE_URL_FILE, Console, serve_console
 from mcp_spec_proxy.fronts.http import serve_http
 from mcp_spec_proxy.fronts.mcp import McpFront
@@ -134,9 +141,10 @@ async def _start_console(
         if _waits_on_console(proxy):
             logger.warning(
                 "no approval console is served (--no-console, or --http without --console): writes whose review"
-                " would wait there are refused"
+                " would wait there are refused; add --console 127.0.0.1:PORT to serve it"
             )
         return
+    proxy.console.link_command = link_command(state.root)
     site = Console(proxy.console, proxy.store.read_audit, proxy.leash)
     url_file = state.root / CONSOLE_URL_FILE
     await tg.start(
@@ -150,20 +158,49 @@ def _waits_on_console(proxy: Proxy) -> bool:
     return "console" in modes or (review.fallback == "console" and bool(modes & {"human", "strong_then_human"}))
 
 
+def link_command(state_root: Path) -> str:
+    """`console-url` as a command line that works from any folder and any PATH: this command's own
+    path (a client such as Claude Desktop starts it from .venv/bin, which is rarely on the user's
+    PATH) and the state directory, which alone finds the running console."""
+    here = Path(sys.argv[0])
+    if here.name != "mcp-spec-proxy" or not here.is_file():
+        here = Path(sys.executable).parent / "mcp-spec-proxy"
+    program = str(here.absolute()) if here.is_file() else "mcp-spec-proxy"
+    return f"{shlex.join([program, 'console-url', '--state-dir', str(state_root.absolute())])}"
+
+
+@main.command("serve", hidden=True, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+def serve_command() -> None:
+    """Not a command: the proxy serves when given none (else click suggests `store`)."""
+    raise click.UsageError(
+        "there is no `serve` command: the proxy serves when given no command —"
+        " `mcp-spec-proxy --config servers.yaml` (stdio) or `mcp-spec-proxy --config servers.yaml --http :8765`"
+    )
+
+
 @main.command("console-url")
 @file_options
 @click.pass_context
 def console_url(ctx: click.Context) -> None:
-    """Print the link to the running proxy's approval console (it holds the console's secret)."""
-    config = load(ctx.obj["config_path"])
-    path = state_dir_of(ctx.obj.get("state_dir"), config) / CONSOLE_URL_FILE
+    """Print the link to the running proxy's approval console (it holds the console's secret).
+
+    The state directory alone finds it: `--state-dir`, else the config's `state_dir` (when
+    `--config` is given, or ./servers.yaml exists), else the default state directory."""
+    state_dir = ctx.obj.get("state_dir")
+    config_path = ctx.obj["config_path"]
+    given = {ctx.get_parameter_source("config_path"), ctx.find_root().get_parameter_source("config_path")}
+    if state_dir is None and (given - {None, ParameterSource.DEFAULT} or Path(config_path).is_file()):
+        root = state_dir_of(None, load(config_path))
+    else:
+        root = state_dir_of(state_dir, ProxyConfig())
+    path = root / CONSOLE_URL_FILE
     try:
         click.echo(path.read_text(encoding="utf-8").strip())
     except OSError:
         raise click.ClickException(
             f"no approval console is running for the state directory {path.parent} (no {path.name} there):"
-            " start the proxy (it serves the console with stdio, or with --console HOST:PORT), and pass the"
-            " same --config and --state-dir here"
+            " start the proxy (it serves the console with stdio, or with --console HOST:PORT), and pass its"
+            " --state-dir here (or its --config, when that sets state_dir)"
         ) from None
 
 
@@ -179,6 +216,15 @@ def check(ctx: click.Context) -> None:
         await validate(config, os.environ, built.source)
 
     run_loop(validated)
+    missing = []
+    for name, server in config.active_servers().items():
+        if server.command is not None:  # the backend would fail to start, and be retried, for ever
+            try:
+                resolve_command(name, server.command)
+            except ProxyError as exc:
+                missing.append(str(exc))
+    if missing:
+        raise click.ClickException("\n".join(missing))
     click.echo(f"{built.source}: ok ({len(config.active_servers())} servers enabled)")
     if not config.models and config.leash is None:
         return  # a plain MCP proxy: `run` and the gateway are not what this config is for

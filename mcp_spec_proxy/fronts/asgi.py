@@ -150,9 +150,51 @@ async def serve_asgi(
     sock.setblocking(False)
     config = uvicorn.Config(app, log_level="warning", lifespan="on" if lifespan else "off", log_config=None)
     server = uvicorn.Server(config)
+    served = anyio.Event()
+    shield = anyio.CancelScope(shield=True)
+
+    async def run() -> None:
+        # Shielded: a stop asks uvicorn to shut down (below) instead of cancelling it, since a
+        # cancelled lifespan or request task logs an ERROR traceback at every ordinary stop.
+        with shield:
+            try:
+                await server.serve([sock])
+            finally:
+                served.set()
+
     async with anyio.create_task_group() as tg:
-        tg.start_soon(server.serve, [sock])
+        tg.start_soon(run)
         bound = int(sock.getsockname()[1])
         if announce:
             logger.info(announce, host, bound)
         task_status.started(bound)
+        try:
+            await served.wait()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await _shut_down(server, served, shield)
+
+
+STOP_GRACE_S = 1.0
+"""How long a stop lets the requests in flight finish before their connections are closed."""
+
+
+async def _shut_down(server: uvicorn.Server, served: anyio.Event, shield: anyio.CancelScope) -> None:
+    """Stop uvicorn in order, every wait bounded: new connections refused, the requests in flight
+    given `STOP_GRACE_S`, then the connections still open closed — a stream that never ends (an
+    SSE tab, an MCP GET stream) hears its client leave and ends as for any disconnect — and the
+    lifespan shut down."""
+    server.should_exit = True
+    with anyio.move_on_after(STOP_GRACE_S):
+        await served.wait()
+    if served.is_set():
+        return
+    for connection in list(server.server_state.connections):
+        transport = getattr(connection, "transport", None)
+        if transport is not None:
+            transport.close()
+    with anyio.move_on_after(STOP_GRACE_S * 2):
+        await served.wait()
+    if not served.is_set():  # an app that ignores its disconnects: no longer waited for
+        server.force_exit = True
+        shield.cancel()

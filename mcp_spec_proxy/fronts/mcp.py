@@ -154,6 +154,7 @@ class McpFront:
         self._connections: weakref.WeakSet[Connection] = weakref.WeakSet()
         self._approvals = Approvals(proxy.config.review.timeout, proxy.store.approvals)
         self._named: OrderedDict[str, Session] = OrderedDict()
+        self._told_unnamed = False  # the warning about requests that name no session: once per front
         self.stdio_session: Session | None = None  # set while serving stdio: one client, one session
         self.stdio_connection: Connection | None = None  # its connection, from its `initialize` on
         self.suspensions = Suspensions(proxy.config.review.timeout)
@@ -214,6 +215,7 @@ class McpFront:
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             name = _session_name(ctx)
             if name is None:
+                self._tell_unnamed()
                 return self.proxy.barrier.new_session()  # a request that names no session is its own
             named = self._named.pop(name, None) or self.proxy.barrier.new_session("named-" + digest(name)[:12])
             self._named[name] = named
@@ -227,6 +229,20 @@ class McpFront:
             connection.state[_SESSION_KEY] = session
             self._connections.add(connection)
         return session
+
+    def _tell_unnamed(self) -> None:
+        # Where a client sends each call as its own request (fastmcp's client does), a reviewer of
+        # a write would see none of the reads that led to it; the client is the one who can fix it.
+        if self._told_unnamed:
+            return
+        self._told_unnamed = True
+        logger.warning(
+            "a 2026-07-28 request over HTTP named no session: each such request is a session of its own, so"
+            " the reviewer of a write sees none of the client's earlier reads; to group a conversation's calls,"
+            " send the header `%s: <one name per conversation>` on every request (or _meta[%r])",
+            "Mcp-Spec-Proxy-Session",
+            SESSION_META,
+        )
 
     async def _broadcast(self, what: str) -> None:
         if what == "tools" and self.catalog_search is not None:

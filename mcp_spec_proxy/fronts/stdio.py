@@ -5,7 +5,8 @@ and 1 point elsewhere while serving (`sdk.claimed_stdio`). Unlike it:
 
 * the pipes are the event loop's own (asyncio pipe transports), not files read and written in
   worker threads: a message costs no thread hand-off either way; where stdin or stdout is not a
-  pipe or socket (a regular file, a terminal, /dev/null), worker threads serve it as before;
+  pipe or socket (a regular file, a terminal, /dev/null), threads serve it (reads in a daemon
+  thread a stop abandons, so Ctrl-C in a terminal does not wait for Enter);
 * a client's read is taken off the wire before the SDK parses it (`_LeanReads`, the lean read
   path of `fast_read.py`) and answered from the line it came in, past the SDK's dispatcher;
 * answers waiting together go out in one write;
@@ -23,7 +24,8 @@ import os
 import re
 import stat
 import sys
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from typing import Any, BinaryIO, Protocol, TypeGuard, cast
 
@@ -211,11 +213,9 @@ class _ThreadWire:
         self._out = wire_out
 
     async def readline(self) -> bytes:
-        line = await anyio.to_thread.run_sync(self._in.readline, MAX_LINE_BYTES + 1)
+        line = await _in_daemon(self._in.readline, MAX_LINE_BYTES + 1)
         if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
-            while (rest := await anyio.to_thread.run_sync(self._in.readline, MAX_LINE_BYTES)) and not rest.endswith(
-                b"\n"
-            ):
+            while (rest := await _in_daemon(self._in.readline, MAX_LINE_BYTES)) and not rest.endswith(b"\n"):
                 pass
             return _TOO_LONG
         return line
@@ -226,6 +226,35 @@ class _ThreadWire:
     def _write(self, data: bytes) -> None:
         self._out.write(data)
         self._out.flush()
+
+
+async def _in_daemon(read: Callable[[int], bytes], size: int) -> bytes:
+    """`read(size)` in a daemon thread of its own, abandoned when the caller is cancelled.
+
+    A read of a terminal returns only at Enter: in a worker thread, which a stop waits for and
+    the interpreter joins at exit, Ctrl-C would leave the proxy waiting for a key press. An
+    abandoned daemon thread holds neither the stop nor the exit."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[bytes] = loop.create_future()
+
+    def settle(line: bytes | None, error: BaseException | None) -> None:
+        if future.done():
+            return  # the caller was cancelled: nobody reads this line
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(line or b"")
+
+    def run() -> None:
+        try:
+            line, error = read(size), None
+        except BaseException as exc:  # handed to the caller, who handles it as before
+            line, error = None, exc
+        with suppress(RuntimeError):  # the loop closed while this read waited: the process is ending
+            loop.call_soon_threadsafe(settle, line, error)
+
+    threading.Thread(target=run, name="mcp-spec-proxy stdin", daemon=True).start()
+    return await future
 
 
 _TOO_LONG = b"\0too long\n"  # never a line of JSON: stands for one that was skipped

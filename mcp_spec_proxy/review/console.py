@@ -97,6 +97,9 @@ class ConsoleQueue:
         # The console's address while the front serves it — without its key: this text reaches the
         # client (and so the agent's model), and an agent holding the key could approve its own writes.
         self.url: str | None = None
+        # The command that prints the link (with the key) for the person: the front that serves
+        # the console sets it to one that works from any folder (the command's path, the state dir).
+        self.link_command = "mcp-spec-proxy console-url"
         self._pending: OrderedDict[str, Pending] = OrderedDict()
         self._rules: list[Rule] = []
         self._changed: anyio.Event | None = None  # made on first wait: the queue may be built outside a loop
@@ -203,7 +206,7 @@ class ConsoleReviewer:
             return None
         return (
             f"a person can approve or deny it on the proxy's approval console at {url} (open it with the link"
-            " that holds its key: run `mcp-spec-proxy console-url`, or see the proxy's log)"
+            f" that holds its key: run `{self.queue.link_command}`, or see the proxy's log)"
         )
 
     async def review(self, request: ReviewRequest, user: UserChannel, context: str = "") -> Verdict:
@@ -218,8 +221,8 @@ class ConsoleReviewer:
         if tool is None or self.queue.url is None:
             reason = (
                 "review.fallback is console, but no approval console is being served (the proxy was started"
-                " with --no-console, or this command serves none) — start the proxy with its console, or set"
-                " review.fallback: deny"
+                " with --http and no --console, or with --no-console, or this command serves none) — start the"
+                " proxy with its console (with --http: add --console 127.0.0.1:PORT), or set review.fallback: deny"
             )
             return Verdict(False, reason, held - 1, by=ReviewerKind.CONSOLE_UNAVAILABLE.chain)
         score = None

@@ -75,7 +75,7 @@ class Console:
             Route("/console.js", lambda _: Response(assets.JS, media_type="text/javascript")),
             Route("/console.css", lambda _: Response(assets.CSS, media_type="text/css")),
         ]
-        return ConsoleGuard(Starlette(routes=routes), secret=self.secret, port=port)
+        return ConsoleGuard(Starlette(routes=routes), secret=self.secret, port=port, command=self.queue.link_command)
 
     async def index(self, request: Request) -> Response:
         return HTMLResponse(pages.pending_page(self.queue.pending(), self.queue.rules()))

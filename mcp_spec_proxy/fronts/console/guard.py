@@ -17,6 +17,7 @@ browser sends on its own:
 from __future__ import annotations
 
 import hmac
+import html
 from http.cookies import SimpleCookie
 from urllib.parse import parse_qsl, urlencode
 
@@ -40,7 +41,7 @@ SECURITY_HEADERS = {
 _LOCKED = """<!doctype html><meta charset="utf-8"><title>Approval console: link needed</title>
 <h1>mcp-spec-proxy approval console</h1>
 <p>This page shows the changes an AI agent wants to make through mcp-spec-proxy, so you can allow
-or refuse them. It opens only with the link the proxy gave you: run <code>mcp-spec-proxy console-url</code>,
+or refuse them. It opens only with the link the proxy gave you: run <code>{command}</code>,
 or look for the line "approval console:" in the proxy's log. (The link is never shown to the AI agent:
 a program that had it could approve its own changes.)</p>"""
 
@@ -50,8 +51,9 @@ def cookie_name(port: int) -> str:
 
 
 class ConsoleGuard:
-    def __init__(self, app: ASGIApp, *, secret: str, port: int) -> None:
+    def __init__(self, app: ASGIApp, *, secret: str, port: int, command: str = "mcp-spec-proxy console-url") -> None:
         self._app = app
+        self._locked = _LOCKED.format(command=html.escape(command))
         self._secret = secret
         self._port = port
         self._cookie = cookie_name(port)
@@ -81,13 +83,13 @@ class ConsoleGuard:
         token = next((value for key, value in query if key == "token"), None)
         if token is not None and method == "GET":
             if not hmac.compare_digest(token.encode(), self._secret.encode()):
-                return HTMLResponse(_LOCKED, status_code=403)
+                return HTMLResponse(self._locked, status_code=403)
             rest = urlencode([(key, value) for key, value in query if key != "token"])
             redirect = RedirectResponse(path + (f"?{rest}" if rest else ""), status_code=303)
             redirect.set_cookie(self._cookie, self._secret, httponly=True, samesite="strict", path="/")
             return redirect
         if not self._has_secret(headers):
-            return HTMLResponse(_LOCKED, status_code=403)
+            return HTMLResponse(self._locked, status_code=403)
         if method in ("GET", "HEAD"):
             return None
         origin = headers.get("origin")
