@@ -77,11 +77,13 @@ from mcp_spec_proxy.audit import AuditSink
 from mcp_spec_proxy.backends import BackendPool
 from mcp_spec_proxy.catalog import Catalog, CatalogTool, digest, is_held
 from mcp_spec_proxy.config import ProxyConfig, ReviewMode
+from mcp_spec_proxy.drain import SHUT_DOWN, Drain
 from mcp_spec_proxy.errors import (
     BackendClosed,
     BackendError,
     BackendUnavailable,
     CallReplayed,
+    ShuttingDown,
     StateError,
     ToolNotFound,
 )
@@ -184,6 +186,7 @@ class Gate:
         self._audit = audit
         self._leash = leash
         self._catalog = catalog  # to reread `tools accept` before refusing a held tool
+        self.drain = Drain()  # the calls in flight; on SIGTERM, no new ones (drain.py)
 
     # -- policy ------------------------------------------------------------------------------
 
@@ -204,14 +207,21 @@ class Gate:
         call: str | None = None,
     ) -> types.CallToolResult:
         """Forward a read at once; its audit line is buffered and written with the next commit."""
-        self._note_read(session, tool, arguments, author, call)
-        return await self.forward(tool, arguments, step, report)
+        with self.drain.call(tool.name):
+            self._note_read(session, tool, arguments, author, call)
+            return await self.forward(tool, arguments, step, report)
 
     async def read_json(
         self, session: str, tool: CatalogTool, arguments: dict[str, Any], step: Step, call: str | None = None
     ) -> dict[str, Any]:
         """`read` for the fast path (a client's read with no progress to report): the same audit
         line, and the result as wire JSON, forwarded unchanged (no model built for it)."""
+        with self.drain.call(tool.name):
+            return await self._read_json(session, tool, arguments, step, call)
+
+    async def _read_json(
+        self, session: str, tool: CatalogTool, arguments: dict[str, Any], step: Step, call: str | None
+    ) -> dict[str, Any]:
         self._note_read(session, tool, arguments, "client", call)
         started = time.perf_counter()
         try:
@@ -264,6 +274,20 @@ class Gate:
         `decided` hears the verdict once it is audited, before anything runs (a client's tool may
         run only at the client's next request, and the verdict belongs to this one).
         """
+        with self.drain.call(call.tool.name):
+            return await self._write(call, user, report, strong, verified, executor, step, decided)
+
+    async def _write(
+        self,
+        call: GateCall,
+        user: UserChannel,
+        report: Report | None,
+        strong: Reviewer | None,
+        verified: bool,
+        executor: Executor | None,
+        step: Step | None,
+        decided: Callable[[Verdict], Awaitable[None]] | None,
+    ) -> Outcome:
         tool = call.tool
         reviewer, flagged = await self._reviewer(call, strong, verified)
         if call.flagged and flagged is None:
@@ -291,7 +315,14 @@ class Gate:
         started = time.perf_counter()
         try:
             request = dataclasses.replace(call.request, call=call.id)
-            verdict = await self._review(reviewer, request, user, report)
+            with self.drain.holding() as hold:
+                verdict = await self._review(reviewer, request, user, report)
+            if hold.cancelled_caught:  # the drain's grace ran out while it was held
+                with anyio.CancelScope(shield=True):
+                    await self._after("abandoned", **common, reason=SHUT_DOWN)
+                raise ShuttingDown(
+                    f"{tool.name} was not forwarded (call {call.id}): {SHUT_DOWN} while it waited for its verdict"
+                )
         except InputNeeded:
             await self._before(call, "awaiting-input", **common)
             raise
@@ -341,12 +372,13 @@ class Gate:
             await self._label(call, verdict)
             return Outcome(call.id, verdict, failed_result(tool, exc), latency_ms, error=exc, key=call.key)
         except BaseException as exc:  # cancelled (or worse) mid-send: the call may have run
+            why = SHUT_DOWN if self.drain.expired else type(exc).__name__
             with anyio.CancelScope(shield=True):
                 await self._after(
                     "forward-interrupted",
                     call=call.id,
                     session=call.session,
-                    reason=f"{type(exc).__name__} while forwarding: the backend may or may not have run it",
+                    reason=f"{why} while forwarding: the backend may or may not have run it",
                 )
             raise
         late = await self._after("forwarded", call=call.id, session=call.session, is_error=bool(result.is_error))

@@ -28,9 +28,11 @@ from mcp_spec_proxy.cli.setup import (
     token_from_env,
 )
 from mcp_spec_proxy.engine import MODES
+from mcp_spec_proxy.fronts.asgi import host_names
 from mcp_spec_proxy.fronts.console import CONSOLE_URL_FILE, Console, serve_console
 from mcp_spec_proxy.fronts.http import serve_http
 from mcp_spec_proxy.fronts.mcp import McpFront
+from mcp_spec_proxy.fronts.probes import Door
 from mcp_spec_proxy.fronts.stdio import serve_stdio
 from mcp_spec_proxy.proxy import Proxy, StatePaths, validate
 
@@ -87,9 +89,20 @@ def main(
     built = setup(ctx, telemetry=telemetry, log_level="INFO")
 
     async def serve() -> None:
+        running: list[Proxy] = []
+
+        async def drain() -> None:
+            for proxy in running:  # none while it starts: nothing is in flight then
+                await proxy.gate.drain.run(proxy.config.drain_s)
+
         async with anyio.create_task_group() as tg:
-            tg.start_soon(stop_on_signal, tg.cancel_scope)
+            tg.start_soon(stop_on_signal, tg.cancel_scope, drain)
+            door = None
+            if address is not None:  # the probes answer while the backends start (`/readyz`: starting)
+                door = Door(token=token, hosts=host_names(address[0], allow_host))
+                port = await tg.start(door.serve, *address)
             async with built.running() as proxy:
+                running.append(proxy)
                 await _start_console(tg, proxy, built.state, console_at)
                 front = McpFront(proxy, version=__version__)
                 if address is None:
@@ -97,7 +110,13 @@ def main(
                 else:
                     await tg.start(
                         lambda task_status: serve_http(
-                            front, *address, token=token, allowed_hosts=list(allow_host), task_status=task_status
+                            front,
+                            address[0],
+                            port,
+                            token=token,
+                            allowed_hosts=list(allow_host),
+                            door=door,
+                            task_status=task_status,
                         )
                     )
                     await anyio.sleep_forever()

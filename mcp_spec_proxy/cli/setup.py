@@ -193,10 +193,22 @@ def _proxy_error(exc: BaseException) -> ProxyError | None:
     return None
 
 
-async def stop_on_signal(scope: anyio.CancelScope) -> None:
-    """Cancel `scope` at the first SIGTERM or SIGINT, so the backends close in order."""
+async def stop_on_signal(scope: anyio.CancelScope, drain: Callable[[], Awaitable[None]] | None = None) -> None:
+    """Cancel `scope` at the first SIGTERM or SIGINT, so the backends close in order; with `drain`,
+    only once it has returned (the calls in flight settled, or its grace ran out) or at a second signal."""
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for _ in signals:
-            logger.info("stopping: closing backends")
-            scope.cancel()
-            return
+            break
+        if drain is not None:
+            async with anyio.create_task_group() as tg:
+
+                async def at_once() -> None:
+                    async for _ in signals:
+                        logger.warning("a second signal: stopping without waiting for the calls in flight")
+                        tg.cancel_scope.cancel()
+
+                tg.start_soon(at_once)
+                await drain()
+                tg.cancel_scope.cancel()
+        logger.info("stopping: closing backends")
+        scope.cancel()
