@@ -56,11 +56,13 @@ class Running:
         return found[0]
 
     def log(self) -> str:
-        return "".join(self.lines)[-6000:]
+        return "".join(self.lines)[-12000:]
 
-    async def stop(self) -> int:
-        """SIGTERM, and the exit code once it has exited."""
+    def terminate(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
+
+    async def wait(self) -> int:
+        """The exit code, once it has exited."""
         await until(lambda: self.proc.poll() is not None)
         return int(self.proc.returncode)
 

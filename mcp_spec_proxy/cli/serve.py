@@ -27,6 +27,7 @@ from mcp_spec_proxy.cli.setup import (
     stop_on_signal,
     token_from_env,
 )
+from mcp_spec_proxy.drain import SETTLE_S
 from mcp_spec_proxy.engine import MODES
 from mcp_spec_proxy.fronts.asgi import host_names
 from mcp_spec_proxy.fronts.console import CONSOLE_URL_FILE, Console, serve_console
@@ -90,14 +91,17 @@ def main(
 
     async def serve() -> None:
         running: list[Proxy] = []
+        door: Door | None = None
 
         async def drain() -> None:
             for proxy in running:  # none while it starts: nothing is in flight then
                 await proxy.gate.drain.run(proxy.config.drain_s)
+            if door is not None:
+                with anyio.move_on_after(SETTLE_S):
+                    await door.answered()  # the results of the calls that finished reach their clients
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(stop_on_signal, tg.cancel_scope, drain)
-            door = None
             if address is not None:  # the probes answer while the backends start (`/readyz`: starting)
                 door = Door(token=token, hosts=host_names(address[0], allow_host))
                 port = await tg.start(door.serve, *address)

@@ -80,6 +80,8 @@ class Door:
     def __init__(self, *, token: str | None, hosts: Iterable[str]) -> None:
         self.readiness = Readiness()
         self._app: ASGIApp | None = None
+        self._answering = 0  # requests other than GET the front is answering now (a call's POST)
+        self._quiet = anyio.Event()
         metrics: ASGIApp = self._metrics
         self._metrics_app = BearerToken(metrics, token) if token else HostGuard(metrics, hosts)
 
@@ -105,7 +107,23 @@ class Door:
                     {"error": {"message": message, "code": "starting"}}, status_code=503, headers={"Retry-After": "1"}
                 )(scope, receive, send)
             return
-        await app(scope, receive, send)
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD"):
+            await app(scope, receive, send)  # a GET is a stream of notifications: it lasts as long as its client
+            return
+        self._answering += 1
+        try:
+            await app(scope, receive, send)
+        finally:
+            self._answering -= 1
+            if not self._answering:
+                self._quiet.set()
+
+    async def answered(self) -> None:
+        """Wait until no request that may carry a call is being answered: after a drain, the
+        results of the calls it let finish have reached their clients (bound it)."""
+        while self._answering:
+            self._quiet = anyio.Event()
+            await self._quiet.wait()
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         proxy = self.readiness.proxy
