@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 import anyio
 
@@ -26,6 +27,10 @@ SHUT_DOWN = "the replica shut down"
 """The reason on the audit trail of a call the drain stopped (as `abandoned`'s reason says)."""
 SETTLE_S = 2.0
 """After the grace: how long the calls the drain stopped have to record it and answer their clients."""
+
+_ADMITTED: ContextVar[bool] = ContextVar("mcp_spec_proxy_admitted", default=False)
+"""Set inside an admitted call: the calls it makes (a gateway turn's or `delegate`'s steps, in
+its tasks too) are part of the work in flight, not new calls, and a drain lets them through."""
 
 
 class Drain:
@@ -48,16 +53,19 @@ class Drain:
 
     @contextmanager
     def call(self, what: str) -> Iterator[None]:
-        """One call at the gate, from its admission to its settling; refused once draining."""
-        if self.draining:
+        """One call (at the gate, or a gateway turn, or `delegate`) from its admission to its settling;
+        refused once draining, unless it is made by one admitted before."""
+        if self.draining and not _ADMITTED.get():
             raise ShuttingDown(
                 f"{what} was not forwarded: this replica is shutting down and takes no new calls — send it"
                 " again (a load balancer routes it to another replica)"
             )
         self._calls += 1
+        admitted = _ADMITTED.set(True)
         try:
             yield
         finally:
+            _ADMITTED.reset(admitted)
             self._calls -= 1
             if self._calls == 0:
                 self._idle.set()
