@@ -87,6 +87,7 @@ from mcp_spec_proxy.errors import (
     StateError,
     ToolNotFound,
 )
+from mcp_spec_proxy.logs import about_call
 from mcp_spec_proxy.models import ModelCall
 from mcp_spec_proxy.provenance import from_backend, notice
 from mcp_spec_proxy.review import InputNeeded, Reviewer, ReviewFailed, ReviewRequest, UserChannel, Verdict
@@ -207,7 +208,7 @@ class Gate:
         call: str | None = None,
     ) -> types.CallToolResult:
         """Forward a read at once; its audit line is buffered and written with the next commit."""
-        with self.drain.call(tool.name):
+        with self.drain.call(tool.name), about_call(call, session):
             self._note_read(session, tool, arguments, author, call)
             return await self.forward(tool, arguments, step, report)
 
@@ -216,7 +217,7 @@ class Gate:
     ) -> dict[str, Any]:
         """`read` for the fast path (a client's read with no progress to report): the same audit
         line, and the result as wire JSON, forwarded unchanged (no model built for it)."""
-        with self.drain.call(tool.name):
+        with self.drain.call(tool.name), about_call(call, session):
             return await self._read_json(session, tool, arguments, step, call)
 
     async def _read_json(
@@ -274,7 +275,7 @@ class Gate:
         `decided` hears the verdict once it is audited, before anything runs (a client's tool may
         run only at the client's next request, and the verdict belongs to this one).
         """
-        with self.drain.call(call.tool.name):
+        with self.drain.call(call.tool.name), about_call(call.id, call.session):
             return await self._write(call, user, report, strong, verified, executor, step, decided)
 
     async def _write(
@@ -310,6 +311,7 @@ class Gate:
         if call.key is not None:
             common["key"] = digest(call.key)  # a digest: the key is the client's text
         await self._before(call, "held", **common, segment_length=len(call.request.segment))
+        logger.debug("%s held for its verdict (reviewer %s)", tool.name, reviewer.name)
         if flagged is not None:
             await self._before(call, "leash-escalated", call=call.id, session=call.session, **flagged)
         started = time.perf_counter()
@@ -342,6 +344,7 @@ class Gate:
             latency_ms=latency_ms,
             **({"evidence": verdict.evidence} if verdict.evidence else {}),
         )
+        logger.debug("%s %s by %s", tool.name, "accepted" if verdict.accepted else "rejected", verdict.reviewer)
         if decided is not None:
             await decided(verdict)
         if not verdict.accepted:

@@ -13,6 +13,7 @@ import click
 
 from mcp_spec_proxy import __version__
 from mcp_spec_proxy.cli.setup import (
+    LOG_FORMATS,
     LOG_LEVELS,
     bind_check,
     config_option,
@@ -63,6 +64,11 @@ def _parse_http(value: str) -> tuple[str, int]:
 @click.option(
     "--log-level", type=LOG_LEVELS, help="Default: INFO when serving, WARNING for `tools`, `run` and the rest."
 )
+@click.option(
+    "--log-format",
+    type=LOG_FORMATS,
+    help="text (default), or json: one object a line, with the call id and session on each line about a call.",
+)
 @click.version_option(__version__, prog_name="mcp-spec-proxy")
 @click.pass_context
 def main(
@@ -76,10 +82,11 @@ def main(
     console: str | None,
     no_console: bool,
     log_level: str | None,
+    log_format: str | None,
 ) -> None:
     """An MCP server in front of your MCP servers: reads pass, writes wait for a verdict."""
     ctx.ensure_object(dict)
-    ctx.obj.update(config_path=config_path, state_dir=state_dir, log_level=log_level)
+    ctx.obj.update(config_path=config_path, state_dir=state_dir, log_level=log_level, log_format=log_format)
     if ctx.invoked_subcommand is not None:
         return
     token = token_from_env(token_env)

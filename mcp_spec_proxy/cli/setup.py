@@ -12,7 +12,6 @@ import importlib.util
 import logging
 import os
 import signal
-import sys
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import click
 
+from mcp_spec_proxy import logs
 from mcp_spec_proxy.config import ProxyConfig, load_config
 from mcp_spec_proxy.engine import Mode
 from mcp_spec_proxy.errors import ProxyError
@@ -59,6 +59,7 @@ state_option = click.option(
 
 
 LOG_LEVELS = click.Choice(["DEBUG", "INFO", "WARNING"])
+LOG_FORMATS = click.Choice(["text", "json"])
 
 
 def file_options(command: Any) -> Any:
@@ -113,7 +114,7 @@ class Setup:
 def setup(ctx: click.Context, *, telemetry: str | None = None, log_level: str = "WARNING") -> Setup:
     """Logging (`--log-level`, else `log_level`), the config, the state directory and the telemetry file."""
     level = ctx.obj.get("log_level") or log_level
-    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(level, ctx.obj.get("log_format") or "text")
     source = ctx.obj["config_path"]
     config = load(source)
     telemetry_file = telemetry or config.telemetry
