@@ -102,10 +102,9 @@ class Door:
         app = self._app
         if app is None:
             if scope["type"] == "http":
-                message = "starting: the proxy does not serve yet; GET /readyz says when it does"
-                await JSONResponse(
-                    {"error": {"message": message, "code": "starting"}}, status_code=503, headers={"Retry-After": "1"}
-                )(scope, receive, send)
+                message = "not serving: the proxy is starting (or stopping); GET /readyz says when it serves"
+                body = {"error": {"message": message, "code": "starting"}}
+                await JSONResponse(body, status_code=503, headers={"Retry-After": "1"})(scope, receive, send)
             return
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD"):
             await app(scope, receive, send)  # a GET is a stream of notifications: it lasts as long as its client
