@@ -7,7 +7,9 @@ when the grace (`drain_s`) runs out first, every call still held is stopped wher
 (`holding`: its scope is cancelled, and the gate records it `abandoned` with the true reason, "the
 replica shut down"), and the calls being forwarded are cut with the rest of the process a moment
 later (`SETTLE_S`), recorded `forward-interrupted`. A held call is never forwarded after its drain
-expired: its verdict is the only way to the backend, and its wait is what was cancelled.
+expired: its verdict is the only way to the backend, and its wait is what was cancelled. Once the
+drain is over, or cut short by a second signal (`stopping`), a call cancelled with the process is
+recorded as the replica's doing too, never as its client's.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class Drain:
     def __init__(self) -> None:
         self.draining = False
         self.expired = False  # the grace ran out: what is still held is being stopped
+        self.stopping = False  # the drain is over (or cut short): what is cancelled now, the replica stopped
         self._calls = 0
         self._idle = anyio.Event()
         self._held: set[anyio.CancelScope] = set()
@@ -85,6 +88,12 @@ class Drain:
     async def run(self, grace_s: float) -> None:
         """Drain: take no new call, wait up to `grace_s` for those in flight, then stop the held ones."""
         self.draining = True
+        try:
+            await self._drain(grace_s)
+        finally:
+            self.stopping = True  # returned or cut short (a second signal): the process stops next
+
+    async def _drain(self, grace_s: float) -> None:
         if self._calls == 0:
             return
         logger.warning("draining: %d call(s) in flight, %d held; waiting up to %gs", self._calls, self.held, grace_s)

@@ -329,8 +329,10 @@ class Gate:
             await self._before(call, "awaiting-input", **common)
             raise
         except anyio.get_cancelled_exc_class():
+            # Cancelled from outside: by its client, or by the replica stopping after (or during) a drain.
+            why = SHUT_DOWN if self.drain.stopping else "the client cancelled or disconnected"
             with anyio.CancelScope(shield=True):
-                await self._after("abandoned", **common, reason="the client cancelled or disconnected")
+                await self._after("abandoned", **common, reason=why)
             raise
         latency_ms = round((time.perf_counter() - started) * 1000, 3)
         await self._before(

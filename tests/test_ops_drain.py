@@ -132,3 +132,20 @@ async def test_a_held_write_left_when_the_grace_runs_out_is_abandoned_because_th
     abandoned = [line for line in lines if line["event"] == "abandoned"]
     assert [line["reason"] for line in abandoned] == ["the replica shut down"], lines
     assert abandoned[0]["tool"] == "toy__record"
+
+
+async def test_a_second_sigterm_stops_at_once_and_the_held_write_is_abandoned_because_the_replica_shut_down(
+    tmp_path: Path,
+) -> None:
+    ledger = tmp_path / "ledger"
+    out: list[str] = []
+    async with serving(world(ledger, 120), tmp_path, "--console", "127.0.0.1:0") as proxy:
+        with anyio.fail_after(90):
+            async with anyio.create_task_group() as tg:
+                await hold_then_terminate(proxy, tmp_path, tg, out)
+                proxy.terminate()  # the operator does not wait for the grace
+                code = await proxy.wait()
+    assert recorded(ledger) == []
+    assert code == 0, proxy.log()
+    abandoned = [line for line in read_audit(tmp_path / "state" / "audit.jsonl") if line["event"] == "abandoned"]
+    assert [line["reason"] for line in abandoned] == ["the replica shut down"], abandoned
