@@ -14,14 +14,16 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
-from mcp import Client
+from mcp import Client, MCPError
 from prometheus_client.parser import text_string_to_metric_families
 
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.fronts.http import serve_http
 from mcp_spec_proxy.fronts.mcp import McpFront
+from mcp_spec_proxy.metrics import Metrics
 from mcp_spec_proxy.proxy import Proxy, StatePaths, running_proxy
 from mcp_spec_proxy.review.console import Decision
+from mcp_spec_proxy.telemetry import Telemetry
 from tests.harness import recorded, toy, toy_twins
 
 pytestmark = pytest.mark.anyio
@@ -108,3 +110,54 @@ async def test_metrics_count_each_call_as_its_audit_line_says_with_verdicts_held
     assert [json.loads(line)["value"] for line in recorded(tmp_path / "a-rec")] == ["ran"]
     assert recorded(tmp_path / "b-rec") == []
     assert [json.loads(line)["value"] for line in recorded(tmp_path / "c-rec")] == ["held"]
+
+
+async def test_metrics_show_a_backend_that_died_restarting_and_back(tmp_path: Path) -> None:
+    raw = {"servers": {"toy": toy(tmp_path / "rec")}}  # a real process: its death is the thing under test
+    config = ProxyConfig.model_validate(raw)
+    with anyio.fail_after(60):
+        async with (
+            running_proxy(config, StatePaths(tmp_path / "state")) as proxy,
+            anyio.create_task_group() as tg,
+        ):
+            port = await tg.start(
+                lambda task_status: serve_http(McpFront(proxy), "127.0.0.1", 0, task_status=task_status)
+            )
+            base = f"http://127.0.0.1:{port}"
+            async with Client(f"{base}/mcp") as client:
+                with pytest.raises(MCPError):
+                    await client.call_tool("toy__crash", {})  # the process exits at once
+            backend = proxy.backends.get("toy")
+            while True:  # the death is seen, and the restart made, on the backend's own time
+                if backend.restarts >= 1 and backend.status == "connected":
+                    break
+                await anyio.sleep(0.05)
+            after = await scrape(base)
+            tg.cancel_scope.cancel()
+    assert after[sample("mcp_spec_proxy_backend_restarts_total", server="toy")] == 1.0
+    assert after[sample("mcp_spec_proxy_backend_up", server="toy")] == 1.0
+    assert after[calls("toy", "toy__crash", "read", "forwarded")] == 1.0
+
+
+async def test_leash_decisions_are_counted_from_its_telemetry_records() -> None:
+    metrics = Metrics()
+    events = Telemetry(None)  # no file: the records are still heard
+    events.listeners.append(metrics.telemetry)
+    await events.record("leash", layer="route", strong_led=True)
+    await events.record("leash", layer="escalate", tool="t")
+    await events.record("leash", layer="observe", tool="t", flagged=False)
+    await events.record("leash", layer="observe", tool="t", flagged=True)
+    await events.record("leash", layer="label", stored=3)  # a label is no decision
+    text = metrics.render().decode()
+    found = {
+        tuple(sorted(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "mcp_spec_proxy_leash_decisions_total"
+    }
+    assert found == {
+        (("decision", "strong"), ("layer", "route")): 1.0,
+        (("decision", "escalate"), ("layer", "escalate")): 1.0,
+        (("decision", "pass"), ("layer", "observe")): 1.0,
+        (("decision", "flag"), ("layer", "observe")): 1.0,
+    }

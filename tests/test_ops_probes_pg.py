@@ -8,9 +8,13 @@ from pathlib import Path
 
 import anyio
 import httpx
+import httpx2
 import pytest
+from mcp import Client, MCPError
+from mcp.client.streamable_http import streamable_http_client
+from prometheus_client.parser import text_string_to_metric_families
 
-from tests.harness import toy
+from tests.harness import recorded, toy
 from tests.pg import database_down, database_name, database_up, replica, rows
 
 pytestmark = pytest.mark.anyio
@@ -61,3 +65,35 @@ async def test_readyz_is_not_ready_on_a_schema_older_than_the_replica(tmp_path: 
             assert answer.json()["reasons"] == [
                 "store: the database's schema is older than this proxy's (run `mcp-spec-proxy store migrate`)"
             ]
+
+
+async def test_metrics_count_the_audit_lines_the_store_refused_and_the_write_they_stopped(
+    tmp_path: Path, pg_dsn: str, postgres_server: str
+) -> None:
+    ledger = tmp_path / "rec"
+    config = {"servers": {"toy": toy(ledger)}, "review": {"default": "allow", "intent": False}}
+    with replica(config, tmp_path, pg_dsn, "a", timeout=2) as running:
+        base = running.url.removesuffix("/mcp")
+        with anyio.fail_after(90):
+            name = database_name(pg_dsn)
+            async with (
+                httpx2.AsyncClient(timeout=60) as http,
+                Client(streamable_http_client(running.url, http_client=http)) as client,
+            ):
+                await client.list_tools()
+                database_down(postgres_server, name)
+                try:
+                    with pytest.raises(MCPError, match="was not forwarded"):
+                        await client.call_tool("toy__record", {"value": "no audit, no write"})
+                finally:
+                    database_up(postgres_server, name)
+            async with httpx.AsyncClient(timeout=30) as http:
+                text = (await http.get(f"{base}/metrics")).text
+    assert recorded(ledger) == []
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert samples[("mcp_spec_proxy_store_errors_total", (("operation", "record"),))] >= 1.0
+    assert samples[("mcp_spec_proxy_held_calls", ())] == 0.0  # the refused write holds nothing
