@@ -246,6 +246,8 @@ class ProxyConfig(_Strict):
     separator: str = "__"
     max_name_length: int = Field(default=64, ge=16, le=128)
     hold_open_world: bool = False  # every server's open-world reads are held, unless it says otherwise
+    # On SIGTERM: seconds the calls in flight (held ones too) have to finish before they are abandoned.
+    drain_s: float = Field(default=30.0, ge=0)
 
     @field_validator("servers")
     @classmethod

@@ -13,6 +13,7 @@ not this one); `tests/test_error_tree.py` holds this drawing to the classes.
     ├── ToolNotFound            the client named a tool the catalog does not have            -32602
     ├── InvalidArguments        arguments fail the tool's input schema (the client gets a tool error result)
     ├── CallReplayed            a call's idempotency key is another call's: not forwarded    -32015
+    ├── ShuttingDown            the replica is draining and takes no new call: nothing ran   -32016
     ├── StateError              the state directory or database (audit, fingerprints) cannot be used
     ├── ModelError              models.py: a model call failed, or its answer is no chat completion
     ├── ReviewFailed            review/: the reviewer could not produce a verdict
@@ -59,6 +60,8 @@ RESULT_TOO_LARGE = -32014
 """The result was over the server's `max_result_bytes` and was withheld."""
 CALL_REPLAYED = -32015
 """The call's idempotency key belongs to another call of its session: this one was not forwarded."""
+SHUTTING_DOWN = -32016
+"""The replica is shutting down: the call was not taken (or, held when the drain ran out, not forwarded)."""
 
 
 class ProxyError(Exception):
@@ -159,6 +162,13 @@ class CallReplayed(ProxyError):
     def __init__(self, first: str, message: str) -> None:
         self.first = first
         super().__init__(message)
+
+
+class ShuttingDown(ProxyError):
+    """The replica is draining (SIGTERM): a new call is refused, and a call still held when the
+    drain's grace ran out is abandoned. Nothing was forwarded either way."""
+
+    code: ClassVar[int] = SHUTTING_DOWN
 
 
 class StateError(ProxyError):

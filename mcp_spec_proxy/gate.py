@@ -76,14 +76,17 @@ from mcp_spec_proxy.audit import AuditSink
 from mcp_spec_proxy.backends import BackendPool
 from mcp_spec_proxy.catalog import Catalog, CatalogTool, digest, is_held
 from mcp_spec_proxy.config import ProxyConfig, ReviewMode
+from mcp_spec_proxy.drain import SHUT_DOWN, Drain
 from mcp_spec_proxy.errors import (
     BackendClosed,
     BackendError,
     BackendUnavailable,
     CallReplayed,
+    ShuttingDown,
     StateError,
     ToolNotFound,
 )
+from mcp_spec_proxy.logs import about_call
 from mcp_spec_proxy.models import ModelCall
 from mcp_spec_proxy.provenance import from_backend, noted, notice
 from mcp_spec_proxy.review import InputNeeded, Reviewer, ReviewFailed, ReviewRequest, UserChannel, Verdict
@@ -178,6 +181,7 @@ class Gate:
         self._audit = audit
         self._leash = leash
         self._catalog = catalog  # to reread `tools accept` before refusing a held tool
+        self.drain = Drain()  # the calls in flight; on SIGTERM, no new ones (drain.py)
 
     # -- policy ------------------------------------------------------------------------------
 
@@ -198,14 +202,21 @@ class Gate:
         call: str | None = None,
     ) -> types.CallToolResult:
         """Forward a read at once; its audit line is buffered and written with the next commit."""
-        self._note_read(session, tool, arguments, author, call)
-        return await self._forward(tool, arguments, step, report)
+        with self.drain.call(tool.name), about_call(call, session):
+            self._note_read(session, tool, arguments, author, call)
+            return await self._forward(tool, arguments, step, report)
 
     async def read_json(
         self, session: str, tool: CatalogTool, arguments: dict[str, Any], step: Step, call: str | None = None
     ) -> dict[str, Any]:
         """`read` for the fast path (a client's read with no progress to report): the same audit
         line, and the result as wire JSON, forwarded unchanged (no model built for it)."""
+        with self.drain.call(tool.name), about_call(call, session):
+            return await self._read_json(session, tool, arguments, step, call)
+
+    async def _read_json(
+        self, session: str, tool: CatalogTool, arguments: dict[str, Any], step: Step, call: str | None
+    ) -> dict[str, Any]:
         self._note_read(session, tool, arguments, "client", call)
         started = time.perf_counter()
         try:
@@ -258,6 +269,20 @@ class Gate:
         `decided` hears the verdict once it is audited, before anything runs (a client's tool may
         run only at the client's next request, and the verdict belongs to this one).
         """
+        with self.drain.call(call.tool.name), about_call(call.id, call.session):
+            return await self._write(call, user, report, strong, verified, executor, step, decided)
+
+    async def _write(
+        self,
+        call: GateCall,
+        user: UserChannel,
+        report: Report | None,
+        strong: Reviewer | None,
+        verified: bool,
+        executor: Executor | None,
+        step: Step | None,
+        decided: Callable[[Verdict], Awaitable[None]] | None,
+    ) -> Outcome:
         tool = call.tool
         reviewer, flagged = await self._reviewer(call, strong, verified)
         if call.flagged and flagged is None:
@@ -280,18 +305,28 @@ class Gate:
         if call.key is not None:
             common["key"] = digest(call.key)  # a digest: the key is the client's text
         await self._before(call, "held", **common, segment_length=len(call.request.segment))
+        logger.debug("%s held for its verdict (reviewer %s)", tool.name, reviewer.name)
         if flagged is not None:
             await self._before(call, "leash-escalated", call=call.id, session=call.session, **flagged)
         started = time.perf_counter()
         try:
             request = dataclasses.replace(call.request, call=call.id)
-            verdict = await self._review(reviewer, request, user, report)
+            with self.drain.holding() as hold:
+                verdict = await self._review(reviewer, request, user, report)
+            if hold.cancelled_caught:  # the drain's grace ran out while it was held
+                with anyio.CancelScope(shield=True):
+                    await self._after("abandoned", **common, reason=SHUT_DOWN)
+                raise ShuttingDown(
+                    f"{tool.name} was not forwarded (call {call.id}): {SHUT_DOWN} while it waited for its verdict"
+                )
         except InputNeeded:
             await self._before(call, "awaiting-input", **common)
             raise
         except anyio.get_cancelled_exc_class():
+            # Cancelled from outside: by its client, or by the replica stopping after (or during) a drain.
+            why = SHUT_DOWN if self.drain.stopping else "the client cancelled or disconnected"
             with anyio.CancelScope(shield=True):
-                await self._after("abandoned", **common, reason="the client cancelled or disconnected")
+                await self._after("abandoned", **common, reason=why)
             raise
         latency_ms = round((time.perf_counter() - started) * 1000, 3)
         await self._before(
@@ -305,6 +340,7 @@ class Gate:
             latency_ms=latency_ms,
             **({"evidence": verdict.evidence} if verdict.evidence else {}),
         )
+        logger.debug("%s %s by %s", tool.name, "accepted" if verdict.accepted else "rejected", verdict.reviewer)
         if decided is not None:
             await decided(verdict)
         if not verdict.accepted:
@@ -344,12 +380,13 @@ class Gate:
             failed = noted(edit_note, failed, structured=True) if edit_note else failed
             return Outcome(call.id, verdict, failed, latency_ms, error=exc, key=call.key)
         except BaseException as exc:  # cancelled (or worse) mid-send: the call may have run
+            why = SHUT_DOWN if self.drain.expired else type(exc).__name__
             with anyio.CancelScope(shield=True):
                 await self._after(
                     "forward-interrupted",
                     call=call.id,
                     session=call.session,
-                    reason=f"{type(exc).__name__} while forwarding: the backend may or may not have run it",
+                    reason=f"{why} while forwarding: the backend may or may not have run it",
                 )
             raise
         late = await self._after("forwarded", call=call.id, session=call.session, is_error=bool(result.is_error))

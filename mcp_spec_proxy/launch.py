@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 # The main command's options (cli/serve.py) and whether each takes a value.
 _VALUED = {"--config", "-c", "--state-dir", "--http", "--token-env", "--allow-host", "--telemetry", "--console"}
-_VALUED |= {"--log-level"}
+_VALUED |= {"--log-level", "--log-format"}
 _FLAGS = {"--no-console"}
 
 

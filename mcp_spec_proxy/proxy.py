@@ -35,6 +35,7 @@ from mcp_spec_proxy.engine import Engine
 from mcp_spec_proxy.errors import ConfigError
 from mcp_spec_proxy.fingerprints import FingerprintStore
 from mcp_spec_proxy.gate import Gate
+from mcp_spec_proxy.metrics import MeteredAudit, Metrics
 from mcp_spec_proxy.models import ChatModel
 from mcp_spec_proxy.review.build import build_reviewers, console_queue
 from mcp_spec_proxy.review.console import ConsoleQueue
@@ -66,6 +67,7 @@ class Proxy:
     listeners: list[ChangeListener] = field(default_factory=list)
     console: ConsoleQueue | None = None  # the held writes the approval console front shows
     notices: list[OnNotice] = field(default_factory=list)  # told each backend's log message and resource update
+    metrics: Metrics = field(default_factory=Metrics)  # what `/metrics` shows (metrics.py)
 
     async def changed(self, what: str) -> None:
         for listener in list(self.listeners):
@@ -215,7 +217,9 @@ async def _running(
 ) -> AsyncIterator[Proxy]:
     catalog = Catalog(config, store.fingerprints)
     reviewers, repairer = build_reviewers(config, catalog, models, source, leash)
-    audit = store.audit
+    metrics = Metrics()
+    audit = MeteredAudit(store.audit, metrics)
+    events.listeners.append(metrics.telemetry)
     proxy: Proxy | None = None
 
     async def on_listing(server: str, listing: Listing | None) -> None:
@@ -239,6 +243,7 @@ async def _running(
         in_process=in_process,
         on_notice=on_notice,
     )
+    metrics.watch_backends(backends)
     gate = Gate(config, backends, reviewers, audit, leash, catalog)
     barrier = Barrier(config, catalog, gate, events, repairer, store.sessions)
     engine = None
@@ -260,7 +265,7 @@ async def _running(
             limits=config.speculation,
             watch=watch,
         )
-    proxy = Proxy(config, catalog, backends, barrier, gate, audit, events, store, engine, leash)
+    proxy = Proxy(config, catalog, backends, barrier, gate, audit, events, store, engine, leash, metrics=metrics)
     proxy.console = console_queue(reviewers)
     async with anyio.create_task_group() as tg:
         await tg.start(store.run)

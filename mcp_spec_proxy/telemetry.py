@@ -11,7 +11,9 @@ no-ops then, but not free).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from opentelemetry import trace
 
@@ -21,6 +23,13 @@ from mcp_spec_proxy.jsonl import JsonLines
 class Telemetry(JsonLines):
     def __init__(self, path: Path | None) -> None:
         super().__init__(path, durable=False, tag="kind")
+        # Told every record, written or not (a proxy with no telemetry file still counts LEASH's decisions).
+        self.listeners: list[Callable[[str, dict[str, Any]], None]] = []
+
+    async def record(self, kind: str, **fields: Any) -> None:
+        for listener in self.listeners:
+            listener(kind, fields)
+        await super().record(kind, **fields)
 
 
 def tracing_configured() -> bool:

@@ -22,8 +22,12 @@ from mcp_spec_proxy.cli.setup import (
     stop_on_signal,
     token_from_env,
 )
+from mcp_spec_proxy.drain import SETTLE_S
 from mcp_spec_proxy.engine import MODES, Mode, RunResult
+from mcp_spec_proxy.fronts.asgi import host_names
 from mcp_spec_proxy.fronts.gateway import Gateway, serve_gateway
+from mcp_spec_proxy.fronts.probes import Door
+from mcp_spec_proxy.proxy import Proxy
 
 # The summary line `run` prints on stderr, in this order.
 _SUMMARY_KEYS = (
@@ -104,13 +108,30 @@ def gateway(
         raise click.ClickException(f"gateway: {problem}")
 
     async def serve() -> None:
+        door = Door(token=token, hosts=host_names(host, allow_host))
+        running: list[Proxy] = []
+
+        async def drain() -> None:
+            for proxy in running:  # none while it starts: nothing is in flight then
+                await proxy.gate.drain.run(proxy.config.drain_s)
+            with anyio.move_on_after(SETTLE_S):
+                await door.answered()
+
         async with anyio.create_task_group() as tg:
-            tg.start_soon(stop_on_signal, tg.cancel_scope)
+            tg.start_soon(stop_on_signal, tg.cancel_scope, drain)
+            listening = await tg.start(door.serve, host, port)  # `/readyz` says "starting" meanwhile
             async with built.running() as proxy:
+                running.append(proxy)
                 front = Gateway(proxy)
                 bound = await tg.start(
                     lambda task_status: serve_gateway(
-                        front, host, port, token=token, allowed_hosts=list(allow_host), task_status=task_status
+                        front,
+                        host,
+                        listening,
+                        token=token,
+                        allowed_hosts=list(allow_host),
+                        door=door,
+                        task_status=task_status,
                     )
                 )
                 click.echo(f"OpenAI-compatible gateway on http://{host}:{bound}/v1", err=True)

@@ -17,6 +17,7 @@ from click.core import ParameterSource
 
 from mcp_spec_proxy import __version__
 from mcp_spec_proxy.cli.setup import (
+    LOG_FORMATS,
     LOG_LEVELS,
     bind_check,
     config_option,
@@ -32,12 +33,15 @@ from mcp_spec_proxy.cli.setup import (
     token_from_env,
 )
 from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.drain import SETTLE_S
 from mcp_spec_proxy.early import resolve_command
 from mcp_spec_proxy.engine import MODES
 from mcp_spec_proxy.errors import ProxyError
+from mcp_spec_proxy.fronts.asgi import host_names
 from mcp_spec_proxy.fronts.console import CONSOLE_URL_FILE, Console, serve_console
 from mcp_spec_proxy.fronts.http import serve_http
 from mcp_spec_proxy.fronts.mcp import McpFront
+from mcp_spec_proxy.fronts.probes import Door
 from mcp_spec_proxy.fronts.stdio import serve_stdio
 from mcp_spec_proxy.proxy import Proxy, StatePaths, validate
 
@@ -67,6 +71,11 @@ def _parse_http(value: str) -> tuple[str, int]:
 @click.option(
     "--log-level", type=LOG_LEVELS, help="Default: INFO when serving, WARNING for `tools`, `run` and the rest."
 )
+@click.option(
+    "--log-format",
+    type=LOG_FORMATS,
+    help="text (default), or json: one object a line, with the call id and session on each line about a call.",
+)
 @click.version_option(__version__, prog_name="mcp-spec-proxy")
 @click.pass_context
 def main(
@@ -80,10 +89,11 @@ def main(
     console: str | None,
     no_console: bool,
     log_level: str | None,
+    log_format: str | None,
 ) -> None:
     """An MCP server in front of your MCP servers: reads pass, writes wait for a verdict."""
     ctx.ensure_object(dict)
-    ctx.obj.update(config_path=config_path, state_dir=state_dir, log_level=log_level)
+    ctx.obj.update(config_path=config_path, state_dir=state_dir, log_level=log_level, log_format=log_format)
     if ctx.invoked_subcommand is not None:
         return
     token = token_from_env(token_env)
@@ -94,9 +104,23 @@ def main(
     built = setup(ctx, telemetry=telemetry, log_level="INFO")
 
     async def serve() -> None:
+        running: list[Proxy] = []
+        door: Door | None = None
+
+        async def drain() -> None:
+            for proxy in running:  # none while it starts: nothing is in flight then
+                await proxy.gate.drain.run(proxy.config.drain_s)
+            if door is not None:
+                with anyio.move_on_after(SETTLE_S):
+                    await door.answered()  # the results of the calls that finished reach their clients
+
         async with anyio.create_task_group() as tg:
-            tg.start_soon(stop_on_signal, tg.cancel_scope)
+            tg.start_soon(stop_on_signal, tg.cancel_scope, drain)
+            if address is not None:  # the probes answer while the backends start (`/readyz`: starting)
+                door = Door(token=token, hosts=host_names(address[0], allow_host))
+                port = await tg.start(door.serve, *address)
             async with built.running() as proxy:
+                running.append(proxy)
                 await _start_console(tg, proxy, built.state, console_at)
                 front = McpFront(proxy, version=__version__)
                 if address is None:
@@ -104,7 +128,13 @@ def main(
                 else:
                     await tg.start(
                         lambda task_status: serve_http(
-                            front, *address, token=token, allowed_hosts=list(allow_host), task_status=task_status
+                            front,
+                            address[0],
+                            port,
+                            token=token,
+                            allowed_hosts=list(allow_host),
+                            door=door,
+                            task_status=task_status,
                         )
                     )
                     await anyio.sleep_forever()

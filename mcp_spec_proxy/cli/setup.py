@@ -12,7 +12,6 @@ import importlib.util
 import logging
 import os
 import signal
-import sys
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import click
 
+from mcp_spec_proxy import logs
 from mcp_spec_proxy.config import ProxyConfig, load_config
 from mcp_spec_proxy.engine import Mode
 from mcp_spec_proxy.errors import ProxyError
@@ -59,6 +59,7 @@ state_option = click.option(
 
 
 LOG_LEVELS = click.Choice(["DEBUG", "INFO", "WARNING"])
+LOG_FORMATS = click.Choice(["text", "json"])
 
 
 def file_options(command: Any) -> Any:
@@ -113,7 +114,7 @@ class Setup:
 def setup(ctx: click.Context, *, telemetry: str | None = None, log_level: str = "WARNING") -> Setup:
     """Logging (`--log-level`, else `log_level`), the config, the state directory and the telemetry file."""
     level = ctx.obj.get("log_level") or log_level
-    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(level, ctx.obj.get("log_format") or "text")
     source = ctx.obj["config_path"]
     config = load(source)
     telemetry_file = telemetry or config.telemetry
@@ -193,10 +194,22 @@ def _proxy_error(exc: BaseException) -> ProxyError | None:
     return None
 
 
-async def stop_on_signal(scope: anyio.CancelScope) -> None:
-    """Cancel `scope` at the first SIGTERM or SIGINT, so the backends close in order."""
+async def stop_on_signal(scope: anyio.CancelScope, drain: Callable[[], Awaitable[None]] | None = None) -> None:
+    """Cancel `scope` at the first SIGTERM or SIGINT, so the backends close in order; with `drain`,
+    only once it has returned (the calls in flight settled, or its grace ran out) or at a second signal."""
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for _ in signals:
-            logger.info("stopping: closing backends")
-            scope.cancel()
-            return
+            break
+        if drain is not None:
+            async with anyio.create_task_group() as tg:
+
+                async def at_once() -> None:
+                    async for _ in signals:
+                        logger.warning("a second signal: stopping without waiting for the calls in flight")
+                        tg.cancel_scope.cancel()
+
+                tg.start_soon(at_once)
+                await drain()
+                tg.cancel_scope.cancel()
+        logger.info("stopping: closing backends")
+        scope.cancel()

@@ -10,10 +10,11 @@ a browser never hands a foreign page an answer.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from urllib.parse import urlsplit
 
 import anyio
@@ -125,6 +126,15 @@ def _refusal(status: int, message: str, code: str, headers: dict[str, str] | Non
     return JSONResponse({"error": error}, status_code=status, headers=headers)
 
 
+class _Server(uvicorn.Server):
+    """uvicorn without its signal handlers: the command's own (`stop_on_signal`) decide when a front
+    stops. uvicorn's would close the port at the first SIGTERM, in the middle of a drain."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 async def serve_asgi(
     app: ASGIApp,
     host: str,
@@ -149,7 +159,7 @@ async def serve_asgi(
     sock.listen(128)
     sock.setblocking(False)
     config = uvicorn.Config(app, log_level="warning", lifespan="on" if lifespan else "off", log_config=None)
-    server = uvicorn.Server(config)
+    server = _Server(config)
     served = anyio.Event()
     shield = anyio.CancelScope(shield=True)
 

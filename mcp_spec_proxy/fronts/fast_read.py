@@ -39,7 +39,7 @@ from pydantic import ValidationError
 from mcp_spec_proxy.backends.raw import plain
 from mcp_spec_proxy.barrier import Session
 from mcp_spec_proxy.catalog import CatalogTool
-from mcp_spec_proxy.errors import ToolNotFound
+from mcp_spec_proxy.errors import ShuttingDown, ToolNotFound
 from mcp_spec_proxy.fronts.relay import declares_any
 from mcp_spec_proxy.fronts.replays import KEY_META
 from mcp_spec_proxy.fronts.wire import wire_error
@@ -157,7 +157,7 @@ class FastRead:
         call = new_call_id()
         try:
             result = await self._front.proxy.barrier.read_json(session, read.tool, read.arguments, call)
-        except CALL_FAILED as exc:
+        except (*CALL_FAILED, ShuttingDown) as exc:  # draining: nothing ran
             raise wire_error(exc, call) from exc
         return self._for_client(result, read.version, read.modern, call)
 

@@ -53,8 +53,8 @@ from starlette.types import ASGIApp
 
 from mcp_spec_proxy.catalog import CLIENT, Catalog, CatalogTool, check_arguments
 from mcp_spec_proxy.engine import MODES, Engine, Mode
-from mcp_spec_proxy.errors import ProxyError, ToolNotFound
-from mcp_spec_proxy.fronts.asgi import BearerToken, HostGuard, host_names, serve_asgi
+from mcp_spec_proxy.errors import ProxyError, ShuttingDown, ToolNotFound
+from mcp_spec_proxy.fronts.asgi import BearerToken, HostGuard, host_names
 from mcp_spec_proxy.fronts.chat_wire import AsciiJSON, chunks, error_response, message_text, rendered
 from mcp_spec_proxy.fronts.gateway_sessions import (
     Action,
@@ -65,6 +65,7 @@ from mcp_spec_proxy.fronts.gateway_sessions import (
     ToolCallOut,
     prefix_digests,
 )
+from mcp_spec_proxy.fronts.probes import Door
 from mcp_spec_proxy.proxy import Proxy
 from mcp_spec_proxy.telemetry import Telemetry
 
@@ -188,7 +189,12 @@ class Gateway:
     async def chat(self, request: Request) -> Response:
         """The one place where a request's failures become its HTTP error; no failure outlives it."""
         try:
-            return await self._chat(request)
+            with self.proxy.gate.drain.call("this chat completion"):  # its run's steps are admitted with it
+                return await self._chat(request)
+        except ShuttingDown as exc:
+            refused = error_response(503, str(exc), "shutting_down")
+            refused.headers["retry-after"] = "1"
+            return refused
         except Exception:
             logger.exception("gateway: a chat request failed")
             message = "the gateway failed on this request (its log has the details); other requests are unaffected"
@@ -411,13 +417,22 @@ async def serve_gateway(
     *,
     token: str | None = None,
     allowed_hosts: list[str] | None = None,
+    door: Door | None = None,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve until cancelled; `task_status.started(port)` once the socket listens.
+    """Serve until cancelled; `task_status.started(port)` once `/v1` answers.
 
     With `token`, every request must carry `Authorization: Bearer <token>`; `allowed_hosts` are
-    names besides loopback (and `host`) that the Host and Origin headers may use.
+    names besides loopback (and `host`) that the Host and Origin headers may use. `door` is the
+    port's app already listening (`/readyz` says "starting" until now; `port` is the port it
+    bound); without one it is opened here. The probes and `/metrics` are served beside `/v1`.
     """
     app = gateway.app(host=host, token=token, allowed_hosts=allowed_hosts)
-    announce = "gateway: OpenAI-compatible API on http://%s:%d/v1"
-    await serve_asgi(app, host, port, announce=announce, task_status=task_status)
+    async with anyio.create_task_group() as tg:
+        if door is None:
+            door = Door(token=token, hosts=host_names(host, allowed_hosts or []))
+            port = await tg.start(door.serve, host, port)
+        async with door.mounted(app, gateway.proxy):
+            logger.info("gateway: OpenAI-compatible API on http://%s:%d/v1", host, port)
+            task_status.started(port)
+            await anyio.sleep_forever()

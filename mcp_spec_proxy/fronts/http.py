@@ -11,6 +11,7 @@ and the store is bounded: the most recent `MAX_EVENTS`, `MAX_EVENT_BYTES` and `E
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from collections import OrderedDict
@@ -22,8 +23,11 @@ from mcp.server.streamable_http import EventCallback, EventId, EventMessage, Eve
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.types import ASGIApp
 
-from mcp_spec_proxy.fronts.asgi import BearerToken, host_names, serve_asgi
+from mcp_spec_proxy.fronts.asgi import BearerToken, host_names
 from mcp_spec_proxy.fronts.mcp import McpFront
+from mcp_spec_proxy.fronts.probes import Door
+
+logger = logging.getLogger(__name__)
 
 MAX_EVENTS = 4096
 MAX_EVENT_BYTES = 32 * 1024 * 1024
@@ -98,11 +102,21 @@ async def serve_http(
     *,
     token: str | None = None,
     allowed_hosts: list[str] | None = None,
+    door: Door | None = None,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve streamable HTTP until cancelled; `task_status.started(port)` once listening."""
+    """Serve streamable HTTP until cancelled; `task_status.started(port)` once `/mcp` answers.
+
+    `door` is the port's app already listening (the command opens it before the proxy starts, so
+    `/readyz` answers "starting" meanwhile; `port` is then the port it bound); without one it is
+    opened here. The probes and `/metrics` are served beside `/mcp` (`probes.py`)."""
     app = http_app(front, host=host, token=token, allowed_hosts=allowed_hosts)
-    async with front.suspensions.hosting():  # 2026-07-28 calls waiting for their client's answers
-        await serve_asgi(
-            app, host, port, announce="serving streamable HTTP on http://%s:%d/mcp", task_status=task_status
-        )
+    async with anyio.create_task_group() as tg:
+        if door is None:
+            door = Door(token=token, hosts=host_names(host, allowed_hosts or []))
+            port = await tg.start(door.serve, host, port)
+        # The 2026-07-28 calls waiting for their client's answers are hosted while `/mcp` serves.
+        async with front.suspensions.hosting(), door.mounted(app, front.proxy):
+            logger.info("serving streamable HTTP on http://%s:%d/mcp", host, port)
+            task_status.started(port)
+            await anyio.sleep_forever()

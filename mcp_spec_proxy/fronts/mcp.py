@@ -58,7 +58,7 @@ from mcp_spec_proxy.backends.notices import request_logs
 from mcp_spec_proxy.backends.relay import CALLER
 from mcp_spec_proxy.barrier import Report, Session
 from mcp_spec_proxy.catalog import digest
-from mcp_spec_proxy.errors import BackendError, CallReplayed, ProxyError, StateError
+from mcp_spec_proxy.errors import BackendError, CallReplayed, ProxyError, ShuttingDown, StateError
 from mcp_spec_proxy.fronts import fast_read
 from mcp_spec_proxy.fronts.notices import Notices
 from mcp_spec_proxy.fronts.own_tools import OwnTools
@@ -272,13 +272,17 @@ class McpFront:
         self, ctx: Ctx, params: types.CallToolRequestParams
     ) -> types.CallToolResult | types.InputRequiredResult:
         if self.own_tools.owns(params.name):
-            return await self.own_tools.call(
-                params.name,
-                dict(params.arguments or {}),
-                session=lambda: self.session_for(ctx),
-                report=_reporter(ctx),
-                user=_UserChannel(ctx, params, None),
-            )
+            try:
+                with self.proxy.gate.drain.call(params.name):  # `delegate`'s steps are admitted with it
+                    return await self.own_tools.call(
+                        params.name,
+                        dict(params.arguments or {}),
+                        session=lambda: self.session_for(ctx),
+                        report=_reporter(ctx),
+                        user=_UserChannel(ctx, params, None),
+                    )
+            except ShuttingDown as exc:
+                raise wire_error(exc) from exc
         if self.catalog_search is not None:  # search mode: a search, or the tools/call a call_tool stands for
             routed = await self.catalog_search.route(params)
             if isinstance(routed, types.CallToolResult):

@@ -14,7 +14,7 @@ from typing import Any
 from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
 
-from mcp_spec_proxy.errors import BackendError, CallReplayed, ProxyError, ToolNotFound
+from mcp_spec_proxy.errors import BackendError, CallReplayed, ProxyError, ShuttingDown, ToolNotFound
 from mcp_spec_proxy.gate import CALL_META, FIRST_META
 
 
@@ -27,7 +27,7 @@ def wire_error(exc: ProxyError | MCPError, call: str | None = None) -> MCPError:
     data: dict[str, Any] | None = {CALL_META: call} if call is not None else None
     if isinstance(exc, CallReplayed):
         data = {**(data or {}), FIRST_META: exc.first}
-    code = exc.code if isinstance(exc, BackendError | CallReplayed) else INTERNAL_ERROR
+    code = exc.code if isinstance(exc, BackendError | CallReplayed | ShuttingDown) else INTERNAL_ERROR
     return MCPError(code=code, message=str(exc), data=data)
 
 

@@ -71,6 +71,10 @@ class Store(Protocol):
 
     async def read_audit(self, session: str | None = None) -> list[dict[str, Any]]: ...
 
+    async def health(self) -> list[str]:
+        """Why the store cannot serve now (unreachable, schema behind): empty when it can. Never raises."""
+        ...
+
 
 class FileStore:
     """Today's state of one process: files in the state directory, sessions and tickets in memory."""
@@ -93,6 +97,9 @@ class FileStore:
             return []
         rows = await anyio.to_thread.run_sync(read_audit, self._state.audit)
         return [row for row in rows if session is None or row.get("session") == session]
+
+    async def health(self) -> list[str]:
+        return []  # files in this process's state directory: a failing disk shows as refused writes
 
     def close(self) -> None:
         self.log.close()

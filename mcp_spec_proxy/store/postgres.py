@@ -37,7 +37,7 @@ from mcp_spec_proxy.audit import AuditSink
 from mcp_spec_proxy.config import PostgresSettings
 from mcp_spec_proxy.errors import StateError
 from mcp_spec_proxy.fingerprints import FingerprintStore
-from mcp_spec_proxy.store.migrations import LATEST, LOCK_NAMESPACE, migrate
+from mcp_spec_proxy.store.migrations import LATEST, LOCK_NAMESPACE, migrate, versions_wanted
 from mcp_spec_proxy.store.pg_audit import DB_ERRORS, PgAudit, problem, read_rows
 from mcp_spec_proxy.store.pg_fingerprints import PgFingerprints, SharedFingerprints
 from mcp_spec_proxy.store.pg_sessions import PgApprovals, PgSessions
@@ -106,8 +106,11 @@ class PgStore:
         replica: int,
         lock: psycopg.AsyncConnection[Any],
         registered: datetime | None = None,
+        *,
+        leash: bool = False,
     ) -> None:
         self.pool = pool
+        self._leash = leash  # whether LEASH's tables are part of the schema this replica needs
         self._dsn = dsn
         self.replica = replica
         self._lock = lock
@@ -145,7 +148,7 @@ class PgStore:
         except DB_ERRORS as exc:
             await pool.close()
             raise StateError(f"cannot reach the Postgres store: {problem(exc)}") from None
-        store = cls(pool, dsn, settings, replica, lock, registered)
+        store = cls(pool, dsn, settings, replica, lock, registered, leash=leash)
         try:
             try:
                 await store.prints.load()  # before any listing is classified: a fresh replica holds late tools
@@ -241,6 +244,19 @@ class PgStore:
         if marked:
             logger.warning("marked %d held call(s) of stopped replicas abandoned (never forwarded)", marked)
         return marked
+
+    async def health(self) -> list[str]:
+        """Reached within the store's timeout, and holding every schema step this replica needs."""
+        try:
+            with anyio.fail_after(self._timeout):
+                async with self.pool.connection() as conn:
+                    cursor = await conn.execute("SELECT version FROM schema_version")
+                    present = {int(row[0]) for row in await cursor.fetchall()}
+        except DB_ERRORS:
+            return ["store: the database does not answer"]
+        if set(versions_wanted(leash=self._leash)) - present:
+            return ["store: the database's schema is older than this proxy's (run `mcp-spec-proxy store migrate`)"]
+        return []
 
     async def read_audit(self, session: str | None = None) -> list[dict[str, Any]]:
         try:
