@@ -305,7 +305,7 @@ class Gate:
         if call.key is not None:
             common["key"] = digest(call.key)  # a digest: the key is the client's text
         await self._before(call, "held", **common, segment_length=len(call.request.segment))
-        logger.debug("%s held for its verdict (reviewer %s)", tool.name, reviewer.name)
+        logger.debug("%s held for its verdict (reviewer %s)", tool.name, reviewer.by.text)
         if flagged is not None:
             await self._before(call, "leash-escalated", call=call.id, session=call.session, **flagged)
         started = time.perf_counter()
