@@ -57,17 +57,20 @@ async def approve(console: httpx.AsyncClient, origin: str, item: str) -> None:
 
 
 async def call(url: str, tool: str, arguments: dict[str, Any], out: list[str]) -> None:
-    async with (
-        httpx2.AsyncClient(timeout=60) as http,
-        Client(streamable_http_client(url, http_client=http)) as client,
-    ):
-        await client.list_tools()  # as a client does first: its call's result is then checked without asking again
-        try:
-            result = await client.call_tool(tool, arguments)
-        except MCPError as exc:
-            out.append(f"error {exc.error.code}: {exc.error.message}")
-            return
-        out.append(("error: " if result.is_error else "") + text_of(result))
+    try:
+        async with (
+            httpx2.AsyncClient(timeout=60) as http,
+            Client(streamable_http_client(url, http_client=http)) as client,
+        ):
+            await client.list_tools()  # as a client does first: its call's result is then checked without asking again
+            try:
+                result = await client.call_tool(tool, arguments)
+            except MCPError as exc:
+                out.append(f"error {exc.error.code}: {exc.error.message}")
+                return
+            out.append(("error: " if result.is_error else "") + text_of(result))
+    except (httpx2.HTTPError, ExceptionGroup) as exc:  # a replica that stops at once closes its connections
+        out.append(f"disconnected: {type(exc).__name__}")
 
 
 def console_link(tmp: Path) -> tuple[str, str]:
