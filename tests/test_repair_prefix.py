@@ -25,6 +25,7 @@ from mcp_spec_proxy.fingerprints import FingerprintStore
 from mcp_spec_proxy.models import ChatModel, ModelCall, ModelConfig
 from mcp_spec_proxy.prompts import REPAIR_HEADING, is_repair_prompt, review_steps
 from mcp_spec_proxy.review import ReviewRequest, Verdict
+from mcp_spec_proxy.review.kinds import ReviewerKind
 from mcp_spec_proxy.review.strong import ProposedStep, Repairer, StrongReviewer
 from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
 from mcp_spec_proxy.trajectory import History, Segment, Step
@@ -129,7 +130,7 @@ async def test_a_json_action_repair_shows_no_backend_description_outside_a_fence
     catalog = catalog_with(hostile_tool())
     held = Step("evil__send", {"to": "mallory"}, "write")
     request = ReviewRequest("s1", catalog.lookup(held.tool), held.arguments, None, Segment((held,)), History())
-    rejection = Verdict(False, "the user asked to send to bob", 0, reviewer="strong")
+    rejection = Verdict(False, "the user asked to send to bob", 0, by=ReviewerKind.STRONG.chain)
     answer = Reply(content=json.dumps({"tool": "evil__send", "arguments": {"to": "bob"}}))
     async with ScriptedModelServer(Respond(lambda r: answer)) as server:
         config = ModelConfig(base_url=server.base_url, model="m", provider="llamacpp", max_retries=0)
@@ -223,7 +224,7 @@ async def test_the_first_repair_serves_at_least_the_verifications_share_of_its_p
             await reviewer.review(second, NoUser())
             verify = model.calls[before]  # its first attempt: what a retry adds is the retry's
             # Whatever the 135M model said, the repair follows a rejection of the held call.
-            rejection = Verdict(False, "the user asked to record apple, not pear", 1, reviewer="strong")
+            rejection = Verdict(False, "the user asked to record apple, not pear", 1, by=ReviewerKind.STRONG.chain)
             _, repaired = await repairer.repair(second, rejection)
     finally:
         await model.aclose()
