@@ -10,8 +10,9 @@ serves everything up to the last committed step on the next review of the same s
 Calls are assistant turns and results fenced text in user turns; runs of one role are merged,
 so no chat template meets two messages of one role in a row.
 
-The verdict `{reason, first_rejected_tool, accepted_steps, replacement_action}` is requested as
-a JSON schema built per request (accepted_steps at most L) and read leniently in form (thinking
+The verdict `{accepted_steps, first_rejected_tool, reason, replacement_action}` is requested as
+a JSON schema built per request (each count 0..L with the tool it rejects, nothing else, so a
+grammar-bound server cannot write an unreadable verdict) and read leniently in form (thinking
 blocks, fences, prose around one object, numbers as strings) but strictly in meaning: the count
 must be within the segment and agree with the tool it names (`verdict.py`; the prompts
 themselves are `prompts.py`'s). An unreadable verdict gets one
@@ -85,7 +86,7 @@ class StrongReviewer:
         for attempt in range(2):  # one bounded retry on a malformed verdict
             try:
                 completion = await self.model.complete(
-                    messages, purpose="verify", thinking=False, response_format=response_format(length), **room
+                    messages, purpose="verify", thinking=False, response_format=response_format(tools), **room
                 )
             except ModelError as exc:
                 if exc.call is not None:
