@@ -25,15 +25,27 @@ from hypothesis import strategies as st
 
 from mcp_spec_proxy.audit import read_audit
 from mcp_spec_proxy.prompts import review_steps
-from mcp_spec_proxy.review.verdict import REASON_MAX_CHARS, cut_off, parse_verdict, verdict_schema
+from mcp_spec_proxy.review.verdict import REASON_MAX_CHARS, VALUE_MAX_CHARS, cut_off, parse_verdict, verdict_schema
 from mcp_spec_proxy.testing import ChatRequest, Respond, ScriptedModelServer
 from tests.harness import proxied, recorded, text_of, toy
 
 NAMES = ["toy__echo", "toy__record", "shop__get_order", "shop__cancel_order"]
+OFFERED = {"toy__echo": ["text"], "toy__record": ["value"], "shop__get_order": ["order_id"]}  # the catalog's calls
 SEGMENTS = st.lists(st.sampled_from(NAMES), min_size=1, max_size=6)  # repeated tools, as real segments have
+VALUES = st.one_of(
+    st.text(max_size=VALUE_MAX_CHARS + 20),
+    st.integers(),
+    st.booleans(),
+    st.none(),
+    st.lists(st.text(max_size=5), max_size=3),
+    st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=1),
+)
+ARGUMENTS = st.dictionaries(st.sampled_from(["text", "value", "order_id", "reason", ""]), VALUES, max_size=3)
+CALLS = st.fixed_dictionaries({"tool": st.sampled_from(sorted(OFFERED)), "arguments": ARGUMENTS})
 REPLACEMENTS = st.one_of(
     st.none(),
-    st.fixed_dictionaries({"tool": st.sampled_from([*NAMES, ""]), "arguments": st.dictionaries(st.text(), st.text())}),
+    CALLS,
+    st.fixed_dictionaries({"tool": st.sampled_from([*NAMES, ""]), "arguments": ARGUMENTS}),
     st.fixed_dictionaries({"tool": st.sampled_from(NAMES)}),  # no arguments
     st.text(),
 )
@@ -60,30 +72,40 @@ def candidates(draw: st.DrawFn, tools: list[str]) -> dict[str, Any]:
     return {k: v for k, v in verdict.items() if k not in dropped} | extra
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(data=st.data(), tools=SEGMENTS)
 def test_every_verdict_the_schema_admits_is_read_as_the_decision_it_states(
     data: st.DataObject, tools: list[str]
 ) -> None:
-    schema = verdict_schema(tools)
+    schema = verdict_schema(tools, OFFERED)
     candidate = data.draw(candidates(tools))
     if not admits(schema, candidate):
         return
     parsed = parse_verdict(json.dumps(candidate), tools)  # raises if the schema admitted an unreadable verdict
     assert parsed.accepted_steps == candidate["accepted_steps"]
     assert parsed.first_rejected_tool == candidate["first_rejected_tool"]
+    replacement = candidate["replacement_action"]
+    parameters = {name for names in OFFERED.values() for name in names}
+    assert replacement is None or (replacement["tool"] in OFFERED and set(replacement["arguments"]) <= parameters)
 
 
-CALLS = st.one_of(
+GOOD_CALLS = st.one_of(
     st.none(),
-    st.fixed_dictionaries({"tool": st.sampled_from(NAMES), "arguments": st.dictionaries(st.text(), st.text())}),
+    st.sampled_from(sorted(OFFERED)).flatmap(
+        lambda tool: st.fixed_dictionaries(
+            {
+                "tool": st.just(tool),
+                "arguments": st.dictionaries(st.sampled_from(OFFERED[tool]), st.text(max_size=VALUE_MAX_CHARS)),
+            }
+        )
+    ),
 )
 
 
 @settings(max_examples=100, deadline=None)
-@given(tools=SEGMENTS, reason=st.text(min_size=1, max_size=REASON_MAX_CHARS), replacement=CALLS)
+@given(tools=SEGMENTS, reason=st.text(min_size=1, max_size=REASON_MAX_CHARS), replacement=GOOD_CALLS)
 def test_every_decision_on_the_segment_is_admitted(tools: list[str], reason: str, replacement: Any) -> None:
-    schema = verdict_schema(tools)
+    schema = verdict_schema(tools, OFFERED)
     for count in range(len(tools) + 1):
         verdict = {
             "accepted_steps": count,
@@ -91,27 +113,35 @@ def test_every_decision_on_the_segment_is_admitted(tools: list[str], reason: str
             "reason": reason,
             "replacement_action": replacement,
         }
-        assert admits(schema, verdict), verdict
+        # An acceptance carries no replacement (accept wins: it would be dropped); the parser still reads one.
+        assert admits(schema, verdict) == (count < len(tools) or replacement is None), verdict
         assert parse_verdict(json.dumps(verdict), tools).accepted_steps == count
 
 
 @pytest.mark.parametrize("tools", [["toy__record"], ["toy__echo", "toy__record"], ["toy__echo"] * 3 + ["toy__record"]])
-def test_the_schema_puts_the_count_and_the_tool_first_and_bounds_the_reason(tools: list[str]) -> None:
-    schema = verdict_schema(tools)
+def test_the_schema_puts_the_count_and_the_tool_first_and_bounds_what_follows(tools: list[str]) -> None:
+    schema = verdict_schema(tools, OFFERED)
     assert schema["type"] == "object"  # an object at the root, as some providers insist
     pairs = []
     for branch in schema["anyOf"]:
         properties = branch["properties"]
         assert list(properties) == ["accepted_steps", "first_rejected_tool", "reason", "replacement_action"]
         assert branch["required"] == list(properties) and branch["additionalProperties"] is False
-        assert schema["$defs"]["reason"]["maxLength"] == REASON_MAX_CHARS
         assert properties["reason"] == {"$ref": "#/$defs/reason"}
         (count,) = properties["accepted_steps"]["enum"]
         named = properties["first_rejected_tool"]
         pairs.append((count, named["enum"][0] if "enum" in named else named["type"]))
     assert pairs == [*enumerate(tools), (len(tools), "null")]
-    too_long = {"accepted_steps": len(tools), "first_rejected_tool": None, "reason": "x" * (REASON_MAX_CHARS + 1)}
-    assert not admits(schema, too_long | {"replacement_action": None})
+    assert schema["$defs"]["reason"]["maxLength"] == REASON_MAX_CHARS
+    (_, call) = schema["$defs"]["replacement"]["anyOf"]
+    assert call["properties"]["tool"]["enum"] == list(OFFERED)
+    rejected = {"accepted_steps": 0, "first_rejected_tool": tools[0], "reason": "no"}
+    assert not admits(schema, rejected | {"reason": "x" * (REASON_MAX_CHARS + 1), "replacement_action": None})
+    call = {"tool": "toy__record", "arguments": {"value": "x" * VALUE_MAX_CHARS}}
+    assert admits(schema, rejected | {"replacement_action": call})
+    for wrong in ({"value": "x" * (VALUE_MAX_CHARS + 1)}, {"value": "v", "note": "v"}, {"value": {"nested": "v"}}):
+        assert not admits(schema, rejected | {"replacement_action": {"tool": "toy__record", "arguments": wrong}})
+    assert not admits(schema, rejected | {"replacement_action": {"tool": "toy__unknown", "arguments": {}}})
 
 
 # -- <think> tags: the model's reasoning around the JSON, never text inside it ---------------------

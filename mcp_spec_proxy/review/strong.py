@@ -80,13 +80,14 @@ class StrongReviewer:
         messages = self.messages(request)
         tools = [step.tool for step in request.segment.steps]
         length = len(tools)
+        offered = self._replacements(engine=bool(request.task) or FINAL_ANSWER in tools)
         calls: list[ModelCall] = []
         problem = ""
         room: dict[str, Any] = {}
         for attempt in range(2):  # one bounded retry on a malformed verdict
             try:
                 completion = await self.model.complete(
-                    messages, purpose="verify", thinking=False, response_format=response_format(tools), **room
+                    messages, purpose="verify", thinking=False, response_format=response_format(tools, offered), **room
                 )
             except ModelError as exc:
                 if exc.call is not None:
@@ -131,6 +132,14 @@ class StrongReviewer:
         return Verdict(
             False, f"{why}; failing closed", length - 1, reviewer=self.UNREADABLE, model_calls=tuple(calls), failed=True
         )
+
+    def _replacements(self, *, engine: bool) -> dict[str, list[str]]:
+        """The calls a replacement may make (tool: its parameter names) — the catalog's, and the
+        final answer when the proxy drives the agent (the engine takes one as a replacement)."""
+        calls = {t.name: list(t.input_schema.get("properties") or {}) for t in self._catalog.tools()}
+        if engine:
+            calls[FINAL_ANSWER] = ["answer"]
+        return calls
 
     def _more_room(self) -> dict[str, Any]:
         """`max_tokens` for the retry of a cut-off answer, where the model client takes one."""

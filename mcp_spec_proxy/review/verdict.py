@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -25,53 +25,80 @@ REASON_MAX_CHARS = 300
 """The longest reason the schema admits: a sentence or two. A grammar-bound server cannot ramble
 inside it until max_tokens cuts the verdict off (the parser reads a longer one from a server
 without a grammar)."""
+VALUE_MAX_CHARS = 200
+"""The longest string a replacement's argument may hold in the schema (an array: 16 items, 100 each)."""
 
-_REPLACEMENT: dict[str, Any] = {
+_SCALARS: list[dict[str, Any]] = [{"type": "number"}, {"type": "boolean"}, {"type": "null"}]
+_VALUE: dict[str, Any] = {
     "anyOf": [
-        {"type": "null"},
-        {
-            "type": "object",
-            "properties": {"tool": {"type": "string"}, "arguments": {"type": "object"}},
-            "required": ["tool", "arguments"],
-            "additionalProperties": False,
-        },
+        {"type": "string", "maxLength": VALUE_MAX_CHARS},
+        *_SCALARS,
+        {"type": "array", "maxItems": 16, "items": {"anyOf": [{"type": "string", "maxLength": 100}, *_SCALARS]}},
     ]
-}
-_DEFS: dict[str, Any] = {
-    "reason": {"type": "string", "minLength": 1, "maxLength": REASON_MAX_CHARS},
-    "replacement": _REPLACEMENT,
 }
 _KEYS = ["accepted_steps", "first_rejected_tool", "reason", "replacement_action"]
 
 
-def verdict_schema(tools: Sequence[str]) -> dict[str, Any]:
+def _replacement(calls: Mapping[str, Sequence[str]]) -> dict[str, Any]:
+    """null, or a call of a tool in `calls` (tool name: its parameter names) with bounded values.
+
+    A free-form `{tool: string, arguments: object}` is where a small model loops until max_tokens
+    (a tool name that turns into prose, argument keys that never end). Here the tool is one the
+    catalog has and each argument a parameter name of the catalog's, at most once, with a bounded
+    value: one branch for all tools (their names, the union of their parameters), so the schema
+    grows with the catalog's names, not with its schemas, and stays the same for every review of
+    a session. An object-valued argument cannot be proposed this way. Whatever the replacement
+    says is checked against its tool's own schema before anything runs (`strong.check_step`).
+    """
+    if not calls:
+        return {"type": "null"}
+    parameters = dict.fromkeys(name for names in calls.values() for name in names)
+    arguments = {
+        "type": "object",
+        "properties": {name: {"$ref": "#/$defs/value"} for name in parameters},
+        "additionalProperties": False,
+    }
+    call = {
+        "type": "object",
+        "properties": {"tool": {"enum": list(calls)}, "arguments": arguments},
+        "required": ["tool", "arguments"],
+        "additionalProperties": False,
+    }
+    return {"anyOf": [{"type": "null"}, call]}
+
+
+def verdict_schema(tools: Sequence[str], calls: Mapping[str, Sequence[str]]) -> dict[str, Any]:
     """The verdicts on a segment whose steps call `tools`: one branch for each count 0..L.
 
     Branch k: `accepted_steps` is k and `first_rejected_tool` the tool of step k + 1, or null
     when k = L (every step accepted) — the agreement `parse_verdict` checks, so no count can come
     with the wrong tool, an empty name or a name from elsewhere. The count and the tool are the
     first keys (grammar-bound servers write keys in schema order), then a bounded `reason`, then
-    `replacement_action` (read only on a rejection: accept wins).
+    `replacement_action`: null when every step is accepted (accept wins: it would be dropped),
+    else null or a call of one of `calls` (`_replacement`).
     """
     length = len(tools)
     branches = []
     for count in range(length + 1):
+        rejects = count < length
         properties = {
             "accepted_steps": {"enum": [count]},
-            "first_rejected_tool": {"enum": [tools[count]]} if count < length else {"type": "null"},
+            "first_rejected_tool": {"enum": [tools[count]]} if rejects else {"type": "null"},
             "reason": {"$ref": "#/$defs/reason"},
-            "replacement_action": {"$ref": "#/$defs/replacement"},
+            "replacement_action": {"$ref": "#/$defs/replacement"} if rejects else {"type": "null"},
         }
         branches.append({"properties": properties, "required": list(_KEYS), "additionalProperties": False})
-    # `type: object` at the root: some providers insist on it. What every branch shares is in
+    reason = {"type": "string", "minLength": 1, "maxLength": REASON_MAX_CHARS}
+    defs = {"reason": reason, "replacement": _replacement(calls), "value": copy.deepcopy(_VALUE)}
+    # `type: object` at the root: some providers insist on it. What the branches share is in
     # $defs, so a long segment's schema stays small where a provider counts it as prompt.
-    return {"type": "object", "anyOf": branches, "$defs": copy.deepcopy(_DEFS)}
+    return {"type": "object", "anyOf": branches, "$defs": defs}
 
 
-def response_format(tools: Sequence[str]) -> dict[str, Any]:
+def response_format(tools: Sequence[str], calls: Mapping[str, Sequence[str]]) -> dict[str, Any]:
     return {
         "type": "json_schema",
-        "json_schema": {"name": "verdict", "schema": verdict_schema(tools), "strict": False},
+        "json_schema": {"name": "verdict", "schema": verdict_schema(tools, calls), "strict": False},
     }
 
 
