@@ -10,8 +10,9 @@ serves everything up to the last committed step on the next review of the same s
 Calls are assistant turns and results fenced text in user turns; runs of one role are merged,
 so no chat template meets two messages of one role in a row.
 
-The verdict `{reason, first_rejected_tool, accepted_steps, replacement_action}` is requested as
-a JSON schema built per request (accepted_steps at most L) and read leniently in form (thinking
+The verdict `{accepted_steps, first_rejected_tool, reason, replacement_action}` is requested as
+a JSON schema built per request (each count 0..L with the tool it rejects, nothing else, so a
+grammar-bound server cannot write an unreadable verdict) and read leniently in form (thinking
 blocks, fences, prose around one object, numbers as strings) but strictly in meaning: the count
 must be within the segment and agree with the tool it names (`verdict.py`; the prompts
 themselves are `prompts.py`'s). An unreadable verdict gets one
@@ -77,13 +78,14 @@ class StrongReviewer:
         messages = self.messages(request)
         tools = [step.tool for step in request.segment.steps]
         length = len(tools)
+        offered = self._replacements(engine=bool(request.task) or FINAL_ANSWER in tools)
         calls: list[ModelCall] = []
         problem = ""
         room: dict[str, Any] = {}
         for attempt in range(2):  # one bounded retry on a malformed verdict
             try:
                 completion = await self.model.complete(
-                    messages, purpose="verify", thinking=False, response_format=response_format(length), **room
+                    messages, purpose="verify", thinking=False, response_format=response_format(tools, offered), **room
                 )
             except ModelError as exc:
                 if exc.call is not None:
@@ -129,6 +131,14 @@ class StrongReviewer:
         # is labelled or counted, and the steps before it (which ran) commit unjudged.
         by = ReviewerKind.STRONG_UNREADABLE.chain
         return Verdict(False, f"{why}; failing closed", length - 1, by=by, model_calls=tuple(calls), failed=True)
+
+    def _replacements(self, *, engine: bool) -> dict[str, list[str]]:
+        """The calls a replacement may make (tool: its parameter names) — the catalog's, and the
+        final answer when the proxy drives the agent (the engine takes one as a replacement)."""
+        calls = {t.name: list(t.input_schema.get("properties") or {}) for t in self._catalog.tools()}
+        if engine:
+            calls[FINAL_ANSWER] = ["answer"]
+        return calls
 
     def _more_room(self) -> dict[str, Any]:
         """`max_tokens` for the retry of a cut-off answer: twice the configured room, or `RETRY_MAX_TOKENS`."""
