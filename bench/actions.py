@@ -19,18 +19,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx
 import jsonschema
 
-from bench.measure import machine_line
+from bench.measure import local_model, machine_line
 from mcp_spec_proxy.models import ChatModel, ModelConfig, ModelError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -118,26 +115,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    server = subprocess.Popen(
-        [sys.executable, str(REPO / "scripts" / "local_model.py"), "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert server.stdout is not None
-        url = server.stdout.readline().strip()
-        for _ in range(120):
-            try:
-                if httpx.get(url.removesuffix("/v1") + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+    with local_model() as url:
         seen = anyio.run(measure, url, args.rounds)
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
     print(machine_line())
     print(f"{len(REQUESTS)} requests x {args.rounds} rounds per mode, interleaved; SmolLM2-135M, llama.cpp, 1 thread\n")
     print("| actions | valid call | invalid call | text answer | model error | p50 s | mean decode tokens |")

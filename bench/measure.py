@@ -5,7 +5,14 @@ from __future__ import annotations
 import os
 import platform
 import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+import httpx
 
 
 def percentile(samples: list[float], q: int) -> float:
@@ -30,3 +37,29 @@ def machine_line() -> str:
     return (
         f"{cpu}, nproc {os.cpu_count()}, Python {platform.python_version()} ({platform.system()} {platform.release()})"
     )
+
+
+@contextmanager
+def local_model() -> Iterator[str]:
+    """The local model (`scripts/local_model.py`, SmolLM2-135M on llama.cpp) for as long as the
+    block runs: its base URL, once its /health answers (up to 2 minutes)."""
+    server = subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve().parent.parent / "scripts" / "local_model.py"), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        url = server.stdout.readline().strip()
+        for _ in range(240):
+            try:
+                if httpx.get(url.removesuffix("/v1") + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=10)

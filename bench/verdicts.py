@@ -24,19 +24,16 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx
 
-from bench.measure import machine_line
+from bench.measure import local_model, machine_line
 from bench.tau2_retail import Db, ToolError, call_tool, data_dir, fresh_db, load_db
 from bench.tau2_retail.server import definitions
 from bench.tau2_retail.tools import error_text, render
@@ -45,6 +42,7 @@ from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.fingerprints import FingerprintStore
 from mcp_spec_proxy.models import ChatModel, ModelConfig
 from mcp_spec_proxy.review import ReviewRequest, Verdict
+from mcp_spec_proxy.review.kinds import ReviewerKind
 from mcp_spec_proxy.review.strong import StrongReviewer
 from mcp_spec_proxy.trajectory import History, Segment, Step
 
@@ -152,7 +150,7 @@ class NoOne:
 
 
 def outcome(verdict: Verdict) -> str:
-    if verdict.reviewer != StrongReviewer.name:
+    if verdict.reviewer != ReviewerKind.STRONG.chain.text:  # "strong (unreadable)" when it was not
         return "unreadable"
     return "first answer" if len(verdict.model_calls) == 1 else "after retry"
 
@@ -217,30 +215,6 @@ async def measure(url: str, reviews: int, max_tokens: int) -> list[Seen]:
 def percentile(values: list[int], share: float) -> int:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
-
-
-@contextmanager
-def local_model() -> Iterator[str]:
-    server = subprocess.Popen(
-        [sys.executable, str(REPO / "scripts" / "local_model.py"), "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert server.stdout is not None
-        url = server.stdout.readline().strip()
-        for _ in range(240):
-            try:
-                if httpx.get(url.removesuffix("/v1") + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        yield url
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
 
 
 def main() -> None:
