@@ -25,6 +25,7 @@ from bench.tau2_retail.db import REPO_ROOT, DataNotFound
 from bench.tau2_retail.table import MODES
 from bench.tau2_retail.user_sim import GUIDELINES, STOP
 from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
+from tests.harness import segment_length, verdict
 from tests.tau2_checkout import make_checkout
 
 SCRIPT = REPO_ROOT / "scripts" / "gpu-tau2.sh"
@@ -52,10 +53,7 @@ def respond(request: ChatRequest) -> Reply:
         own = sum(message["role"] == "assistant" for message in request.messages)
         return Reply(content=[OPENING, f"Thanks, that is all. {STOP}"][min(own, 1)])
     if request.json_schema is not None:  # the verifier: every drafted step is valid, whatever the schema asks
-        schema = request.json_schema["schema"]
-        verdict: dict[str, Any] = {key: None for key in schema["properties"]}
-        verdict.update(reason="fine", accepted_steps=schema["properties"]["accepted_steps"]["maximum"])
-        return Reply(content=json.dumps(verdict))
+        return Reply(content=verdict(segment_length(request), "fine"))
     if request.messages[-1]["role"] == "tool":
         return Reply(content="I found your account. What would you like to do?")
     arguments = {"first_name": "Yusuf", "last_name": "Rossi", "zip": "19122"}

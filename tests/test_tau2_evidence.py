@@ -37,6 +37,7 @@ from mcp_spec_proxy.engine import Mode
 from mcp_spec_proxy.fronts.gateway import ClientToolView
 from mcp_spec_proxy.models import ModelConfig
 from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
+from tests.harness import segment_length, verdict
 from tests.tau2_checkout import make_checkout
 
 QUICK = "[run]\nwarmup = false\nconcurrency = 1\n"
@@ -165,10 +166,7 @@ def respond(request: ChatRequest) -> Reply:
         own = sum(message["role"] == "assistant" for message in request.messages)
         return Reply(content=["Hi, I am Yusuf Rossi, 19122.", f"Thanks. {STOP}"][min(own, 1)])
     if request.json_schema is not None:
-        schema = request.json_schema["schema"]
-        verdict: dict[str, Any] = {key: None for key in schema["properties"]}
-        verdict.update(reason="fine", accepted_steps=schema["properties"]["accepted_steps"]["maximum"])
-        return Reply(content=json.dumps(verdict))
+        return Reply(content=verdict(segment_length(request), "fine"))
     if request.messages[-1]["role"] == "tool":
         return Reply(content="Found you. Anything else?")
     arguments = {"first_name": "Yusuf", "last_name": "Rossi", "zip": "19122"}
