@@ -213,7 +213,8 @@ async def test_an_exact_rule_on_invisible_characters_lets_no_other_path_run(tmp_
         assert "\\u200b\\u202e" in await term.inner_text()  # the exact value, its invisible characters as escapes
         await card.get_by_role("button", name="Approve and allow matching calls").click()
         assert not (await call.wait()).is_error
-        assert "is exactly" in await card.locator(".status").inner_text()  # the page says what the rule admits
+        # The page says what the rule admits (once the decision's answer is in: it reads "Sending…" before).
+        await card.locator(".status", has_text="is exactly").wait_for()
         again = await world.p.client.call_tool("toy__record", {"value": hidden, "intent": "save"})
         assert not again.is_error  # the very value approved: no one was asked
         newline = "notes/" + "\n" * (len(traversal) - len("notes/ev.md")) + "ev.md"
