@@ -41,7 +41,6 @@ from mcp_spec_proxy.catalog import HELD_REASONS, Catalog, CatalogTool, strip_int
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.errors import InvalidArguments, ToolNotFound
 from mcp_spec_proxy.gate import (
-    CALL_FAILED,
     Author,
     Gate,
     GateCall,
@@ -51,7 +50,6 @@ from mcp_spec_proxy.gate import (
     blocked_result,
     capped,
     error_result,
-    failed_result,
     new_call_id,
 )
 from mcp_spec_proxy.models import ModelCall
@@ -121,14 +119,13 @@ class Barrier:
             return prepared
         tool, forwarded, intent = prepared
         if tool.effect == "read":
-            step = Step(tool.name, forwarded, "read")
-            try:
-                result = await self.gate.read(session.id, tool, forwarded, step, "client", report, call)
-            except CALL_FAILED:  # the backend's error, or the proxy's own: the read still happened
-                await self._sessions.read(session.id, session.history, step)
-                raise
-            await self._sessions.read(session.id, session.history, step)
-            return result
+            ran = await self.gate.read(
+                session.id, tool, forwarded, Step(tool.name, forwarded, "read"), "client", report, call
+            )
+            await self._sessions.read(session.id, session.history, ran.step)
+            if ran.error is not None:  # the backend's error, or the proxy's own: the read still happened
+                raise ran.error
+            return ran.result
         waited = session.writes.locked()
         async with session.writes:
             if waited:
@@ -182,14 +179,11 @@ class Barrier:
         except InvalidArguments as exc:
             return as_wire(error_result(str(exc)))
         forwarded, _ = strip_intent(tool, arguments)
-        step = Step(tool.name, forwarded, "read")
-        try:
-            result = await self.gate.read_json(session.id, tool, forwarded, step, call)
-        except CALL_FAILED:
-            await self._sessions.read(session.id, session.history, step)
-            raise
-        await self._sessions.read(session.id, session.history, step)  # the store's, like `call`'s reads
-        return result
+        ran = await self.gate.read_json(session.id, tool, forwarded, Step(tool.name, forwarded, "read"), call)
+        await self._sessions.read(session.id, session.history, ran.step)  # the store's, like `call`'s reads
+        if ran.error is not None:
+            raise ran.error
+        return ran.result
 
     async def _hold(
         self,
@@ -217,7 +211,8 @@ class Barrier:
         verdict = outcome.verdict
         model_calls = list(verdict.model_calls)
         if outcome.result is not None:
-            await self._sessions.settle(session.id, session.history, segment, len(segment))
+            # The held call commits as it ran (`outcome.step`: observed), not as the reviewer saw it.
+            await self._sessions.settle(session.id, session.history, segment, len(segment), outcome.step)
             result, action = outcome.result, "forwarded"
         else:
             try:
@@ -303,10 +298,9 @@ class Barrier:
         request = ReviewRequest(session.id, step.tool, arguments, intent, Segment((executed,)), history)
         author: Author = "replacement" if step.source == "replacement" else "repair"
         if step.tool.effect == "read":
-            try:
-                inner = await self.gate.read(session.id, step.tool, arguments, executed, author, report)
-            except CALL_FAILED as exc:  # the client called another tool: its failure is told in words
-                inner = failed_result(step.tool, exc)
+            # The client called another tool: its failure is told in words (the read's error result).
+            ran = await self.gate.read(session.id, step.tool, arguments, executed, author, report)
+            inner, executed = ran.result, ran.step
         else:
             # In the rejected call's place: it claims that call's idempotency key.
             call = GateCall(
@@ -325,7 +319,7 @@ class Barrier:
                 refusal = outcome.verdict
                 why = f"its {author} {step.tool.name} was refused too ({refusal.reviewer}: {refusal.reason})"
                 return blocked_result(tool, verdict, why)
-            inner = outcome.result
+            inner, executed = outcome.result, outcome.step or executed
         await self._sessions.settle(session.id, session.history, segment, verdict.accepted_steps, executed)
         how = "replaced it with" if step.source == "replacement" else "repaired it as"
         note = (

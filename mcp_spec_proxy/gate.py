@@ -29,9 +29,11 @@ arguments, the gate audits the edit (`edited`: both digests) and forwards those.
 
 A call that reaches its backend and gets no result — the backend's own JSON-RPC error, or a
 failure the proxy saw itself (`BackendError`: its timeout, the connection ending, the size
-bound) — is that call's `CallFailed`: raised from `read` and `read_json` after its audit line,
-and carried by a write's `Outcome` (`error`), audited as forwarded with its code. The step's
-observation states the failure either way, so a reviewer and the engine's models see it.
+bound) — is that call's `CallFailed`: carried by a read's `Read` and a write's `Outcome` (`error`) after
+its audit line, a write's audited as forwarded with its code. The observed step states the
+failure either way, so a reviewer and the engine's models see it. Steps are values: the gate
+never writes into the step it is handed; what ran comes back as a new step (`Read.step`,
+`Outcome.step`) for the caller's history to keep.
 
 Where an audit line cannot be written decides what the caller is told. Before the forward (its
 `held`, `verdict`, `edited` line, its key's claim) the write is refused — `StateError`, saying it
@@ -65,7 +67,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 import anyio
 import mcp_types as types
@@ -148,6 +150,20 @@ CallFailed = MCPError | BackendError
 CALL_FAILED = (MCPError, BackendError)
 
 
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Read(Generic[R]):
+    """What became of a forwarded call: its step as it ran (observed: a new step, the one handed
+    in unchanged) and its result. One that got no result has `error`, and `result` is that
+    failure as an error result; the caller raises it where its client should see it."""
+
+    step: Step
+    result: R
+    error: CallFailed | None = None
+
+
 @dataclass(frozen=True)
 class Outcome:
     """What became of a write: its verdict, and the result when it ran. A call that was
@@ -159,6 +175,7 @@ class Outcome:
     latency_ms: float
     error: CallFailed | None = None
     key: str | None = None  # the call's idempotency key, which a substitute run in its place claims
+    step: Step | None = None  # the call as it ran, observed; None when it was not forwarded
 
     @property
     def forwarded(self) -> bool:
@@ -200,7 +217,7 @@ class Gate:
         author: Author,
         report: Report | None,
         call: str | None = None,
-    ) -> types.CallToolResult:
+    ) -> Read[types.CallToolResult]:
         """Forward a read at once; its audit line is buffered and written with the next commit."""
         with self.drain.call(tool.name), about_call(call, session):
             self._note_read(session, tool, arguments, author, call)
@@ -208,7 +225,7 @@ class Gate:
 
     async def read_json(
         self, session: str, tool: CatalogTool, arguments: dict[str, Any], step: Step, call: str | None = None
-    ) -> dict[str, Any]:
+    ) -> Read[dict[str, Any]]:
         """`read` for the fast path (a client's read with no progress to report): the same audit
         line, and the result as wire JSON, forwarded unchanged (no model built for it)."""
         with self.drain.call(tool.name), about_call(call, session):
@@ -216,21 +233,20 @@ class Gate:
 
     async def _read_json(
         self, session: str, tool: CatalogTool, arguments: dict[str, Any], step: Step, call: str | None
-    ) -> dict[str, Any]:
+    ) -> Read[dict[str, Any]]:
         self._note_read(session, tool, arguments, "client", call)
         started = time.perf_counter()
         try:
             result = from_backend(await self._backends.get(tool.server).call_tool_json(tool.original, arguments))
         except CALL_FAILED as exc:
-            _observe(step, failed_result(tool, exc), started)
-            raise
+            failed = failed_result(tool, exc)
+            return Read(_observe(step, failed, started), as_wire(failed), exc)
         except Exception as exc:  # boundary: as in `_forward`
             result = as_wire(failed_result(tool, exc))
-        step.duration_s = time.perf_counter() - started
-        step.is_error = bool(result.get("isError"))
         content = result.get("content") or []
-        step.observation = observation_text([block for block in content if isinstance(block, dict)])
-        return result
+        text = observation_text([block for block in content if isinstance(block, dict)])
+        took = time.perf_counter() - started
+        return Read(step.observed(text, is_error=bool(result.get("isError")), duration_s=took), result)
 
     def _note_read(
         self, session: str, tool: CatalogTool, arguments: dict[str, Any], author: Author, call: str | None
@@ -348,14 +364,16 @@ class Gate:
             await self._label(call, verdict)
             return Outcome(call.id, verdict, None, latency_ms, key=call.key)
         step = step or Step(tool.name, call.arguments, tool.effect, intent=call.intent)
-        edit_note = None
+        arguments, edit_note = call.arguments, None
         if verdict.arguments is not None and verdict.arguments != call.arguments:
             # A person edited the call on the approval console (validated there against its schema).
             edited = {"original_digest": digest(call.arguments), "edited_digest": digest(verdict.arguments)}
             await self._before(call, "edited", call=call.id, session=call.session, by=verdict.reviewer, **edited)
-            call.arguments = step.arguments = dict(verdict.arguments)
+            # What runs is a new step: the segment the reviewer was shown keeps the call as it was sent.
+            arguments = dict(verdict.arguments)
+            step = dataclasses.replace(step, arguments=arguments)
             # The agent is told what ran: else it believes its own arguments did, and builds on that.
-            shown = capped(json.dumps(call.arguments, ensure_ascii=False))
+            shown = capped(json.dumps(arguments, ensure_ascii=False))
             edit_note = (
                 f"[mcp-spec-proxy] the reviewer ({verdict.reviewer}) changed this call's arguments before"
                 f" approving it: {tool.name} ran with {shown}, not with the arguments you sent. Its result follows."
@@ -364,21 +382,9 @@ class Gate:
             await self._claim(call)
         try:
             if executor is not None:
-                started = time.perf_counter()
-                result = await executor(tool, call.arguments, report)
-                _observe(step, result, started)
+                ran = await _execute(executor, tool, arguments, step, report)
             else:
-                result = await self._forward(tool, call.arguments, step, report)
-        except CALL_FAILED as exc:
-            code = exc.code
-            # A backend that was not connected was sent nothing: the audit says so, not "forwarded".
-            sent = not isinstance(exc, BackendUnavailable) or isinstance(exc, BackendClosed)
-            event = "forwarded" if sent else "unsent"
-            await self._after(event, call=call.id, session=call.session, is_error=True, error_code=code)
-            await self._label(call, verdict)
-            failed = failed_result(tool, exc)
-            failed = noted(edit_note, failed, structured=True) if edit_note else failed
-            return Outcome(call.id, verdict, failed, latency_ms, error=exc, key=call.key)
+                ran = await self._forward(tool, arguments, step, report)
         except BaseException as exc:  # cancelled (or worse) mid-send: the call may have run
             why = SHUT_DOWN if self.drain.expired else type(exc).__name__
             with anyio.CancelScope(shield=True):
@@ -389,6 +395,15 @@ class Gate:
                     reason=f"{why} while forwarding: the backend may or may not have run it",
                 )
             raise
+        if (error := ran.error) is not None:
+            # A backend that was not connected was sent nothing: the audit says so, not "forwarded".
+            sent = not isinstance(error, BackendUnavailable) or isinstance(error, BackendClosed)
+            event = "forwarded" if sent else "unsent"
+            await self._after(event, call=call.id, session=call.session, is_error=True, error_code=error.code)
+            await self._label(call, verdict)
+            failed = noted(edit_note, ran.result, structured=True) if edit_note else ran.result
+            return Outcome(call.id, verdict, failed, latency_ms, error=error, key=call.key, step=ran.step)
+        result = ran.result
         late = await self._after("forwarded", call=call.id, session=call.session, is_error=bool(result.is_error))
         if late is not None:
             # It ran: the client gets the backend's result, told that its audit line is late.
@@ -397,7 +412,7 @@ class Gate:
         if edit_note is not None:
             result = noted(edit_note, result, structured=True)
         await self._label(call, verdict)  # after the write: a slow bank never delays an accepted call
-        return Outcome(call.id, verdict, result, latency_ms, key=call.key)
+        return Outcome(call.id, verdict, result, latency_ms, key=call.key, step=ran.step)
 
     async def _before(self, gated: GateCall, kind: str, /, **fields: Any) -> None:
         """A line the forward waits for. When it cannot be written the write is refused, and the
@@ -540,20 +555,19 @@ class Gate:
 
     async def _forward(
         self, tool: CatalogTool, arguments: dict[str, Any], step: Step, report: Report | None
-    ) -> types.CallToolResult:
+    ) -> Read[types.CallToolResult]:
         """Send the call to its backend. Private to the gate's own decisions: `read` and `write`.
-        A `CallFailed` is raised once the step has observed it."""
+        A `CallFailed` comes back as the read's `error`, with the step that observed it."""
         started = time.perf_counter()
         try:
             backend = self._backends.get(tool.server)
             result = from_backend(await backend.call_tool(tool.original, arguments, report))
         except CALL_FAILED as exc:
-            _observe(step, failed_result(tool, exc), started)
-            raise
+            failed = failed_result(tool, exc)
+            return Read(_observe(step, failed, started), failed, exc)
         except Exception as exc:  # boundary: a fault past the backend's answer is that call's error result
             result = failed_result(tool, exc)
-        _observe(step, result, started)
-        return result
+        return Read(_observe(step, result, started), result)
 
     async def get_prompt(self, session: str, server: str, name: str, arguments: dict[str, str] | None) -> Any:
         """A backend's prompt, audited like a read (a backend may do work to render it)."""
@@ -652,10 +666,23 @@ def failed_result(tool: CatalogTool, exc: Exception) -> types.CallToolResult:
     return error_result(f"backend {tool.server!r} answered {tool.original} with an error: {exc}")
 
 
-def _observe(step: Step, result: types.CallToolResult, started: float) -> None:
-    step.duration_s = time.perf_counter() - started
-    step.is_error = bool(result.is_error)
-    step.observation = observation_text([block.model_dump(mode="json") for block in result.content])
+def _observe(step: Step, result: types.CallToolResult, started: float) -> Step:
+    """`step` as it ran: a new step with what `result` says, never an edit of the one held."""
+    text = observation_text([block.model_dump(mode="json") for block in result.content])
+    return step.observed(text, is_error=bool(result.is_error), duration_s=time.perf_counter() - started)
+
+
+async def _execute(
+    executor: Executor, tool: CatalogTool, arguments: dict[str, Any], step: Step, report: Report | None
+) -> Read[types.CallToolResult]:
+    """An accepted call run by `executor` (not a backend), as `_forward` returns a backend's."""
+    started = time.perf_counter()
+    try:
+        result = await executor(tool, arguments, report)
+    except CALL_FAILED as exc:
+        failed = failed_result(tool, exc)
+        return Read(_observe(step, failed, started), failed, exc)
+    return Read(_observe(step, result, started), result)
 
 
 def as_wire(result: types.CallToolResult) -> dict[str, Any]:
@@ -701,6 +728,7 @@ __all__ = [
     "Gate",
     "GateCall",
     "Outcome",
+    "Read",
     "Report",
     "as_wire",
     "blocked_result",

@@ -148,7 +148,7 @@ FINAL_ANSWER_TOOL: dict[str, Any] = {
 
 
 def stable_prefix(
-    catalog: ToolSource, policy: str, committed: list[Step], instructions: str, task: str = ""
+    catalog: ToolSource, policy: str, committed: Sequence[Step], instructions: str, task: str = ""
 ) -> list[dict[str, Any]]:
     """The part of a review prompt that only grows: identical bytes across reviews of a session.
 
@@ -259,7 +259,7 @@ def _whose(name: str, catalog: ToolSource, *, held: bool) -> dict[str, Any]:
 def verify_messages(
     catalog: ToolSource,
     policy: str,
-    committed: list[Step],
+    committed: Sequence[Step],
     segment: Segment,
     task: str = "",
     *,
@@ -273,7 +273,7 @@ def verify_messages(
 def repair_messages(
     catalog: ToolSource,
     policy: str,
-    committed: list[Step],
+    committed: Sequence[Step],
     segment: Segment,
     rejected: int,
     reason: str,

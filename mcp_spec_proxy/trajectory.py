@@ -9,7 +9,7 @@ text: the history is for review prompts, not a copy of every payload.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 Effect = Literal["read", "write"]
@@ -32,8 +32,11 @@ class DraftState:
     turn: str  # the drafting turn: its `turn` states are one vector, so they label the turn, not each call
 
 
-@dataclass
+@dataclass(frozen=True)
 class Step:
+    """One call of a trajectory: a value. What became of it (its observation) is a new step
+    (`observed`), never written into this one, so a segment a reviewer was shown stays as shown."""
+
     tool: str
     arguments: dict[str, Any]
     effect: Effect
@@ -45,6 +48,11 @@ class Step:
     # Travels with the step to whoever labels it (the gate, the engine), so a label carries the state
     # the step was drafted with, whatever other step has the same tool and arguments.
     state: DraftState | None = field(default=None, compare=False, repr=False)
+
+    def observed(self, observation: str, *, is_error: bool = False, duration_s: float | None = None) -> Step:
+        """This call as it ran: the same call with what it returned."""
+        took = self.duration_s if duration_s is None else duration_s
+        return replace(self, observation=observation, is_error=is_error, duration_s=took)
 
     def as_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"tool": self.tool, "arguments": self.arguments, "effect": self.effect}
@@ -69,50 +77,98 @@ class Segment:
     def __len__(self) -> int:
         return len(self.steps)
 
+    def settled(self, accepted_steps: int, executed: Step | None = None) -> tuple[tuple[Step, ...], int]:
+        """What a verdict commits of this segment, in order, and from which index on it drops it.
 
-@dataclass
+        `executed` is what ran at the segment's end: the held call as it ran (with its
+        observation) when every step was accepted, else a substitute for the rejected suffix."""
+        accepted_steps = max(0, min(accepted_steps, len(self)))
+        kept = self.steps[:accepted_steps]
+        if executed is not None and accepted_steps == len(self):
+            kept = kept[:-1]  # the held call commits as it ran, not as it was held
+        return (*kept, *([executed] if executed is not None else [])), accepted_steps
+
+
 class History:
-    """One session's trajectory."""
+    """One session's (or one engine run's) trajectory, and the only place its steps land.
 
-    commit_every: int = 8
-    committed: list[Step] = field(default_factory=list)
-    open: list[Step] = field(default_factory=list)
-    discarded: int = 0
-    held: int = 0  # segments out for review; while any is, no read commits behind a reviewer's back
+    Steps enter through its methods alone: `record_read` (a read ran), `segment`/`release`/
+    `settle` (a write held and decided), `commit` (an owner that decides its own commit points,
+    the engine). What it holds is read as tuples, so no caller appends behind its back.
+    `commit_every=None` never commits reads by itself: the owner calls `commit`.
+    """
+
+    def __init__(self, commit_every: int | None = 8, committed: tuple[Step, ...] | list[Step] = ()) -> None:
+        self.commit_every = commit_every
+        self._committed: list[Step] = list(committed)
+        self._open: list[Step] = []
+        self._discarded = 0
+        self._held = 0  # segments out for review; while any is, no read commits behind a reviewer's back
+
+    @property
+    def committed(self) -> tuple[Step, ...]:
+        return tuple(self._committed)
+
+    @property
+    def open(self) -> tuple[Step, ...]:
+        return tuple(self._open)
+
+    @property
+    def discarded(self) -> int:
+        return self._discarded
+
+    @property
+    def held(self) -> int:
+        return self._held
+
+    def before(self) -> History:
+        """The committed history as it is now, apart from this one: what a review request reads
+        while this history goes on (the repair turn adds the accepted prefix itself)."""
+        return History(self.commit_every, self._committed)
+
+    def load(self, committed: list[Step], open: list[Step], held: int, discarded: int) -> None:
+        """The session as a shared store holds it (every replica's changes), in place of this copy's."""
+        self._committed, self._open, self._held, self._discarded = list(committed), list(open), held, discarded
+
+    def commit(self, *steps: Step) -> None:
+        """Steps that ran and that their owner commits now (the engine's own commit points)."""
+        self._committed.extend(steps)
 
     def record_read(self, step: Step) -> None:
-        self.open.append(step)
+        self._open.append(step)
         # A run of K reads with no write commits without review.
-        if len(self.open) >= self.commit_every and self.held == 0:
-            self.committed.extend(self.open)
-            self.open.clear()
+        if self.commit_every is not None and len(self._open) >= self.commit_every and self._held == 0:
+            self._committed.extend(self._open)
+            self._open.clear()
 
     def segment(self, held: Step) -> Segment:
-        self.held += 1
-        return Segment((*self.open, held))
+        self._held += 1
+        return Segment((*self._open, held))
 
     def release(self, segment: Segment) -> None:
         """The held call went nowhere (abandoned, or waiting for the client): its reads stay open."""
-        self.held = max(0, self.held - 1)
+        self._held = max(0, self._held - 1)
 
     def settle(self, segment: Segment, accepted_steps: int, executed: Step | None = None) -> None:
         """Commit the first `accepted_steps` of the segment, drop the rest, then append `executed`.
 
-        `executed` is the step that actually ran in place of the segment's tail (the held call
-        itself when it was accepted, or a replacement); the rejected suffix never returns.
+        `executed` is the step that actually ran (`Segment.settled`): the held call as it ran
+        when it was accepted, or a replacement; the rejected suffix never returns.
         """
-        self.held = max(0, self.held - 1)
-        accepted_steps = max(0, min(accepted_steps, len(segment)))
+        self._held = max(0, self._held - 1)
+        kept, cut = segment.settled(accepted_steps, executed)
         # A read commits, or is dropped, only while it is still open: one that another segment
         # settled already has its place (as the shared store's rows do), never a second one.
-        still_open = {id(step) for step in self.open}
+        still_open = {id(step) for step in self._open}
         live = [step is segment.held or id(step) in still_open for step in segment.steps]
-        self.committed.extend(s for s, ok in zip(segment.steps[:accepted_steps], live, strict=False) if ok)
-        self.discarded += sum(live[accepted_steps:])
+        self._committed.extend(step for step in kept if step is executed or _live(step, segment, live))
+        self._discarded += sum(live[cut:])
         # Reads that arrived while the write was held stay open for the next segment.
-        self.open = [step for step in self.open if all(step is not s for s in segment.steps)]
-        if executed is not None:
-            self.committed.append(executed)
+        self._open = [step for step in self._open if all(step is not s for s in segment.steps)]
+
+
+def _live(step: Step, segment: Segment, live: list[bool]) -> bool:
+    return any(step is s and ok for s, ok in zip(segment.steps, live, strict=True))
 
 
 def observation_text(content: list[dict[str, Any]]) -> str:

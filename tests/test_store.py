@@ -214,7 +214,7 @@ async def test_a_rejected_segment_commits_its_prefix_and_drops_the_rest_for_ever
         await b.sessions.settle("s", on_b, segment, 1)  # only the first read was sound
         on_a = await view(a, "s")
     assert [s.arguments for s in on_a.committed] == [{"path": "1"}]
-    assert on_a.open == [] and on_a.discarded == 3
+    assert on_a.open == () and on_a.discarded == 3
 
 
 async def test_hostile_text_reaches_the_audit_table_intact_enough(pg_dsn: str) -> None:

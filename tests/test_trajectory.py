@@ -29,14 +29,14 @@ def test_reads_stay_open_below_the_commit_threshold() -> None:
     history = history_with_reads(3, commit_every=4)
 
     assert [s.tool for s in history.open] == ["fs__read_0", "fs__read_1", "fs__read_2"]
-    assert history.committed == []
+    assert history.committed == ()
 
 
 def test_kth_read_commits_the_run_without_review() -> None:
     history = history_with_reads(4, commit_every=4)
 
     assert [s.tool for s in history.committed] == ["fs__read_0", "fs__read_1", "fs__read_2", "fs__read_3"]
-    assert history.open == []
+    assert history.open == ()
 
 
 def test_reads_after_a_commit_start_a_new_open_run() -> None:
@@ -50,7 +50,7 @@ def test_commit_every_one_commits_each_read() -> None:
     history = history_with_reads(2, commit_every=1)
 
     assert len(history.committed) == 2
-    assert history.open == []
+    assert history.open == ()
 
 
 # -- segments --------------------------------------------------------------------------------
@@ -73,7 +73,7 @@ def test_segment_does_not_move_anything_out_of_open() -> None:
     history.segment(write())
 
     assert len(history.open) == 2
-    assert history.committed == []
+    assert history.committed == ()
 
 
 # -- settle ----------------------------------------------------------------------------------
@@ -88,7 +88,7 @@ def test_accepted_call_commits_the_whole_segment() -> None:
 
     assert [s.tool for s in history.committed] == ["fs__read_0", "fs__read_1", "fs__write"]
     assert history.committed[-1] is held
-    assert history.open == []
+    assert history.open == ()
     assert history.discarded == 0
 
 
@@ -100,7 +100,7 @@ def test_rejection_commits_the_accepted_prefix_and_counts_the_discarded_steps() 
 
     assert [s.tool for s in history.committed] == ["fs__read_0"]
     assert history.discarded == 3
-    assert history.open == []
+    assert history.open == ()
 
 
 def test_rejection_of_everything_commits_nothing() -> None:
@@ -109,7 +109,7 @@ def test_rejection_of_everything_commits_nothing() -> None:
 
     history.settle(segment, 0)
 
-    assert history.committed == []
+    assert history.committed == ()
     assert history.discarded == 3
 
 
@@ -133,7 +133,7 @@ def test_a_read_in_two_held_segments_commits_once_and_is_dropped_by_neither_twic
 
     assert [s.tool for s in history.committed] == ["fs__read_0", "fs__write_a"]
     assert history.discarded == 1  # the second held call only
-    assert history.held == 0 and history.open == []
+    assert history.held == 0 and history.open == ()
 
 
 def test_executed_replacement_is_committed_after_the_prefix() -> None:
@@ -156,7 +156,7 @@ def test_reads_that_arrived_while_held_stay_open() -> None:
     history.settle(segment, 1)
 
     assert [s.tool for s in history.committed] == ["fs__read_0"]
-    assert history.open == [late]
+    assert history.open == (late,)
     assert history.open[0] is late
     assert history.discarded == 2
 
@@ -177,7 +177,7 @@ def test_negative_accepted_steps_count_as_none() -> None:
 
     history.settle(segment, -3)
 
-    assert history.committed == []
+    assert history.committed == ()
     assert history.discarded == 2
 
 
@@ -282,10 +282,10 @@ def test_reads_during_a_held_write_never_commit_steps_the_reviewer_rejects() -> 
     history.record_read(r1)
     segment = history.segment(w)
     history.record_read(r2)  # the K-th read arrives while w is out for review
-    assert history.committed == []
+    assert history.committed == ()
     history.settle(segment, 0)
-    assert history.committed == []
-    assert history.open == [r2]
+    assert history.committed == ()
+    assert history.open == (r2,)
     assert history.discarded == 3
 
 
@@ -294,7 +294,7 @@ def test_released_segment_lets_reads_commit_again() -> None:
     segment = history.segment(write())
     history.record_read(read(0))
     history.record_read(read(1))
-    assert history.committed == []
+    assert history.committed == ()
     history.release(segment)
     history.record_read(read(2))
     assert [s.arguments["n"] for s in history.committed] == [0, 1, 2]

@@ -27,7 +27,6 @@ import dataclasses
 import json
 import time
 import uuid
-from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -40,7 +39,7 @@ from mcp_spec_proxy.engine.conversation import conversation, user_request
 from mcp_spec_proxy.engine.hooks import AskNow, ClientExecutor, NoUser, Observer, Progress, Watch
 from mcp_spec_proxy.engine.result import Mode, RunResult, Status
 from mcp_spec_proxy.errors import ToolNotFound
-from mcp_spec_proxy.gate import CALL_FAILED, Author, GateCall, Report, blocked_result, capped, text_result
+from mcp_spec_proxy.gate import Author, GateCall, Report, blocked_result, capped, text_result
 from mcp_spec_proxy.models import ChatModel, Completion, ModelCall, ModelError
 from mcp_spec_proxy.prompts import FINAL_ANSWER, agent_messages, openai_tool
 from mcp_spec_proxy.review import ReviewFailed, ReviewRequest, UserChannel, Verdict
@@ -130,7 +129,7 @@ class _Run:
         self.baseline: str | None = None
         self.watch: Watch | None = None
         self.strong_led = False
-        self.history = History(commit_every=10**9)  # the engine decides commit points itself
+        self.history = History(commit_every=None)  # the engine decides its commit points (`History.commit`)
         # Drafts that ran nothing (no such tool, refused arguments, no action): never accepted.
         self.failures: list[Step] = []
         self.unrun: str | None = None  # calls of the last turn that did not run: the next draft hears of them
@@ -170,8 +169,8 @@ class _Run:
                     if not await self.verify([], step, author, flagged=True):
                         continue
                     return self.result.answer is not None
-                await self.execute(step, author, [])
-            self.history.committed.append(step)
+                step = await self.execute(step, author, [])
+            self.history.commit(step)
         if answer is not None:
             self.result.answer = answer
             return True
@@ -201,7 +200,7 @@ class _Run:
         if held is None:
             # A chunk of reads (or reads then an ungraded answer) commits without review: no one
             # judged it, so acceptance does not count it.
-            self.history.committed.extend(segment)
+            self.history.commit(*segment)
             await self.say(f"committed {len(segment)} reads without review")
             if answer is not None:
                 self.result.answer = answer
@@ -218,33 +217,34 @@ class _Run:
         tool = self.lookup(held.tool)
         # The request keeps the history as it was before this verdict: the repair turn adds the
         # accepted prefix itself, so committing it below must not show it twice.
-        before = History(commit_every=self.history.commit_every, committed=list(self.history.committed))
-        request = ReviewRequest(self.result.task_id, tool, held.arguments, None, segment, before, self.task)
+        # The request keeps the history as it was before this verdict: the repair turn adds the
+        # accepted prefix itself, so committing it below must not show it twice.
+        request = ReviewRequest(
+            self.result.task_id, tool, held.arguments, None, segment, self.history.before(), self.task
+        )
         if tool is None and held.tool != FINAL_ANSWER:
             # Its backend left between drafting and now: a failed step the model sees, nothing held.
-            held.observation, held.is_error = f"error: {held.tool} is no longer available", True
             self.result.failed += 1
-            self.history.committed.extend([*drafted, held])
+            self.history.commit(*drafted, held.observed(f"error: {held.tool} is no longer available", is_error=True))
             return False
         await self.say(f"verifying a segment of {len(segment)} steps")
-        # `hold` writes a refusal into the held step; the repair turn's prompt is the verifier's
-        # (byte for byte, so the prefix cache serves it): it gets the segment as the verifier saw it.
-        reviewed = dataclasses.replace(request, segment=Segment((*drafted, dataclasses.replace(held))))
+        # The repair turn's prompt is the verifier's (byte for byte, so the prefix cache serves
+        # it): steps are values, so `request` is still the segment as the verifier saw it.
         if tool is None:
             verdict = await self.verify_answer(request)
-            ran = False
+            ran: Step | None = held
         else:
             verdict, ran = await self.hold(tool, held, author, request, flagged=flagged, verified=True)
         accepted = verdict.accepted_steps
         if verdict.by.judged and not verdict.failed:
             self.tally(segment.steps, accepted)
-        self.history.committed.extend(segment.steps[: min(accepted, len(drafted))])
+        self.history.commit(*segment.steps[: min(accepted, len(drafted))])
         if verdict.accepted:
-            self.history.committed.append(held)
+            assert ran is not None
+            self.history.commit(ran)  # as it ran: with its observation
             if tool is None:
                 self.result.answer = str(held.arguments["answer"])
                 return True
-            assert ran
             return False
         if verdict.failed:
             # No judgement to answer: the segment stops here, failing closed (a repair answers only
@@ -253,7 +253,7 @@ class _Run:
                 "model_error", f"the verification failed, so nothing more of this segment runs: {verdict.reason}"
             )
         await self.say(f"rejected at step {accepted + 1}: {verdict.reason}")
-        return await self.substitute(reviewed, verdict)
+        return await self.substitute(request, verdict)
 
     def tally(self, steps: tuple[Step, ...], accepted_steps: int) -> None:
         """A judgement's steps to acceptance: its accepted prefix accepted, the rest not. A failed
@@ -298,9 +298,9 @@ class _Run:
         *,
         flagged: bool = False,
         verified: bool = False,
-    ) -> tuple[Verdict, bool]:
-        """A call through the gate, verified as its tool's policy asks; True when it ran. A refused
-        call's step carries the refusal as its observation, so the model that made it sees why."""
+    ) -> tuple[Verdict, Step | None]:
+        """A call through the gate, verified as its tool's policy asks, and its step as it ran
+        (observed), or None when it did not run."""
         call = GateCall(
             self.result.task_id, tool, step.arguments, author, request, baseline=self.baseline, flagged=flagged
         )
@@ -316,12 +316,9 @@ class _Run:
         outcome = await self.engine.gate.write(
             call, self.user, strong=self.reviewer, verified=verified, executor=executor, step=step, decided=decided
         )
-        verdict = outcome.verdict
         if outcome.result is None:
-            refusal = blocked_result(tool, verdict)
-            step.observation = str(getattr(refusal.content[0], "text", ""))
-            step.is_error = True
-        return verdict, outcome.result is not None
+            return outcome.verdict, None
+        return outcome.verdict, outcome.step or step
 
     async def substitute(self, request: ReviewRequest, verdict: Verdict) -> bool:
         """Run the valid replacement, or else one repair turn; the rest of the segment is gone.
@@ -338,15 +335,13 @@ class _Run:
         else:
             self.result.replacements += 1
         if isinstance(proposal, ProposedAnswer):
-            self.history.committed.append(Step(FINAL_ANSWER, {"answer": proposal.answer}, "write"))
+            self.history.commit(Step(FINAL_ANSWER, {"answer": proposal.answer}, "write"))
             self.result.answer = proposal.answer
             return True
-        step = self.step_for(proposal)
         author: Author = "replacement" if proposal.source == "replacement" else "repair"
         # The accepted prefix committed with the verdict (`verify`): it is the history the
         # substitute's review reads, never a segment of its own to be judged and labelled again.
-        await self.execute(step, author, [])
-        self.history.committed.append(step)
+        self.history.commit(await self.execute(self.step_for(proposal), author, []))
         return False
 
     # -- drafting ----------------------------------------------------------------------------
@@ -411,12 +406,13 @@ class _Run:
             if room is not None and len(reads) >= room:
                 break
             taken = index + 1
-            step = self.parse_call(call.name, call.arguments)
-            if step.observation is not None:
-                self.failures.append(step)
             # Every drafted step carries its own state, the write and failed calls too: whoever
             # judges the segment labels each of them with it.
-            step.state = _drafted_state(completion, index, turn)
+            step = dataclasses.replace(
+                self.parse_call(call.name, call.arguments), state=_drafted_state(completion, index, turn)
+            )
+            if step.observation is not None:
+                self.failures.append(step)
             risky = (
                 screen
                 and self.watch is not None
@@ -432,10 +428,7 @@ class _Run:
                 write = step  # the first write (or flagged read) ends the turn; later calls are dropped
                 break
         self.drop(completion.tool_calls[taken:], ended_by=write, room=room)
-        async with anyio.create_task_group() as tg:
-            for step in reads:
-                if step.observation is None:
-                    tg.start_soon(self.execute, step, author, [])
+        reads = await self.execute_all(reads, author)
         for step in reads:
             await self.say(f"read {step.tool}")
         return reads, write, None
@@ -487,24 +480,40 @@ class _Run:
 
     # -- execution, audit, telemetry ---------------------------------------------------------
 
-    async def execute(self, step: Step, author: Author, prefix: list[Step]) -> None:
-        """Run a step now, through the gate: a read at once, a write under its tool's policy."""
+    async def execute_all(self, steps: list[Step], author: Author) -> list[Step]:
+        """The reads of one turn, run concurrently; each as it ran (a failed draft as it was)."""
+        ran = list(steps)
+
+        async def one(n: int, step: Step) -> None:
+            ran[n] = await self.execute(step, author, [])
+
+        async with anyio.create_task_group() as tg:
+            for n, step in enumerate(steps):
+                if step.observation is None:
+                    tg.start_soon(one, n, step)
+        return ran
+
+    async def execute(self, step: Step, author: Author, prefix: list[Step]) -> Step:
+        """Run a step now, through the gate (a read at once, a write under its tool's policy): the
+        step as it ran, or with its refusal as its observation, so the model that made it sees why."""
         tool = self.source.lookup(step.tool)
         if tool.effect == "read":
             if tool.server == CLIENT:
                 result = await self.run_client(tool, step.arguments, None)
-                step.observation = str(getattr(result.content[0], "text", ""))
-                step.is_error = bool(result.is_error)
-            else:
-                with suppress(*CALL_FAILED):  # the step observed the failure: the model reads it there
-                    await self.engine.gate.read(self.result.task_id, tool, step.arguments, step, author, None)
-            return
-        before = History(commit_every=self.history.commit_every, committed=list(self.history.committed))
+                return step.observed(str(getattr(result.content[0], "text", "")), is_error=bool(result.is_error))
+            # A failed read's step observed the failure: the model reads it there.
+            return (await self.engine.gate.read(self.result.task_id, tool, step.arguments, step, author, None)).step
         segment = Segment((*prefix, step))
-        request = ReviewRequest(self.result.task_id, tool, step.arguments, None, segment, before, self.task)
-        verdict, _ = await self.hold(tool, step, author, request)
+        request = ReviewRequest(
+            self.result.task_id, tool, step.arguments, None, segment, self.history.before(), self.task
+        )
+        verdict, ran = await self.hold(tool, step, author, request)
         if verdict.model_calls:
             await self.say(f"{step.tool}: {verdict.reviewer} {'accepted' if verdict.accepted else 'refused'} it")
+        if ran is not None:
+            return ran
+        refusal = blocked_result(tool, verdict)
+        return step.observed(str(getattr(refusal.content[0], "text", "")), is_error=True)
 
     async def run_client(
         self, tool: CatalogTool, arguments: dict[str, Any], report: Report | None

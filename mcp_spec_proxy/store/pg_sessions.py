@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -134,14 +135,15 @@ class PgSessions:
                     cursor = await conn.execute(READ, {"id": session, "ref": ref, "step": _step_json(step)})
                     row = await cursor.fetchone()
                     held, open_before = (int(row[0] or 0), int(row[1])) if row else (0, 0)
-                    if held == 0 and open_before + 1 >= history.commit_every:
+                    every = history.commit_every
+                    if every is not None and held == 0 and open_before + 1 >= every:
                         # A run of K reads with no write out for review commits without review.
-                        await conn.execute(COMMIT_OPEN, {"id": session, "every": history.commit_every})
+                        await conn.execute(COMMIT_OPEN, {"id": session, "every": every})
             self._recovered()
         except DB_ERRORS as exc:
             self._failed(exc)
         else:
-            step.ref = str(ref)
+            step = replace(step, ref=str(ref))  # the history keeps the step with its row
         await self._local.read(session, history, step)
 
     async def hold(self, session: str, history: History, held: Step) -> Segment:
@@ -156,9 +158,10 @@ class PgSessions:
             self._failed(exc)
             return await self._local.hold(session, history, held)
         steps = [(ref, state, data) for _, _, ref, state, data in found if ref is not None]
-        history.committed = [_step(ref, data) for ref, state, data in steps if state == "committed"]
-        history.open = [_step(ref, data) for ref, state, data in steps if state == "open"]
-        history.held, history.discarded = (int(found[0][0]), int(found[0][1])) if found else (1, 0)
+        committed = [_step(ref, data) for ref, state, data in steps if state == "committed"]
+        open_ = [_step(ref, data) for ref, state, data in steps if state == "open"]
+        held_count, discarded = (int(found[0][0]), int(found[0][1])) if found else (1, 0)
+        history.load(committed, open_, held_count, discarded)
         return Segment((*history.open, held))
 
     async def release(self, session: str, history: History, segment: Segment) -> None:
@@ -169,8 +172,7 @@ class PgSessions:
         self, session: str, history: History, segment: Segment, accepted_steps: int, executed: Step | None = None
     ) -> None:
         """Commit the accepted prefix, drop the rest and append `executed`, in one statement."""
-        accepted_steps = max(0, min(accepted_steps, len(segment)))
-        committed = [*segment.steps[:accepted_steps], *([executed] if executed else [])]
+        committed, accepted_steps = segment.settled(accepted_steps, executed)
         new = [step for step in committed if step.ref is None]
         refs = [uuid.uuid4() for _ in new]
         applied = await self._apply(
@@ -184,9 +186,9 @@ class PgSessions:
                 "new_steps": [_step_json(step) for step in new],
             },
         )
-        if applied:
-            for step, ref in zip(new, refs, strict=True):
-                step.ref = str(ref)
+        if applied and executed is not None and executed.ref is None:
+            # The steps of the segment get their rows' refs when the next `hold` loads the session.
+            executed = replace(executed, ref=str(refs[next(n for n, step in enumerate(new) if step is executed)]))
         await self._local.settle(session, history, segment, accepted_steps, executed)
 
     async def _apply(self, sql: str, args: dict[str, Any]) -> bool:
