@@ -22,8 +22,8 @@ Classification, first rule that speaks wins:
   8. `readOnlyHint: true` from a trusted server         → read
   9. anything else (unannotated, `readOnlyHint: false`) → write
 
-Arguments are checked before anything is reviewed or forwarded: no lone surrogate anywhere
-(keys or values), then the tool's input schema.
+Arguments are checked before anything is reviewed or forwarded (`tool_arguments.py`); public
+names are made in `tool_names.py`.
 """
 
 from __future__ import annotations
@@ -32,17 +32,18 @@ import fnmatch
 import hashlib
 import json
 import logging
-import math
 import re
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 import mcp_types as types
 
 from mcp_spec_proxy.config import OnReject, ProxyConfig, ReviewMode, ServerConfig, ToolOverride
-from mcp_spec_proxy.errors import InvalidArguments, ToolNotFound
+from mcp_spec_proxy.errors import ToolNotFound
 from mcp_spec_proxy.fingerprints import FingerprintStore, Status, fingerprint
+from mcp_spec_proxy.tool_arguments import check_arguments
+from mcp_spec_proxy.tool_names import public_name
 from mcp_spec_proxy.trajectory import Effect
 
 if TYPE_CHECKING:
@@ -57,10 +58,6 @@ INTENT_SCHEMA: dict[str, Any] = {
     "type": "string",
     "description": "What the user asked for and why this call serves it.",
 }
-
-_ILLEGAL = re.compile(r"[^A-Za-z0-9_.-]")
-_HASHED = re.compile(r"-[0-9a-f]{6}\Z")
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 Reason = Literal["changed-definition", "new-tool", "hold", "override", "annotation", "default"]
 HELD_REASONS = ("changed-definition", "new-tool")
@@ -100,43 +97,6 @@ class CatalogEntry:
     name: str
     server: str
     original: str
-
-
-def public_name(server: str, tool: str, separator: str, limit: int, servers: Collection[str] = ()) -> str:
-    """`<server><sep><tool>`, legal characters only, at most `limit` long.
-
-    The plain name is kept only when it is legal, fits, splits back at its first separator into
-    this very server and tool (`a_` + `x` and `a` + `_x` both spell `a___x`) and does not end
-    like a hash suffix (`-<6 hex>`). Any other name is cut and gets a 6-hex hash of its identity
-    (`server/tool`). So a plain name decodes to one server and tool, and can never equal a
-    hashed one. A hashed name keeps `<server><sep>` whole (config guarantees room for it), and
-    where it would start like a longer configured server's names (`a` + `__` + `_x y` would read
-    `a___x_y`, where server `a_`'s names live; `servers` are the configured names) a `.` follows
-    the separator, which no server name holds: every hashed name lies where only its own server's
-    names do, so no crafted tool of another server can hash to it. A name depends on nothing but
-    these arguments, so it never moves to another tool when a backend comes or goes.
-    """
-    plain = f"{server}{separator}{tool}"
-    name = _ILLEGAL.sub("_", plain)
-    if (
-        len(name) <= limit
-        and name == plain
-        and plain.split(separator, 1) == [server, tool]
-        and not _HASHED.search(name)
-    ):
-        return name
-    head = f"{server}{separator}"
-    if any(
-        other != server and f"{other}{separator}".startswith(head) and name.startswith(f"{other}{separator}")
-        for other in servers
-    ):
-        name = f"{head}.{name[len(head) :]}"
-    return _with_suffix(name, f"{server}/{tool}", limit)
-
-
-def _with_suffix(name: str, identity: str, limit: int) -> str:
-    suffix = hashlib.sha256(identity.encode()).hexdigest()[:6]
-    return f"{name[: limit - 7]}-{suffix}"
 
 
 def _override(server: ServerConfig, tool: str) -> tuple[str, ToolOverride] | None:
@@ -481,80 +441,6 @@ def _public_definition(tool: types.Tool, name: str, wants_intent: bool) -> types
         schema["properties"] = properties
         update["input_schema"] = schema
     return tool.model_copy(update=update)
-
-
-def check_arguments(
-    validators: dict[str, jsonschema.protocols.Validator], tool: CatalogTool, arguments: Mapping[str, Any]
-) -> None:
-    """Raise `InvalidArguments` naming every problem, with the tool's validator built once and cached.
-
-    A value no JSON can carry is refused first, however deep: a lone surrogate (a key or a
-    string) has no UTF-8 form, and NaN or an infinity is no JSON number (it passes any `minimum`
-    and `maximum`, and is written `null` on the wire): a reviewer, the console and the audit would
-    see one value and the backend get another.
-    """
-    found = _unsendable(arguments)
-    if found is not None:
-        where, what = found
-        raise InvalidArguments(f"invalid arguments for {tool.name}: arguments contain {what} at {where}")
-    validator = validators.get(tool.name)
-    if validator is None:
-        import jsonschema
-
-        schema = dict(tool.input_schema)
-        cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-        try:
-            cls.check_schema(schema)
-        except jsonschema.SchemaError:
-            # A tool with a broken schema still gets its calls: its server will judge them itself.
-            cls = jsonschema.Draft202012Validator
-            schema = {"type": "object"}
-        validator = validators[tool.name] = cls(schema)
-    errors = sorted(validator.iter_errors(dict(arguments)), key=lambda e: list(e.absolute_path))
-    if errors:
-        problems = "; ".join(_describe(error) for error in errors[:5])
-        raise InvalidArguments(f"invalid arguments for {tool.name}: {problems}")
-
-
-def _unsendable(arguments: Mapping[str, Any]) -> tuple[str, str] | None:
-    """The path of a key or string holding a lone surrogate, or of a non-finite number, and which
-    it is; None when there is none.
-
-    Iterative, so arguments nested deeper than the recursion limit are checked too. The path
-    shows keys with their surrogates escaped (`a.b\\udc80.2`), so the message itself is valid text.
-    """
-    stack: list[tuple[tuple[str, ...], Any]] = [((), arguments)]
-    while stack:
-        path, value = stack.pop()
-        if isinstance(value, str):
-            if _SURROGATE.search(value):
-                return ".".join(path) or "(the arguments)", _SURROGATE_WHAT
-        elif isinstance(value, float):
-            if not math.isfinite(value):
-                return ".".join(path) or "(the arguments)", "a number JSON cannot carry (NaN or an infinity)"
-        elif isinstance(value, Mapping):
-            children: list[tuple[tuple[str, ...], Any]] = []
-            for key, item in value.items():
-                label = _printable(str(key))
-                if isinstance(key, str) and _SURROGATE.search(key):
-                    return ".".join((*path, label)), _SURROGATE_WHAT
-                children.append(((*path, label), item))
-            stack.extend(reversed(children))
-        elif isinstance(value, list | tuple):
-            stack.extend(reversed([((*path, str(index)), item) for index, item in enumerate(value)]))
-    return None
-
-
-_SURROGATE_WHAT = "invalid Unicode (a lone surrogate)"
-
-
-def _printable(text: str) -> str:
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def _describe(error: jsonschema.ValidationError) -> str:
-    path = ".".join(str(p) for p in error.absolute_path)
-    return f"{path}: {error.message}" if path else error.message
 
 
 def canonical_json(value: Any) -> str:

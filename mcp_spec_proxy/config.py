@@ -268,7 +268,7 @@ class ProxyConfig(_Strict):
             if self.separator in name:
                 raise ValueError(f"server name {name!r} contains the separator {self.separator!r}; rename it")
             # A hashed tool name keeps `<server><sep>` whole, then `.` and a 7-character suffix may
-            # follow: cut into, two servers' names could meet (see `catalog.public_name`).
+            # follow: cut into, two servers' names could meet (see `tool_names.public_name`).
             room = self.max_name_length - len(self.separator) - 8
             if len(name) > room:
                 raise _error_at(

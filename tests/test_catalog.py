@@ -16,12 +16,12 @@ from mcp_spec_proxy.catalog import (
     Catalog,
     CatalogTool,
     included,
-    public_name,
     strip_intent,
 )
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.errors import InvalidArguments, StateError, ToolNotFound
 from mcp_spec_proxy.fingerprints import FingerprintStore, fingerprint, write_atomic
+from mcp_spec_proxy.tool_names import public_name
 
 OBJECT: dict[str, Any] = {"type": "object"}
 

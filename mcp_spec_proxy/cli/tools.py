@@ -9,12 +9,12 @@ from typing import Any
 
 import click
 
-from mcp_spec_proxy.catalog import public_name
 from mcp_spec_proxy.cli.serve import main
 from mcp_spec_proxy.cli.setup import file_options, load, run_loop, setup
 from mcp_spec_proxy.cli.store import fingerprint_store
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.fingerprints import FingerprintStore
+from mcp_spec_proxy.tool_names import public_name
 
 
 @main.group(invoke_without_command=True)

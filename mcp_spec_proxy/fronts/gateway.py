@@ -51,7 +51,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from mcp_spec_proxy.catalog import CLIENT, Catalog, CatalogTool, check_arguments
+from mcp_spec_proxy.catalog import CLIENT, Catalog, CatalogTool
 from mcp_spec_proxy.engine import MODES, Engine, Mode
 from mcp_spec_proxy.errors import ProxyError, ShuttingDown, ToolNotFound
 from mcp_spec_proxy.fronts.asgi import BearerToken, HostGuard, host_names
@@ -68,6 +68,7 @@ from mcp_spec_proxy.fronts.gateway_sessions import (
 from mcp_spec_proxy.fronts.probes import Door
 from mcp_spec_proxy.proxy import Proxy
 from mcp_spec_proxy.telemetry import Telemetry
+from mcp_spec_proxy.tool_arguments import check_arguments
 
 if TYPE_CHECKING:
     import jsonschema

@@ -34,11 +34,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
-from mcp_spec_proxy.catalog import INTENT_ARGUMENT, CatalogTool, check_arguments, digest
+from mcp_spec_proxy.catalog import INTENT_ARGUMENT, CatalogTool, digest
 from mcp_spec_proxy.errors import InvalidArguments, ProxyError
 from mcp_spec_proxy.review import ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review.kinds import ReviewerKind
 from mcp_spec_proxy.review.rules import Rule, pattern_refusal, pattern_refusal_for, visible
+from mcp_spec_proxy.tool_arguments import check_arguments
 from mcp_spec_proxy.trajectory import Step
 
 if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section opens it
