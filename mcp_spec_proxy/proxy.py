@@ -251,7 +251,7 @@ async def _running(
     if strong is not None:
         watch = None
         if leash is not None:
-            from mcp_spec_proxy.leash.layers import LeashWatch
+            from mcp_spec_proxy.leash.watch import LeashWatch
 
             watch = LeashWatch(leash)
         engine = Engine(

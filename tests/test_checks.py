@@ -21,7 +21,6 @@ OVER_THE_CAP = {  # module: the most it may hold until it is split (sizes after 
     # Grew by the lines that return what a forwarded call became as a value (`Read`); it is being
     # split on its own branch.
     "gate.py": 739,
-    "leash/layers.py": 643,
 }
 PACKAGE = Path(mcp_spec_proxy.__file__).parent
 

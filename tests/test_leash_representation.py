@@ -15,7 +15,8 @@ from click.testing import CliRunner, Result
 
 from mcp_spec_proxy.cli import main
 from mcp_spec_proxy.config import LeashConfig
-from mcp_spec_proxy.leash.layers import Leash, LeashWatch
+from mcp_spec_proxy.leash.layers import Leash
+from mcp_spec_proxy.leash.watch import LeashWatch
 from mcp_spec_proxy.testing import Scripted, ScriptedModelServer
 from mcp_spec_proxy.trajectory import Step
 

@@ -31,7 +31,8 @@ from mcp_spec_proxy.leash.encoders import (
     HiddenStateEncoder,
     StepView,
 )
-from mcp_spec_proxy.leash.layers import Leash, LeashWatch, Score
+from mcp_spec_proxy.leash.layers import Leash, Score
+from mcp_spec_proxy.leash.watch import LeashWatch
 from mcp_spec_proxy.review import ReviewerKind, ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review.leash import LeashReviewer
 from mcp_spec_proxy.testing import ChatRequest, Respond, ScriptedModelServer

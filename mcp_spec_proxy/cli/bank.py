@@ -2,7 +2,7 @@
 
 Every command here opens LEASH strictly: an operator asked for it, so a LEASH failure is an error,
 never a silent fallback. `calibrate` scores held-out steps without importing them, with the runtime's
-own representation (`layers.view`) and decision (`calibrate.flags`), so its curve is what the proxy does.
+own representation (`steps.view`) and decision (`calibrate.flags`), so its curve is what the proxy does.
 Under the `hidden` encoder neither `import` nor `calibrate` can work (a JSONL example has no hidden state)
 and both say so instead of reporting what did not happen.
 """

@@ -73,7 +73,7 @@ class EncoderError(LeashError):
 class StepView:
     """What an encoder sees of one step: the tool, its arguments and (when given) what it returned.
 
-    LEASH's own banks never pass the observation (`layers.view`): a step is judged before it runs."""
+    LEASH's own banks never pass the observation (`steps.view`): a step is judged before it runs."""
 
     tool: str
     arguments: Mapping[str, Any] = field(default_factory=dict)

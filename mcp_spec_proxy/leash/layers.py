@@ -18,7 +18,7 @@ carries its provenance (`provenance.py`), and one session stores at most
 
 LEASH advises; it never breaks the call it advises on. Every method the barrier, the gate and the
 engine call (`task_score`, `step_score`, the `label_*` methods, `remember`, and all of `LeashWatch`)
-is `_advisory`: an exception inside it — FAISS, a bank that will not load or save, an embedding
+is `advisory` (`advisory.py`): an exception inside it — FAISS, a bank that will not load or save, an embedding
 endpoint that is down, a hidden state of the wrong size — is logged once (and again only when it
 changes, and once more when it clears) and becomes "no evidence" (`Score(None, ())`, `False`) or a
 label not stored. The call then goes the ordinary way. Operator commands (`bank import`,
@@ -28,19 +28,19 @@ label not stored. The call then goes the ordinary way. Operator commands (`bank 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
+from typing import Any
 
 import anyio
 import numpy as np
 
 from mcp_spec_proxy.config import LeashConfig
+from mcp_spec_proxy.leash.advisory import Guard, advisory, no, nothing, uncalibrated, zero
 from mcp_spec_proxy.leash.bank import Bank, Label, Neighbour
 from mcp_spec_proxy.leash.calibrate import Calibration, flags
 from mcp_spec_proxy.leash.encoders import (
@@ -48,9 +48,9 @@ from mcp_spec_proxy.leash.encoders import (
     Encoder,
     HashingEncoder,
     HiddenStateEncoder,
-    StepView,
 )
 from mcp_spec_proxy.leash.provenance import Provenance
+from mcp_spec_proxy.leash.steps import Row, drafted_rows, view
 from mcp_spec_proxy.telemetry import Telemetry
 from mcp_spec_proxy.trajectory import Step
 
@@ -81,153 +81,8 @@ class Score:
         }
 
 
-def view(step: Step) -> StepView:
-    """LEASH's one representation of a step, the same when it is labelled, looked up and calibrated on.
-
-    It is the call (tool and arguments) and never the step's own observation: a step is judged before
-    it runs (a drafted read at `drafted`, a held write at the gate and at `review: leash`), when there is
-    no observation of it yet, so a label that carried one would be a point no lookup can ever land on.
-    The context before the call is not added for the text encoders: an MCP client sends no conversation
-    and an imported or held-out example carries none, so it could not be the same at all three; a hidden
-    state returned with the drafting call already is a function of that context (the drafting prompt).
-    """
-    return StepView(step.tool, step.arguments)
-
-
-class _Guard:
-    """What the `_advisory` methods of one Leash share: strictness, and which of them are failing now."""
-
-    def __init__(self, strict: bool) -> None:
-        self.strict = strict
-        self._failing: dict[str, str] = {}  # operation -> the error it last failed with
-
-    def failed(self, operation: str, exc: Exception) -> None:
-        line = f"{type(exc).__name__}: {exc}"
-        if self._failing.get(operation) == line:
-            logger.debug("LEASH %s failed again: %s", operation, line)
-            return
-        self._failing[operation] = line
-        logger.warning(
-            "LEASH %s failed (%s); deciding without LEASH evidence, the ordinary way, until it works again",
-            operation,
-            line,
-        )
-
-    def worked(self, operation: str) -> None:
-        if self._failing.pop(operation, None) is not None:
-            logger.info("LEASH %s works again", operation)
-
-
-class _Advised(Protocol):
-    @property
-    def _guard(self) -> _Guard: ...
-
-
-_S = TypeVar("_S", bound=_Advised)
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
-
-
-def _advisory(
-    on_failure: Callable[[], _R],
-) -> Callable[[Callable[Concatenate[_S, _P], Awaitable[_R]]], Callable[Concatenate[_S, _P], Coroutine[Any, Any, _R]]]:
-    """The boundary between LEASH and the main path: a failure is logged once and becomes `on_failure()`."""
-
-    def wrap(
-        method: Callable[Concatenate[_S, _P], Awaitable[_R]],
-    ) -> Callable[Concatenate[_S, _P], Coroutine[Any, Any, _R]]:
-        operation = method.__qualname__
-
-        @functools.wraps(method)
-        async def advised(self: _S, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
-            guard = self._guard
-            try:
-                result = await method(self, *args, **kwargs)
-            # Deliberately broad: FAISS raises RuntimeError, numpy ValueError, the disk OSError, our own
-            # code LeashError, and a bug in advisory code must not cost a user's call either. Cancellation
-            # is a BaseException and passes.
-            except Exception as exc:
-                if guard.strict:
-                    raise
-                guard.failed(operation, exc)
-                return on_failure()
-            guard.worked(operation)
-            return result
-
-        return advised
-
-    return wrap
-
-
 def _no_score() -> Score:
     return Score(None, ())
-
-
-def _nothing() -> None:
-    return None
-
-
-def _no() -> bool:
-    return False
-
-
-def _none_stored() -> int:
-    return 0
-
-
-def _uncalibrated() -> Calibration | None:
-    return None
-
-
-@dataclass(frozen=True)
-class Row:
-    """One labelled vector on its way into a bank."""
-
-    vector: np.ndarray
-    label: Label
-    metadata: dict[str, Any]
-
-
-def drafted_rows(
-    encoder: HiddenStateEncoder, steps: Sequence[Step], labels: Sequence[Label], hidden: Sequence[Any] | None
-) -> tuple[list[Row], int]:
-    """The rows that judged drafted steps give a hidden-state bank, and how many calls gave none.
-
-    A call with a state of its own (`call`) is one row. A turn whose calls share one state (`turn`:
-    SGLang's chat API cannot tell them apart) is one row when every judged call of it got the same
-    label; otherwise only the call whose own state it is (the turn's last) is stored — never one
-    point under two opposite labels.
-    """
-    rows: list[Row] = []
-    turns: dict[str, list[tuple[Step, Label]]] = {}
-    for index, (step, label) in enumerate(zip(steps, labels, strict=True)):
-        if step.state is not None:
-            turns.setdefault(step.state.turn, []).append((step, label))
-            continue
-        given = hidden[index] if hidden else None
-        vector = encoder.from_hidden(given, step=view(step)) if given is not None else encoder.recall(view(step))
-        if vector is not None:
-            rows.append(Row(vector, label, {"tool": step.tool, "representation": "call"}))
-    skipped = 0
-    for members in turns.values():
-        own = [(s, label) for s, label in members if s.state is not None and s.state.representation == "call"]
-        if len(own) == len(members) or len({label for _, label in members}) > 1:
-            skipped += len(members) - len(own)
-            for s, label in own:
-                assert s.state is not None
-                rows.append(Row(encoder.from_hidden(s.state.vector), label, {"tool": s.tool, "representation": "call"}))
-            continue
-        first, label = members[0]
-        assert first.state is not None
-        tools = [s.tool for s, _ in members]
-        rows.append(
-            Row(
-                encoder.from_hidden(first.state.vector),
-                label,
-                {"tool": tools[-1], "tools": tools, "representation": "turn"},
-            )
-        )
-    return rows, skipped
 
 
 def _fallback(config: LeashConfig, api_key: str | None) -> Encoder:
@@ -273,7 +128,7 @@ class Leash:
         self._root = Path(config.bank_dir).expanduser()
         self._runs = self._root / "runs.jsonl"
         self._lock = anyio.Lock()
-        self._guard = _Guard(strict)
+        self._guard = Guard(strict)
         self._limited: set[tuple[str, str]] = set()  # (bank kind, session) past the rate limit, logged
 
     @property
@@ -342,7 +197,7 @@ class Leash:
 
     # -- scores --------------------------------------------------------------------------------
 
-    @_advisory(_no_score)
+    @advisory(_no_score)
     async def task_score(self, task: str) -> Score:
         if isinstance(self.text_encoder, HiddenStateEncoder):
             return Score(None, ())  # a Leash built without a fallback: a task has no drafting call of its own
@@ -350,7 +205,7 @@ class Leash:
         score = await self._score(self.tasks, vector)
         return replace(score, representation="fallback") if self.config.encoder == "hidden" else score
 
-    @_advisory(_no_score)
+    @advisory(_no_score)
     async def step_score(self, step: Step, hidden: Any = None) -> Score:
         found = await self._vector(step, hidden)
         if found is None:
@@ -391,14 +246,14 @@ class Leash:
         """The escalation decision; `bank calibrate`'s curve is drawn with the same `flags`."""
         return flags(score.value, threshold)
 
-    @_advisory(_uncalibrated)
+    @advisory(uncalibrated)
     async def calibration(self) -> Calibration | None:
         """The calibration record `bank calibrate --max-false-accept` wrote in the bank directory, if any."""
         return await anyio.to_thread.run_sync(Calibration.load, self._root)
 
     # -- labels --------------------------------------------------------------------------------
 
-    @_advisory(_none_stored)
+    @advisory(zero)
     async def label_steps(
         self,
         steps: Sequence[Step],
@@ -494,7 +349,7 @@ class Leash:
             )
         return room
 
-    @_advisory(_nothing)
+    @advisory(nothing)
     async def label_verdict(
         self,
         steps: Sequence[Step],
@@ -510,7 +365,7 @@ class Leash:
             labels.append("failure")
         await self._label_steps(labelled, labels, source=source, provenance=provenance)
 
-    @_advisory(_no)
+    @advisory(no)
     async def label_task(
         self,
         task: str,
@@ -547,7 +402,7 @@ class Leash:
 
     # -- runs and outcomes ---------------------------------------------------------------------
 
-    @_advisory(_nothing)
+    @advisory(nothing)
     async def remember(self, task_id: str, task: str, steps: Sequence[Step]) -> None:
         record = {
             "task_id": task_id,
@@ -598,46 +453,3 @@ def _stamped(provenance: Provenance | None, source: str) -> Provenance:
     if provenance is None:
         return Provenance.of(source)
     return provenance if provenance.at is not None else dataclasses.replace(provenance, at=time.time())
-
-
-class LeashWatch:
-    """The engine's `Watch` (mode spec+leash), backed by a `Leash`; each method is `_advisory`."""
-
-    def __init__(self, leash: Leash) -> None:
-        self.leash = leash
-        # Ask the weak model for its hidden states only when the encoder reads them.
-        self.wants_hidden = isinstance(leash.encoder, HiddenStateEncoder)
-
-    @property
-    def _guard(self) -> _Guard:
-        return self.leash._guard
-
-    @_advisory(_no)
-    async def route(self, task: str) -> bool:
-        score = await self.leash.task_score(task)
-        strong = self.leash.at_least(score, self.leash.config.route_threshold)
-        await self.leash.telemetry.record("leash", layer="route", strong_led=strong, **score.as_json())
-        return strong
-
-    @_advisory(_no)
-    async def drafted(self, step: Step, hidden: Any) -> bool:
-        score = await self.leash.step_score(step, hidden)
-        flagged = self.leash.at_least(score, self.leash.config.escalate_threshold)
-        if flagged:
-            await self.leash.telemetry.record("leash", layer="escalate", tool=step.tool, **score.as_json())
-        return flagged
-
-    @_advisory(_no)
-    async def unreviewed(self, step: Step, hidden: Any) -> bool:
-        score = await self.leash.step_score(step, hidden)
-        flagged = self.leash.at_least(score, self.leash.config.observe_threshold)
-        await self.leash.telemetry.record("leash", layer="observe", tool=step.tool, flagged=flagged, **score.as_json())
-        return flagged
-
-    @_advisory(_nothing)
-    async def verdict(self, steps: tuple[Step, ...], accepted_steps: int) -> None:
-        await self.leash.label_verdict(steps, accepted_steps)
-
-    @_advisory(_nothing)
-    async def finished(self, task_id: str, task: str, steps: list[Step]) -> None:
-        await self.leash.remember(task_id, task, steps)

@@ -1,6 +1,7 @@
 """A LEASH bank's files: the on-disk format, its generations, crash-safe writes, the cross-process lock.
 
-The only code that reads or writes a bank directory (`persistent.py` calls it). It promises:
+The only code that reads or writes a bank directory (`persistent.py` calls it; each file is
+written crash-safely by `atomic.py`). It promises:
 
 Format (directory per bank). `bank.json`, the manifest (kind, encoder, count, generation, and the
 name, size and sha256 of every data file); segments of rows, each a `vectors-G.npy` (float32, one
@@ -35,10 +36,9 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import time
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +48,7 @@ import faiss
 import numpy as np
 
 from mcp_spec_proxy.fingerprints import write_atomic
+from mcp_spec_proxy.leash.atomic import HashingWriter, fsync_dir, write_file_atomic
 from mcp_spec_proxy.leash.encoders import EncoderInfo, LeashError
 from mcp_spec_proxy.leash.provenance import Provenance
 
@@ -349,11 +350,11 @@ class BankFiles:
             while segments and count - start >= segments[-1]["end"] - segments[-1]["start"]:
                 start = segments.pop()["start"]
             rows = vectors[start:count]
-            vectors_file = _write_file_atomic(
+            vectors_file = write_file_atomic(
                 directory / f"vectors-{generation:06d}.npy",
                 lambda out: np.lib.format.write_array(out, rows, allow_pickle=False),
             )
-            meta_file = _write_file_atomic(
+            meta_file = write_file_atomic(
                 directory / f"meta-{generation:06d}.jsonl",
                 lambda out: _write_meta(out, labels, sources, metadata, provenance, start, count),
             )
@@ -364,12 +365,10 @@ class BankFiles:
             # The graph is rewritten whole, so only when an eighth or more of it is new; loading adds the rest.
             if index_file is None or (count - index_file["count"]) * 8 >= index_file["count"]:
                 blob = faiss.serialize_index(index)
-                index_file = _write_file_atomic(
-                    directory / f"index-{generation:06d}.faiss", lambda out: out.write(blob)
-                )
+                index_file = write_file_atomic(directory / f"index-{generation:06d}.faiss", lambda out: out.write(blob))
                 index_file["count"] = count
         # The data files' names must be durable before a manifest can point at them.
-        _fsync_dir(directory)
+        fsync_dir(directory)
         manifest = {
             "format": FORMAT,
             "version": VERSION,
@@ -383,7 +382,7 @@ class BankFiles:
             "files": {"segments": segments, **({"index": index_file} if index_file else {})},
         }
         write_atomic(directory / MANIFEST, json.dumps(manifest, indent=1) + "\n")
-        _fsync_dir(directory)
+        fsync_dir(directory)
         self.generation = generation
         self.segments = segments
         self.index_file = index_file
@@ -415,48 +414,8 @@ class BankFiles:
         return [name for name, match in matches if match and int(match.group(2)) > self.generation]
 
 
-class _HashingWriter:
-    """A write-only file wrapper that counts and hashes what goes through it."""
-
-    def __init__(self, handle: IO[bytes]) -> None:
-        self._handle = handle
-        self.sha256 = hashlib.sha256()
-        self.size = 0
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        self.sha256.update(view)
-        self._handle.write(view)
-        self.size += view.nbytes
-        return view.nbytes
-
-
-def _write_file_atomic(path: Path, fill: Callable[[_HashingWriter], object]) -> dict[str, Any]:
-    """`write_atomic` for binary content streamed by `fill`: temp file, fsync, rename. Name, size, sha256."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            writer = _HashingWriter(handle)
-            fill(writer)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return {"name": path.name, "bytes": writer.size, "sha256": writer.sha256.hexdigest()}
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_meta(
-    out: _HashingWriter,
+    out: HashingWriter,
     labels: array[int],
     sources: array[int],
     metadata: Sequence[dict[str, Any] | None],
