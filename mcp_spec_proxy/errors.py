@@ -38,7 +38,7 @@ client can tell the proxy's words from a backend's by code; a backend can still 
 these codes, and then it is the backend's error, passed on as such (docs/SECURITY.md).
 
 `fronts/wire.py` (`wire_error`) is the one place these become JSON-RPC errors; everywhere else
-catches the specific class it can handle. (No SDK import here: `early.py` raises these before
+catches the specific class it can handle. (No SDK import here: `commands.py` raises these before
 the SDK is loaded.)
 """
 

@@ -37,6 +37,7 @@ from mcp_spec_proxy.fingerprints import FingerprintStore
 from mcp_spec_proxy.gate import Gate
 from mcp_spec_proxy.metrics import MeteredAudit, Metrics
 from mcp_spec_proxy.models import ChatModel
+from mcp_spec_proxy.prespawn import Prespawned
 from mcp_spec_proxy.review.build import build_reviewers, console_queue
 from mcp_spec_proxy.review.console import ConsoleQueue
 from mcp_spec_proxy.store import StatePaths as StatePaths  # where commands and tests have always found it
@@ -180,10 +181,12 @@ async def running_proxy(
     in_process: dict[str, Server[Any]] | None = None,
     leash: Leash | None = None,
     environ: Mapping[str, str] | None = None,
+    early: Prespawned | None = None,
 ) -> AsyncIterator[Proxy]:
     """Start the proxy. Models and LEASH are built from the config with the keys in `environ`
     (the CLI hands it the process environment; a key named but not there is a `ConfigError`);
-    tests may hand in `models` or an opened `leash` instead."""
+    tests may hand in `models` or an opened `leash` instead. `early` is the launcher's stdio
+    processes, which the backends' first connections adopt."""
     environ = environ if environ is not None else {}
     models = models if models is not None else open_models(config, environ, source)
     events = Telemetry(telemetry)
@@ -192,7 +195,7 @@ async def running_proxy(
             # After the store: a Postgres store has migrated the tables its banks live in.
             if leash is None:
                 leash = open_leash(config, environ, source, telemetry=events)
-            async with _running(config, state, store, models, events, in_process, leash, source) as proxy:
+            async with _running(config, state, store, models, events, in_process, leash, source, early) as proxy:
                 yield proxy
     finally:
         events.close()
@@ -214,6 +217,7 @@ async def _running(
     in_process: dict[str, Server[Any]] | None,
     leash: Leash | None,
     source: str,
+    early: Prespawned | None = None,
 ) -> AsyncIterator[Proxy]:
     catalog = Catalog(config, store.fingerprints)
     reviewers, repairer = build_reviewers(config, catalog, models, source, leash)
@@ -242,6 +246,7 @@ async def _running(
         log_dir=state.logs if state else None,
         in_process=in_process,
         on_notice=on_notice,
+        early=early,
     )
     metrics.watch_backends(backends)
     gate = Gate(config, backends, reviewers, audit, leash, catalog)

@@ -1,6 +1,6 @@
 """A stdio backend's stderr, kept in `logs/<server>.log` within a size bound.
 
-Used by the backend pool's connections and by `early.py` (which runs before the SDK is imported,
+Used by the backend pool's connections and by `prespawn.py` (which runs before the SDK is imported,
 so this module imports nothing of it).
 
 The child writes into a pipe, and a thread of the proxy's copies what arrives to the file, so
@@ -13,7 +13,7 @@ are always in `<server>.log`, and each of a server's `KEEP + 1` files holds at m
 and the end of one line (at most one 64 KiB chunk more).
 
 The file is opened for each chunk and the size read from it, not remembered: a process spawned at
-launch (`early.py`) and the connection that adopts it each hold a `StderrLog` of the same path,
+launch (`prespawn.py`) and the connection that adopts it each hold a `StderrLog` of the same path,
 and whichever writes sees the other's rotations.
 """
 
@@ -35,7 +35,7 @@ _DRAIN_TIMEOUT_S = 1.0
 
 class StderrLog(io.TextIOWrapper):
     """The write end of a backend's stderr pipe (what `Popen` and the SDK's spawn take as
-    `stderr`), named for the log file it ends in (`name`: what `early.SpawnKey` compares)."""
+    `stderr`), named for the log file it ends in (`name`: what `prespawn.SpawnKey` compares)."""
 
     def __init__(self, path: Path, max_bytes: int = MAX_BYTES, keep: int = KEEP) -> None:
         read_fd, write_fd = os.pipe()

@@ -17,9 +17,9 @@ import mcp_spec_proxy
 
 CAP = 600
 OVER_THE_CAP = {  # module: the most it may hold until it is split (sizes after the 2026-12-02 merges)
-    "backends/connection.py": 733,
-    # Grew by the lines that return what a forwarded call became as a value (`Read`); it is being
-    # split on its own branch.
+    # Both grew by the lines that hand the launcher's processes down (connection) and return what a
+    # forwarded call became as a value (gate, `Read`); both are being split on their own branch.
+    "backends/connection.py": 741,
     "gate.py": 739,
 }
 PACKAGE = Path(mcp_spec_proxy.__file__).parent

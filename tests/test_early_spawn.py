@@ -1,4 +1,4 @@
-"""Stdio backends spawned before the SDK is imported (`launch`, `early`), adopted on first connection.
+"""Stdio backends spawned before the SDK is imported (`launch`, `prespawn`), adopted on first connection.
 
 Ground truth is outside the proxy: each backend is started through a shell that appends its PID
 to a file before it becomes the toy server, so the test knows every process ever spawned for it,
@@ -23,8 +23,10 @@ import yaml
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import get_default_environment, stdio_client
 
-from mcp_spec_proxy import early
-from mcp_spec_proxy.launch import serving_files
+from mcp_spec_proxy import launch
+from mcp_spec_proxy.commands import default_environment
+from mcp_spec_proxy.options import serving_files
+from mcp_spec_proxy.prespawn import Prespawned, SpawnKey
 from tests.harness import PROXY_COMMAND, TOY, recorded, text_of
 
 pytestmark = pytest.mark.anyio
@@ -128,26 +130,42 @@ def test_backends_never_adopted_are_stopped_when_the_proxy_exits(tmp_path: Path)
     assert [pid for pid in started if alive(pid)] == []
 
 
-async def test_a_config_whose_backend_changed_is_not_adopted(tmp_path: Path) -> None:
+def test_a_config_whose_backend_changed_is_not_adopted(tmp_path: Path) -> None:
     """The key is every spawn parameter: a process spawned with other arguments is refused and stopped."""
     config = write_config(tmp_path, {"toy": counted(tmp_path / "pids", toy_exec(), tmp_path / "ledger")})
     from mcp_spec_proxy.config import load_config
 
     loaded = load_config(config, {})
     log_dir = tmp_path / "logs"
-    assert early.spawn_early(loaded, log_dir) == ["toy"]
+    early = Prespawned()
+    assert early.spawn(loaded, log_dir) == ["toy"]
     [pid] = early.unclaimed()
     server = loaded.servers["toy"]
-    env = early.default_environment() | server.env
-    other = early.SpawnKey.of("toy", "/bin/sh", [*server.args, "x"], env, None, str(log_dir / "toy.log"))
+    env = default_environment() | server.env
+    other = SpawnKey.of("toy", "/bin/sh", [*server.args, "x"], env, None, str(log_dir / "toy.log"))
     assert early.claim(other) is None
     assert early.unclaimed() == []
-    early.stop_unclaimed()
+    launch.stop(early)  # what `launch.main` does when the command ends
     assert not alive(pid)
 
 
+def test_each_launch_owns_its_early_processes(tmp_path: Path) -> None:
+    # No registry outlives its object: what one launch spawned, another never sees nor adopts.
+    from mcp_spec_proxy.config import load_config
+
+    config = load_config(write_config(tmp_path, {"toy": counted(tmp_path / "pids", toy_exec(), tmp_path / "l")}), {})
+    first, second = Prespawned(), Prespawned()
+    assert first.spawn(config, tmp_path / "logs") == ["toy"]
+    [pid] = first.unclaimed()
+    assert second.unclaimed() == [] and second.leftover() == []
+    launch.stop(second)
+    assert alive(pid)
+    launch.stop(first)
+    assert not alive(pid) and first.unclaimed() == []
+
+
 def test_the_early_environment_is_the_sdks() -> None:
-    assert early.default_environment() == get_default_environment()
+    assert default_environment() == get_default_environment()
 
 
 def test_a_port_in_use_spawns_nothing_early() -> None:
@@ -185,35 +203,38 @@ def test_a_failure_before_loading_is_one_line_and_the_command_still_runs(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     import mcp_spec_proxy.cli
-    from mcp_spec_proxy import launch
 
-    ran: list[str] = []
+    ran: list[tuple[str, Any]] = []
 
-    def broken(argv: list[str]) -> None:
+    def broken(argv: list[str], early: Prespawned) -> None:
         raise OSError("no such thing")
 
     monkeypatch.setattr(launch, "start_backends", broken)
-    monkeypatch.setattr(mcp_spec_proxy.cli, "main", lambda prog_name: ran.append(prog_name))
+    monkeypatch.setattr(mcp_spec_proxy.cli, "main", lambda prog_name, obj: ran.append((prog_name, obj)))
     launch.main()
-    assert ran == ["mcp-spec-proxy"]
+    [(prog, obj)] = ran
+    assert prog == "mcp-spec-proxy" and isinstance(obj["prespawned"], Prespawned)  # handed down, not global
     [record] = caplog.records
     assert record.levelname == "WARNING" and "OSError: no such thing" in record.getMessage()
     assert record.exc_info is None  # one line, no traceback
 
 
-def test_the_launchers_option_table_is_the_serving_commands() -> None:
-    # The console script reads argv before click is loaded; an option of the serving command it did
+def test_the_launcher_parses_argv_with_the_serving_commands_own_options() -> None:
+    # The console script reads argv before the SDK loads; an option of the serving command it did
     # not know would send every start down the late path (safe, but slow), one it knew wrongly
-    # would misread the config's path.
+    # would misread the config's path. One declaration (`options.serving_options`) serves both.
     import click
 
-    from mcp_spec_proxy import launch
     from mcp_spec_proxy.cli import main
+    from mcp_spec_proxy.options import serving_options
 
-    valued: set[str] = set()
-    flags: set[str] = set()
-    for param in main.params:
-        if isinstance(param, click.Option):
-            (flags if param.is_flag else valued).update([*param.opts, *param.secondary_opts])
-    assert valued == launch._VALUED
-    assert flags - {"--version"} == launch._FLAGS
+    probe = click.command(add_help_option=False)(serving_options(lambda **options: None))
+
+    def table(command: click.Command) -> set[tuple[str, ...]]:
+        return {(*param.opts, *param.secondary_opts) for param in command.params if isinstance(param, click.Option)}
+
+    assert table(main) - table(probe) == {("--version",)}  # and --help, which `params` does not list
+    assert serving_files(["--log-format", "json", "--allow-host", "a", "--telemetry", "t.jsonl"]) == (
+        "servers.yaml",
+        None,
+    )

@@ -4,7 +4,7 @@ Ground truth is the files themselves, read once the proxy has stopped: their siz
 numbered lines the hostile backend (`fixtures/raw_server.py`, `shout`) wrote — the newest must be
 in `<server>.log`, and the lines kept must run on without a gap from `<server>.log.1` into it.
 The flood goes through the proxy's in-process pool and through the real command, whose stdio
-servers are spawned at launch (`early.py`) before the pool adopts them.
+servers are spawned at launch (`prespawn.py`) before the pool adopts them.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ async def test_a_backend_flooding_stderr_during_a_call_is_answered_and_its_log_s
 
 
 async def test_a_server_spawned_at_launch_that_floods_stderr_keeps_a_capped_log(tmp_path: Path) -> None:
-    # The command spawns stdio servers before the SDK is imported (`early.py`): the same cap holds.
+    # The command spawns stdio servers before the SDK is imported (`prespawn.py`): the same cap holds.
     async with spawned(flooding(RAW_SHOUT_AT_START="1", RAW_SHOUT_BYTES=str(FLOOD)), tmp_path) as client:
         result = await client.call_tool("raw__shout", {})
     assert text_of(result) == "shouted"

@@ -21,6 +21,7 @@ from mcp_spec_proxy.backends.listing import Listing, OnListing
 from mcp_spec_proxy.backends.notices import LogMessage, LogRoute, Notice, OnNotice, ResourceUpdate
 from mcp_spec_proxy.config import ServerConfig
 from mcp_spec_proxy.errors import BackendUnavailable
+from mcp_spec_proxy.prespawn import Prespawned
 
 logger = logging.getLogger(__name__)
 
@@ -47,12 +48,20 @@ class BackendPool:
         in_process: dict[str, Server[Any]] | None = None,
         grace: float | None = None,
         on_notice: OnNotice | None = None,
+        early: Prespawned | None = None,
     ) -> None:
+        """`early` holds the stdio processes the launcher spawned before the SDK loaded (`launch.py`)."""
         in_process = in_process or {}
         self.grace = grace
         self.backends = {
             name: Backend(
-                name, config, on_listing, log_dir=log_dir, in_process=in_process.get(name), on_notice=on_notice
+                name,
+                config,
+                on_listing,
+                log_dir=log_dir,
+                in_process=in_process.get(name),
+                on_notice=on_notice,
+                early=early,
             )
             for name, config in servers.items()
         }

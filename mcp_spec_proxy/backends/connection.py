@@ -75,6 +75,7 @@ from mcp_spec_proxy.errors import (
     BackendUnavailable,
     ResultTooLarge,
 )
+from mcp_spec_proxy.prespawn import Prespawned
 from mcp_spec_proxy.sdk import stamp_request
 from mcp_spec_proxy.stderr_log import StderrLog
 
@@ -100,8 +101,10 @@ class Backend:
         log_dir: Path | None = None,
         in_process: Server[Any] | None = None,
         on_notice: OnNotice | None = None,
+        early: Prespawned | None = None,
     ) -> None:
         self.name = name
+        self._early = early  # the launcher's processes: this backend's first connection may adopt its own
         self.config = config
         self._on_listing = on_listing
         self._log_dir = log_dir
@@ -497,7 +500,12 @@ class Backend:
                     errlog = self._errlog(stack)
                     self._exit_code = None
                     transport = open_transport(
-                        self.name, self.config, errlog, on_end=lambda: self._wake.set(), on_exit=self._exited
+                        self.name,
+                        self.config,
+                        errlog,
+                        on_end=lambda: self._wake.set(),
+                        on_exit=self._exited,
+                        early=self._early,
                     )
                     target = transport
                 mode = "auto" if self._no_handshake else self.config.protocol

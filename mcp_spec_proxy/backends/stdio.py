@@ -11,14 +11,17 @@ Messages waiting for stdin go out together, one write for all of them, and with 
 pipes carry the fast path's reads (`raw.RawCalls`): its lines are written beside the SDK's, and
 the reader hands their answers back to it before the SDK parses anything.
 
-A server's first connection adopts the process `early.spawn_early` started for it before the SDK
-was imported, when it was spawned with exactly the parameters this connection would use
-(`_adopt`); the pipes are then served by the event loop's own pipe transports (`AdoptedProcess`).
+A server's first connection adopts the process the launcher started for it before the SDK was
+imported (`prespawn.Prespawned`, handed down to the pool), when it was spawned with exactly the
+parameters this connection would use (`_adopt`); the pipes are then served by the event loop's
+own pipe transports (`AdoptedProcess`). What the launcher spawned and nobody adopted is stopped
+with the SDK's own shutdown too (`stop_processes`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import subprocess
@@ -32,9 +35,9 @@ import mcp_types as types
 from mcp.client.stdio import StdioServerParameters, get_default_environment
 from mcp.shared.message import SessionMessage
 
-from mcp_spec_proxy import early
 from mcp_spec_proxy.backends.raw import Oversized, RawCalls
 from mcp_spec_proxy.errors import RESULT_TOO_LARGE
+from mcp_spec_proxy.prespawn import Prespawned, SpawnKey
 from mcp_spec_proxy.sdk import (  # the SDK's own spawn and shutdown, so both behave the same
     TransportStreams,
     create_platform_compatible_process,
@@ -58,12 +61,14 @@ async def bounded_stdio_client(
     on_exit: Callable[[int | None], None] | None = None,
     raw: RawCalls | None = None,
     name: str | None = None,
+    early: Prespawned | None = None,
 ) -> AsyncGenerator[TransportStreams, None]:
     """`on_exit` hears the process's exit status once it is stopped (or found dead): the
     supervisor names it when a server exits during its handshake. `raw` is attached to these
-    pipes while they are open. `name` (the server's) lets a first connection adopt its early process."""
+    pipes while they are open. `name` (the server's) lets a first connection adopt its process in
+    `early`, the launcher's."""
     env = get_default_environment() | (server.env or {})
-    adopted = await _adopt(name, server, env, errlog) if name is not None else None
+    adopted = await _adopt(early, name, server, env, errlog) if name is not None and early is not None else None
     process = adopted or await create_platform_compatible_process(
         command=server.command, args=server.args, env=env, errlog=errlog, cwd=server.cwd
     )
@@ -175,14 +180,14 @@ async def bounded_stdio_client(
 
 
 async def _adopt(
-    name: str, server: StdioServerParameters, env: dict[str, str], errlog: TextIO
+    early: Prespawned, name: str, server: StdioServerParameters, env: dict[str, str], errlog: TextIO
 ) -> anyio.abc.Process | None:
     """The process spawned at launch for `name` with exactly these parameters, served on this loop;
     None when there is none (a reconnect, a changed config, one that died) or it cannot be served."""
     log_name = getattr(errlog, "name", None)
     if not isinstance(log_name, str):
         return None
-    key = early.SpawnKey.of(name, server.command, server.args, env, server.cwd, log_name)
+    key = SpawnKey.of(name, server.command, server.args, env, server.cwd, log_name)
     popen = early.claim(key)
     if popen is None:
         return None
@@ -196,11 +201,25 @@ async def _adopt(
     return process
 
 
+async def stop_processes(processes: list[subprocess.Popen[bytes]]) -> None:
+    """Stop processes the launcher spawned that nobody adopted, all at once, as the SDK stops its
+    own (`stop_server_process`: stdin closed, its grace to exit, then the whole process group)."""
+    async with anyio.create_task_group() as tg:
+        for popen in processes:
+            for pipe in (popen.stdin, popen.stdout):  # served by no loop: closed here, not by the SDK
+                with contextlib.suppress(OSError):
+                    if pipe is not None:
+                        pipe.close()
+            tg.start_soon(stop_server_process, AdoptedProcess(popen, _Closed(), _Closed()))
+
+
 class AdoptedProcess(anyio.abc.Process):
-    """A process spawned by `subprocess.Popen` (`early`), its pipes served by the event loop's pipe
+    """A process spawned by `subprocess.Popen` (`prespawn`), its pipes served by the event loop's pipe
     transports: what `bounded_stdio_client` and the SDK's `stop_server_process` use of a process."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], stdin: _PipeSend, stdout: _PipeReceive) -> None:
+    def __init__(
+        self, popen: subprocess.Popen[bytes], stdin: anyio.abc.ByteSendStream, stdout: anyio.abc.ByteReceiveStream
+    ) -> None:
         self._popen = popen
         self._stdin = stdin
         self._stdout = stdout
@@ -275,6 +294,19 @@ class _PipeReceive(anyio.abc.ByteReceiveStream):
 
     async def aclose(self) -> None:
         self._transport.close()
+
+
+class _Closed(anyio.abc.ByteSendStream, anyio.abc.ByteReceiveStream):
+    """A pipe already closed: what a process nobody adopted has left to the SDK's shutdown."""
+
+    async def send(self, item: bytes) -> None:
+        raise anyio.ClosedResourceError
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        raise anyio.EndOfStream
+
+    async def aclose(self) -> None:
+        return None
 
 
 class _PipeSend(anyio.abc.ByteSendStream):

@@ -23,8 +23,9 @@ from mcp.shared.message import SessionMessage
 from mcp_spec_proxy.backends.http import GuardedClient
 from mcp_spec_proxy.backends.raw import RawCalls
 from mcp_spec_proxy.backends.stdio import bounded_stdio_client
+from mcp_spec_proxy.commands import resolve_command  # also used before the SDK loads: one place
 from mcp_spec_proxy.config import ServerConfig
-from mcp_spec_proxy.early import resolve_command  # also used before the SDK loads: one place
+from mcp_spec_proxy.prespawn import Prespawned
 from mcp_spec_proxy.sdk import MCP_HTTP_TIMEOUT, ReadStream, Transport, TransportStreams
 
 
@@ -128,8 +129,10 @@ def open_transport(
     errlog: TextIO,
     on_end: Callable[[], None],
     on_exit: Callable[[int | None], None] | None = None,
+    early: Prespawned | None = None,
 ) -> WatchedTransport:
-    """The transport for one backend; raises `BackendError` if a stdio command cannot be found."""
+    """The transport for one backend; raises `BackendError` if a stdio command cannot be found.
+    A stdio backend's first connection may adopt its process in `early` (the launcher's)."""
     if config.transport == "stdio":
         assert config.command is not None  # the config validator guarantees command or url
         params = StdioServerParameters(
@@ -141,7 +144,7 @@ def open_transport(
         # A margin over the result cap for the JSON-RPC envelope and escaping.
         bound = int(config.max_result_bytes * 1.5) + 65_536
         raw = RawCalls()
-        return WatchedTransport(bounded_stdio_client(params, errlog, bound, on_exit, raw, name), on_end, raw)
+        return WatchedTransport(bounded_stdio_client(params, errlog, bound, on_exit, raw, name, early), on_end, raw)
     assert config.url is not None
     if config.transport == "sse":
         return WatchedTransport(sse_client(config.url, headers=config.headers or None), on_end)

@@ -17,24 +17,19 @@ from click.core import ParameterSource
 
 from mcp_spec_proxy import __version__
 from mcp_spec_proxy.cli.setup import (
-    LOG_FORMATS,
-    LOG_LEVELS,
     bind_check,
-    config_option,
     engine_problem,
     file_options,
     load,
     logger,
     run_loop,
     setup,
-    state_dir_of,
-    state_option,
     stop_on_signal,
     token_from_env,
 )
+from mcp_spec_proxy.commands import resolve_command
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.drain import SETTLE_S
-from mcp_spec_proxy.early import resolve_command
 from mcp_spec_proxy.engine import MODES
 from mcp_spec_proxy.errors import ProxyError
 from mcp_spec_proxy.fronts.asgi import host_names
@@ -43,6 +38,7 @@ from mcp_spec_proxy.fronts.http import serve_http
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.fronts.probes import Door
 from mcp_spec_proxy.fronts.stdio import serve_stdio
+from mcp_spec_proxy.options import serving_options, state_dir_of
 from mcp_spec_proxy.proxy import Proxy, StatePaths, validate
 
 
@@ -55,27 +51,7 @@ def _parse_http(value: str) -> tuple[str, int]:
 
 
 @click.group(invoke_without_command=True)
-@config_option
-@state_option
-@click.option("--http", "http", metavar="HOST:PORT", help="Serve streamable HTTP instead of stdio.")
-@click.option("--token-env", metavar="VAR", help="Require `Authorization: Bearer $VAR` on the HTTP front.")
-@click.option("--allow-host", multiple=True, help="Extra Host header value the HTTP front accepts.")
-@click.option("--telemetry", type=click.Path(dir_okay=False), help="Append one JSON line per decision to FILE.")
-@click.option(
-    "--console",
-    "console",
-    metavar="HOST:PORT",
-    help="Serve the approval console there (loopback only). Default with stdio: 127.0.0.1 on a free port.",
-)
-@click.option("--no-console", is_flag=True, help="Serve no approval console: writes that would wait there are refused.")
-@click.option(
-    "--log-level", type=LOG_LEVELS, help="Default: INFO when serving, WARNING for `tools`, `run` and the rest."
-)
-@click.option(
-    "--log-format",
-    type=LOG_FORMATS,
-    help="text (default), or json: one object a line, with the call id and session on each line about a call.",
-)
+@serving_options
 @click.version_option(__version__, prog_name="mcp-spec-proxy")
 @click.pass_context
 def main(

@@ -25,8 +25,9 @@ from mcp_spec_proxy import logs
 from mcp_spec_proxy.config import ProxyConfig, load_config
 from mcp_spec_proxy.engine import Mode
 from mcp_spec_proxy.errors import ProxyError
-from mcp_spec_proxy.launch import listen_problem  # the console script needs these two before the SDK loads
-from mcp_spec_proxy.launch import state_dir_of as state_dir_of
+from mcp_spec_proxy.options import LOG_LEVELS, listen_problem
+from mcp_spec_proxy.options import state_dir_of as state_dir_of
+from mcp_spec_proxy.prespawn import Prespawned
 from mcp_spec_proxy.proxy import Proxy, StatePaths, open_leash, running_proxy
 
 if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section opens it
@@ -42,24 +43,6 @@ def load(path: str) -> ProxyConfig:
         return load_config(Path(path), os.environ)
     except ProxyError as exc:
         raise click.ClickException(str(exc)) from None
-
-
-config_option = click.option(
-    "--config",
-    "-c",
-    "config_path",
-    default="servers.yaml",
-    show_default=True,
-    type=click.Path(dir_okay=False),
-    help="servers.yaml, or a Claude Desktop style JSON file with mcpServers.",
-)
-state_option = click.option(
-    "--state-dir", type=click.Path(file_okay=False), help="Fingerprints, audit log and backend logs."
-)
-
-
-LOG_LEVELS = click.Choice(["DEBUG", "INFO", "WARNING"])
-LOG_FORMATS = click.Choice(["text", "json"])
 
 
 def file_options(command: Any) -> Any:
@@ -104,11 +87,14 @@ class Setup:
     source: str
     state: StatePaths
     telemetry: Path | None
+    early: Prespawned | None = None  # the launcher's stdio processes (`launch.main` hands them down in `obj`)
 
     def running(self) -> AbstractAsyncContextManager[Proxy]:
         """The proxy: models with their keys and LEASH are built from the config and the environment
         (`running_proxy`, the one place), before any backend starts."""
-        return running_proxy(self.config, self.state, source=self.source, telemetry=self.telemetry, environ=os.environ)
+        return running_proxy(
+            self.config, self.state, source=self.source, telemetry=self.telemetry, environ=os.environ, early=self.early
+        )
 
 
 def setup(ctx: click.Context, *, telemetry: str | None = None, log_level: str = "WARNING") -> Setup:
@@ -123,6 +109,7 @@ def setup(ctx: click.Context, *, telemetry: str | None = None, log_level: str = 
         source,
         StatePaths(state_dir_of(ctx.obj["state_dir"], config)),
         Path(os.path.expanduser(telemetry_file)) if telemetry_file else None,
+        ctx.obj.get("prespawned"),
     )
 
 
