@@ -39,6 +39,12 @@ Process start and imports: `python -c "import mcp_spec_proxy.cli"` against the s
 modules the bare hop imports, and an empty interpreter.
 
 Runs repeat `--repeat` times in rotation (direct, ours); the medians are printed.
+
+`--before DIR` also times, in the same rotation, the console script of the package in DIR (an
+earlier commit's tree: `git archive <commit> | tar -x -C DIR`), entered as `launch.main` with
+DIR first on the path: a change to the start-up measured against what it replaced, side by side.
+With it, the launcher's own critical path is timed for both trees too: from the interpreter's
+start to the early spawn of one stdio backend (`/bin/true`), in fresh interpreters, interleaved.
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ import sys
 import tempfile
 import time
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -71,6 +77,8 @@ CORES = os.cpu_count() or 1
 BUDGET_S = 0.3  # the target: ours within the slowest backend's own start + this
 # The command line without the console script's early spawn: backends start after the SDK loads.
 LATE_ENTRY = "from mcp_spec_proxy.cli import main; main(prog_name='mcp-spec-proxy')"
+# The console script of another tree's package (`--before`): its `launch.main`, DIR first on the path.
+BEFORE_ENTRY = "import sys; sys.path.insert(0, {!r}); from mcp_spec_proxy.launch import main; main()"
 
 
 @dataclass(frozen=True)
@@ -154,10 +162,18 @@ async def direct(backends: list[Backend], errlog: IO[str]) -> float:
 
 
 async def ours(
-    config: Path, tmp: Path, backends: list[Backend], errlog: IO[str], *, late: bool = False
+    config: Path,
+    tmp: Path,
+    backends: list[Backend],
+    errlog: IO[str],
+    *,
+    late: bool = False,
+    tree: Path | None = None,
 ) -> tuple[float, int, tuple[float, float]]:
     """Seconds to the first list, how many backends it held, and (proxy, backends) CPU seconds then."""
     entry = [sys.executable, "-c", LATE_ENTRY] if late else [str(VENV_BIN / "mcp-spec-proxy")]
+    if tree is not None:  # `--before`: another tree's package, its console script
+        entry = [sys.executable, "-c", BEFORE_ENTRY.format(str(tree))]
     argv = [*entry, "--config", str(config), "--state-dir", str(tmp / "state"), "--log-level", "WARNING"]
     before = set(_children())
     started = time.perf_counter()
@@ -191,6 +207,7 @@ class Row:
     bare: list[float]  # the bare SDK hop in front of the same backend: one-backend rows only
     without_hung: list[float]  # ours with the same config less its hung backend: the hung row only
     cpu: list[tuple[float, float]]  # ours: (proxy, its backends) CPU seconds at the first answer
+    before: list[float] = field(default_factory=list)  # `--before DIR`: that tree's console script
 
     def line(self) -> str:
         d, o = statistics.median(self.direct), statistics.median(self.ours)
@@ -207,7 +224,7 @@ class Row:
         )
 
 
-async def startup_rows(tmp: Path, repeat: int, errlog: IO[str]) -> list[Row]:
+async def startup_rows(tmp: Path, repeat: int, errlog: IO[str], before: Path | None = None) -> list[Row]:
     cases = [(f"{n} backend{'s' if n > 1 else ''}", backend_set(n, tmp)) for n in SIZES]
     cases.append((f"{HUNG_SIZE} backends, one hung", backend_set(HUNG_SIZE, tmp, hung=True)))
     rows = []
@@ -222,6 +239,8 @@ async def startup_rows(tmp: Path, repeat: int, errlog: IO[str]) -> list[Row]:
             row.present.append(present)
             row.cpu.append(cpu)
             row.late.append((await ours(config, tmp, backends, errlog, late=True))[0])
+            if before is not None:
+                row.before.append((await ours(config, tmp, backends, errlog, tree=before))[0])
             if any(b.hangs for b in backends):
                 others = [b for b in backends if not b.hangs]
                 row.without_hung.append((await ours(proxy_config(others, tmp, "others"), tmp, others, errlog))[0])
@@ -287,6 +306,34 @@ IMPORTS = {
 }
 
 
+# The launcher up to its early spawn, in a fresh interpreter; either tree's `start_backends`.
+SPAWN_PROBE = """import sys, time
+started = time.perf_counter()
+sys.path.insert(0, {tree!r})
+import inspect
+from mcp_spec_proxy import launch
+handed = ()
+if len(inspect.signature(launch.start_backends).parameters) > 1:  # the launcher hands its processes down
+    from mcp_spec_proxy.prespawn import Prespawned
+    handed = (Prespawned(),)
+launch.start_backends(["--config", {config!r}, "--state-dir", {state!r}], *handed)
+print(time.perf_counter() - started)
+"""
+
+
+def spawn_times(tmp: Path, trees: dict[str, Path], repeat: int) -> dict[str, float]:
+    """Median seconds from a fresh interpreter's start to the early spawn, each tree's, interleaved."""
+    config = tmp / "spawn.yaml"
+    config.write_text("servers:\n  t:\n    command: /bin/true\nreview: {default: deny}\n")
+    samples: dict[str, list[float]] = {name: [] for name in trees}
+    for _ in range(repeat):
+        for name, tree in trees.items():
+            code = SPAWN_PROBE.format(tree=str(tree), config=str(config), state=str(tmp / "spawn-state"))
+            out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+            samples[name].append(float(out.stdout.split()[-1]))
+    return {name: statistics.median(found) for name, found in samples.items()}
+
+
 def import_times(repeat: int) -> dict[str, float]:
     """Median wall seconds of `python -c <import>`, the three interleaved."""
     samples: dict[str, list[float]] = {name: [] for name in IMPORTS}
@@ -299,7 +346,7 @@ def import_times(repeat: int) -> dict[str, float]:
 
 
 async def measure(args: argparse.Namespace, tmp: Path, errlog: IO[str]) -> tuple[list[Row], dict[str, float]]:
-    rows = await startup_rows(tmp, args.repeat, errlog)
+    rows = await startup_rows(tmp, args.repeat, errlog, args.before.resolve() if args.before else None)
     print("measuring idle RSS ...", file=sys.stderr, flush=True)
     rss = await idle_rss(tmp, errlog)
     return rows, rss
@@ -308,6 +355,7 @@ async def measure(args: argparse.Namespace, tmp: Path, errlog: IO[str]) -> tuple
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=3, help="runs per case, medians printed (default 3)")
+    parser.add_argument("--before", type=Path, help="also time the console script of the package in this tree")
     args = parser.parse_args()
     print(f"machine: {machine_line()}")
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
@@ -315,6 +363,9 @@ def main() -> int:
     imports = import_times(max(5, args.repeat))
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as name:
         tmp = Path(name)
+        if args.before is not None:
+            trees = {"before": args.before.resolve(), "ours": REPO}
+            spawned = spawn_times(tmp, trees, max(15, args.repeat))
         with open(tmp / "stderr.log", "w") as errlog:
             rows, rss = anyio.run(measure, args, tmp, errlog)
     print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
@@ -327,6 +378,17 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(row.line())
+    if args.before is not None:
+        print(f"\nbefore and after, side by side (the package in {args.before} against this one):")
+        print("| backends | direct (s) | before (s, - direct) | ours (s, - direct) | ours - before (s) |")
+        print("|---|---|---|---|---|")
+        for row in rows:
+            d, b, o = (statistics.median(x) for x in (row.direct, row.before, row.ours))
+            print(f"| {row.label} | {d:.2f} | {b:.2f} ({b - d:+.2f}) | {o:.2f} ({o - d:+.2f}) | {o - b:+.2f} |")
+        print(
+            f"the launcher to its early spawn (median of {max(15, args.repeat)}): before {spawned['before']:.3f} s,"
+            f" ours {spawned['ours']:.3f} s ({spawned['ours'] - spawned['before']:+.3f})"
+        )
     for row in rows:
         if row.without_hung:
             cost = statistics.median(row.ours) - statistics.median(row.without_hung)
