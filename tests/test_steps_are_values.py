@@ -54,7 +54,7 @@ async def shown_segments(p: Proxied) -> AsyncIterator[list[tuple[Segment, Segmen
         seen.append((call.request.segment, copy.deepcopy(call.request.segment)))
         return await write(call, *args, **kwargs)
 
-    gate.write = spy  # type: ignore[method-assign]
+    gate.write = spy  # type: ignore[method-assign]  # a spy in the gate's own door, for this test only
     yield seen
 
 
