@@ -10,21 +10,28 @@ this checkout's venv (only the mounted paths and the port differ), answer its HE
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
 import httpx
+import httpx2
+import psycopg
 import pytest
 import yaml
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 
-from tests.harness import PROXY_COMMAND, toy
+from tests.harness import PROXY_COMMAND, recorded, toy
 from tests.ops_world import PROBES, SERVING, Running, _start, until
+from tests.pg import DSN_ENV, replica
 
 pytestmark = pytest.mark.anyio
 
@@ -99,3 +106,37 @@ async def entry_process(argv: list[str], env: dict[str, str]) -> AsyncIterator[R
         proc.wait(timeout=15)
         reader.join(timeout=5)
         stderr.close()
+
+
+def test_a_replica_runs_as_a_role_that_may_only_read_and_write_the_tables_migrated_by_another(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    suffix = uuid.uuid4().hex[:8]
+    owner, app = f"proxy_owner_{suffix}", f"proxy_app_{suffix}"
+    grants = (REPO / "deploy" / "roles.sql").read_text().replace("proxy_owner", owner).replace("proxy_app", app)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(grants)  # type: ignore[call-overload]  # the shipped file, run as written
+    as_owner, as_app = (re.sub(r"postgresql://[^@]*@", f"postgresql://{role}@", pg_dsn) for role in (owner, app))
+    ledger = tmp_path / "ledger"
+    config = {"servers": {"toy": toy(ledger)}, "review": {"default": "allow", "intent": False}}
+    config_file = tmp_path / "servers.yaml"
+    config_file.write_text(yaml.safe_dump({**config, "store": {"postgres": {"dsn_env": DSN_ENV}}}))
+    migrate = [PROXY_COMMAND, "store", "migrate", "--config", str(config_file)]
+    refused = subprocess.run(migrate, env={**os.environ, DSN_ENV: as_app}, capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "permission denied" in refused.stderr  # the app role creates nothing
+    done = subprocess.run(migrate, env={**os.environ, DSN_ENV: as_owner}, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    with replica(config, tmp_path, as_app, "app") as running:
+        anyio.run(write_once, running.url)
+        assert not [line for line in running.log if "permission denied" in line], running.log
+    assert recorded(ledger) == ['{"value": "v"}']
+
+
+async def write_once(url: str) -> None:
+    with anyio.fail_after(60):
+        async with (
+            httpx2.AsyncClient(timeout=60) as http,
+            Client(streamable_http_client(url, http_client=http)) as client,
+        ):
+            result = await client.call_tool("toy__record", {"value": "v"})
+    assert not result.is_error, result
