@@ -72,7 +72,7 @@ import mcp_types as types
 
 from mcp_spec_proxy.audit import AuditSink
 from mcp_spec_proxy.backends import BackendPool
-from mcp_spec_proxy.catalog import Catalog, CatalogTool, digest, is_held
+from mcp_spec_proxy.catalog import Catalog, CatalogTool, digest
 from mcp_spec_proxy.config import ProxyConfig, ReviewMode
 from mcp_spec_proxy.drain import SHUT_DOWN, Drain
 from mcp_spec_proxy.errors import (
@@ -81,10 +81,10 @@ from mcp_spec_proxy.errors import (
     CallReplayed,
     ShuttingDown,
     StateError,
-    ToolNotFound,
 )
 from mcp_spec_proxy.logs import about_call
 from mcp_spec_proxy.models import ModelCall
+from mcp_spec_proxy.policy import Policy
 from mcp_spec_proxy.provenance import from_backend, noted
 from mcp_spec_proxy.reads import Reads
 from mcp_spec_proxy.results import (
@@ -106,17 +106,14 @@ from mcp_spec_proxy.results import (
     text_result,
 )
 from mcp_spec_proxy.review import InputNeeded, Reviewer, ReviewFailed, ReviewRequest, UserChannel, Verdict
-from mcp_spec_proxy.review.kinds import BASELINES, Chain, ReviewerKind
-from mcp_spec_proxy.review.waiting import Both, asks_a_person, waiting_note, with_heartbeat
+from mcp_spec_proxy.review.kinds import ReviewerKind
+from mcp_spec_proxy.review.waiting import asks_a_person, waiting_note, with_heartbeat
 from mcp_spec_proxy.trajectory import Step, observation_text
 
 if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section opens it
     from mcp_spec_proxy.leash.layers import Leash
 
 logger = logging.getLogger(__name__)
-
-STRONG_AUTHORS: frozenset[str] = frozenset({"strong", "replacement", "repair"})
-"""Authors whose calls count as reviewed by the strong model: it wrote them itself."""
 
 Executor = Callable[[CatalogTool, dict[str, Any], "Report | None"], Awaitable[types.CallToolResult]]
 """Runs an accepted call somewhere other than a backend (the gateway's client tools)."""
@@ -156,7 +153,7 @@ class Outcome:
         return self.result is not None
 
 
-class Gate(Reads):
+class Gate(Reads, Policy):
     def __init__(
         self,
         config: ProxyConfig,
@@ -173,12 +170,6 @@ class Gate(Reads):
         self._leash = leash
         self._catalog = catalog  # to reread `tools accept` before refusing a held tool
         self.drain = Drain()  # the calls in flight; on SIGTERM, no new ones (drain.py)
-
-    # -- policy ------------------------------------------------------------------------------
-
-    def mode(self, tool: CatalogTool) -> ReviewMode:
-        """The tool's configured reviewer: its override, else `review.default`."""
-        return tool.review or self._config.review.default
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -385,62 +376,6 @@ class Gate(Reads):
             )
             await self._leash.label_verdict(call.request.segment.steps, verdict.accepted_steps, provenance=provenance)
 
-    async def _still_held(self, tool: CatalogTool) -> bool:
-        """`tools accept` may have run since (in another process): the store is reread first."""
-        if self._catalog is None:
-            return True
-        await self._catalog.refresh_fingerprints()
-        try:
-            return is_held(self._catalog.lookup(tool.name))
-        except ToolNotFound:
-            return True
-
-    async def _reviewer(
-        self, call: GateCall, strong: Reviewer | None, verified: bool
-    ) -> tuple[Reviewer, dict[str, Any] | None]:
-        """The reviewer this call meets, and LEASH's evidence when its shadow observer escalated."""
-        tool = call.tool
-        if is_held(tool) and await self._still_held(tool):
-            # Whoever wrote the call (the client, a replacement, a repair, the engine): a tool whose
-            # definition changed, or that is new, runs for no one until the operator accepts it.
-            return _HeldTool(tool), None
-        loop = strong is not None and verified and call.author not in STRONG_AUTHORS
-        # A read is held only when LEASH flags it: then it is the strong verifier's to judge.
-        mode = self.mode(tool) if tool.effect == "write" else "strong"
-        if mode == "strong" and strong is None and "strong" not in self._reviewers:
-            mode = "human"
-        kind = ReviewerKind.of_mode(mode)
-        if kind is ReviewerKind.DENY:
-            return self._reviewers[mode], None
-        if kind.person and not kind.met_by_strong_author:
-            # A person's own mode: they are asked whoever wrote the call.
-            human = self._reviewers[mode]
-            if loop and strong is not None:
-                # The engine's drafted segment is verified first; only then is the user asked.
-                return Both(strong, human), None
-            return human, None
-        if loop and strong is not None:
-            return strong, None  # SpecAgent's own verification; a rejection goes to its repair turn
-        if call.author in STRONG_AUTHORS and kind.met_by_strong_author and not call.flagged:
-            return _Authored(ReviewerKind.STRONG_AUTHORED, "the strong model wrote this call itself"), None
-        baseline = BASELINES.get(call.baseline or "")
-        if baseline is not None and (kind.met_by_strong_author or kind is ReviewerKind.ALLOW) and not call.flagged:
-            why = f"the operator's {call.baseline} baseline runs its steps unreviewed"
-            return _Authored(baseline, why), None
-        if kind is ReviewerKind.ALLOW and call.flagged:
-            return strong or self._reviewers.get("strong") or self._reviewers["human"], None
-        if kind is ReviewerKind.ALLOW:
-            if self._leash is not None:
-                score = await self._leash.step_score(call.request.segment.held)
-                if self._leash.at_least(score, self._leash.config.observe_threshold):
-                    escalate: ReviewMode = "strong" if "strong" in self._reviewers or strong else "human"
-                    reviewer = strong if escalate == "strong" and strong is not None else self._reviewers[escalate]
-                    return reviewer, {"to": reviewer.by.text, **score.as_json()}
-            return self._reviewers[mode], None
-        if kind is ReviewerKind.STRONG and strong is not None:
-            return strong, None
-        return self._reviewers[mode], None
-
     async def _review(
         self, reviewer: Reviewer, request: ReviewRequest, user: UserChannel, report: Report | None
     ) -> Verdict:
@@ -500,32 +435,6 @@ class Gate(Reads):
 
 
 _ON_ERROR = ReviewerKind.ON_ERROR.chain  # a verdict the gate gave for a reviewer that gave none
-
-
-class _HeldTool:
-    """The verdict on a held tool: refused, whoever wrote the call, until `tools accept`."""
-
-    by = ReviewerKind.HELD.chain
-
-    def __init__(self, tool: CatalogTool) -> None:
-        self._reason = (
-            f"{tool.name} is held and runs for no one: {tool.why}"
-            f" (the operator accepts it with `mcp-spec-proxy tools accept {tool.name}`)"
-        )
-
-    async def review(self, request: ReviewRequest, user: UserChannel) -> Verdict:
-        return Verdict(False, self._reason, len(request.segment) - 1, by=self.by)
-
-
-class _Authored:
-    """The verdict of a call whose author's own standing is its review (strong-authored, baselines)."""
-
-    def __init__(self, kind: ReviewerKind, reason: str) -> None:
-        self.by: Chain = kind.chain
-        self._reason = reason
-
-    async def review(self, request: ReviewRequest, user: UserChannel) -> Verdict:
-        return Verdict(True, self._reason, len(request.segment), by=self.by)
 
 
 def _observe(step: Step, result: types.CallToolResult, started: float) -> None:
