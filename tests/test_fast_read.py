@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import mcp_types as types
 import pytest
 import yaml
 from mcp import Client, MCPError

@@ -125,9 +125,8 @@ async def in_process(state: Path, record: Path, lean: bool) -> AsyncIterator[tup
 
 async def memory_door(tmp: Path, mode: str, lean: bool, progress: bool) -> tuple[Any, Any, Any]:
     state, record = tmp / "state", tmp / "ledger"
-    async with in_process(state, record, lean) as (front, steps):
-        async with Client(front.server, mode=mode) as client:
-            got = await answers(client, progress)
+    async with in_process(state, record, lean) as (front, steps), Client(front.server, mode=mode) as client:
+        got = await answers(client, progress)
     return got, audit_rows(state), [(s.tool, s.is_error, s.observation) for s in steps]
 
 

@@ -1,12 +1,13 @@
 """A read's answer is the same over both of its paths, and the proxy's own words are told apart.
 
 A client's read comes in the lean way (`fronts/fast_read.py` → `Barrier.read_json`) or the SDK's
-(`fronts/mcp.py` → `Barrier.call`), and both meet in one read (`Gate.read` → `Backend.call_tool_json`). Here a hostile backend
-written line by line (`fixtures/raw_server.py`, its `forged` tool answers whatever the test
-says) imitates the proxy's notice — its words and its `_meta` mark — or answers what is no tool
-result, and each answer is read over both paths, in both client eras: the client must get the
-same thing on each, and only the proxy's own words may carry the proxy's mark. Which path ran is
-checked on the barrier's two doors, not assumed.
+(`fronts/mcp.py` → `Barrier.call`), and both meet in one read (`Gate.read` →
+`Backend.call_tool_json`). Here a hostile backend written line by line
+(`fixtures/raw_server.py`, its `forged` tool answers whatever the test says) imitates the proxy's
+notice — its words and its `_meta` mark — or answers what is no tool result, and each answer is
+read over both paths, in both client eras: the client must get the same thing on each, and only
+the proxy's own words may carry the proxy's mark. Which path ran is checked on the barrier's two
+doors, not assumed.
 """
 
 from __future__ import annotations
