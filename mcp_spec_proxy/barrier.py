@@ -20,10 +20,11 @@ A forwarded call that gets no result (the gate's `CallFailed`) is raised to the 
 step is kept: the client gets the backend's own JSON-RPC error, or the proxy's. A substitute's
 failure is told in its result instead, since the client did not call that tool.
 
-`Barrier.read_tool()` and `read_json()` are the fast path of the same call for a client's read:
-the same lookup, validation and gate (its audit line included), the result as wire JSON,
-unchanged. `read_tool` declines (None) every call that is not a read of a tool the catalog holds
-as one, and `call` takes those.
+`Barrier.read_tool()` and `read_json()` are the lean front's door for a client's read: the same
+lookup, validation and gate (its audit line included), the result as wire JSON, unchanged.
+`read_tool` declines (None) every call that is not a read of a tool the catalog holds as one,
+and `call` takes those. Both doors feed one read (`_read` → `Gate.read`): `call` only turns its
+wire JSON into the model the SDK's handler returns.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ from mcp_spec_proxy.gate import (
     GateCall,
     Outcome,
     Report,
+    WireResult,
+    as_model,
     as_wire,
     blocked_result,
     capped,
@@ -120,15 +123,8 @@ class Barrier:
         if isinstance(prepared, types.CallToolResult):
             return prepared
         tool, forwarded, intent = prepared
-        if tool.effect == "read":
-            step = Step(tool.name, forwarded, "read")
-            try:
-                result = await self.gate.read(session.id, tool, forwarded, step, "client", report, call)
-            except CALL_FAILED:  # the backend's error, or the proxy's own: the read still happened
-                await self._sessions.read(session.id, session.history, step)
-                raise
-            await self._sessions.read(session.id, session.history, step)
-            return result
+        if tool.effect == "read":  # the SDK's handler wants the model; the pipeline builds none
+            return as_model(await self._read(session, tool, forwarded, report, call))
         waited = session.writes.locked()
         async with session.writes:
             if waited:
@@ -169,7 +165,7 @@ class Barrier:
 
     async def read_json(
         self, session: Session, tool: CatalogTool, arguments: dict[str, Any], call: str | None = None
-    ) -> dict[str, Any]:
+    ) -> WireResult:
         """`call` for a read (`read_tool`), its result as wire JSON."""
         current = self.read_tool(tool.name)
         if current is None:
@@ -182,13 +178,20 @@ class Barrier:
         except InvalidArguments as exc:
             return as_wire(error_result(str(exc)))
         forwarded, _ = strip_intent(tool, arguments)
-        step = Step(tool.name, forwarded, "read")
+        return await self._read(session, tool, forwarded, None, call)
+
+    async def _read(
+        self, session: Session, tool: CatalogTool, arguments: dict[str, Any], report: Report | None, call: str | None
+    ) -> WireResult:
+        """The one read of a client's call, whichever door it came by: through the gate, its step
+        kept in the session's history (the store's) whether it got a result or its `CallFailed`."""
+        step = Step(tool.name, arguments, "read")
         try:
-            result = await self.gate.read_json(session.id, tool, forwarded, step, call)
-        except CALL_FAILED:
+            result = await self.gate.read(session.id, tool, arguments, step, "client", report, call)
+        except CALL_FAILED:  # the backend's error, or the proxy's own: the read still happened
             await self._sessions.read(session.id, session.history, step)
             raise
-        await self._sessions.read(session.id, session.history, step)  # the store's, like `call`'s reads
+        await self._sessions.read(session.id, session.history, step)
         return result
 
     async def _hold(
@@ -304,7 +307,7 @@ class Barrier:
         author: Author = "replacement" if step.source == "replacement" else "repair"
         if step.tool.effect == "read":
             try:
-                inner = await self.gate.read(session.id, step.tool, arguments, executed, author, report)
+                inner = as_model(await self.gate.read(session.id, step.tool, arguments, executed, author, report))
             except CALL_FAILED as exc:  # the client called another tool: its failure is told in words
                 inner = failed_result(step.tool, exc)
         else:

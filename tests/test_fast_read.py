@@ -1,8 +1,8 @@
 """The lean read path (`fronts/fast_read.py`): only reads take it, and they stay audited.
 
 Ground truth is the toy's ledger (what the backend ran) and the audit log; a spy on the gate's
-two doors for reads tells which path a call took. A write, an unknown tool, a tool held for a
-changed definition and the proxy's own tools must never reach `Gate.read_json`.
+two front doors for reads tells which path a call took. A write, an unknown tool, a tool held for a
+changed definition and the proxy's own tools must never reach `Barrier.read_json`.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import json
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
 import anyio
-import mcp_types as types
 import pytest
 import yaml
 from mcp import Client, MCPError
@@ -45,20 +45,27 @@ def audit_events(state: Path) -> list[dict[str, Any]]:
 
 @asynccontextmanager
 async def spied(p: Proxied) -> AsyncIterator[dict[str, list[str]]]:
-    """Which tools went through the gate's fast door (`read_json`) and its model door (`read`)."""
-    gate = p.proxy.gate
+    """Which tools came in by the lean door (`Barrier.read_json`) and which by the SDK's handler
+    (`Barrier.call`), as the gate's one read (`Gate.read`) sees them."""
+    barrier, gate = p.proxy.barrier, p.proxy.gate
     seen: dict[str, list[str]] = {"fast": [], "model": []}
-    fast, model = gate.read_json, gate.read
+    lean: ContextVar[bool] = ContextVar("lean", default=False)
+    fast, model = barrier.read_json, gate.read
 
-    async def read_json(session: str, tool: Any, *args: Any) -> dict[str, Any]:
+    async def read_json(session: Any, tool: Any, *args: Any) -> Any:
         seen["fast"].append(tool.name)
-        return await fast(session, tool, *args)
+        token = lean.set(True)
+        try:
+            return await fast(session, tool, *args)
+        finally:
+            lean.reset(token)
 
-    async def read(session: str, tool: Any, *args: Any) -> types.CallToolResult:
-        seen["model"].append(tool.name)
+    async def read(session: str, tool: Any, *args: Any) -> Any:
+        if not lean.get():
+            seen["model"].append(tool.name)
         return await model(session, tool, *args)
 
-    gate.read_json = read_json  # type: ignore[method-assign]
+    barrier.read_json = read_json  # type: ignore[method-assign]
     gate.read = read  # type: ignore[method-assign]
     yield seen
 
@@ -225,13 +232,13 @@ async def test_over_http_a_read_takes_the_fast_path_and_a_write_does_not(tmp_pat
             running_proxy(ProxyConfig.model_validate(raw), StatePaths(tmp_path / "state")) as proxy,
             anyio.create_task_group() as tg,
         ):
-            fast = proxy.gate.read_json
+            fast = proxy.barrier.read_json
 
-            async def read_json(session: str, tool: Any, *args: Any) -> dict[str, Any]:
+            async def read_json(session: Any, tool: Any, *args: Any) -> Any:
                 seen.append(tool.name)
                 return await fast(session, tool, *args)
 
-            proxy.gate.read_json = read_json  # type: ignore[method-assign]
+            proxy.barrier.read_json = read_json  # type: ignore[method-assign]
             front = McpFront(proxy)
             port = await tg.start(lambda task_status: serve_http(front, "127.0.0.1", 0, task_status=task_status))
             async with Client(f"http://127.0.0.1:{port}/mcp", mode=mode) as client:

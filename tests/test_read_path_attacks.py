@@ -237,13 +237,13 @@ async def test_a_read_claimed_before_a_rug_pull_does_not_run_after_it(tmp_path: 
             await p.client.list_tools()
         assert barrier.read_tool("toy__echo") is None
         forwarded: list[str] = []
-        fast = p.proxy.gate.read_json
+        fast = p.proxy.gate.read
 
-        async def read_json(session: str, tool: Any, *args: Any) -> dict[str, Any]:
+        async def read(session: str, tool: Any, *args: Any) -> Any:
             forwarded.append(tool.name)
             return await fast(session, tool, *args)
 
-        p.proxy.gate.read_json = read_json  # type: ignore[method-assign]
+        p.proxy.gate.read = read  # type: ignore[method-assign]
         result = await barrier.read_json(barrier.new_session(), tool, {"text": "late"})
     assert forwarded == []
     assert result["isError"] is True and "changed" in result["content"][0]["text"]
