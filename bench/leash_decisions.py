@@ -26,8 +26,9 @@ Encoders: `hashing` (the offline default), or `embedding`: the runtime's own `Em
 texts it sends are the runtime's `step_text` / `task_text`) against an OpenAI-compatible `/v1/embeddings`
 — `--embedding-url`, or `--local-model`, which starts SmolLM2-135M on llama.cpp (`bench.measure.local_model`;
 last-token pooling, one thread). Trials repeat most texts (the gold steps, the same 74 instructions),
-so each distinct text is embedded once and its vector reused (`OnceEach`): 5 trials are about 440
-distinct texts, ~66k characters, a few minutes at one thread's ~100 prompt tokens a second.
+so each distinct text is embedded once and its vector reused (`OnceEach`): 5 trials are 435 distinct
+texts, 66k characters (285k without the memo), 12 minutes of SmolLM2's one thread on a loaded 2-core
+machine (docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
