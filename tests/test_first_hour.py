@@ -632,3 +632,53 @@ async def test_after_an_edit_on_the_console_the_agent_is_told_the_arguments_that
     said = text_of(result)
     assert 'toy__record ran with {"value": "buy oat milk"}, not with the arguments you sent' in said
     assert (result.meta or {}).get("mcp-spec-proxy/notice") == 1  # the note is marked as the proxy's words
+
+
+# -- --help loads neither the SDK nor the config's models -----------------------------------------------
+
+# What a help page has no use for: the SDK (and its pydantic types), the config's pydantic models,
+# the HTTP servers, LEASH's numerics. Any of them costs a second or more of CPU before the page prints.
+HEAVY = ("mcp", "mcp_types", "pydantic", "pydantic_core", "starlette", "uvicorn", "numpy", "faiss", "httpx")
+HEAVY += ("mcp_spec_proxy.config", "mcp_spec_proxy.proxy", "mcp_spec_proxy.engine", "mcp_spec_proxy.gate")
+
+
+def _every_command_line() -> list[list[str]]:
+    import click
+
+    from mcp_spec_proxy.cli import main
+
+    lines: list[list[str]] = [[]]
+
+    def walk(group: click.Group, prefix: list[str]) -> None:
+        for name, command in group.commands.items():
+            lines.append([*prefix, name])
+            if isinstance(command, click.Group):
+                walk(command, [*prefix, name])
+
+    walk(main, [])
+    return lines
+
+
+@pytest.mark.parametrize("command", _every_command_line(), ids=lambda c: " ".join(c) or "main")
+def test_help_of_every_command_imports_neither_the_sdk_nor_the_config_models(command: list[str]) -> None:
+    # The installed console script, under -X importtime: stderr lists every module the interpreter imported.
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", PROXY_COMMAND, *command, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Usage: mcp-spec-proxy" in done.stdout
+    imported = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert "click" in imported  # the listing is real: the command line itself was imported
+    heavy = sorted(name for name in imported if name in HEAVY or name.split(".")[0] in HEAVY[:9])
+    assert heavy == [], f"`mcp-spec-proxy {' '.join(command)} --help` imported {heavy}"
+
+
+def test_the_run_modes_the_command_line_offers_are_the_engines() -> None:
+    from mcp_spec_proxy.cli.agent import MODES as OFFERED
+    from mcp_spec_proxy.engine import MODES
+
+    assert OFFERED == MODES
