@@ -35,8 +35,8 @@ and one call and sat idle for a second, ours (`review: deny`, one backend) again
 bench/bare_proxy.py (the bare SDK hop) in front of the same backend. Both processes are read from
 /proc side by side in one run.
 
-Process start and imports: `python -c "import mcp_spec_proxy.cli"` against the same for the SDK
-modules the bare hop imports, and an empty interpreter.
+Process start and imports: `python -c "import mcp_spec_proxy.cli, …"` (what serving stdio imports)
+against the same for the SDK modules the bare hop imports, and an empty interpreter.
 
 Runs repeat `--repeat` times in rotation (direct, ours); the medians are printed.
 """
@@ -283,7 +283,8 @@ async def idle_rss(tmp: Path, errlog: IO[str]) -> dict[str, float]:
 IMPORTS = {
     "interpreter": "pass",
     "sdk": "import mcp.client.stdio, mcp.server.lowlevel, mcp.server.stdio",  # what bare_proxy.py imports
-    "ours": "import mcp_spec_proxy.cli",
+    # What serving stdio imports: the command line loads the proxy and its fronts only when it serves.
+    "ours": "import mcp_spec_proxy.cli, mcp_spec_proxy.proxy, mcp_spec_proxy.fronts.mcp, mcp_spec_proxy.fronts.stdio",
 }
 
 

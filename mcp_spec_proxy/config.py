@@ -76,6 +76,9 @@ class ServerConfig(_Strict):
     disabled: bool = False  # Claude Desktop's spelling of `enabled: false`
     timeout: float = Field(default=60.0, gt=0)
     startup_timeout: float = Field(default=30.0, gt=0)
+    # What to tell the user when it fails to connect: what it needs and how to give it (a server that
+    # exits at start knows why, but not what the user can change in this config).
+    hint: str | None = None
     max_result_bytes: int = Field(default=20_000_000, gt=0)  # larger results are withheld with an error
     # Trusting annotations trusts the backend: a tool it marks `readOnlyHint: true` runs unreviewed.
     trust_annotations: bool = True

@@ -338,6 +338,8 @@ class Backend(Requests):
         self.first_attempt.set()
         self.status = "unavailable"
         self._back.set()  # calls that waited for a reconnect learn it failed
+        if self.config.hint:
+            message = f"{message} — {self.config.hint}"
         self.last_error = message
         if quiet:  # said already: the same failure again
             logger.debug("%s (again)", message)

@@ -240,6 +240,8 @@ class _Run:
             self.tally(segment.steps, accepted)
         self.history.committed.extend(segment.steps[: min(accepted, len(drafted))])
         if verdict.accepted:
+            # Said as the rejection is: a run on a terminal otherwise shows a verdict only when it refuses.
+            await self.say("accepted: the answer" if tool is None else f"accepted: {held.tool} ran")
             self.history.committed.append(held)
             if tool is None:
                 self.result.answer = str(held.arguments["answer"])
