@@ -92,6 +92,7 @@ from mcp_spec_proxy.provenance import from_backend, noted, notice
 from mcp_spec_proxy.review import InputNeeded, Reviewer, ReviewFailed, ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review.kinds import BASELINES, Chain, ReviewerKind
 from mcp_spec_proxy.review.waiting import Both, asks_a_person, waiting_note, with_heartbeat
+from mcp_spec_proxy.telemetry import Tracing
 from mcp_spec_proxy.trajectory import Step, observation_text
 
 if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section opens it
@@ -174,6 +175,7 @@ class Gate:
         audit: AuditSink,
         leash: Leash | None = None,
         catalog: Catalog | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._config = config
         self._backends = backends
@@ -182,6 +184,7 @@ class Gate:
         self._leash = leash
         self._catalog = catalog  # to reread `tools accept` before refusing a held tool
         self.drain = Drain()  # the calls in flight; on SIGTERM, no new ones (drain.py)
+        self.tracing = tracing or Tracing(None)  # each call's spans, where traces are on (telemetry.py)
 
     # -- policy ------------------------------------------------------------------------------
 
@@ -202,7 +205,7 @@ class Gate:
         call: str | None = None,
     ) -> types.CallToolResult:
         """Forward a read at once; its audit line is buffered and written with the next commit."""
-        with self.drain.call(tool.name), about_call(call, session):
+        with self.drain.call(tool.name), about_call(call, session), self.tracing.call(call, tool, author):
             self._note_read(session, tool, arguments, author, call)
             return await self._forward(tool, arguments, step, report)
 
@@ -211,7 +214,7 @@ class Gate:
     ) -> dict[str, Any]:
         """`read` for the fast path (a client's read with no progress to report): the same audit
         line, and the result as wire JSON, forwarded unchanged (no model built for it)."""
-        with self.drain.call(tool.name), about_call(call, session):
+        with self.drain.call(tool.name), about_call(call, session), self.tracing.call(call, tool, "client"):
             return await self._read_json(session, tool, arguments, step, call)
 
     async def _read_json(
@@ -220,7 +223,8 @@ class Gate:
         self._note_read(session, tool, arguments, "client", call)
         started = time.perf_counter()
         try:
-            result = from_backend(await self._backends.get(tool.server).call_tool_json(tool.original, arguments))
+            with self.tracing.forward(tool):
+                result = from_backend(await self._backends.get(tool.server).call_tool_json(tool.original, arguments))
         except CALL_FAILED as exc:
             _observe(step, failed_result(tool, exc), started)
             raise
@@ -269,7 +273,8 @@ class Gate:
         `decided` hears the verdict once it is audited, before anything runs (a client's tool may
         run only at the client's next request, and the verdict belongs to this one).
         """
-        with self.drain.call(call.tool.name), about_call(call.id, call.session):
+        spans = self.tracing.call(call.id, call.tool, call.author)
+        with self.drain.call(call.tool.name), about_call(call.id, call.session), spans:
             return await self._write(call, user, report, strong, verified, executor, step, decided)
 
     async def _write(
@@ -311,8 +316,8 @@ class Gate:
         started = time.perf_counter()
         try:
             request = dataclasses.replace(call.request, call=call.id)
-            with self.drain.holding() as hold:
-                verdict = await self._review(reviewer, request, user, report)
+            with self.drain.holding() as hold, self.tracing.review(reviewer.by) as review:
+                verdict = review.decided(await self._review(reviewer, request, user, report))
             if hold.cancelled_caught:  # the drain's grace ran out while it was held
                 with anyio.CancelScope(shield=True):
                     await self._after("abandoned", **common, reason=SHUT_DOWN)
@@ -545,8 +550,8 @@ class Gate:
         A `CallFailed` is raised once the step has observed it."""
         started = time.perf_counter()
         try:
-            backend = self._backends.get(tool.server)
-            result = from_backend(await backend.call_tool(tool.original, arguments, report))
+            with self.tracing.forward(tool):
+                result = from_backend(await self._backends.get(tool.server).call_tool(tool.original, arguments, report))
         except CALL_FAILED as exc:
             _observe(step, failed_result(tool, exc), started)
             raise

@@ -117,7 +117,7 @@ def setup(ctx: click.Context, *, telemetry: str | None = None, log_level: str = 
     logs.configure(level, ctx.obj.get("log_format") or "text")
     source = ctx.obj["config_path"]
     config = load(source)
-    telemetry_file = telemetry or config.telemetry
+    telemetry_file = telemetry or config.telemetry_file
     return Setup(
         config,
         source,
