@@ -27,11 +27,16 @@ from mcp.client.streamable_http import streamable_http_client
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
+from mcp_spec_proxy import proxy as proxy_module
 from mcp_spec_proxy.audit import read_audit
+from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.errors import ConfigError
+from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.gate import CALL_META
-from mcp_spec_proxy.telemetry import CALL_ID
+from mcp_spec_proxy.proxy import running_proxy, validate
+from mcp_spec_proxy.telemetry import CALL_ID, traces_endpoint, tracing_configured
 from mcp_spec_proxy.testing import Respond, ScriptedModelServer
-from tests.harness import recorded, segment_length, spawned, text_of, toy, verdict
+from tests.harness import recorded, segment_length, spawned, text_of, toy, toy_twins, verdict
 from tests.ops_world import SERVING, serving, until
 
 pytestmark = pytest.mark.anyio
@@ -263,3 +268,33 @@ async def test_a_receiver_that_is_down_or_refuses_costs_one_log_line_and_no_call
     assert "opentelemetry" not in log  # the exporter's own lines (one per retry) stay out
     if fault == "refusing":
         assert receiver.posts >= 1 and not receiver.spans  # it was asked, and took nothing
+
+
+async def test_without_otlp_or_a_tracer_provider_no_span_is_made_on_any_path(tmp_path: Path) -> None:
+    raw = {"servers": {"toy": toy(tmp_path / "rec")}, "review": {"default": "allow", "intent": False}}
+    assert not tracing_configured()  # this process installed none: the spans above ran in the proxy's own
+    with anyio.fail_after(60):
+        async with running_proxy(ProxyConfig.model_validate(raw), None, in_process=toy_twins(raw)) as proxy:
+            front = McpFront(proxy)
+            assert not proxy.gate.tracing.on
+            assert front.server.middleware == [front.fast_read]  # the SDK's span middleware is dropped too
+
+
+async def test_otlp_without_the_otel_extra_is_a_config_error_naming_the_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(proxy_module, "otel_missing", lambda: "opentelemetry.sdk")
+    config = ProxyConfig.model_validate({"telemetry": {"otlp": "http://collector:4318"}})
+
+    with pytest.raises(ConfigError) as caught:
+        await validate(config, {}, "servers.yaml")
+
+    assert str(caught.value) == (
+        "servers.yaml: telemetry.otlp: opentelemetry.sdk is not installed — pip install 'mcp-spec-proxy[otel]'"
+    )
+
+
+def test_a_receiver_named_by_its_base_gets_spans_at_its_traces_path() -> None:
+    assert traces_endpoint("http://collector:4318") == "http://collector:4318/v1/traces"
+    assert traces_endpoint("http://collector:4318/") == "http://collector:4318/v1/traces"
+    assert traces_endpoint("https://otel.example/ingest/traces") == "https://otel.example/ingest/traces"
