@@ -9,8 +9,11 @@ ran); the scripted strong model answers the write's review over real HTTP.
 
 from __future__ import annotations
 
+import json
 import re
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -298,3 +301,53 @@ def test_a_receiver_named_by_its_base_gets_spans_at_its_traces_path() -> None:
     assert traces_endpoint("http://collector:4318") == "http://collector:4318/v1/traces"
     assert traces_endpoint("http://collector:4318/") == "http://collector:4318/v1/traces"
     assert traces_endpoint("https://otel.example/ingest/traces") == "https://otel.example/ingest/traces"
+
+
+OPERATORS_PROVIDER = """
+import json, sys
+from pathlib import Path
+
+import anyio
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from mcp_spec_proxy.gate import CALL_META
+from tests.harness import proxied, toy
+
+spans = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(spans))
+trace.set_tracer_provider(provider)  # the operator's code, before the proxy starts
+
+
+async def main() -> None:
+    tmp = Path(sys.argv[1])
+    config = {"servers": {"toy": toy(tmp / "rec")}, "review": {"default": "allow", "intent": False}}
+    async with proxied(config, tmp / "state", twins=True) as run:
+        read = await run.client.call_tool("toy__echo", {"text": "hi"})
+    names = {span.name: dict(span.attributes or {}) for span in spans.get_finished_spans()}
+    print(json.dumps({"call": read.meta[CALL_META], "spans": names}))
+
+
+anyio.run(main)
+"""
+
+
+def test_a_tracer_provider_the_operator_installed_gets_the_same_spans_without_otlp(tmp_path: Path) -> None:
+    # A process of its own: a tracer provider, once installed, stays for the process's life.
+    done = subprocess.run(
+        [sys.executable, "-c", OPERATORS_PROVIDER, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parent.parent,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+    call, spans = seen["call"], seen["spans"]
+    assert spans["tools/call toy__echo"][CALL_ID] == call  # the SDK's request span, kept and named
+    assert spans["call toy__echo"][CALL_ID] == call
+    assert spans["forward toy"]["mcp_spec_proxy.backend_tool"] == "echo"
