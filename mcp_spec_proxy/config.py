@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -220,6 +221,27 @@ class PostgresStore(_Strict):
     postgres: PostgresSettings
 
 
+class TelemetryConfig(_Strict):
+    """`telemetry: {file: PATH, otlp: URL}`: decisions as JSON lines, and traces to an OTLP receiver."""
+
+    file: str | None = None  # what `telemetry: PATH` alone sets (and `--telemetry FILE`)
+    # An OTLP/HTTP receiver (protobuf): its base (`/v1/traces` is added) or its traces URL.
+    otlp: str | None = None
+
+    @field_validator("otlp")
+    @classmethod
+    def _receiver(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+            raise ValueError(
+                f"{url!r} is not the http(s) URL of an OTLP/HTTP receiver — give its base, such as"
+                " http://collector:4318 (spans go to its /v1/traces), or its full traces URL"
+            )
+        return url
+
+
 class CatalogConfig(_Strict):
     """How clients see the tools: every one listed, or a few meta-tools that search the catalog."""
 
@@ -242,7 +264,7 @@ class ProxyConfig(_Strict):
     gateway: GatewayConfig = Field(default_factory=lambda: GatewayConfig())
     leash: LeashConfig | None = None
     catalog: CatalogConfig = Field(default_factory=lambda: CatalogConfig())
-    telemetry: str | None = None
+    telemetry: str | TelemetryConfig | None = None  # a path alone is the JSON lines file
     state_dir: str | None = None
     # Where state lives: `files` (the state directory; one process) or one Postgres for many replicas.
     store: Literal["files"] | PostgresStore = "files"
@@ -308,6 +330,16 @@ class ProxyConfig(_Strict):
                     used[f"servers.{server_name}.tools.overrides.{pattern}.review"] = rule.review
         return used
 
+    @property
+    def telemetry_file(self) -> str | None:
+        """The JSON lines file of decisions, if the file names one."""
+        return self.telemetry.file if isinstance(self.telemetry, TelemetryConfig) else self.telemetry
+
+    @property
+    def otlp(self) -> str | None:
+        """The OTLP receiver traces go to, if the file names one."""
+        return self.telemetry.otlp if isinstance(self.telemetry, TelemetryConfig) else None
+
     def active_servers(self) -> dict[str, ServerConfig]:
         return {name: server for name, server in self.servers.items() if server.active}
 
@@ -321,6 +353,7 @@ _SUGGESTIONS = tuple(
         name
         for model in (
             ProxyConfig,
+            TelemetryConfig,  # before ServerConfig: `otlp_url` meant `otlp`, not a server's `url`
             ServerConfig,
             ReviewConfig,
             ToolsConfig,

@@ -108,6 +108,7 @@ from mcp_spec_proxy.results import (
 from mcp_spec_proxy.review import InputNeeded, Reviewer, ReviewFailed, ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review.kinds import ReviewerKind
 from mcp_spec_proxy.review.waiting import asks_a_person, waiting_note, with_heartbeat
+from mcp_spec_proxy.telemetry import Tracing
 from mcp_spec_proxy.trajectory import Step, observation_text
 
 if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section opens it
@@ -162,6 +163,7 @@ class Gate(Reads, Policy):
         audit: AuditSink,
         leash: Leash | None = None,
         catalog: Catalog | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._config = config
         self._backends = backends
@@ -170,6 +172,7 @@ class Gate(Reads, Policy):
         self._leash = leash
         self._catalog = catalog  # to reread `tools accept` before refusing a held tool
         self.drain = Drain()  # the calls in flight; on SIGTERM, no new ones (drain.py)
+        self.tracing = tracing or Tracing(None)  # each call's spans, where traces are on (telemetry.py)
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -193,7 +196,8 @@ class Gate(Reads, Policy):
         `decided` hears the verdict once it is audited, before anything runs (a client's tool may
         run only at the client's next request, and the verdict belongs to this one).
         """
-        with self.drain.call(call.tool.name), about_call(call.id, call.session):
+        spans = self.tracing.call(call.id, call.tool, call.author)
+        with self.drain.call(call.tool.name), about_call(call.id, call.session), spans:
             return await self._write(call, user, report, strong, verified, executor, step, decided)
 
     async def _write(
@@ -235,8 +239,8 @@ class Gate(Reads, Policy):
         started = time.perf_counter()
         try:
             request = dataclasses.replace(call.request, call=call.id)
-            with self.drain.holding() as hold:
-                verdict = await self._review(reviewer, request, user, report)
+            with self.drain.holding() as hold, self.tracing.review(reviewer.by) as review:
+                verdict = review.decided(await self._review(reviewer, request, user, report))
             if hold.cancelled_caught:  # the drain's grace ran out while it was held
                 with anyio.CancelScope(shield=True):
                     await self._after("abandoned", **common, reason=SHUT_DOWN)
@@ -413,8 +417,8 @@ class Gate(Reads, Policy):
         A `CallFailed` is raised once the step has observed it."""
         started = time.perf_counter()
         try:
-            backend = self._backends.get(tool.server)
-            result = from_backend(await backend.call_tool(tool.original, arguments, report))
+            with self.tracing.forward(tool):
+                result = from_backend(await self._backends.get(tool.server).call_tool(tool.original, arguments, report))
         except CALL_FAILED as exc:
             _observe(step, failed_result(tool, exc), started)
             raise

@@ -30,6 +30,7 @@ from mcp_spec_proxy.drain import Drain
 from mcp_spec_proxy.logs import about_call
 from mcp_spec_proxy.provenance import from_backend
 from mcp_spec_proxy.results import CALL_FAILED, Author, Report, WireResult, as_wire, capped, failed_result
+from mcp_spec_proxy.telemetry import Tracing
 from mcp_spec_proxy.trajectory import Step, observation_text
 
 logger = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ class Reads:
     _audit: AuditSink
     _backends: BackendPool
     drain: Drain
+    tracing: Tracing
 
     async def read(
         self,
@@ -54,13 +56,14 @@ class Reads:
     ) -> WireResult:
         """Forward a read at once, its result as wire JSON; its audit line is buffered and written
         with the next commit. A `CallFailed` is raised once the step has observed it."""
-        with self.drain.call(tool.name), about_call(call, session):
+        with self.drain.call(tool.name), about_call(call, session), self.tracing.call(call, tool, author):
             self._note_read(session, tool, arguments, author, call)
             started = time.perf_counter()
             result: WireResult
             try:
                 backend = self._backends.get(tool.server)
-                result = from_backend(await backend.call_tool_json(tool.original, arguments, report))
+                with self.tracing.forward(tool):
+                    result = from_backend(await backend.call_tool_json(tool.original, arguments, report))
             except CALL_FAILED as exc:
                 _observe_wire(step, as_wire(failed_result(tool, exc)), started)
                 raise

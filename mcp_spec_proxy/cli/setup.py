@@ -124,7 +124,7 @@ def setup(ctx: click.Context, *, telemetry: str | None = None, log_level: str = 
 
     source = ctx.obj["config_path"]
     config = load(source)
-    telemetry_file = telemetry or config.telemetry
+    telemetry_file = telemetry or config.telemetry_file
     return Setup(
         config,
         source,
