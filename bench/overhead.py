@@ -38,7 +38,7 @@ from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, TextIO
 
 import anyio
 import anyio.abc
@@ -194,7 +194,7 @@ def _yaml(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-async def measure(row: Row, tmp: Path, errlog: IO[str], calls: int, warmup: int, block_size: int) -> None:
+async def measure(row: Row, tmp: Path, errlog: TextIO, calls: int, warmup: int, block_size: int) -> None:
     backend = row.backend
     async with AsyncExitStack() as stack:
         clients: dict[str, Callable[[], Any]] = {}
