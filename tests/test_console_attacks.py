@@ -39,7 +39,7 @@ from mcp_spec_proxy.fronts.console import Console, serve_console
 from mcp_spec_proxy.review.console import Decision, Pending
 from mcp_spec_proxy.testing import Respond, ScriptedModelServer
 from tests.console_world import Call, World, another_session, calling, console_world
-from tests.harness import proxied, recorded, segment_length, text_of, toy, verdict
+from tests.harness import proxied, recorded, request_meta, segment_length, text_of, toy, verdict
 
 pytestmark = pytest.mark.anyio
 
@@ -590,7 +590,7 @@ async def test_a_rule_covers_neither_another_session_nor_a_call_with_an_extra_ke
             call = Call()
 
             async def run() -> None:
-                meta: types.RequestParamsMeta = {"mcp-spec-proxy/session": name}  # type: ignore[typeddict-unknown-key]  # the proxy's own key
+                meta = request_meta({"mcp-spec-proxy/session": name})
                 call.result = await world.p.client.call_tool("toy__record", arguments, meta=meta)
                 call.done.set()
 
