@@ -427,7 +427,7 @@ async def test_the_command_a_waiting_client_is_given_prints_the_link_from_any_fo
     heard: list[str] = []
     given = anyio.Event()
 
-    async def progress(value: float, total: float | None, message: str | None) -> None:
+    async def progress(progress: float, total: float | None, message: str | None) -> None:
         heard.append(message or "")
         given.set()
 
