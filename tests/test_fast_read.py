@@ -22,7 +22,8 @@ import yaml
 from mcp import Client, MCPError
 
 from mcp_spec_proxy.audit import read_audit
-from mcp_spec_proxy.backends.raw import RawCalls, tool_result
+from mcp_spec_proxy.backends.raw import Answer, RawCalls, tool_result
+from mcp_spec_proxy.catalog import CatalogTool
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.errors import RESULT_TOO_LARGE
 from mcp_spec_proxy.fronts.http import serve_http
@@ -50,13 +51,13 @@ async def spied(p: Proxied) -> AsyncIterator[dict[str, list[str]]]:
     seen: dict[str, list[str]] = {"fast": [], "model": []}
     fast, model = gate.read_json, gate.read
 
-    async def read_json(session: str, tool: Any, *args: Any) -> dict[str, Any]:
+    async def read_json(session: str, tool: CatalogTool, *args: Any, **kwargs: Any) -> dict[str, Any]:
         seen["fast"].append(tool.name)
-        return await fast(session, tool, *args)
+        return await fast(session, tool, *args, **kwargs)
 
-    async def read(session: str, tool: Any, *args: Any) -> types.CallToolResult:
+    async def read(session: str, tool: CatalogTool, *args: Any, **kwargs: Any) -> types.CallToolResult:
         seen["model"].append(tool.name)
-        return await model(session, tool, *args)
+        return await model(session, tool, *args, **kwargs)
 
     gate.read_json = read_json  # type: ignore[method-assign]
     gate.read = read  # type: ignore[method-assign]
@@ -188,7 +189,7 @@ def test_raw_channel_takes_only_answers_to_its_own_requests() -> None:
     raw = RawCalls()
     loop = asyncio.new_event_loop()
     try:
-        future: asyncio.Future[dict[str, Any] | None] = loop.create_future()
+        future: asyncio.Future[Answer] = loop.create_future()
         raw._pending["msp-7"] = future  # as `request` leaves it while it waits
         assert not raw.answer(b'{"jsonrpc":"2.0","id":"msp-7","method":"roots/list"}')
         assert not raw.answer(b'{"jsonrpc":"2.0","id":7,"result":{"content":[]}}')
@@ -227,9 +228,9 @@ async def test_over_http_a_read_takes_the_fast_path_and_a_write_does_not(tmp_pat
         ):
             fast = proxy.gate.read_json
 
-            async def read_json(session: str, tool: Any, *args: Any) -> dict[str, Any]:
+            async def read_json(session: str, tool: CatalogTool, *args: Any, **kwargs: Any) -> dict[str, Any]:
                 seen.append(tool.name)
-                return await fast(session, tool, *args)
+                return await fast(session, tool, *args, **kwargs)
 
             proxy.gate.read_json = read_json  # type: ignore[method-assign]
             front = McpFront(proxy)

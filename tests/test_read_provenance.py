@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import mcp_types as types
 import pytest
 from mcp import Client, MCPError
 from mcp_types import SERVER_INFO_META_KEY
@@ -73,13 +74,13 @@ async def reading(config: dict[str, Any], state: Path, mode: str, path: str) -> 
             gate, doors = proxy.gate, []
             fast, model = gate.read_json, gate.read
 
-            async def read_json(*args: Any) -> Any:
+            async def read_json(*args: Any, **kwargs: Any) -> dict[str, Any]:
                 doors.append("lean")
-                return await fast(*args)
+                return await fast(*args, **kwargs)
 
-            async def read(*args: Any) -> Any:
+            async def read(*args: Any, **kwargs: Any) -> types.CallToolResult:
                 doors.append("sdk")
-                return await model(*args)
+                return await model(*args, **kwargs)
 
             gate.read_json = read_json  # type: ignore[method-assign]
             gate.read = read  # type: ignore[method-assign]
