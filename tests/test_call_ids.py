@@ -142,7 +142,7 @@ def held_until(release: anyio.Event, asked: list[anyio.Event]) -> ElicitationFnT
     """A person who approves each call once `release` is set; `asked[n]` is set as call n is shown."""
     count = 0
 
-    async def answer(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+    async def answer(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult | types.ErrorData:
         nonlocal count
         asked[count].set()
         count += 1

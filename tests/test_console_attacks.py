@@ -137,7 +137,7 @@ async def shifty_world(
         queue = p.proxy.console
         assert queue is not None
         async with anyio.create_task_group() as tg:
-            site = Console(queue, p.state.audit, p.proxy.leash)
+            site = Console(queue, p.proxy.store.read_audit, p.proxy.leash)
             url = await tg.start(lambda task_status: serve_console(site, "127.0.0.1", 0, task_status=task_status))
             yield World(p, url, queue, ledger, tg), shifty, heard
             tg.cancel_scope.cancel()
@@ -702,7 +702,7 @@ async def test_the_link_names_the_address_bound_not_a_name_another_socket_may_an
         queue = p.proxy.console
         assert queue is not None
         async with anyio.create_task_group() as tg:
-            site = Console(queue, p.state.audit)
+            site = Console(queue, p.proxy.store.read_audit)
             url = await tg.start(lambda task_status: serve_console(site, "localhost", 0, task_status=task_status))
             assert url.startswith("http://127.0.0.1:") and queue.url is not None
             assert queue.url.startswith("http://127.0.0.1:")

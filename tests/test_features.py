@@ -84,6 +84,7 @@ async def exercise(client: Client, inbox: Inbox, era: str, prefix: str) -> dict[
     assert seen["modern"] == (era != "legacy")
     seen["instructions"] = client.instructions
     caps = client.server_capabilities
+    assert caps.resources is not None
     seen["capabilities"] = (caps.logging is not None, caps.completions is not None, bool(caps.resources.subscribe))
 
     # Logging: nothing below warning, every line from warning up, with the logger named.
