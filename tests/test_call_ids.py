@@ -20,7 +20,7 @@ import pytest
 from mcp import Client, MCPError
 from mcp.client.session import ElicitationFnT
 
-from mcp_spec_proxy.audit import AuditSink, read_audit
+from mcp_spec_proxy.audit import AuditLog, AuditSink, read_audit
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.errors import CALL_REPLAYED, StateError
 from mcp_spec_proxy.fronts.mcp import McpFront
@@ -98,7 +98,8 @@ async def test_an_audit_line_lost_after_the_forward_leaves_the_real_result_and_i
         proxy.gate._audit = FailingOnce(proxy.gate._audit, "forwarded")
         ran = await client.call_tool("toy__record", {"value": "once"})
         await client.call_tool("toy__record", {"value": "next"})  # the disk takes lines again
-        await proxy.store.audit.write_late()  # type: ignore[attr-defined]  # the background work, now
+        assert isinstance(proxy.store.audit, AuditLog)
+        await proxy.store.audit.write_late()  # the background work, now
     assert not ran.is_error, text_of(ran)  # the backend's answer, not "nothing was forwarded"
     assert ran.meta is not None and "the backend ran this call" in ran.meta[AUDIT_META]
     assert recorded(ledger) == ['{"value": "once"}', '{"value": "next"}']
@@ -116,7 +117,8 @@ async def test_an_audit_line_lost_before_the_forward_refuses_the_write_with_its_
         with pytest.raises(MCPError) as refused:
             await client.call_tool("toy__record", {"value": "never"})
         await client.call_tool("toy__record", {"value": "after"})
-        await proxy.store.audit.write_late()  # type: ignore[attr-defined]
+        assert isinstance(proxy.store.audit, AuditLog)
+        await proxy.store.audit.write_late()
     error = refused.value.error
     assert "was not forwarded" in error.message and "no write runs without its audit line" in error.message
     assert isinstance(error.data, dict)

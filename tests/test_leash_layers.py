@@ -16,6 +16,7 @@ from mcp import MCPError
 from mcp_spec_proxy.audit import read_audit
 from mcp_spec_proxy.config import LeashConfig
 from mcp_spec_proxy.leash.layers import Leash
+from mcp_spec_proxy.leash.storage import Label
 from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
 from mcp_spec_proxy.trajectory import Step
 from tests import backends
@@ -35,9 +36,9 @@ def leash_config(tmp_path: Path, **thresholds: Any) -> dict[str, Any]:
     }
 
 
-async def seed_steps(tmp_path: Path, steps: list[Step], label: str, **thresholds: Any) -> None:
+async def seed_steps(tmp_path: Path, steps: list[Step], label: Label, **thresholds: Any) -> None:
     leash = Leash.open(LeashConfig.model_validate(leash_config(tmp_path, **thresholds)))
-    await leash.label_steps(steps, [label] * len(steps), source="import")  # type: ignore[list-item]
+    await leash.label_steps(steps, [label] * len(steps), source="import")
 
 
 async def seed_tasks(tmp_path: Path, tasks: list[str], success: bool) -> None:
