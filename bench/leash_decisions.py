@@ -57,7 +57,7 @@ from mcp_spec_proxy.config import EmbeddingEndpoint, LeashConfig
 from mcp_spec_proxy.leash.bank import Bank, Label
 from mcp_spec_proxy.leash.encoders import EmbeddingEncoder
 from mcp_spec_proxy.leash.layers import Leash, Score
-from mcp_spec_proxy.trajectory import Step
+from mcp_spec_proxy.trajectory import Effect, Step
 
 THRESHOLDS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 PREFIX = "retail__"
@@ -115,7 +115,7 @@ def draft(authors: Authors, task: Task, trial: int, original: Any) -> Run:
             # LEASH scores no answer as a step (the runtime screens tool calls); an early one fails the task.
             early = not right
             break
-        effect = "write" if action.is_write else "read"
+        effect: Effect = "write" if action.is_write else "read"
         steps.append((Step(action.tool, action.arguments, effect), "success" if right else "failure"))
         ran = action if right else golden[position]  # a rejected step is repaired with the gold one
         seen.append(execute(db, ran))

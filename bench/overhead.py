@@ -40,7 +40,7 @@ from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, TextIO
 
 import anyio
 import anyio.abc
@@ -216,7 +216,7 @@ def spawn_env(target: str, baseline: Path | None) -> dict[str, str] | None:
 
 
 async def measure(
-    row: Row, tmp: Path, errlog: IO[str], calls: int, warmup: int, block_size: int, baseline: Path | None = None
+    row: Row, tmp: Path, errlog: TextIO, calls: int, warmup: int, block_size: int, baseline: Path | None = None
 ) -> None:
     backend = row.backend
     async with AsyncExitStack() as stack:

@@ -53,7 +53,7 @@ import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import TextIO
 
 import anyio
 from mcp import Client, StdioServerParameters
@@ -116,7 +116,7 @@ def _yaml(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-async def _first_list(argv: list[str], errlog: IO[str]) -> tuple[float, set[str]]:
+async def _first_list(argv: list[str], errlog: TextIO) -> tuple[float, set[str]]:
     """Seconds from spawn to the first tools/list answer, and the tool names it held."""
     started = time.perf_counter()
     params = StdioServerParameters(command=argv[0], args=argv[1:])
@@ -125,7 +125,7 @@ async def _first_list(argv: list[str], errlog: IO[str]) -> tuple[float, set[str]
         return time.perf_counter() - started, names
 
 
-async def direct(backends: list[Backend], errlog: IO[str]) -> float:
+async def direct(backends: list[Backend], errlog: TextIO) -> float:
     """All the backends spawned at once; the slowest answering one's time to its first tools/list.
 
     A backend that hangs is spawned too, never waited for, and stopped after: its own start loads
@@ -154,7 +154,7 @@ async def direct(backends: list[Backend], errlog: IO[str]) -> float:
 
 
 async def ours(
-    config: Path, tmp: Path, backends: list[Backend], errlog: IO[str], *, late: bool = False
+    config: Path, tmp: Path, backends: list[Backend], errlog: TextIO, *, late: bool = False
 ) -> tuple[float, int, tuple[float, float]]:
     """Seconds to the first list, how many backends it held, and (proxy, backends) CPU seconds then."""
     entry = [sys.executable, "-c", LATE_ENTRY] if late else [str(VENV_BIN / "mcp-spec-proxy")]
@@ -207,7 +207,7 @@ class Row:
         )
 
 
-async def startup_rows(tmp: Path, repeat: int, errlog: IO[str]) -> list[Row]:
+async def startup_rows(tmp: Path, repeat: int, errlog: TextIO) -> list[Row]:
     cases = [(f"{n} backend{'s' if n > 1 else ''}", backend_set(n, tmp)) for n in SIZES]
     cases.append((f"{HUNG_SIZE} backends, one hung", backend_set(HUNG_SIZE, tmp, hung=True)))
     rows = []
@@ -256,7 +256,7 @@ def _children(parent: int | None = None) -> dict[int, str]:
     return found
 
 
-async def idle_rss(tmp: Path, errlog: IO[str]) -> dict[str, float]:
+async def idle_rss(tmp: Path, errlog: TextIO) -> dict[str, float]:
     """RSS of ours and of the bare hop, each in front of mcp-server-time, idle after one list and call."""
     backend = backend_set(1, tmp)[0]
     config = proxy_config([backend], tmp, "rss")
@@ -299,7 +299,7 @@ def import_times(repeat: int) -> dict[str, float]:
     return {name: statistics.median(found) for name, found in samples.items()}
 
 
-async def measure(args: argparse.Namespace, tmp: Path, errlog: IO[str]) -> tuple[list[Row], dict[str, float]]:
+async def measure(args: argparse.Namespace, tmp: Path, errlog: TextIO) -> tuple[list[Row], dict[str, float]]:
     rows = await startup_rows(tmp, args.repeat, errlog)
     print("measuring idle RSS ...", file=sys.stderr, flush=True)
     rss = await idle_rss(tmp, errlog)

@@ -58,8 +58,12 @@ class RelayConfig(_Strict):
     roots: bool = True
 
     def kinds(self) -> frozenset[Literal["sampling", "elicitation", "roots"]]:
-        wanted = (("sampling", self.sampling), ("elicitation", self.elicitation), ("roots", self.roots))
-        return frozenset(kind for kind, on in wanted if on)  # type: ignore[misc]  # literals of the tuple above
+        wanted: tuple[tuple[Literal["sampling", "elicitation", "roots"], bool], ...] = (
+            ("sampling", self.sampling),
+            ("elicitation", self.elicitation),
+            ("roots", self.roots),
+        )
+        return frozenset(kind for kind, on in wanted if on)
 
 
 class ServerConfig(_Strict):

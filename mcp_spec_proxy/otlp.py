@@ -98,7 +98,7 @@ class Exporter(SpanExporter):
         return result
 
     def shutdown(self) -> None:
-        self._inner.shutdown()  # type: ignore[no-untyped-call]  # the SDK leaves it unannotated
+        self._inner.shutdown()
         for name in EXPORTER_LOGGERS:
             logging.getLogger(name).removeFilter(self._quiet)
 
@@ -140,4 +140,4 @@ class Export:
         """Send what is queued (the processor's shutdown flushes it), then close the exporter.
         Blocking: run it in a thread, bounded."""
         self.exporter.stopping = True
-        self.processor.shutdown()  # type: ignore[no-untyped-call]  # the SDK leaves it unannotated
+        self.processor.shutdown()

@@ -22,13 +22,17 @@ import yaml
 from mcp import Client, MCPError
 
 from mcp_spec_proxy.audit import read_audit
-from mcp_spec_proxy.backends.raw import RawCalls, tool_result
+from mcp_spec_proxy.backends.raw import Answer, RawCalls, WireResult, tool_result
+from mcp_spec_proxy.barrier import Session
+from mcp_spec_proxy.catalog import CatalogTool
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.errors import RESULT_TOO_LARGE
 from mcp_spec_proxy.fronts.http import serve_http
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
+from mcp_spec_proxy.results import Author, Report
 from mcp_spec_proxy.testing import Respond, ScriptedModelServer
+from mcp_spec_proxy.trajectory import Step
 from tests.harness import ERAS, PROXY_COMMAND, Proxied, call_error, proxied, recorded, spawned, text_of, toy
 
 pytestmark = pytest.mark.anyio
@@ -52,18 +56,28 @@ async def spied(p: Proxied) -> AsyncIterator[dict[str, list[str]]]:
     lean: ContextVar[bool] = ContextVar("lean", default=False)
     fast, model = barrier.read_json, gate.read
 
-    async def read_json(session: Any, tool: Any, *args: Any) -> Any:
+    async def read_json(
+        session: Session, tool: CatalogTool, arguments: dict[str, Any], call: str | None = None
+    ) -> WireResult:
         seen["fast"].append(tool.name)
         token = lean.set(True)
         try:
-            return await fast(session, tool, *args)
+            return await fast(session, tool, arguments, call)
         finally:
             lean.reset(token)
 
-    async def read(session: str, tool: Any, *args: Any) -> Any:
+    async def read(
+        session: str,
+        tool: CatalogTool,
+        arguments: dict[str, Any],
+        step: Step,
+        author: Author = "client",
+        report: Report | None = None,
+        call: str | None = None,
+    ) -> WireResult:
         if not lean.get():
             seen["model"].append(tool.name)
-        return await model(session, tool, *args)
+        return await model(session, tool, arguments, step, author, report, call)
 
     barrier.read_json = read_json  # type: ignore[method-assign]
     gate.read = read  # type: ignore[method-assign]
@@ -195,7 +209,7 @@ def test_raw_channel_takes_only_answers_to_its_own_requests() -> None:
     raw = RawCalls()
     loop = asyncio.new_event_loop()
     try:
-        future: asyncio.Future[dict[str, Any] | None] = loop.create_future()
+        future: asyncio.Future[Answer] = loop.create_future()
         raw._pending["msp-7"] = future  # as `request` leaves it while it waits
         assert not raw.answer(b'{"jsonrpc":"2.0","id":"msp-7","method":"roots/list"}')
         assert not raw.answer(b'{"jsonrpc":"2.0","id":7,"result":{"content":[]}}')
@@ -234,9 +248,11 @@ async def test_over_http_a_read_takes_the_fast_path_and_a_write_does_not(tmp_pat
         ):
             fast = proxy.barrier.read_json
 
-            async def read_json(session: Any, tool: Any, *args: Any) -> Any:
+            async def read_json(
+                session: Session, tool: CatalogTool, arguments: dict[str, Any], call: str | None = None
+            ) -> WireResult:
                 seen.append(tool.name)
-                return await fast(session, tool, *args)
+                return await fast(session, tool, arguments, call)
 
             proxy.barrier.read_json = read_json  # type: ignore[method-assign]
             front = McpFront(proxy)

@@ -428,7 +428,7 @@ async def test_the_command_a_waiting_client_is_given_prints_the_link_from_any_fo
     heard: list[str] = []
     given = anyio.Event()
 
-    async def progress(value: float, total: float | None, message: str | None) -> None:
+    async def progress(progress: float, total: float | None, message: str | None) -> None:
         heard.append(message or "")
         given.set()
 
@@ -639,7 +639,17 @@ async def test_after_an_edit_on_the_console_the_agent_is_told_the_arguments_that
 
 # What a help page has no use for: the SDK (and its pydantic types), the config's pydantic models,
 # the HTTP servers, LEASH's numerics. Any of them costs a second or more of CPU before the page prints.
-HEAVY = ("mcp", "mcp_types", "pydantic", "pydantic_core", "starlette", "uvicorn", "numpy", "faiss", "httpx")
+HEAVY: tuple[str, ...] = (
+    "mcp",
+    "mcp_types",
+    "pydantic",
+    "pydantic_core",
+    "starlette",
+    "uvicorn",
+    "numpy",
+    "faiss",
+    "httpx",
+)
 HEAVY += ("mcp_spec_proxy.config", "mcp_spec_proxy.proxy", "mcp_spec_proxy.engine", "mcp_spec_proxy.gate")
 
 

@@ -25,6 +25,9 @@ from mcp import Client, MCPError
 from mcp_types import SERVER_INFO_META_KEY
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from mcp_spec_proxy.backends.raw import WireResult
+from mcp_spec_proxy.barrier import Session
+from mcp_spec_proxy.catalog import CatalogTool
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.fronts.fast_read import FastRead
 from mcp_spec_proxy.fronts.mcp import McpFront
@@ -74,9 +77,11 @@ async def reading(config: dict[str, Any], state: Path, mode: str, path: str) -> 
             barrier, doors = proxy.barrier, []
             fast, model = barrier.read_json, barrier.call
 
-            async def read_json(*args: Any) -> Any:
+            async def read_json(
+                session: Session, tool: CatalogTool, arguments: dict[str, Any], call: str | None = None
+            ) -> WireResult:
                 doors.append("lean")
-                return await fast(*args)
+                return await fast(session, tool, arguments, call)
 
             async def call(*args: Any, **kwargs: Any) -> Any:
                 doors.append("sdk")
