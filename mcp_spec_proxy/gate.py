@@ -422,7 +422,7 @@ class Gate(Reads, Policy):
         except CALL_FAILED as exc:
             _observe(step, failed_result(tool, exc), started)
             raise
-        except Exception as exc:  # boundary: a fault past the backend's answer is that call's error result
+        except Exception as exc:  # boundary: any other fault of the call, answered or not, is its error result
             result = failed_result(tool, exc)
         _observe(step, result, started)
         return result

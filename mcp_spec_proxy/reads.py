@@ -67,7 +67,7 @@ class Reads:
             except CALL_FAILED as exc:
                 _observe_wire(step, as_wire(failed_result(tool, exc)), started)
                 raise
-            except Exception as exc:  # boundary: a fault past the backend's answer is that call's error result
+            except Exception as exc:  # boundary: any other fault of the call, answered or not, is its error result
                 result = as_wire(failed_result(tool, exc))
             _observe_wire(step, result, started)
             return result

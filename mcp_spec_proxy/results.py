@@ -62,7 +62,9 @@ def failed_result(tool: CatalogTool, exc: Exception) -> types.CallToolResult:
         return error_result(str(exc))
     if isinstance(exc, MCPError):
         return error_result(f"backend {tool.server!r} answered {tool.original} with error {exc.code}: {exc.message}")
-    return error_result(f"backend {tool.server!r} answered {tool.original} with an error: {exc}")
+    # Anything else failed on the proxy's side of the call (a transport, a result that is not one):
+    # the backend may never have answered, so it is not said to have.
+    return error_result(f"backend {tool.server!r}: {tool.original} failed: {type(exc).__name__}: {exc}")
 
 
 def as_wire(result: types.CallToolResult) -> WireResult:

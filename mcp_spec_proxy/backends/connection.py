@@ -160,9 +160,6 @@ class Backend(Requests):
             logger.info("backend %r: reconnecting in %.1fs", self.name, delay)
             await anyio.sleep(delay)
 
-    def request_refresh(self) -> None:
-        self._wake.set()
-
     async def _session(self) -> None:
         # The handshake's deadline lives on a scope around the whole connection (lifted once
         # connected), because the client's own task groups must nest inside it.
