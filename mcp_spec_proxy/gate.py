@@ -63,7 +63,8 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -76,7 +77,7 @@ from mcp_spec_proxy.audit import AuditSink
 from mcp_spec_proxy.backends import BackendPool
 from mcp_spec_proxy.catalog import Catalog, CatalogTool, digest, is_held
 from mcp_spec_proxy.config import ProxyConfig, ReviewMode
-from mcp_spec_proxy.drain import SHUT_DOWN, Drain
+from mcp_spec_proxy.drain import SHUT_DOWN, SHUTTING_DOWN_REASON, Drain
 from mcp_spec_proxy.errors import (
     BackendClosed,
     BackendError,
@@ -189,6 +190,19 @@ class Gate:
         """The tool's configured reviewer: its override, else `review.default`."""
         return tool.review or self._config.review.default
 
+    @contextmanager
+    def admitted(self, session: str, what: str, call: str | None = None) -> Iterator[None]:
+        """The drain's slot for one call (`Drain.call`); a call refused because the replica is
+        shutting down is on the audit trail (`refused`): nothing ran, and the trail says why."""
+        with ExitStack() as slot:
+            try:
+                slot.enter_context(self.drain.call(what))
+            except ShuttingDown:
+                ids = {"call": call} if call is not None else {}
+                self._audit.note("refused", **ids, session=session, tool=what, reason=SHUTTING_DOWN_REASON)
+                raise
+            yield
+
     # -- reads -------------------------------------------------------------------------------
 
     async def read(
@@ -202,7 +216,7 @@ class Gate:
         call: str | None = None,
     ) -> types.CallToolResult:
         """Forward a read at once; its audit line is buffered and written with the next commit."""
-        with self.drain.call(tool.name), about_call(call, session):
+        with self.admitted(session, tool.name, call), about_call(call, session):
             self._note_read(session, tool, arguments, author, call)
             return await self._forward(tool, arguments, step, report)
 
@@ -211,7 +225,7 @@ class Gate:
     ) -> dict[str, Any]:
         """`read` for the fast path (a client's read with no progress to report): the same audit
         line, and the result as wire JSON, forwarded unchanged (no model built for it)."""
-        with self.drain.call(tool.name), about_call(call, session):
+        with self.admitted(session, tool.name, call), about_call(call, session):
             return await self._read_json(session, tool, arguments, step, call)
 
     async def _read_json(
@@ -269,7 +283,7 @@ class Gate:
         `decided` hears the verdict once it is audited, before anything runs (a client's tool may
         run only at the client's next request, and the verdict belongs to this one).
         """
-        with self.drain.call(call.tool.name), about_call(call.id, call.session):
+        with self.admitted(call.session, call.tool.name, call.id), about_call(call.id, call.session):
             return await self._write(call, user, report, strong, verified, executor, step, decided)
 
     async def _write(
@@ -309,6 +323,7 @@ class Gate:
         if flagged is not None:
             await self._before(call, "leash-escalated", call=call.id, session=call.session, **flagged)
         started = time.perf_counter()
+        settled = False  # its terminal line (`blocked`) is written: a cancel after it abandons nothing
         try:
             request = dataclasses.replace(call.request, call=call.id)
             with self.drain.holding() as hold:
@@ -319,49 +334,53 @@ class Gate:
                 raise ShuttingDown(
                     f"{tool.name} was not forwarded (call {call.id}): {SHUT_DOWN} while it waited for its verdict"
                 )
+            latency_ms = round((time.perf_counter() - started) * 1000, 3)
+            await self._before(
+                call,
+                "verdict",
+                **common,
+                accepted=verdict.accepted,
+                reason=capped(verdict.reason),
+                accepted_steps=verdict.accepted_steps,
+                decided_by=verdict.reviewer,
+                latency_ms=latency_ms,
+                **({"evidence": verdict.evidence} if verdict.evidence else {}),
+            )
+            logger.debug("%s %s by %s", tool.name, "accepted" if verdict.accepted else "rejected", verdict.reviewer)
+            if decided is not None:
+                await decided(verdict)
+            if not verdict.accepted:
+                settled = True
+                with anyio.CancelScope(shield=True):  # once begun, the terminal line is written whole
+                    await self._after("blocked", call=call.id, session=call.session)
+                await self._label(call, verdict)
+                return Outcome(call.id, verdict, None, latency_ms, key=call.key)
+            step = step or Step(tool.name, call.arguments, tool.effect, intent=call.intent)
+            edit_note = None
+            if verdict.arguments is not None and verdict.arguments != call.arguments:
+                # A person edited the call on the approval console (validated there against its schema).
+                edited = {"original_digest": digest(call.arguments), "edited_digest": digest(verdict.arguments)}
+                await self._before(call, "edited", call=call.id, session=call.session, by=verdict.reviewer, **edited)
+                call.arguments = step.arguments = dict(verdict.arguments)
+                # The agent is told what ran: else it believes its own arguments did, and builds on that.
+                shown = capped(json.dumps(call.arguments, ensure_ascii=False))
+                edit_note = (
+                    f"[mcp-spec-proxy] the reviewer ({verdict.reviewer}) changed this call's arguments before"
+                    f" approving it: {tool.name} ran with {shown}, not with the arguments you sent. Its result follows."
+                )
+            if call.key is not None:
+                await self._claim(call)
         except InputNeeded:
             await self._before(call, "awaiting-input", **common)
             raise
         except anyio.get_cancelled_exc_class():
-            # Cancelled from outside: by its client, or by the replica stopping after (or during) a drain.
-            why = SHUT_DOWN if self.drain.stopping else "the client cancelled or disconnected"
-            with anyio.CancelScope(shield=True):
-                await self._after("abandoned", **common, reason=why)
+            # Cancelled from outside before the forward (in its review, or while its verdict, edit or
+            # key was made durable): by its client, or by the replica stopping after (or during) a drain.
+            if not settled:
+                why = SHUT_DOWN if self.drain.ending else "the client cancelled or disconnected"
+                with anyio.CancelScope(shield=True):
+                    await self._after("abandoned", **common, reason=why)
             raise
-        latency_ms = round((time.perf_counter() - started) * 1000, 3)
-        await self._before(
-            call,
-            "verdict",
-            **common,
-            accepted=verdict.accepted,
-            reason=capped(verdict.reason),
-            accepted_steps=verdict.accepted_steps,
-            decided_by=verdict.reviewer,
-            latency_ms=latency_ms,
-            **({"evidence": verdict.evidence} if verdict.evidence else {}),
-        )
-        logger.debug("%s %s by %s", tool.name, "accepted" if verdict.accepted else "rejected", verdict.reviewer)
-        if decided is not None:
-            await decided(verdict)
-        if not verdict.accepted:
-            await self._after("blocked", call=call.id, session=call.session)
-            await self._label(call, verdict)
-            return Outcome(call.id, verdict, None, latency_ms, key=call.key)
-        step = step or Step(tool.name, call.arguments, tool.effect, intent=call.intent)
-        edit_note = None
-        if verdict.arguments is not None and verdict.arguments != call.arguments:
-            # A person edited the call on the approval console (validated there against its schema).
-            edited = {"original_digest": digest(call.arguments), "edited_digest": digest(verdict.arguments)}
-            await self._before(call, "edited", call=call.id, session=call.session, by=verdict.reviewer, **edited)
-            call.arguments = step.arguments = dict(verdict.arguments)
-            # The agent is told what ran: else it believes its own arguments did, and builds on that.
-            shown = capped(json.dumps(call.arguments, ensure_ascii=False))
-            edit_note = (
-                f"[mcp-spec-proxy] the reviewer ({verdict.reviewer}) changed this call's arguments before"
-                f" approving it: {tool.name} ran with {shown}, not with the arguments you sent. Its result follows."
-            )
-        if call.key is not None:
-            await self._claim(call)
         try:
             if executor is not None:
                 started = time.perf_counter()
@@ -380,7 +399,7 @@ class Gate:
             failed = noted(edit_note, failed, structured=True) if edit_note else failed
             return Outcome(call.id, verdict, failed, latency_ms, error=exc, key=call.key)
         except BaseException as exc:  # cancelled (or worse) mid-send: the call may have run
-            why = SHUT_DOWN if self.drain.expired else type(exc).__name__
+            why = SHUT_DOWN if self.drain.ending else type(exc).__name__
             with anyio.CancelScope(shield=True):
                 await self._after(
                     "forward-interrupted",
@@ -432,7 +451,8 @@ class Gate:
         if first is None:
             return
         reason = f"its idempotency key belongs to call {first}, which may have run"
-        await self._after("blocked", call=call.id, session=call.session, reason=reason)
+        with anyio.CancelScope(shield=True):  # its terminal line: a cancel now must not add `abandoned`
+            await self._after("blocked", call=call.id, session=call.session, reason=reason)
         raise CallReplayed(
             first,
             f"{call.tool.name} was not forwarded: its idempotency key was used by call {first} of this session"

@@ -1,0 +1,125 @@
+"""The gate's part of the drain: a call cut anywhere before its forward still gets its terminal line.
+
+The audit trail is the real `AuditLog`, whose disk is made slow on purpose for one line (a loaded
+disk; a slow INSERT on Postgres); the executor keeps a ledger of what really ran. A cancel that
+lands while the verdict line is made durable — its client left, or the replica stopped — leaves
+the call `abandoned` with the true reason, never `held` for ever; a forward cut because a second
+signal ended the drain says the replica shut down.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+
+from mcp_spec_proxy.audit import AuditLog, read_audit
+from mcp_spec_proxy.backends import BackendPool
+from mcp_spec_proxy.catalog import CatalogTool
+from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.drain import SHUT_DOWN
+from mcp_spec_proxy.gate import Gate, GateCall, text_result
+from mcp_spec_proxy.review import ReviewerKind, ReviewRequest, Verdict
+from mcp_spec_proxy.trajectory import History, Segment, Step
+from tests.ops_world import until
+
+pytestmark = pytest.mark.anyio
+
+
+class SlowLine(AuditLog):
+    """An audit log whose disk stalls on the first line of one kind until `release` is set."""
+
+    def __init__(self, path: Path, kind: str) -> None:
+        super().__init__(path)
+        self._kind = f'"event": "{kind}"'
+        self.stalled = threading.Event()
+        self.release = threading.Event()
+
+    def _append(self, lines: list[str]) -> None:
+        if not self.stalled.is_set() and any(self._kind in line for line in lines):
+            self.stalled.set()
+            self.release.wait(30)
+        super()._append(lines)
+
+
+class Approves:
+    by = ReviewerKind.CONSOLE.chain
+
+    async def review(self, request: ReviewRequest, user: Any) -> Verdict:
+        return Verdict(True, "approved", len(request.segment), by=self.by)
+
+
+async def _no_listing(server: str, listing: Any) -> None:
+    return None
+
+
+def _gate(log: AuditLog) -> tuple[Gate, GateCall]:
+    config = ProxyConfig.model_validate({"servers": {}, "review": {"default": "console"}})
+    definition = types.Tool(name="t__w", input_schema={"type": "object"})
+    tool = CatalogTool("t__w", "t", "w", definition, "write", "default", "unannotated", None, None, "", False)
+    request = ReviewRequest("s", tool, {}, None, Segment((Step("t__w", {}, "write"),)), History())
+    gate = Gate(config, BackendPool({}, _no_listing), {"console": Approves()}, log)
+    return gate, GateCall("s", tool, {}, "client", request)
+
+
+def _lines(path: Path) -> list[tuple[str, str]]:
+    return [(line["event"], line.get("reason", "")) for line in read_audit(path) if line.get("call")]
+
+
+@pytest.mark.parametrize("replica_stopped", [False, True])
+async def test_a_write_cut_while_its_verdict_line_is_made_durable_is_abandoned_with_the_true_reason(
+    tmp_path: Path, replica_stopped: bool
+) -> None:
+    log = SlowLine(tmp_path / "audit.jsonl", "verdict")
+    gate, call = _gate(log)
+    ran: list[str] = []
+
+    async def executor(tool: CatalogTool, arguments: dict[str, Any], report: Any) -> types.CallToolResult:
+        ran.append(tool.name)
+        return text_result("ran")
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as process:
+            process.start_soon(lambda: gate.write(call, None, executor=executor))
+            await until(log.stalled.is_set)
+            if replica_stopped:
+                with anyio.CancelScope() as second_signal:
+                    second_signal.cancel()  # the drain cut short at once: the replica stops
+                    await gate.drain.run(30)
+            process.cancel_scope.cancel()  # the client left, or the process stops
+            log.release.set()
+    log.close()
+    why = SHUT_DOWN if replica_stopped else "the client cancelled or disconnected"
+    assert _lines(tmp_path / "audit.jsonl") == [("held", ""), ("verdict", "approved"), ("abandoned", why)]
+    assert ran == []
+
+
+async def test_a_forward_cut_by_a_second_signal_is_interrupted_because_the_replica_shut_down(tmp_path: Path) -> None:
+    log = AuditLog(tmp_path / "audit.jsonl")
+    gate, call = _gate(log)
+    ran: list[str] = []
+    forwarding = anyio.Event()
+
+    async def hangs(tool: CatalogTool, arguments: dict[str, Any], report: Any) -> types.CallToolResult:
+        ran.append(tool.name)
+        forwarding.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as process:
+            process.start_soon(lambda: gate.write(call, None, executor=hangs))
+            await forwarding.wait()
+            async with anyio.create_task_group() as signals:
+                signals.start_soon(gate.drain.run, 30.0)
+                await anyio.wait_all_tasks_blocked()
+                signals.cancel_scope.cancel()  # the second signal: the drain is over before its grace
+            process.cancel_scope.cancel()
+    log.close()
+    assert ran == ["t__w"]
+    interrupted = [reason for event, reason in _lines(tmp_path / "audit.jsonl") if event == "forward-interrupted"]
+    assert interrupted == [f"{SHUT_DOWN} while forwarding: the backend may or may not have run it"]
