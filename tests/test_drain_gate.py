@@ -9,6 +9,7 @@ signal ended the drain says the replica shut down.
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -16,15 +17,18 @@ from typing import Any
 import anyio
 import mcp_types as types
 import pytest
+from mcp import MCPError
 
 from mcp_spec_proxy.audit import AuditLog, read_audit
 from mcp_spec_proxy.backends import BackendPool
 from mcp_spec_proxy.catalog import CatalogTool
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.drain import SHUT_DOWN
+from mcp_spec_proxy.errors import SHUTTING_DOWN
 from mcp_spec_proxy.gate import Gate, GateCall, text_result
 from mcp_spec_proxy.review import ReviewerKind, ReviewRequest, Verdict
 from mcp_spec_proxy.trajectory import History, Segment, Step
+from tests.harness import approve, proxied, recorded, toy
 from tests.ops_world import until
 
 pytestmark = pytest.mark.anyio
@@ -123,3 +127,37 @@ async def test_a_forward_cut_by_a_second_signal_is_interrupted_because_the_repli
     assert ran == ["t__w"]
     interrupted = [reason for event, reason in _lines(tmp_path / "audit.jsonl") if event == "forward-interrupted"]
     assert interrupted == [f"{SHUT_DOWN} while forwarding: the backend may or may not have run it"]
+
+
+async def test_a_2026_era_approval_arriving_during_the_drain_runs_its_call_and_nothing_else_gets_in(
+    tmp_path: Path,
+) -> None:
+    ledger = tmp_path / "ledger"
+    cfg = {"servers": {"toy": toy(ledger)}, "review": {"default": "human", "intent": False}}
+    async with proxied(cfg, tmp_path / "state", twins=True, mode="2026-07-28", elicitation=approve(True)) as p:
+        session = p.client.session
+        asked = await session.call_tool("toy__record", {"value": "approved"}, allow_input_required=True)
+        assert isinstance(asked, types.InputRequiredResult)
+        (key,) = (asked.input_requests or {}).keys()
+        yes = {key: types.ElicitResult(action="accept", content={"approve": True})}
+        await p.proxy.gate.drain.run(30)  # SIGTERM while the person decides
+        with pytest.raises(MCPError) as new:
+            await session.call_tool("toy__record", {"value": "new"}, allow_input_required=True)
+        answered = await session.call_tool(
+            "toy__record",
+            {"value": "approved"},
+            input_responses=yes,
+            request_state=asked.request_state,
+            allow_input_required=True,
+        )
+        with pytest.raises(MCPError) as spent:  # the ticket is spent: a replay is a new call, refused
+            await session.call_tool(
+                "toy__record",
+                {"value": "approved"},
+                input_responses=yes,
+                request_state=asked.request_state,
+                allow_input_required=True,
+            )
+    assert new.value.error.code == SHUTTING_DOWN and spent.value.error.code == SHUTTING_DOWN
+    assert isinstance(answered, types.CallToolResult) and not answered.is_error, answered
+    assert [json.loads(line)["value"] for line in recorded(ledger)] == ["approved"]
