@@ -27,8 +27,9 @@ from mcp_spec_proxy.drain import SHUT_DOWN
 from mcp_spec_proxy.errors import SHUTTING_DOWN
 from mcp_spec_proxy.gate import Gate, GateCall, text_result
 from mcp_spec_proxy.review import ReviewerKind, ReviewRequest, Verdict
+from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
 from mcp_spec_proxy.trajectory import History, Segment, Step
-from tests.harness import approve, proxied, recorded, toy
+from tests.harness import approve, proxied, recorded, toy, verdict
 from tests.ops_world import until
 
 pytestmark = pytest.mark.anyio
@@ -161,3 +162,46 @@ async def test_a_2026_era_approval_arriving_during_the_drain_runs_its_call_and_n
     assert new.value.error.code == SHUTTING_DOWN and spent.value.error.code == SHUTTING_DOWN
     assert isinstance(answered, types.CallToolResult) and not answered.is_error, answered
     assert [json.loads(line)["value"] for line in recorded(ledger)] == ["approved"]
+
+
+@pytest.mark.parametrize("on_reject", ["replace", "repair"])
+async def test_a_substitute_of_a_write_rejected_during_the_drain_runs_as_part_of_that_call(
+    tmp_path: Path, on_reject: str
+) -> None:
+    asked = anyio.Event()
+    go = anyio.Event()
+    substitute = {"tool": "b__record", "arguments": {"value": "instead"}}
+
+    async def answer(request: ChatRequest) -> Reply | str:
+        if request.json_schema is not None:  # the verifier: it answers once the drain has begun
+            asked.set()
+            await go.wait()
+            return verdict(0, "use b", substitute if on_reject == "replace" else None)
+        return Reply(tool_calls=[ToolCall("b__record", {"value": "instead"})])  # the repair turn
+
+    async with ScriptedModelServer(Respond(answer)) as server:
+        endpoint = {"base_url": server.base_url, "max_retries": 0}
+        cfg = {
+            "servers": {"a": toy(tmp_path / "a-ledger"), "b": toy(tmp_path / "b-ledger")},
+            "models": {"strong": {**endpoint, "model": "strong-model"}},
+            "review": {"default": "strong", "on_reject": on_reject, "intent": False},
+        }
+        async with proxied(cfg, tmp_path / "state", twins=True) as p:
+            results: list[types.CallToolResult] = []
+            with anyio.fail_after(30):
+                async with anyio.create_task_group() as tg:
+
+                    async def client() -> None:
+                        results.append(await p.client.call_tool("a__record", {"value": "held"}))
+
+                    tg.start_soon(client)
+                    await asked.wait()
+                    tg.start_soon(p.proxy.gate.drain.run, 30.0)  # SIGTERM while the write is reviewed
+                    await until(lambda: p.proxy.gate.drain.draining)
+                    go.set()
+            assert not p.proxy.gate.drain.expired  # the drain ended with the call, substitute included
+    [result] = results
+    assert not result.is_error, result
+    assert recorded(tmp_path / "a-ledger") == []
+    assert [json.loads(line)["value"] for line in recorded(tmp_path / "b-ledger")] == ["instead"]
+    assert "refused" not in [line["event"] for line in read_audit(tmp_path / "state" / "audit.jsonl")]
