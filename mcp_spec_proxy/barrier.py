@@ -118,7 +118,23 @@ class Barrier:
         key: str | None = None,
     ) -> types.CallToolResult:
         """`call` names the call on the audit trail (the front's id); `key` is the client's
-        idempotency key, which the gate lets only one write of the session be forwarded with."""
+        idempotency key, which the gate lets only one write of the session be forwarded with.
+
+        The call takes its drain slot here, before it waits for the session's earlier write: once
+        admitted, its wait, its gate calls and a substitute of it are in flight, never refused."""
+        with self.gate.admitted(session.id, name, call):
+            return await self._call(session, name, arguments, user, report, call, key)
+
+    async def _call(
+        self,
+        session: Session,
+        name: str,
+        arguments: dict[str, Any],
+        user: UserChannel,
+        report: Report | None,
+        call: str | None,
+        key: str | None,
+    ) -> types.CallToolResult:
         prepared = await self._prepare(name, arguments)  # ToolNotFound is a protocol error, raised to the front
         if isinstance(prepared, types.CallToolResult):
             return prepared

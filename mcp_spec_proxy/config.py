@@ -258,6 +258,10 @@ class CatalogConfig(_Strict):
     rank: Literal["auto", "hybrid", "words", "encoder"] = "auto"
 
 
+MAX_DRAIN_S = 3600.0
+"""The longest drain: a replica that may take longer to stop is one an orchestrator kills first."""
+
+
 class ProxyConfig(_Strict):
     """The whole file."""
 
@@ -276,7 +280,19 @@ class ProxyConfig(_Strict):
     max_name_length: int = Field(default=64, ge=16, le=128)
     hold_open_world: bool = False  # every server's open-world reads are held, unless it says otherwise
     # On SIGTERM: seconds the calls in flight (held ones too) have to finish before they are abandoned.
-    drain_s: float = Field(default=30.0, ge=0)
+    drain_s: float = Field(default=30.0, ge=0, le=MAX_DRAIN_S, strict=True, allow_inf_nan=False)
+
+    @field_validator("drain_s", mode="before")
+    @classmethod
+    def _drain_seconds(cls, value: Any) -> Any:
+        # Strict: `true` or "30" is a slip, not seconds, and `.inf` would hold the replica's stop for ever.
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or not 0 <= value <= MAX_DRAIN_S:  # NaN fails the comparison too
+            raise ValueError(
+                f"must be a number of seconds from 0 to {MAX_DRAIN_S:g} (e.g. drain_s: 30), not {value!r};"
+                " the orchestrator's grace (Kubernetes' terminationGracePeriodSeconds) must be at least drain_s + 10"
+            )
+        return value
 
     @field_validator("servers")
     @classmethod

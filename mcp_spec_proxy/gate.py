@@ -197,7 +197,7 @@ class Gate(Reads, Policy):
         run only at the client's next request, and the verdict belongs to this one).
         """
         spans = self.tracing.call(call.id, call.tool, call.author)
-        with self.drain.call(call.tool.name), about_call(call.id, call.session), spans:
+        with self.admitted(call.session, call.tool.name, call.id), about_call(call.id, call.session), spans:
             return await self._write(call, user, report, strong, verified, executor, step, decided)
 
     async def _write(
@@ -237,6 +237,7 @@ class Gate(Reads, Policy):
         if flagged is not None:
             await self._before(call, "leash-escalated", call=call.id, session=call.session, **flagged)
         started = time.perf_counter()
+        settled = False  # its terminal line (`blocked`) is written: a cancel after it abandons nothing
         try:
             request = dataclasses.replace(call.request, call=call.id)
             with self.drain.holding() as hold, self.tracing.review(reviewer.by) as review:
@@ -247,49 +248,53 @@ class Gate(Reads, Policy):
                 raise ShuttingDown(
                     f"{tool.name} was not forwarded (call {call.id}): {SHUT_DOWN} while it waited for its verdict"
                 )
+            latency_ms = round((time.perf_counter() - started) * 1000, 3)
+            await self._before(
+                call,
+                "verdict",
+                **common,
+                accepted=verdict.accepted,
+                reason=capped(verdict.reason),
+                accepted_steps=verdict.accepted_steps,
+                decided_by=verdict.reviewer,
+                latency_ms=latency_ms,
+                **({"evidence": verdict.evidence} if verdict.evidence else {}),
+            )
+            logger.debug("%s %s by %s", tool.name, "accepted" if verdict.accepted else "rejected", verdict.reviewer)
+            if decided is not None:
+                await decided(verdict)
+            if not verdict.accepted:
+                settled = True
+                with anyio.CancelScope(shield=True):  # once begun, the terminal line is written whole
+                    await self._after("blocked", call=call.id, session=call.session)
+                await self._label(call, verdict)
+                return Outcome(call.id, verdict, None, latency_ms, key=call.key)
+            step = step or Step(tool.name, call.arguments, tool.effect, intent=call.intent)
+            edit_note = None
+            if verdict.arguments is not None and verdict.arguments != call.arguments:
+                # A person edited the call on the approval console (validated there against its schema).
+                edited = {"original_digest": digest(call.arguments), "edited_digest": digest(verdict.arguments)}
+                await self._before(call, "edited", call=call.id, session=call.session, by=verdict.reviewer, **edited)
+                call.arguments = step.arguments = dict(verdict.arguments)
+                # The agent is told what ran: else it believes its own arguments did, and builds on that.
+                shown = capped(json.dumps(call.arguments, ensure_ascii=False))
+                edit_note = (
+                    f"[mcp-spec-proxy] the reviewer ({verdict.reviewer}) changed this call's arguments before"
+                    f" approving it: {tool.name} ran with {shown}, not with the arguments you sent. Its result follows."
+                )
+            if call.key is not None:
+                await self._claim(call)
         except InputNeeded:
             await self._before(call, "awaiting-input", **common)
             raise
         except anyio.get_cancelled_exc_class():
-            # Cancelled from outside: by its client, or by the replica stopping after (or during) a drain.
-            why = SHUT_DOWN if self.drain.stopping else "the client cancelled or disconnected"
-            with anyio.CancelScope(shield=True):
-                await self._after("abandoned", **common, reason=why)
+            # Cancelled from outside before the forward (in its review, or while its verdict, edit or
+            # key was made durable): by its client, or by the replica stopping after (or during) a drain.
+            if not settled:
+                why = SHUT_DOWN if self.drain.ending else "the client cancelled or disconnected"
+                with anyio.CancelScope(shield=True):
+                    await self._after("abandoned", **common, reason=why)
             raise
-        latency_ms = round((time.perf_counter() - started) * 1000, 3)
-        await self._before(
-            call,
-            "verdict",
-            **common,
-            accepted=verdict.accepted,
-            reason=capped(verdict.reason),
-            accepted_steps=verdict.accepted_steps,
-            decided_by=verdict.reviewer,
-            latency_ms=latency_ms,
-            **({"evidence": verdict.evidence} if verdict.evidence else {}),
-        )
-        logger.debug("%s %s by %s", tool.name, "accepted" if verdict.accepted else "rejected", verdict.reviewer)
-        if decided is not None:
-            await decided(verdict)
-        if not verdict.accepted:
-            await self._after("blocked", call=call.id, session=call.session)
-            await self._label(call, verdict)
-            return Outcome(call.id, verdict, None, latency_ms, key=call.key)
-        step = step or Step(tool.name, call.arguments, tool.effect, intent=call.intent)
-        edit_note = None
-        if verdict.arguments is not None and verdict.arguments != call.arguments:
-            # A person edited the call on the approval console (validated there against its schema).
-            edited = {"original_digest": digest(call.arguments), "edited_digest": digest(verdict.arguments)}
-            await self._before(call, "edited", call=call.id, session=call.session, by=verdict.reviewer, **edited)
-            call.arguments = step.arguments = dict(verdict.arguments)
-            # The agent is told what ran: else it believes its own arguments did, and builds on that.
-            shown = capped(json.dumps(call.arguments, ensure_ascii=False))
-            edit_note = (
-                f"[mcp-spec-proxy] the reviewer ({verdict.reviewer}) changed this call's arguments before"
-                f" approving it: {tool.name} ran with {shown}, not with the arguments you sent. Its result follows."
-            )
-        if call.key is not None:
-            await self._claim(call)
         try:
             if executor is not None:
                 started = time.perf_counter()
@@ -308,7 +313,7 @@ class Gate(Reads, Policy):
             failed = noted(edit_note, failed, structured=True) if edit_note else failed
             return Outcome(call.id, verdict, failed, latency_ms, error=exc, key=call.key)
         except BaseException as exc:  # cancelled (or worse) mid-send: the call may have run
-            why = SHUT_DOWN if self.drain.expired else type(exc).__name__
+            why = SHUT_DOWN if self.drain.ending else type(exc).__name__
             with anyio.CancelScope(shield=True):
                 await self._after(
                     "forward-interrupted",
@@ -360,7 +365,8 @@ class Gate(Reads, Policy):
         if first is None:
             return
         reason = f"its idempotency key belongs to call {first}, which may have run"
-        await self._after("blocked", call=call.id, session=call.session, reason=reason)
+        with anyio.CancelScope(shield=True):  # its terminal line: a cancel now must not add `abandoned`
+            await self._after("blocked", call=call.id, session=call.session, reason=reason)
         raise CallReplayed(
             first,
             f"{call.tool.name} was not forwarded: its idempotency key was used by call {first} of this session"

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import mcp_types as types
@@ -26,7 +28,8 @@ import mcp_types as types
 from mcp_spec_proxy.audit import AuditSink
 from mcp_spec_proxy.backends import BackendPool
 from mcp_spec_proxy.catalog import CatalogTool, digest
-from mcp_spec_proxy.drain import Drain
+from mcp_spec_proxy.drain import SHUTTING_DOWN_REASON, Drain
+from mcp_spec_proxy.errors import ShuttingDown
 from mcp_spec_proxy.logs import about_call
 from mcp_spec_proxy.provenance import from_backend
 from mcp_spec_proxy.results import CALL_FAILED, Author, Report, WireResult, as_wire, capped, failed_result
@@ -56,7 +59,7 @@ class Reads:
     ) -> WireResult:
         """Forward a read at once, its result as wire JSON; its audit line is buffered and written
         with the next commit. A `CallFailed` is raised once the step has observed it."""
-        with self.drain.call(tool.name), about_call(call, session), self.tracing.call(call, tool, author):
+        with self.admitted(session, tool.name, call), about_call(call, session), self.tracing.call(call, tool, author):
             self._note_read(session, tool, arguments, author, call)
             started = time.perf_counter()
             result: WireResult
@@ -71,6 +74,21 @@ class Reads:
                 result = as_wire(failed_result(tool, exc))
             _observe_wire(step, result, started)
             return result
+
+    @contextmanager
+    def admitted(self, session: str, what: str, call: str | None = None, **about: Any) -> Iterator[None]:
+        """The drain's slot for one call (`Drain.call`); a call refused because the replica is
+        shutting down is on the audit trail (`refused`, with `about`, else the tool `what`): nothing
+        ran, and the trail says why."""
+        with ExitStack() as slot:
+            try:
+                slot.enter_context(self.drain.call(what))
+            except ShuttingDown:
+                ids = {"call": call} if call is not None else {}
+                named = about or {"tool": what}
+                self._audit.note("refused", **ids, session=session, **named, reason=SHUTTING_DOWN_REASON)
+                raise
+            yield
 
     def _note_read(
         self, session: str, tool: CatalogTool, arguments: dict[str, Any], author: Author, call: str | None
@@ -89,23 +107,27 @@ class Reads:
 
     async def get_prompt(self, session: str, server: str, name: str, arguments: dict[str, str] | None) -> Any:
         """A backend's prompt, audited like a read (a backend may do work to render it)."""
-        self._audit.note("prompt", session=session, server=server, prompt=name, arguments_digest=digest(arguments))
-        return await self._backends.get(server).get_prompt(name, arguments)
+        with self.admitted(session, f"prompt {name!r}", server=server, prompt=name):  # in flight for the drain
+            self._audit.note("prompt", session=session, server=server, prompt=name, arguments_digest=digest(arguments))
+            return await self._backends.get(server).get_prompt(name, arguments)
 
     async def read_resource(self, session: str, server: str, uri: str) -> Any:
         """A backend's resource, audited like a read."""
-        self._audit.note("resource", session=session, server=server, uri=capped(uri, 500))
-        return await self._backends.get(server).read_resource(uri)
+        with self.admitted(session, f"the read of {capped(uri, 500)}", server=server, uri=capped(uri, 500)):
+            self._audit.note("resource", session=session, server=server, uri=capped(uri, 500))
+            return await self._backends.get(server).read_resource(uri)
 
     async def complete(self, session: str, server: str, params: types.CompleteRequestParams) -> types.CompleteResult:
         """A backend's completion of a prompt's or template's argument, audited like a read; a
         server that declares no `completions` has none to offer (an empty completion)."""
-        self._audit.note("completion", session=session, server=server, ref=capped(_ref_name(params.ref), 500))
-        backend = self._backends.get(server)
-        caps = backend.capabilities
-        if caps is not None and caps.completions is None:
-            return types.CompleteResult(completion=types.Completion(values=[]))
-        return await backend.complete(params)
+        ref = capped(_ref_name(params.ref), 500)
+        with self.admitted(session, f"the completion of {ref}", server=server, ref=ref):
+            self._audit.note("completion", session=session, server=server, ref=ref)
+            backend = self._backends.get(server)
+            caps = backend.capabilities
+            if caps is not None and caps.completions is None:
+                return types.CompleteResult(completion=types.Completion(values=[]))
+            return await backend.complete(params)
 
     async def set_logging_level(self, session: str, level: types.LoggingLevel) -> list[str]:
         """Fan a client's `logging/setLevel` out to every backend (remembered for those that
@@ -122,8 +144,9 @@ class Reads:
 
     async def subscribe(self, session: str, server: str, uri: str) -> None:
         """Subscribe the proxy to `uri` at the backend that serves it, audited like a read."""
-        self._audit.note("subscribe", session=session, server=server, uri=capped(uri, 500))
-        await self._backends.get(server).subscribe(uri)
+        with self.admitted(session, f"the subscription to {capped(uri, 500)}", server=server, uri=capped(uri, 500)):
+            self._audit.note("subscribe", session=session, server=server, uri=capped(uri, 500))
+            await self._backends.get(server).subscribe(uri)
 
     async def unsubscribe(self, session: str, server: str, uri: str) -> None:
         self._audit.note("unsubscribe", session=session, server=server, uri=capped(uri, 500))

@@ -98,7 +98,7 @@ def main(
         bind_check(*address, option="--http")
     console_at = _console_address(console, no_console, stdio=address is None)
     built = setup(ctx, telemetry=telemetry, log_level="INFO")
-    from mcp_spec_proxy.drain import SETTLE_S
+    from mcp_spec_proxy.drain import SETTLE_S, Answering
     from mcp_spec_proxy.fronts.asgi import host_names
     from mcp_spec_proxy.fronts.http import serve_http
     from mcp_spec_proxy.fronts.mcp import McpFront
@@ -107,26 +107,26 @@ def main(
 
     async def serve() -> None:
         running: list[Proxy] = []
+        answering = Answering()  # the requests the front is answering: the door's on HTTP, stdio's
         door: Door | None = None
 
         async def drain() -> None:
             for proxy in running:  # none while it starts: nothing is in flight then
                 await proxy.gate.drain.run(proxy.config.drain_s)
-            if door is not None:
-                with anyio.move_on_after(SETTLE_S):
-                    await door.answered()  # the results of the calls that finished reach their clients
+            with anyio.move_on_after(SETTLE_S):
+                await answering.answered()  # the results of the calls that finished reach their clients
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(stop_on_signal, tg.cancel_scope, drain)
             if address is not None:  # the probes answer while the backends start (`/readyz`: starting)
-                door = Door(token=token, hosts=host_names(address[0], allow_host))
+                door = Door(token=token, hosts=host_names(address[0], allow_host), answering=answering)
                 port = await tg.start(door.serve, *address)
             async with built.running() as proxy:
                 running.append(proxy)
                 await _start_console(tg, proxy, built.state, console_at)
                 front = McpFront(proxy, version=__version__)
                 if address is None:
-                    await serve_stdio(front)
+                    await serve_stdio(front, answering)
                 else:
                     await tg.start(
                         lambda task_status: serve_http(

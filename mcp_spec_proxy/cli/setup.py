@@ -9,6 +9,7 @@ inside the functions that use them, so the command line (and every `--help`) loa
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import logging
 import os
@@ -222,3 +223,14 @@ async def stop_on_signal(scope: anyio.CancelScope, drain: Callable[[], Awaitable
                 tg.cancel_scope.cancel()
         logger.info("stopping: closing backends")
         scope.cancel()
+    _ignore_further_signals()
+
+
+def _ignore_further_signals() -> None:
+    """While the stop unwinds (the backends close in order, the fronts answer their last), a further
+    signal is logged and ignored until the event loop ends: Python's default would raise
+    KeyboardInterrupt through the unwinding (a traceback, exit 130), or end the process mid-close."""
+    loop = asyncio.get_running_loop()
+    for number in (signal.SIGTERM, signal.SIGINT):
+        name = signal.Signals(number).name
+        loop.add_signal_handler(number, logger.warning, "%s while stopping: ignored, the stop is under way", name)

@@ -28,7 +28,7 @@ import logging
 import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -293,10 +293,13 @@ class McpFront:
 
             async def run() -> types.CallToolResult:
                 # The id is stamped here, inside the call: a suspended call's resumed answer names it too.
+                # A retry with a valid approval goes on with a call admitted before any drain: let in.
+                resumed = self.proxy.gate.drain.continuing() if ticket is not None else nullcontext()
                 try:
-                    done = await self.proxy.barrier.call(
-                        session, params.name, arguments, user, _reporter(ctx), call=call, key=key
-                    )
+                    with resumed:
+                        done = await self.proxy.barrier.call(
+                            session, params.name, arguments, user, _reporter(ctx), call=call, key=key
+                        )
                 except (BackendError, StateError, CallReplayed) as exc:
                     raise wire_error(exc, call) from exc
                 return done.model_copy(update={"meta": {**(done.meta or {}), CALL_META: call}})
