@@ -29,6 +29,7 @@ import jsonschema
 
 from bench.measure import local_model, machine_line
 from mcp_spec_proxy.models import ChatModel, ModelConfig, ModelError
+from mcp_spec_proxy.providers import Actions
 
 REPO = Path(__file__).resolve().parent.parent
 PATH = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
@@ -86,16 +87,23 @@ def classify(completion: Any) -> str:
 
 
 async def measure(url: str, rounds: int) -> dict[str, list[tuple[str, float, int]]]:
-    base = {"base_url": url, "model": "smollm2-135m", "max_retries": 0, "timeout": 120, "temperature": 0}
-    base |= {"max_tokens": 160, "extra_body": {"dry_multiplier": 0.8, "repeat_penalty": 1.2}}
-    models = {
-        mode: ChatModel("weak", ModelConfig(provider="llamacpp", actions=mode, **base)) for mode in ("tools", "json")
-    }
+    base = ModelConfig(
+        base_url=url,
+        model="smollm2-135m",
+        provider="llamacpp",
+        max_retries=0,
+        timeout=120,
+        temperature=0,
+        max_tokens=160,
+        extra_body={"dry_multiplier": 0.8, "repeat_penalty": 1.2},
+    )
+    modes: tuple[Actions, ...] = ("tools", "json")
+    models = {mode: ChatModel("weak", base.model_copy(update={"actions": mode})) for mode in modes}
     seen: dict[str, list[tuple[str, float, int]]] = {mode: [] for mode in models}
     try:
         for round_ in range(rounds):
             for n, request in enumerate(REQUESTS):
-                order = ("tools", "json") if (n + round_) % 2 == 0 else ("json", "tools")
+                order: tuple[Actions, ...] = ("tools", "json") if (n + round_) % 2 == 0 else ("json", "tools")
                 for mode in order:
                     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": request}]
                     started = time.perf_counter()

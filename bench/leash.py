@@ -71,7 +71,7 @@ class Clustered:
         rng = np.random.default_rng(seed)
         latent = self.centres[rng.integers(0, CENTRES, count)]
         latent += SPREAD * rng.standard_normal((count, LATENT), dtype=np.float32)
-        points = latent @ self.mix
+        points: np.ndarray = latent @ self.mix
         points += NOISE * rng.standard_normal((count, self.dim), dtype=np.float32)
         points /= np.linalg.norm(points, axis=1, keepdims=True)
         return points
@@ -137,7 +137,10 @@ def index_bytes(index: Any) -> int:
         total += len(data)
         return len(data)
 
-    faiss.write_index(index, faiss.PyCallbackIOWriter(count))
+    # The writer streams the index through `count` instead of copying it (an index of a million
+    # rows is gigabytes); faiss's own stub leaves its SWIG callback writer out, hence the lookup.
+    writer: faiss.IOWriter = vars(faiss)["PyCallbackIOWriter"](count)
+    faiss.write_index(index, writer)
     return total
 
 
@@ -173,7 +176,9 @@ def rotate(targets: list[Target], queries: np.ndarray, block: int = 50, warmup: 
         target.prepare()
         for query in queries[:warmup]:
             target.search(query)
-    results = {t.name: ([], np.full((len(queries), K), -1, dtype=np.int64)) for t in targets}
+    results: dict[str, tuple[list[float], np.ndarray]] = {
+        t.name: ([], np.full((len(queries), K), -1, dtype=np.int64)) for t in targets
+    }
     for number, start in enumerate(range(0, len(queries), block)):
         shift = number % len(targets)
         for target in targets[shift:] + targets[:shift]:

@@ -2,6 +2,8 @@
 
     .venv/bin/python -m bench.leash_decisions                 # hashing encoder, 5 trials, 30 % held out
     .venv/bin/python -m bench.leash_decisions --trials 10 --held-out 0.5 --seed 1
+    .venv/bin/python -m bench.leash_decisions --encoder embedding --local-model   # SmolLM2-135M's embeddings
+    .venv/bin/python -m bench.leash_decisions --encoder embedding --embedding-url URL --embedding-model M
 
 Where the labels come from (SIMULATED): the retail benchmark's scripted weak author
 (`bench/tau2_retail/authors.py`, `bench.toml`'s error rates) drafts each of the 74 train tasks step by
@@ -19,6 +21,14 @@ by `Leash.at_least`, exactly as step escalation (`LeashWatch.drafted`) and routi
 as drafted, before they run, with no observation. Printed per threshold: the share escalated, the
 precision (escalated steps that were failures) and recall (failures escalated), and the share with no
 opinion (too few near neighbours; never escalated). Prints markdown, then one `LEASH_DECISIONS {json}` line.
+
+Encoders: `hashing` (the offline default), or `embedding`: the runtime's own `EmbeddingEncoder` (the
+texts it sends are the runtime's `step_text` / `task_text`) against an OpenAI-compatible `/v1/embeddings`
+— `--embedding-url`, or `--local-model`, which starts SmolLM2-135M on llama.cpp (`bench.measure.local_model`;
+last-token pooling, one thread). Trials repeat most texts (the gold steps, the same 74 instructions),
+so each distinct text is embedded once and its vector reused (`OnceEach`): 5 trials are 435 distinct
+texts, 66k characters (285k without the memo), 12 minutes of SmolLM2's one thread on a loaded 2-core
+machine (docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -26,26 +36,59 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anyio
+import numpy as np
 
-from bench.measure import machine_line
+from bench.measure import local_model, machine_line
 from bench.tau2_retail.authors import Action, Authors, Seen, correct, gold, progress, seeded
 from bench.tau2_retail.catalogue import call_tool
 from bench.tau2_retail.db import data_dir, fresh_db, load_db
 from bench.tau2_retail.params import load as load_params
 from bench.tau2_retail.scoring import Task, instruction, load_train_tasks
 from bench.tau2_retail.tools import ToolError, error_text, render
-from mcp_spec_proxy.config import LeashConfig
-from mcp_spec_proxy.leash.bank import Label
+from mcp_spec_proxy.config import EmbeddingEndpoint, LeashConfig
+from mcp_spec_proxy.leash.bank import Bank, Label
+from mcp_spec_proxy.leash.encoders import EmbeddingEncoder
 from mcp_spec_proxy.leash.layers import Leash, Score
-from mcp_spec_proxy.trajectory import Step
+from mcp_spec_proxy.trajectory import Effect, Step
 
 THRESHOLDS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 PREFIX = "retail__"
+LOCAL_MODEL = "smollm2-135m"  # the name scripts/local_model.py serves
+
+
+class OnceEach(EmbeddingEncoder):
+    """The runtime's embedding encoder, asking the endpoint once per distinct text.
+
+    Only the transport is memoised: the texts are still the runtime's (`encode_steps` → `step_text`,
+    `encode_texts` → `task_text`), sent in its batches, normalised by it; a text met again (the
+    next trial's gold step) reuses the vector the endpoint gave for it."""
+
+    def __init__(self, base_url: str, model: str) -> None:
+        super().__init__(base_url, model, timeout=600)  # one slow thread: a batch of 128 takes a while
+        self.vectors: dict[str, np.ndarray] = {}
+        self.sent_chars = 0
+        self.seconds = 0.0
+
+    async def encode_texts_raw(self, texts: Sequence[str]) -> np.ndarray:
+        missing = list(dict.fromkeys(t for t in texts if t not in self.vectors))
+        if missing:
+            started = time.perf_counter()
+            found = await super().encode_texts_raw(missing)
+            self.seconds += time.perf_counter() - started
+            self.sent_chars += sum(map(len, missing))
+            self.vectors.update(zip(missing, found, strict=True))
+        return np.stack([self.vectors[t] for t in texts]) if texts else np.zeros((0, self.dim or 0), np.float32)
+
+    def cost(self) -> dict[str, Any]:
+        return {"texts": len(self.vectors), "chars": self.sent_chars, "seconds": round(self.seconds, 1)}
 
 
 @dataclass
@@ -72,7 +115,7 @@ def draft(authors: Authors, task: Task, trial: int, original: Any) -> Run:
             # LEASH scores no answer as a step (the runtime screens tool calls); an early one fails the task.
             early = not right
             break
-        effect = "write" if action.is_write else "read"
+        effect: Effect = "write" if action.is_write else "read"
         steps.append((Step(action.tool, action.arguments, effect), "success" if right else "failure"))
         ran = action if right else golden[position]  # a rejected step is repaired with the gold one
         seen.append(execute(db, ran))
@@ -129,6 +172,22 @@ def table(title: str, found: list[Row], count: int, failures: int, unscored: int
     return "\n".join(lines)
 
 
+async def open_leash(args: argparse.Namespace, banks: str) -> Leash:
+    """Fresh banks under `banks` and the configured encoder, as `Leash.open` builds them for a proxy —
+    except that an embedding encoder is `OnceEach`, so a repeated text is not embedded again."""
+    common = {"dim": args.dim, "bank_dir": banks, "k": args.k, "min_neighbours": args.min_neighbours}
+    if args.encoder == "hashing":
+        return Leash.open(LeashConfig(encoder="hashing", **common), strict=True)
+    endpoint = EmbeddingEndpoint(base_url=args.embedding_url, model=args.embedding_model)
+    config = LeashConfig(encoder="embedding", embedding=endpoint, **common)
+    encoder = OnceEach(endpoint.base_url, endpoint.model)
+    info = await encoder.probe()
+    root = Path(banks)
+    tasks = Bank.open(root / "task", kind="task", encoder=info)
+    steps = Bank.open(root / "step", kind="step", encoder=info)
+    return Leash(config, encoder, tasks, steps, strict=True)
+
+
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     folder = data_dir()
     tasks = load_train_tasks(folder)
@@ -139,10 +198,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     train = [run for run in runs if str(run.task["id"]) not in held]
     test = [run for run in runs if str(run.task["id"]) in held]
     with tempfile.TemporaryDirectory() as banks:
-        config = LeashConfig(
-            encoder="hashing", dim=args.dim, bank_dir=banks, k=args.k, min_neighbours=args.min_neighbours
-        )
-        leash = Leash.open(config, strict=True)
+        leash = await open_leash(args, banks)
         for run in train:
             await leash.label_task(instruction(run.task), run.success, source="import")
         stored = await leash.label_steps(
@@ -176,11 +232,24 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 ),
                 "routing": (len(test), sum(task_failed), sum(s.value is None for s in task_scores)),
             },
+            "embedded": leash.encoder.cost() if isinstance(leash.encoder, OnceEach) else None,
         }
+        await leash.aclose()
     return result
 
 
-def main(argv: list[str] | None = None) -> None:
+@contextmanager
+def endpoint(args: argparse.Namespace) -> Iterator[None]:
+    """With `--local-model`, the local SmolLM2 server for the run (its URL into `args`); else nothing."""
+    if not args.local_model:
+        yield
+        return
+    with local_model() as url:
+        args.embedding_url, args.embedding_model = url, LOCAL_MODEL
+        yield
+
+
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.leash_decisions", description=__doc__)
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
@@ -188,14 +257,36 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dim", type=int, default=1024)
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--min-neighbours", type=int, default=5)
+    parser.add_argument("--encoder", choices=("hashing", "embedding"), default="hashing")
+    parser.add_argument("--embedding-url", help="an OpenAI-compatible base URL ending in /v1 (--encoder embedding)")
+    parser.add_argument("--embedding-model", default=LOCAL_MODEL, help="the model name sent to /v1/embeddings")
+    parser.add_argument(
+        "--local-model",
+        action="store_true",
+        help="start SmolLM2-135M on llama.cpp and embed with it (scripts/local_model.py)",
+    )
     args = parser.parse_args(argv)
-    result = anyio.run(measure, args)
+    if args.encoder == "embedding" and not (args.embedding_url or args.local_model):
+        parser.error("--encoder embedding needs --embedding-url URL or --local-model")
+    if args.encoder == "hashing" and (args.embedding_url or args.local_model):
+        parser.error("--embedding-url and --local-model are for --encoder embedding")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = arguments(argv)
+    with endpoint(args):
+        result = anyio.run(measure, args)
     print(machine_line())
+    encoder = result["encoder"]
     print(
-        f"\n{result['encoder']['name']} encoder, {result['trials']} trials, seed {result['seed']}:"
-        f" {result['bank_tasks']} task and {result['bank_steps']} step labels banked,"
+        f"\n{encoder['name']} encoder '{encoder['model']}' ({encoder['dim']} dims), {result['trials']} trials,"
+        f" seed {result['seed']}: {result['bank_tasks']} task and {result['bank_steps']} step labels banked,"
         f" {result['held_out_tasks']} of {result['tasks']} tasks held out\n"
     )
+    if result["embedded"]:
+        cost = result["embedded"]
+        print(f"embedded {cost['texts']} distinct texts ({cost['chars']} characters) in {cost['seconds']} s\n")
     titles = {"steps": "Step escalation, every drafted step", "reads": "Drafted reads only", "routing": "Task routing"}
     for key, title in titles.items():
         print(table(title, result[key], *result["counts"][key]) + "\n")

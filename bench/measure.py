@@ -52,6 +52,11 @@ def local_model() -> Iterator[str]:
     try:
         assert server.stdout is not None
         url = server.stdout.readline().strip()
+        if not url.startswith("http://"):  # it exited first: xllamacpp or the weights are missing
+            raise SystemExit(
+                f"the local model did not start (exit status {server.wait(timeout=10)}):"
+                " run scripts/local-model.sh --install-only"
+            )
         for _ in range(240):
             try:
                 if httpx.get(url.removesuffix("/v1") + "/health", timeout=1).status_code == 200:

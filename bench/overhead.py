@@ -12,6 +12,8 @@ Sequential `tools/call` of a trivial read-only tool, to these targets:
     fastmcp       fastmcp 4.x's proxy (bench/fastmcp_proxy.py), stdio   } when .bench/fastmcp exists
     fastmcp-http  the same over streamable HTTP                         } (`--install-fastmcp`)
     ours-asyncio  ours over stdio on asyncio's own loop (bench/no_uvloop.py), with `--uvloop-ab`
+    ours-before   ours from another checkout's `mcp_spec_proxy` (`--baseline DIR`), stdio and HTTP:
+                  a change's before and after in one run (`git archive HEAD mcp_spec_proxy | tar -x -C DIR`)
 
 for two backends (mcp-server-time, a 2026-07-28-era Python server, and the npm filesystem
 server, handshake era only) and both client protocol eras (`mode="legacy"`, `mode="2026-07-28"`).
@@ -38,7 +40,7 @@ from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, TextIO
 
 import anyio
 import anyio.abc
@@ -61,7 +63,17 @@ FASTMCP_PYTHON = FASTMCP_VENV / "bin" / "python"
 FASTMCP_SPEC = "fastmcp==4.2.3"
 
 ERAS = ("legacy", "2026-07-28")
-PROXIES = ("bare", "ours", "bare-http", "ours-http", "fastmcp", "fastmcp-http", "ours-asyncio")
+PROXIES = (
+    "bare",
+    "ours",
+    "bare-http",
+    "ours-http",
+    "fastmcp",
+    "fastmcp-http",
+    "ours-asyncio",
+    "ours-before",
+    "ours-before-http",
+)
 BLOCK = 10
 TARGET_RATIO = 1.0
 STARTUP_S = 60.0
@@ -105,6 +117,8 @@ class Row:
             ("ours", "fastmcp"),
             ("ours-http", "fastmcp-http"),
             ("ours", "ours-asyncio"),
+            ("ours", "ours-before"),
+            ("ours-http", "ours-before-http"),
         ]
         return [(a, b, self.ratio(a, b)) for a, b in pairs if a in self.samples and b in self.samples]
 
@@ -194,7 +208,16 @@ def _yaml(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-async def measure(row: Row, tmp: Path, errlog: IO[str], calls: int, warmup: int, block_size: int) -> None:
+def spawn_env(target: str, baseline: Path | None) -> dict[str, str] | None:
+    """`ours-before` imports the baseline's package first (the editable install's finder comes after)."""
+    if not target.startswith("ours-before") or baseline is None:
+        return None
+    return {**os.environ, "PYTHONPATH": str(baseline)}
+
+
+async def measure(
+    row: Row, tmp: Path, errlog: TextIO, calls: int, warmup: int, block_size: int, baseline: Path | None = None
+) -> None:
     backend = row.backend
     async with AsyncExitStack() as stack:
         clients: dict[str, Callable[[], Any]] = {}
@@ -204,13 +227,16 @@ async def measure(row: Row, tmp: Path, errlog: IO[str], calls: int, warmup: int,
             if target.endswith("-http"):
                 port = free_port()
                 argv = spawn_argv(target, backend, tmp, port)
-                process = await anyio.open_process(argv, stdin=subprocess.DEVNULL, stdout=errlog, stderr=errlog)
+                env = spawn_env(target, baseline)
+                process = await anyio.open_process(
+                    argv, stdin=subprocess.DEVNULL, stdout=errlog, stderr=errlog, env=env
+                )
                 stack.push_async_callback(_stop, process)
                 await wait_for_port(port, process)
                 client = await stack.enter_async_context(Client(f"http://127.0.0.1:{port}/mcp", mode=mode))
             else:
                 argv = spawn_argv(target, backend, tmp)
-                params = StdioServerParameters(command=argv[0], args=argv[1:])
+                params = StdioServerParameters(command=argv[0], args=argv[1:], env=spawn_env(target, baseline))
                 client = await stack.enter_async_context(Client(stdio_client(params, errlog=errlog), mode=mode))
             name = f"{backend.name}__{backend.tool}" if target.startswith("ours") else backend.tool
             listed = {tool.name for tool in (await client.list_tools()).tools}
@@ -323,6 +349,9 @@ def main() -> int:
         "--uvloop-ab", action="store_true", help="also measure ours on asyncio's own loop (ours-asyncio)"
     )
     parser.add_argument("--block", type=int, default=BLOCK, help=f"calls per target per block (default {BLOCK})")
+    parser.add_argument(
+        "--baseline", type=Path, help="also measure ours from DIR/mcp_spec_proxy (ours-before): before and after"
+    )
     args = parser.parse_args()
     if args.calls < 2:
         parser.error("--calls must be at least 2")
@@ -337,6 +366,10 @@ def main() -> int:
         print(f"fastmcp: not measured ({FASTMCP_VENV} is missing; add --install-fastmcp)", file=sys.stderr)
     if args.uvloop_ab:
         targets.append("ours-asyncio")
+    if args.baseline is not None:
+        if not (args.baseline / "mcp_spec_proxy" / "__init__.py").exists():
+            parser.error(f"--baseline {args.baseline}: no mcp_spec_proxy package there")
+        targets += ["ours-before"] + ([] if args.no_http else ["ours-before-http"])
     machine = machine_line()
     load_before = load_average()
     started = time.perf_counter()
@@ -346,7 +379,7 @@ def main() -> int:
         with open(tmp / "stderr.log", "w") as errlog:
             for row in rows:
                 print(f"measuring {row.backend.name}, era {row.era} ...", file=sys.stderr, flush=True)
-                anyio.run(measure, row, tmp, errlog, args.calls, args.warmup, args.block)
+                anyio.run(measure, row, tmp, errlog, args.calls, args.warmup, args.block, args.baseline)
     elapsed = time.perf_counter() - started
     return report(rows, args, machine, (load_before, load_average()), elapsed)
 

@@ -35,8 +35,8 @@ and one call and sat idle for a second, ours (`review: deny`, one backend) again
 bench/bare_proxy.py (the bare SDK hop) in front of the same backend. Both processes are read from
 /proc side by side in one run.
 
-Process start and imports: `python -c "import mcp_spec_proxy.cli"` against the same for the SDK
-modules the bare hop imports, and an empty interpreter.
+Process start and imports: `python -c "import mcp_spec_proxy.cli, …"` (what serving stdio imports)
+against the same for the SDK modules the bare hop imports, and an empty interpreter.
 
 Runs repeat `--repeat` times in rotation (direct, ours); the medians are printed.
 
@@ -59,7 +59,7 @@ import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import TextIO
 
 import anyio
 from mcp import Client, StdioServerParameters
@@ -124,7 +124,7 @@ def _yaml(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-async def _first_list(argv: list[str], errlog: IO[str]) -> tuple[float, set[str]]:
+async def _first_list(argv: list[str], errlog: TextIO) -> tuple[float, set[str]]:
     """Seconds from spawn to the first tools/list answer, and the tool names it held."""
     started = time.perf_counter()
     params = StdioServerParameters(command=argv[0], args=argv[1:])
@@ -133,7 +133,7 @@ async def _first_list(argv: list[str], errlog: IO[str]) -> tuple[float, set[str]
         return time.perf_counter() - started, names
 
 
-async def direct(backends: list[Backend], errlog: IO[str]) -> float:
+async def direct(backends: list[Backend], errlog: TextIO) -> float:
     """All the backends spawned at once; the slowest answering one's time to its first tools/list.
 
     A backend that hangs is spawned too, never waited for, and stopped after: its own start loads
@@ -165,7 +165,7 @@ async def ours(
     config: Path,
     tmp: Path,
     backends: list[Backend],
-    errlog: IO[str],
+    errlog: TextIO,
     *,
     late: bool = False,
     tree: Path | None = None,
@@ -224,7 +224,7 @@ class Row:
         )
 
 
-async def startup_rows(tmp: Path, repeat: int, errlog: IO[str], before: Path | None = None) -> list[Row]:
+async def startup_rows(tmp: Path, repeat: int, errlog: TextIO, before: Path | None = None) -> list[Row]:
     cases = [(f"{n} backend{'s' if n > 1 else ''}", backend_set(n, tmp)) for n in SIZES]
     cases.append((f"{HUNG_SIZE} backends, one hung", backend_set(HUNG_SIZE, tmp, hung=True)))
     rows = []
@@ -275,7 +275,7 @@ def _children(parent: int | None = None) -> dict[int, str]:
     return found
 
 
-async def idle_rss(tmp: Path, errlog: IO[str]) -> dict[str, float]:
+async def idle_rss(tmp: Path, errlog: TextIO) -> dict[str, float]:
     """RSS of ours and of the bare hop, each in front of mcp-server-time, idle after one list and call."""
     backend = backend_set(1, tmp)[0]
     config = proxy_config([backend], tmp, "rss")
@@ -302,7 +302,8 @@ async def idle_rss(tmp: Path, errlog: IO[str]) -> dict[str, float]:
 IMPORTS = {
     "interpreter": "pass",
     "sdk": "import mcp.client.stdio, mcp.server.lowlevel, mcp.server.stdio",  # what bare_proxy.py imports
-    "ours": "import mcp_spec_proxy.cli",
+    # What serving stdio imports: the command line loads the proxy and its fronts only when it serves.
+    "ours": "import mcp_spec_proxy.cli, mcp_spec_proxy.proxy, mcp_spec_proxy.fronts.mcp, mcp_spec_proxy.fronts.stdio",
 }
 
 
@@ -345,7 +346,7 @@ def import_times(repeat: int) -> dict[str, float]:
     return {name: statistics.median(found) for name, found in samples.items()}
 
 
-async def measure(args: argparse.Namespace, tmp: Path, errlog: IO[str]) -> tuple[list[Row], dict[str, float]]:
+async def measure(args: argparse.Namespace, tmp: Path, errlog: TextIO) -> tuple[list[Row], dict[str, float]]:
     rows = await startup_rows(tmp, args.repeat, errlog, args.before.resolve() if args.before else None)
     print("measuring idle RSS ...", file=sys.stderr, flush=True)
     rss = await idle_rss(tmp, errlog)

@@ -20,10 +20,11 @@ A forwarded call that gets no result (the gate's `CallFailed`) is raised to the 
 step is kept: the client gets the backend's own JSON-RPC error, or the proxy's. A substitute's
 failure is told in its result instead, since the client did not call that tool.
 
-`Barrier.read_tool()` and `read_json()` are the fast path of the same call for a client's read:
-the same lookup, validation and gate (its audit line included), the result as wire JSON,
-unchanged. `read_tool` declines (None) every call that is not a read of a tool the catalog holds
-as one, and `call` takes those.
+`Barrier.read_tool()` and `read_json()` are the lean front's door for a client's read: the same
+lookup, validation and gate (its audit line included), the result as wire JSON, unchanged.
+`read_tool` declines (None) every call that is not a read of a tool the catalog holds as one,
+and `call` takes those. Both doors feed one read (`_read` → `Gate.read`): `call` only turns its
+wire JSON into the model the SDK's handler returns.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ from mcp_spec_proxy.gate import (
     GateCall,
     Outcome,
     Report,
+    WireResult,
+    as_model,
     as_wire,
     blocked_result,
     capped,
@@ -113,19 +116,29 @@ class Barrier:
         key: str | None = None,
     ) -> types.CallToolResult:
         """`call` names the call on the audit trail (the front's id); `key` is the client's
-        idempotency key, which the gate lets only one write of the session be forwarded with."""
+        idempotency key, which the gate lets only one write of the session be forwarded with.
+
+        The call takes its drain slot here, before it waits for the session's earlier write: once
+        admitted, its wait, its gate calls and a substitute of it are in flight, never refused."""
+        with self.gate.admitted(session.id, name, call):
+            return await self._call(session, name, arguments, user, report, call, key)
+
+    async def _call(
+        self,
+        session: Session,
+        name: str,
+        arguments: dict[str, Any],
+        user: UserChannel,
+        report: Report | None,
+        call: str | None,
+        key: str | None,
+    ) -> types.CallToolResult:
         prepared = await self._prepare(name, arguments)  # ToolNotFound is a protocol error, raised to the front
         if isinstance(prepared, types.CallToolResult):
             return prepared
         tool, forwarded, intent = prepared
-        if tool.effect == "read":
-            ran = await self.gate.read(
-                session.id, tool, forwarded, Step(tool.name, forwarded, "read"), "client", report, call
-            )
-            await self._sessions.read(session.id, session.history, ran.step)
-            if ran.error is not None:  # the backend's error, or the proxy's own: the read still happened
-                raise ran.error
-            return ran.result
+        if tool.effect == "read":  # the SDK's handler wants the model; the pipeline builds none
+            return as_model(await self._read(session, tool, forwarded, report, call))
         waited = session.writes.locked()
         async with session.writes:
             if waited:
@@ -166,7 +179,7 @@ class Barrier:
 
     async def read_json(
         self, session: Session, tool: CatalogTool, arguments: dict[str, Any], call: str | None = None
-    ) -> dict[str, Any]:
+    ) -> WireResult:
         """`call` for a read (`read_tool`), its result as wire JSON."""
         current = self.read_tool(tool.name)
         if current is None:
@@ -179,9 +192,17 @@ class Barrier:
         except InvalidArguments as exc:
             return as_wire(error_result(str(exc)))
         forwarded, _ = strip_intent(tool, arguments)
-        ran = await self.gate.read_json(session.id, tool, forwarded, Step(tool.name, forwarded, "read"), call)
-        await self._sessions.read(session.id, session.history, ran.step)  # the store's, like `call`'s reads
-        if ran.error is not None:
+        return await self._read(session, tool, forwarded, None, call)
+
+    async def _read(
+        self, session: Session, tool: CatalogTool, arguments: dict[str, Any], report: Report | None, call: str | None
+    ) -> WireResult:
+        """The one read of a client's call, whichever door it came by: through the gate, its step
+        as it ran kept in the session's history (the store's) whether it got a result or its `CallFailed`."""
+        step = Step(tool.name, arguments, "read")
+        ran = await self.gate.read(session.id, tool, arguments, step, "client", report, call)
+        await self._sessions.read(session.id, session.history, ran.step)
+        if ran.error is not None:  # the backend's error, or the proxy's own: the read still happened
             raise ran.error
         return ran.result
 
@@ -300,7 +321,7 @@ class Barrier:
         if step.tool.effect == "read":
             # The client called another tool: its failure is told in words (the read's error result).
             ran = await self.gate.read(session.id, step.tool, arguments, executed, author, report)
-            inner, executed = ran.result, ran.step
+            inner, executed = as_model(ran.result), ran.step
         else:
             # In the rejected call's place: it claims that call's idempotency key.
             call = GateCall(

@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -57,8 +58,12 @@ class RelayConfig(_Strict):
     roots: bool = True
 
     def kinds(self) -> frozenset[Literal["sampling", "elicitation", "roots"]]:
-        wanted = (("sampling", self.sampling), ("elicitation", self.elicitation), ("roots", self.roots))
-        return frozenset(kind for kind, on in wanted if on)  # type: ignore[misc]  # literals of the tuple above
+        wanted: tuple[tuple[Literal["sampling", "elicitation", "roots"], bool], ...] = (
+            ("sampling", self.sampling),
+            ("elicitation", self.elicitation),
+            ("roots", self.roots),
+        )
+        return frozenset(kind for kind, on in wanted if on)
 
 
 class ServerConfig(_Strict):
@@ -76,6 +81,9 @@ class ServerConfig(_Strict):
     disabled: bool = False  # Claude Desktop's spelling of `enabled: false`
     timeout: float = Field(default=60.0, gt=0)
     startup_timeout: float = Field(default=30.0, gt=0)
+    # What to tell the user when it fails to connect: what it needs and how to give it (a server that
+    # exits at start knows why, but not what the user can change in this config).
+    hint: str | None = None
     max_result_bytes: int = Field(default=20_000_000, gt=0)  # larger results are withheld with an error
     # Trusting annotations trusts the backend: a tool it marks `readOnlyHint: true` runs unreviewed.
     trust_annotations: bool = True
@@ -217,6 +225,27 @@ class PostgresStore(_Strict):
     postgres: PostgresSettings
 
 
+class TelemetryConfig(_Strict):
+    """`telemetry: {file: PATH, otlp: URL}`: decisions as JSON lines, and traces to an OTLP receiver."""
+
+    file: str | None = None  # what `telemetry: PATH` alone sets (and `--telemetry FILE`)
+    # An OTLP/HTTP receiver (protobuf): its base (`/v1/traces` is added) or its traces URL.
+    otlp: str | None = None
+
+    @field_validator("otlp")
+    @classmethod
+    def _receiver(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+            raise ValueError(
+                f"{url!r} is not the http(s) URL of an OTLP/HTTP receiver — give its base, such as"
+                " http://collector:4318 (spans go to its /v1/traces), or its full traces URL"
+            )
+        return url
+
+
 class CatalogConfig(_Strict):
     """How clients see the tools: every one listed, or a few meta-tools that search the catalog."""
 
@@ -229,6 +258,10 @@ class CatalogConfig(_Strict):
     rank: Literal["auto", "hybrid", "words", "encoder"] = "auto"
 
 
+MAX_DRAIN_S = 3600.0
+"""The longest drain: a replica that may take longer to stop is one an orchestrator kills first."""
+
+
 class ProxyConfig(_Strict):
     """The whole file."""
 
@@ -239,7 +272,7 @@ class ProxyConfig(_Strict):
     gateway: GatewayConfig = Field(default_factory=lambda: GatewayConfig())
     leash: LeashConfig | None = None
     catalog: CatalogConfig = Field(default_factory=lambda: CatalogConfig())
-    telemetry: str | None = None
+    telemetry: str | TelemetryConfig | None = None  # a path alone is the JSON lines file
     state_dir: str | None = None
     # Where state lives: `files` (the state directory; one process) or one Postgres for many replicas.
     store: Literal["files"] | PostgresStore = "files"
@@ -247,7 +280,19 @@ class ProxyConfig(_Strict):
     max_name_length: int = Field(default=64, ge=16, le=128)
     hold_open_world: bool = False  # every server's open-world reads are held, unless it says otherwise
     # On SIGTERM: seconds the calls in flight (held ones too) have to finish before they are abandoned.
-    drain_s: float = Field(default=30.0, ge=0)
+    drain_s: float = Field(default=30.0, ge=0, le=MAX_DRAIN_S, strict=True, allow_inf_nan=False)
+
+    @field_validator("drain_s", mode="before")
+    @classmethod
+    def _drain_seconds(cls, value: Any) -> Any:
+        # Strict: `true` or "30" is a slip, not seconds, and `.inf` would hold the replica's stop for ever.
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or not 0 <= value <= MAX_DRAIN_S:  # NaN fails the comparison too
+            raise ValueError(
+                f"must be a number of seconds from 0 to {MAX_DRAIN_S:g} (e.g. drain_s: 30), not {value!r};"
+                " the orchestrator's grace (Kubernetes' terminationGracePeriodSeconds) must be at least drain_s + 10"
+            )
+        return value
 
     @field_validator("servers")
     @classmethod
@@ -305,6 +350,16 @@ class ProxyConfig(_Strict):
                     used[f"servers.{server_name}.tools.overrides.{pattern}.review"] = rule.review
         return used
 
+    @property
+    def telemetry_file(self) -> str | None:
+        """The JSON lines file of decisions, if the file names one."""
+        return self.telemetry.file if isinstance(self.telemetry, TelemetryConfig) else self.telemetry
+
+    @property
+    def otlp(self) -> str | None:
+        """The OTLP receiver traces go to, if the file names one."""
+        return self.telemetry.otlp if isinstance(self.telemetry, TelemetryConfig) else None
+
     def active_servers(self) -> dict[str, ServerConfig]:
         return {name: server for name, server in self.servers.items() if server.active}
 
@@ -318,6 +373,7 @@ _SUGGESTIONS = tuple(
         name
         for model in (
             ProxyConfig,
+            TelemetryConfig,  # before ServerConfig: `otlp_url` meant `otlp`, not a server's `url`
             ServerConfig,
             ReviewConfig,
             ToolsConfig,

@@ -200,7 +200,14 @@ def _similar(a: str, b: str) -> bool:
     if abs(len(a) - len(b)) > 1:
         return False
     if len(a) == len(b):
-        return sum(1 for x, y in zip(a, b, strict=True) if x != y) <= 1
+        differ = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y]
+        # One letter changed, or two neighbours swapped (`oltp`, `tiemout`).
+        return len(differ) <= 1 or (
+            len(differ) == 2
+            and differ[1] == differ[0] + 1
+            and a[differ[0]] == b[differ[1]]
+            and a[differ[1]] == b[differ[0]]
+        )
     # A letter dropped or added anywhere (`timout`, `commmand`), not only at the end.
     short, long = sorted((a, b), key=len)
     return any(long[:i] + long[i + 1 :] == short for i in range(len(long)))

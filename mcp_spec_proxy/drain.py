@@ -9,7 +9,13 @@ replica shut down"), and the calls being forwarded are cut with the rest of the 
 later (`SETTLE_S`), recorded `forward-interrupted`. A held call is never forwarded after its drain
 expired: its verdict is the only way to the backend, and its wait is what was cancelled. Once the
 drain is over, or cut short by a second signal (`stopping`), a call cancelled with the process is
-recorded as the replica's doing too, never as its client's.
+recorded as the replica's doing too, never as its client's (`ending`).
+
+A call is counted once, where it enters (the front's `Barrier.call`, a gateway request, `delegate`):
+the gate calls it makes, and its substitutes, are part of it, so a write queued behind another of
+its session is in flight, not new. Work that continues a call admitted before the drain is let in
+and counted (`continuing`): a gateway turn between its requests, and a retry carrying an approval.
+After the calls, the command waits (bounded) for their answers to reach their clients (`Answering`).
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ logger = logging.getLogger(__name__)
 
 SHUT_DOWN = "the replica shut down"
 """The reason on the audit trail of a call the drain stopped (as `abandoned`'s reason says)."""
+SHUTTING_DOWN_REASON = "the replica is shutting down"
+"""The reason on the audit trail of a new call the drain refused (`refused`): nothing ran."""
 SETTLE_S = 2.0
 """After the grace: how long the calls the drain stopped have to record it and answer their clients."""
 
@@ -54,15 +62,36 @@ class Drain:
     def held(self) -> int:
         return len(self._held)
 
-    @contextmanager
-    def call(self, what: str) -> Iterator[None]:
-        """One call (at the gate, or a gateway turn, or `delegate`) from its admission to its settling;
-        refused once draining, unless it is made by one admitted before."""
+    @property
+    def ending(self) -> bool:
+        """What is cancelled now is cancelled by the replica stopping (the grace ran out, or the drain is over)."""
+        return self.expired or self.stopping
+
+    def admit(self, what: str) -> None:
+        """Refuse a new call once draining (`ShuttingDown`), unless it is made by one admitted before."""
         if self.draining and not _ADMITTED.get():
             raise ShuttingDown(
                 f"{what} was not forwarded: this replica is shutting down and takes no new calls — send it"
                 " again (a load balancer routes it to another replica)"
             )
+
+    @contextmanager
+    def call(self, what: str) -> Iterator[None]:
+        """One call (at the front, at the gate, a gateway request, `delegate`) from its admission to its
+        settling; refused once draining. One made inside an admitted call is part of it: let through,
+        and not counted again."""
+        if _ADMITTED.get():
+            yield
+            return
+        self.admit(what)
+        with self.continuing():
+            yield
+
+    @contextmanager
+    def continuing(self) -> Iterator[None]:
+        """Work that goes on with a call admitted before (a gateway turn, which outlives the request
+        that started it; a retry carrying the approval a person gave): never refused, counted in
+        flight until it ends, and what it calls is admitted with it."""
         self._calls += 1
         admitted = _ADMITTED.set(True)
         try:
@@ -112,3 +141,29 @@ class Drain:
         while self._calls:
             self._idle = anyio.Event()
             await self._idle.wait()
+
+
+class Answering:
+    """The requests a front is answering now: after the drain, the command waits (bounded) until
+    the answers of the calls it let finish are written to their clients, then stops the fronts."""
+
+    def __init__(self) -> None:
+        self._open: set[object] = set()
+        self._quiet = anyio.Event()
+
+    def begin(self, request: object) -> None:
+        self._open.add(request)
+
+    def end(self, request: object) -> None:
+        self._open.discard(request)
+        if not self._open:
+            self._quiet.set()
+
+    @property
+    def open(self) -> int:
+        return len(self._open)
+
+    async def answered(self) -> None:
+        while self._open:
+            self._quiet = anyio.Event()
+            await self._quiet.wait()

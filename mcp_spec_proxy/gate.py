@@ -4,7 +4,7 @@ Every door hands its calls here — the MCP front's `tools/call` (through the ba
 engine's drafted and strong-led steps (`delegate`, `run`, the gateway), a reviewer's
 replacement and the repair turn — and the gate applies one policy to all of them:
 
-    read   forward at once; one audit line (group-committed, not fsynced on its own)
+    read   forward at once; one audit line (group-committed, not fsynced on its own); `reads.py`
     write  resolve the tool's effective reviewer once → audit `held` (fsynced)
            → verdict → audit `verdict` (fsynced) → forward only if accepted → audit `forwarded`
 
@@ -29,11 +29,11 @@ arguments, the gate audits the edit (`edited`: both digests) and forwards those.
 
 A call that reaches its backend and gets no result — the backend's own JSON-RPC error, or a
 failure the proxy saw itself (`BackendError`: its timeout, the connection ending, the size
-bound) — is that call's `CallFailed`: carried by a read's `Read` and a write's `Outcome` (`error`) after
-its audit line, a write's audited as forwarded with its code. The observed step states the
-failure either way, so a reviewer and the engine's models see it. Steps are values: the gate
-never writes into the step it is handed; what ran comes back as a new step (`Read.step`,
-`Outcome.step`) for the caller's history to keep.
+bound) — is that call's `CallFailed`: carried by a read's `Read` (`reads.py`) and a write's
+`Outcome` (`error`) after its audit line, a write's audited as forwarded with its code. The
+observed step states the failure either way, so a reviewer and the engine's models see it.
+Steps are values: the gate never writes into the step it is handed; what ran comes back as a
+new step (`Read.step`, `Outcome.step`) for the caller's history to keep.
 
 Where an audit line cannot be written decides what the caller is told. Before the forward (its
 `held`, `verdict`, `edited` line, its key's claim) the write is refused — `StateError`, saying it
@@ -50,8 +50,9 @@ is still free in its session: the gate claims it through the audit sink just bef
 call claims its client's key, since it runs in that call's place.
 
 A backend's tool result leaves the gate through `provenance.from_backend` on both doors (`_forward`
-and `read_json`): it never carries the mark of the proxy's own words, which `error_result` gives
-every result the proxy writes, so a client tells them apart on every path.
+for writes and their substitutes, `read` for every read): it never carries the mark of the proxy's
+own words, which `error_result` gives every result the proxy writes, so a client tells them apart
+on every path.
 
 A reviewer that fails or times out becomes a refusing verdict (or, with `review.on_error:
 allow`, an accepting one); the exception never reaches the door. A verdict and its reason are
@@ -63,37 +64,54 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import mcp_types as types
-from mcp.shared.dispatcher import ProgressFnT
-from mcp.shared.exceptions import MCPError
 
 from mcp_spec_proxy.audit import AuditSink
 from mcp_spec_proxy.backends import BackendPool
-from mcp_spec_proxy.catalog import Catalog, CatalogTool, digest, is_held
+from mcp_spec_proxy.catalog import Catalog, CatalogTool, digest
 from mcp_spec_proxy.config import ProxyConfig, ReviewMode
 from mcp_spec_proxy.drain import SHUT_DOWN, Drain
 from mcp_spec_proxy.errors import (
     BackendClosed,
-    BackendError,
     BackendUnavailable,
     CallReplayed,
     ShuttingDown,
     StateError,
-    ToolNotFound,
 )
 from mcp_spec_proxy.logs import about_call
 from mcp_spec_proxy.models import ModelCall
-from mcp_spec_proxy.provenance import from_backend, noted, notice
+from mcp_spec_proxy.policy import Policy
+from mcp_spec_proxy.provenance import from_backend, noted
+from mcp_spec_proxy.reads import Reads
+from mcp_spec_proxy.results import (
+    AUDIT_META,
+    CALL_FAILED,
+    CALL_META,
+    FIRST_META,
+    Author,
+    CallFailed,
+    Read,
+    Report,
+    WireResult,
+    as_model,
+    as_wire,
+    blocked_result,
+    capped,
+    error_result,
+    failed_result,
+    new_call_id,
+    text_result,
+)
 from mcp_spec_proxy.review import InputNeeded, Reviewer, ReviewFailed, ReviewRequest, UserChannel, Verdict
-from mcp_spec_proxy.review.kinds import BASELINES, Chain, ReviewerKind
-from mcp_spec_proxy.review.waiting import Both, asks_a_person, waiting_note, with_heartbeat
+from mcp_spec_proxy.review.kinds import ReviewerKind
+from mcp_spec_proxy.review.waiting import asks_a_person, waiting_note, with_heartbeat
+from mcp_spec_proxy.telemetry import Tracing
 from mcp_spec_proxy.trajectory import Step, observation_text
 
 if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section opens it
@@ -101,31 +119,8 @@ if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section op
 
 logger = logging.getLogger(__name__)
 
-Report = ProgressFnT
-"""Sends a progress notification to the calling client: `await report(progress, total, message)`."""
-
-Author = Literal["client", "weak", "strong", "replacement", "repair"]
-STRONG_AUTHORS: frozenset[str] = frozenset({"strong", "replacement", "repair"})
-"""Authors whose calls count as reviewed by the strong model: it wrote them itself."""
-
 Executor = Callable[[CatalogTool, dict[str, Any], "Report | None"], Awaitable[types.CallToolResult]]
 """Runs an accepted call somewhere other than a backend (the gateway's client tools)."""
-
-AUDIT_TEXT_CAP = 4000
-"""Characters of one free-text audit field (a reviewer's reason); the rest is cut with a marker."""
-CALL_META = "mcp-spec-proxy/call"
-"""The `_meta` key of a tools/call result (and the `data` key of a proxy error about a call that
-reached the gate) that names the call, as the audit trail names it."""
-FIRST_META = "mcp-spec-proxy/first-call"
-"""The `data` key of a `CallReplayed` error: the call that holds the idempotency key."""
-AUDIT_META = "mcp-spec-proxy/audit"
-"""The `_meta` key of a result whose audit line could not be written yet: why, and that it is retried."""
-
-
-def new_call_id() -> str:
-    """128 random bits: call ids share one audit table across replicas and years (48 bits met by
-    chance past ~10M calls), and a client must not guess another's."""
-    return secrets.token_hex(16)
 
 
 @dataclass
@@ -143,25 +138,6 @@ class GateCall:
     flagged: bool = False  # LEASH flagged it: a model verdict is due even if the strong model wrote it
     id: str = field(default_factory=new_call_id)
     key: str | None = None  # the client's idempotency key: at most one call of the session is forwarded with it
-
-
-CallFailed = MCPError | BackendError
-"""A forwarded call that got no result: the backend's own error, or the proxy's observation."""
-CALL_FAILED = (MCPError, BackendError)
-
-
-R = TypeVar("R")
-
-
-@dataclass(frozen=True)
-class Read(Generic[R]):
-    """What became of a forwarded call: its step as it ran (observed: a new step, the one handed
-    in unchanged) and its result. One that got no result has `error`, and `result` is that
-    failure as an error result; the caller raises it where its client should see it."""
-
-    step: Step
-    result: R
-    error: CallFailed | None = None
 
 
 @dataclass(frozen=True)
@@ -182,7 +158,7 @@ class Outcome:
         return self.result is not None
 
 
-class Gate:
+class Gate(Reads, Policy):
     def __init__(
         self,
         config: ProxyConfig,
@@ -191,6 +167,7 @@ class Gate:
         audit: AuditSink,
         leash: Leash | None = None,
         catalog: Catalog | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._config = config
         self._backends = backends
@@ -199,69 +176,7 @@ class Gate:
         self._leash = leash
         self._catalog = catalog  # to reread `tools accept` before refusing a held tool
         self.drain = Drain()  # the calls in flight; on SIGTERM, no new ones (drain.py)
-
-    # -- policy ------------------------------------------------------------------------------
-
-    def mode(self, tool: CatalogTool) -> ReviewMode:
-        """The tool's configured reviewer: its override, else `review.default`."""
-        return tool.review or self._config.review.default
-
-    # -- reads -------------------------------------------------------------------------------
-
-    async def read(
-        self,
-        session: str,
-        tool: CatalogTool,
-        arguments: dict[str, Any],
-        step: Step,
-        author: Author,
-        report: Report | None,
-        call: str | None = None,
-    ) -> Read[types.CallToolResult]:
-        """Forward a read at once; its audit line is buffered and written with the next commit."""
-        with self.drain.call(tool.name), about_call(call, session):
-            self._note_read(session, tool, arguments, author, call)
-            return await self._forward(tool, arguments, step, report)
-
-    async def read_json(
-        self, session: str, tool: CatalogTool, arguments: dict[str, Any], step: Step, call: str | None = None
-    ) -> Read[dict[str, Any]]:
-        """`read` for the fast path (a client's read with no progress to report): the same audit
-        line, and the result as wire JSON, forwarded unchanged (no model built for it)."""
-        with self.drain.call(tool.name), about_call(call, session):
-            return await self._read_json(session, tool, arguments, step, call)
-
-    async def _read_json(
-        self, session: str, tool: CatalogTool, arguments: dict[str, Any], step: Step, call: str | None
-    ) -> Read[dict[str, Any]]:
-        self._note_read(session, tool, arguments, "client", call)
-        started = time.perf_counter()
-        try:
-            result = from_backend(await self._backends.get(tool.server).call_tool_json(tool.original, arguments))
-        except CALL_FAILED as exc:
-            failed = failed_result(tool, exc)
-            return Read(_observe(step, failed, started), as_wire(failed), exc)
-        except Exception as exc:  # boundary: as in `_forward`
-            result = as_wire(failed_result(tool, exc))
-        content = result.get("content") or []
-        text = observation_text([block for block in content if isinstance(block, dict)])
-        took = time.perf_counter() - started
-        return Read(step.observed(text, is_error=bool(result.get("isError")), duration_s=took), result)
-
-    def _note_read(
-        self, session: str, tool: CatalogTool, arguments: dict[str, Any], author: Author, call: str | None
-    ) -> None:
-        assert tool.effect == "read", f"{tool.name} is a write: it must be held"
-        self._audit.note(
-            "read",
-            **({"call": call} if call is not None else {}),
-            session=session,
-            tool=tool.name,
-            server=tool.server,
-            arguments_digest=digest(arguments),
-            author=author,
-            why=tool.why,
-        )
+        self.tracing = tracing or Tracing(None)  # each call's spans, where traces are on (telemetry.py)
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -285,7 +200,8 @@ class Gate:
         `decided` hears the verdict once it is audited, before anything runs (a client's tool may
         run only at the client's next request, and the verdict belongs to this one).
         """
-        with self.drain.call(call.tool.name), about_call(call.id, call.session):
+        spans = self.tracing.call(call.id, call.tool, call.author)
+        with self.admitted(call.session, call.tool.name, call.id), about_call(call.id, call.session), spans:
             return await self._write(call, user, report, strong, verified, executor, step, decided)
 
     async def _write(
@@ -325,68 +241,73 @@ class Gate:
         if flagged is not None:
             await self._before(call, "leash-escalated", call=call.id, session=call.session, **flagged)
         started = time.perf_counter()
+        settled = False  # its terminal line (`blocked`) is written: a cancel after it abandons nothing
         try:
             request = dataclasses.replace(call.request, call=call.id)
-            with self.drain.holding() as hold:
-                verdict = await self._review(reviewer, request, user, report)
+            with self.drain.holding() as hold, self.tracing.review(reviewer.by) as review:
+                verdict = review.decided(await self._review(reviewer, request, user, report))
             if hold.cancelled_caught:  # the drain's grace ran out while it was held
                 with anyio.CancelScope(shield=True):
                     await self._after("abandoned", **common, reason=SHUT_DOWN)
                 raise ShuttingDown(
                     f"{tool.name} was not forwarded (call {call.id}): {SHUT_DOWN} while it waited for its verdict"
                 )
+            latency_ms = round((time.perf_counter() - started) * 1000, 3)
+            await self._before(
+                call,
+                "verdict",
+                **common,
+                accepted=verdict.accepted,
+                reason=capped(verdict.reason),
+                accepted_steps=verdict.accepted_steps,
+                decided_by=verdict.reviewer,
+                latency_ms=latency_ms,
+                **({"evidence": verdict.evidence} if verdict.evidence else {}),
+            )
+            logger.debug("%s %s by %s", tool.name, "accepted" if verdict.accepted else "rejected", verdict.reviewer)
+            if decided is not None:
+                await decided(verdict)
+            if not verdict.accepted:
+                settled = True
+                with anyio.CancelScope(shield=True):  # once begun, the terminal line is written whole
+                    await self._after("blocked", call=call.id, session=call.session)
+                await self._label(call, verdict)
+                return Outcome(call.id, verdict, None, latency_ms, key=call.key)
+            step = step or Step(tool.name, call.arguments, tool.effect, intent=call.intent)
+            arguments, edit_note = call.arguments, None
+            if verdict.arguments is not None and verdict.arguments != call.arguments:
+                # A person edited the call on the approval console (validated there against its schema).
+                edited = {"original_digest": digest(call.arguments), "edited_digest": digest(verdict.arguments)}
+                await self._before(call, "edited", call=call.id, session=call.session, by=verdict.reviewer, **edited)
+                # What runs is a new step: the segment the reviewer was shown keeps the call as it was sent.
+                arguments = dict(verdict.arguments)
+                step = dataclasses.replace(step, arguments=arguments)
+                # The agent is told what ran: else it believes its own arguments did, and builds on that.
+                shown = capped(json.dumps(arguments, ensure_ascii=False))
+                edit_note = (
+                    f"[mcp-spec-proxy] the reviewer ({verdict.reviewer}) changed this call's arguments before"
+                    f" approving it: {tool.name} ran with {shown}, not with the arguments you sent. Its result follows."
+                )
+            if call.key is not None:
+                await self._claim(call)
         except InputNeeded:
             await self._before(call, "awaiting-input", **common)
             raise
         except anyio.get_cancelled_exc_class():
-            # Cancelled from outside: by its client, or by the replica stopping after (or during) a drain.
-            why = SHUT_DOWN if self.drain.stopping else "the client cancelled or disconnected"
-            with anyio.CancelScope(shield=True):
-                await self._after("abandoned", **common, reason=why)
+            # Cancelled from outside before the forward (in its review, or while its verdict, edit or
+            # key was made durable): by its client, or by the replica stopping after (or during) a drain.
+            if not settled:
+                why = SHUT_DOWN if self.drain.ending else "the client cancelled or disconnected"
+                with anyio.CancelScope(shield=True):
+                    await self._after("abandoned", **common, reason=why)
             raise
-        latency_ms = round((time.perf_counter() - started) * 1000, 3)
-        await self._before(
-            call,
-            "verdict",
-            **common,
-            accepted=verdict.accepted,
-            reason=capped(verdict.reason),
-            accepted_steps=verdict.accepted_steps,
-            decided_by=verdict.reviewer,
-            latency_ms=latency_ms,
-            **({"evidence": verdict.evidence} if verdict.evidence else {}),
-        )
-        logger.debug("%s %s by %s", tool.name, "accepted" if verdict.accepted else "rejected", verdict.reviewer)
-        if decided is not None:
-            await decided(verdict)
-        if not verdict.accepted:
-            await self._after("blocked", call=call.id, session=call.session)
-            await self._label(call, verdict)
-            return Outcome(call.id, verdict, None, latency_ms, key=call.key)
-        step = step or Step(tool.name, call.arguments, tool.effect, intent=call.intent)
-        arguments, edit_note = call.arguments, None
-        if verdict.arguments is not None and verdict.arguments != call.arguments:
-            # A person edited the call on the approval console (validated there against its schema).
-            edited = {"original_digest": digest(call.arguments), "edited_digest": digest(verdict.arguments)}
-            await self._before(call, "edited", call=call.id, session=call.session, by=verdict.reviewer, **edited)
-            # What runs is a new step: the segment the reviewer was shown keeps the call as it was sent.
-            arguments = dict(verdict.arguments)
-            step = dataclasses.replace(step, arguments=arguments)
-            # The agent is told what ran: else it believes its own arguments did, and builds on that.
-            shown = capped(json.dumps(arguments, ensure_ascii=False))
-            edit_note = (
-                f"[mcp-spec-proxy] the reviewer ({verdict.reviewer}) changed this call's arguments before"
-                f" approving it: {tool.name} ran with {shown}, not with the arguments you sent. Its result follows."
-            )
-        if call.key is not None:
-            await self._claim(call)
         try:
             if executor is not None:
                 ran = await _execute(executor, tool, arguments, step, report)
             else:
                 ran = await self._forward(tool, arguments, step, report)
         except BaseException as exc:  # cancelled (or worse) mid-send: the call may have run
-            why = SHUT_DOWN if self.drain.expired else type(exc).__name__
+            why = SHUT_DOWN if self.drain.ending else type(exc).__name__
             with anyio.CancelScope(shield=True):
                 await self._after(
                     "forward-interrupted",
@@ -447,7 +368,8 @@ class Gate:
         if first is None:
             return
         reason = f"its idempotency key belongs to call {first}, which may have run"
-        await self._after("blocked", call=call.id, session=call.session, reason=reason)
+        with anyio.CancelScope(shield=True):  # its terminal line: a cancel now must not add `abandoned`
+            await self._after("blocked", call=call.id, session=call.session, reason=reason)
         raise CallReplayed(
             first,
             f"{call.tool.name} was not forwarded: its idempotency key was used by call {first} of this session"
@@ -466,62 +388,6 @@ class Gate:
                 "verdict", verdict.reviewer, "proxy", call.session, call.request.client, time.time()
             )
             await self._leash.label_verdict(call.request.segment.steps, verdict.accepted_steps, provenance=provenance)
-
-    async def _still_held(self, tool: CatalogTool) -> bool:
-        """`tools accept` may have run since (in another process): the store is reread first."""
-        if self._catalog is None:
-            return True
-        await self._catalog.refresh_fingerprints()
-        try:
-            return is_held(self._catalog.lookup(tool.name))
-        except ToolNotFound:
-            return True
-
-    async def _reviewer(
-        self, call: GateCall, strong: Reviewer | None, verified: bool
-    ) -> tuple[Reviewer, dict[str, Any] | None]:
-        """The reviewer this call meets, and LEASH's evidence when its shadow observer escalated."""
-        tool = call.tool
-        if is_held(tool) and await self._still_held(tool):
-            # Whoever wrote the call (the client, a replacement, a repair, the engine): a tool whose
-            # definition changed, or that is new, runs for no one until the operator accepts it.
-            return _HeldTool(tool), None
-        loop = strong is not None and verified and call.author not in STRONG_AUTHORS
-        # A read is held only when LEASH flags it: then it is the strong verifier's to judge.
-        mode = self.mode(tool) if tool.effect == "write" else "strong"
-        if mode == "strong" and strong is None and "strong" not in self._reviewers:
-            mode = "human"
-        kind = ReviewerKind.of_mode(mode)
-        if kind is ReviewerKind.DENY:
-            return self._reviewers[mode], None
-        if kind.person and not kind.met_by_strong_author:
-            # A person's own mode: they are asked whoever wrote the call.
-            human = self._reviewers[mode]
-            if loop and strong is not None:
-                # The engine's drafted segment is verified first; only then is the user asked.
-                return Both(strong, human), None
-            return human, None
-        if loop and strong is not None:
-            return strong, None  # SpecAgent's own verification; a rejection goes to its repair turn
-        if call.author in STRONG_AUTHORS and kind.met_by_strong_author and not call.flagged:
-            return _Authored(ReviewerKind.STRONG_AUTHORED, "the strong model wrote this call itself"), None
-        baseline = BASELINES.get(call.baseline or "")
-        if baseline is not None and (kind.met_by_strong_author or kind is ReviewerKind.ALLOW) and not call.flagged:
-            why = f"the operator's {call.baseline} baseline runs its steps unreviewed"
-            return _Authored(baseline, why), None
-        if kind is ReviewerKind.ALLOW and call.flagged:
-            return strong or self._reviewers.get("strong") or self._reviewers["human"], None
-        if kind is ReviewerKind.ALLOW:
-            if self._leash is not None:
-                score = await self._leash.step_score(call.request.segment.held)
-                if self._leash.at_least(score, self._leash.config.observe_threshold):
-                    escalate: ReviewMode = "strong" if "strong" in self._reviewers or strong else "human"
-                    reviewer = strong if escalate == "strong" and strong is not None else self._reviewers[escalate]
-                    return reviewer, {"to": reviewer.by.text, **score.as_json()}
-            return self._reviewers[mode], None
-        if kind is ReviewerKind.STRONG and strong is not None:
-            return strong, None
-        return self._reviewers[mode], None
 
     async def _review(
         self, reviewer: Reviewer, request: ReviewRequest, user: UserChannel, report: Report | None
@@ -556,60 +422,18 @@ class Gate:
     async def _forward(
         self, tool: CatalogTool, arguments: dict[str, Any], step: Step, report: Report | None
     ) -> Read[types.CallToolResult]:
-        """Send the call to its backend. Private to the gate's own decisions: `read` and `write`.
-        A `CallFailed` comes back as the read's `error`, with the step that observed it."""
+        """Send an accepted write to its backend (reads have their own door, `reads.py`). A
+        `CallFailed` comes back as the call's `error`, with the step that observed it."""
         started = time.perf_counter()
         try:
-            backend = self._backends.get(tool.server)
-            result = from_backend(await backend.call_tool(tool.original, arguments, report))
+            with self.tracing.forward(tool):
+                result = from_backend(await self._backends.get(tool.server).call_tool(tool.original, arguments, report))
         except CALL_FAILED as exc:
             failed = failed_result(tool, exc)
             return Read(_observe(step, failed, started), failed, exc)
-        except Exception as exc:  # boundary: a fault past the backend's answer is that call's error result
+        except Exception as exc:  # boundary: any other fault of the call, answered or not, is its error result
             result = failed_result(tool, exc)
         return Read(_observe(step, result, started), result)
-
-    async def get_prompt(self, session: str, server: str, name: str, arguments: dict[str, str] | None) -> Any:
-        """A backend's prompt, audited like a read (a backend may do work to render it)."""
-        self._audit.note("prompt", session=session, server=server, prompt=name, arguments_digest=digest(arguments))
-        return await self._backends.get(server).get_prompt(name, arguments)
-
-    async def read_resource(self, session: str, server: str, uri: str) -> Any:
-        """A backend's resource, audited like a read."""
-        self._audit.note("resource", session=session, server=server, uri=capped(uri, 500))
-        return await self._backends.get(server).read_resource(uri)
-
-    async def complete(self, session: str, server: str, params: types.CompleteRequestParams) -> types.CompleteResult:
-        """A backend's completion of a prompt's or template's argument, audited like a read; a
-        server that declares no `completions` has none to offer (an empty completion)."""
-        self._audit.note("completion", session=session, server=server, ref=capped(_ref_name(params.ref), 500))
-        backend = self._backends.get(server)
-        caps = backend.capabilities
-        if caps is not None and caps.completions is None:
-            return types.CompleteResult(completion=types.Completion(values=[]))
-        return await backend.complete(params)
-
-    async def set_logging_level(self, session: str, level: types.LoggingLevel) -> list[str]:
-        """Fan a client's `logging/setLevel` out to every backend (remembered for those that
-        connect later); the names of the connected ones that refused it."""
-        self._audit.note("log-level", session=session, level=level)
-        refused: list[str] = []
-        for backend in self._backends.backends.values():
-            try:
-                await backend.set_logging_level(level)
-            except Exception as exc:  # boundary: one backend's refusal must not keep the level from the others
-                logger.info("backend %r: logging/setLevel %s refused: %s", backend.name, level, exc)
-                refused.append(backend.name)
-        return refused
-
-    async def subscribe(self, session: str, server: str, uri: str) -> None:
-        """Subscribe the proxy to `uri` at the backend that serves it, audited like a read."""
-        self._audit.note("subscribe", session=session, server=server, uri=capped(uri, 500))
-        await self._backends.get(server).subscribe(uri)
-
-    async def unsubscribe(self, session: str, server: str, uri: str) -> None:
-        self._audit.note("unsubscribe", session=session, server=server, uri=capped(uri, 500))
-        await self._backends.get(server).unsubscribe(uri)
 
     def note(self, kind: str, **fields: Any) -> None:
         """A best-effort audit line about something the front answered itself (a replayed key's outcome)."""
@@ -623,47 +447,6 @@ class Gate:
 
 
 _ON_ERROR = ReviewerKind.ON_ERROR.chain  # a verdict the gate gave for a reviewer that gave none
-
-
-class _HeldTool:
-    """The verdict on a held tool: refused, whoever wrote the call, until `tools accept`."""
-
-    by = ReviewerKind.HELD.chain
-
-    def __init__(self, tool: CatalogTool) -> None:
-        self._reason = (
-            f"{tool.name} is held and runs for no one: {tool.why}"
-            f" (the operator accepts it with `mcp-spec-proxy tools accept {tool.name}`)"
-        )
-
-    async def review(self, request: ReviewRequest, user: UserChannel) -> Verdict:
-        return Verdict(False, self._reason, len(request.segment) - 1, by=self.by)
-
-
-class _Authored:
-    """The verdict of a call whose author's own standing is its review (strong-authored, baselines)."""
-
-    def __init__(self, kind: ReviewerKind, reason: str) -> None:
-        self.by: Chain = kind.chain
-        self._reason = reason
-
-    async def review(self, request: ReviewRequest, user: UserChannel) -> Verdict:
-        return Verdict(True, self._reason, len(request.segment), by=self.by)
-
-
-def _ref_name(ref: types.PromptReference | types.ResourceTemplateReference) -> str:
-    return ref.name if isinstance(ref, types.PromptReference) else ref.uri
-
-
-def failed_result(tool: CatalogTool, exc: Exception) -> types.CallToolResult:
-    """A call its backend could not answer (`BackendError`: the pool's own words) or answered
-    with a JSON-RPC error, as an error result: what a model reads of it, and what a substitute's
-    caller gets."""
-    if isinstance(exc, BackendError):
-        return error_result(str(exc))
-    if isinstance(exc, MCPError):
-        return error_result(f"backend {tool.server!r} answered {tool.original} with error {exc.code}: {exc.message}")
-    return error_result(f"backend {tool.server!r} answered {tool.original} with an error: {exc}")
 
 
 def _observe(step: Step, result: types.CallToolResult, started: float) -> Step:
@@ -685,39 +468,6 @@ async def _execute(
     return Read(_observe(step, result, started), result)
 
 
-def as_wire(result: types.CallToolResult) -> dict[str, Any]:
-    """A result as the JSON the wire carries."""
-    dumped: dict[str, Any] = result.model_dump(by_alias=True, mode="json", exclude_none=True)
-    return dumped
-
-
-def capped(text: str, limit: int = AUDIT_TEXT_CAP) -> str:
-    """`text` within `limit` characters; a cut is marked with how much was left out."""
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}… [{len(text) - limit} more characters cut]"
-
-
-def error_result(text: str) -> types.CallToolResult:
-    """An error result in the proxy's own words, marked as its (`provenance.py`)."""
-    return notice(text)
-
-
-def text_result(text: str, is_error: bool = False) -> types.CallToolResult:
-    """A result in someone else's words (a gateway client's observation): unmarked."""
-    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=is_error)
-
-
-def blocked_result(tool: CatalogTool, verdict: Verdict, why_not_replaced: str = "") -> types.CallToolResult:
-    reason = capped(verdict.reason)
-    text = f"Blocked at the write barrier: {tool.name} was not executed. Reviewer {verdict.reviewer}: {reason}"
-    if verdict.replacement_action:
-        text += "\nSuggested instead: " + json.dumps(verdict.replacement_action, ensure_ascii=False)
-    if why_not_replaced:
-        text += f"\n(Nothing was run in its place: {why_not_replaced}.)"
-    return error_result(text)
-
-
 __all__ = [
     "AUDIT_META",
     "CALL_FAILED",
@@ -730,8 +480,11 @@ __all__ = [
     "Outcome",
     "Read",
     "Report",
+    "WireResult",
+    "as_model",
     "as_wire",
     "blocked_result",
+    "capped",
     "error_result",
     "failed_result",
     "new_call_id",

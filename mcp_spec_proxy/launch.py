@@ -1,6 +1,7 @@
 """The console script: start the stdio backends, then load the proxy while they boot.
 
-Loading the command line imports the `mcp` SDK, most of the proxy's own start. When the command
+Serving imports the `mcp` SDK, most of the proxy's own start (the command line loads without it,
+so `--help` is quick; the serving command imports it once it has read its config). When the command
 serves (no subcommand: stdio, or `--http`), `main` first reads the config with the project's
 loader and spawns its stdio backends (`prespawn.Prespawned`), so their start overlaps ours; it
 hands that object down the command line (click's `obj`) to the backend pool, whose first

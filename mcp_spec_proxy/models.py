@@ -69,6 +69,8 @@ class ModelCall:
     latency_s: float
     ok: bool = True
     error: str | None = None
+    # When it was recorded (epoch ns): its end, from which a trace draws its span back by `latency_s`.
+    at_ns: int = field(default_factory=time.time_ns, compare=False)
 
     def as_json(self) -> dict[str, Any]:
         return {

@@ -12,8 +12,8 @@ a backend's result `_meta` every key under `mcp-spec-proxy/` (the proxy's namesp
 notice, the session, the approval key) and the `serverInfo` stamp (it names the server that
 answered: to the proxy's client that is the proxy, whose front stamps it, as `without_envelope`
 keeps a client's envelope from the backend), and changes nothing else. Both doors a backend's
-tool result comes through call it — the gate's `_forward` (the SDK's path, writes and
-substitutes included) and its `read_json` (the lean path) — so a result that imitates a notice
+tool result comes through call it — the gate's `_forward` (writes and their substitutes) and its
+`read` (every read, whichever front door it came by) — so a result that imitates a notice
 word for word, `_meta` included, reaches the client as the same backend result on either path,
 without the mark.
 
@@ -24,16 +24,18 @@ backend's and passes as it was sent.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import mcp_types as types
 from mcp_types import SERVER_INFO_META_KEY
+
+from mcp_spec_proxy.backends.raw import WireResult
 
 NAMESPACE = "mcp-spec-proxy/"
 NOTICE_META = f"{NAMESPACE}notice"
 """`_meta` key of a result the proxy wrote: how many of its leading content blocks are the proxy's."""
 
-Result = TypeVar("Result", types.CallToolResult, dict[str, Any])
+Result = TypeVar("Result", types.CallToolResult, WireResult)
 
 
 def notice(text: str, *, is_error: bool = True) -> types.CallToolResult:
@@ -71,10 +73,10 @@ def from_backend(result: Result) -> Result:
     kept = {key: value for key, value in meta.items() if not _proxys(key)} or None
     if isinstance(result, types.CallToolResult):
         return result.model_copy(update={"meta": kept})
-    stripped = {key: value for key, value in result.items() if key != "_meta"}
+    stripped: dict[str, Any] = {key: value for key, value in result.items() if key != "_meta"}
     if kept is not None:
         stripped["_meta"] = kept
-    return stripped
+    return cast(WireResult, stripped)
 
 
 def _proxys(key: Any) -> bool:

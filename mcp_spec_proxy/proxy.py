@@ -42,7 +42,7 @@ from mcp_spec_proxy.review.build import build_reviewers, console_queue
 from mcp_spec_proxy.review.console import ConsoleQueue
 from mcp_spec_proxy.store import StatePaths as StatePaths  # where commands and tests have always found it
 from mcp_spec_proxy.store import Store, open_store, postgres_dsn
-from mcp_spec_proxy.telemetry import Telemetry
+from mcp_spec_proxy.telemetry import Telemetry, Tracing, open_tracing, otel_missing
 
 if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section opens it
     from mcp_spec_proxy.leash.layers import Leash
@@ -157,6 +157,7 @@ async def validate(config: ProxyConfig, environ: Mapping[str, str], source: str 
     """Everything `running_proxy` checks before it starts a backend: keys, LEASH's banks, the
     reviewers every review mode needs. `mcp-spec-proxy check` runs this, so `ok` means the proxy starts."""
     postgres_dsn(config, environ, source)  # its variable is set (the database is reached at start)
+    _otlp(config, source)  # the exporter is installed (the receiver is reached only by the spans)
     models = open_models(config, environ, source)
     leash: Leash | None = None
     try:
@@ -195,7 +196,12 @@ async def running_proxy(
             # After the store: a Postgres store has migrated the tables its banks live in.
             if leash is None:
                 leash = open_leash(config, environ, source, telemetry=events)
-            async with _running(config, state, store, models, events, in_process, leash, source, early) as proxy:
+            # After the store too: it numbers the replica the spans name. Before the fronts, which
+            # keep the SDK's span middleware only where a tracer provider is installed.
+            async with (
+                open_tracing(_otlp(config, source), getattr(store, "replica", None)) as tracing,
+                _running(config, state, store, models, events, in_process, leash, source, tracing, early) as proxy,
+            ):
                 yield proxy
     finally:
         events.close()
@@ -205,6 +211,13 @@ async def running_proxy(
         for model in models.values():
             with anyio.CancelScope(shield=True):
                 await model.aclose()
+
+
+def _otlp(config: ProxyConfig, source: str) -> str | None:
+    """The OTLP receiver of `telemetry.otlp`; set without the `otel` extra, a `ConfigError`."""
+    if config.otlp is not None and (missing := otel_missing()) is not None:
+        raise ConfigError(source, "telemetry.otlp", f"{missing} is not installed", "pip install 'mcp-spec-proxy[otel]'")
+    return config.otlp
 
 
 @asynccontextmanager
@@ -217,6 +230,7 @@ async def _running(
     in_process: dict[str, Server[Any]] | None,
     leash: Leash | None,
     source: str,
+    tracing: Tracing,
     early: Prespawned | None = None,
 ) -> AsyncIterator[Proxy]:
     catalog = Catalog(config, store.fingerprints)
@@ -249,7 +263,7 @@ async def _running(
         early=early,
     )
     metrics.watch_backends(backends)
-    gate = Gate(config, backends, reviewers, audit, leash, catalog)
+    gate = Gate(config, backends, reviewers, audit, leash, catalog, tracing)
     barrier = Barrier(config, catalog, gate, events, repairer, store.sessions)
     engine = None
     strong = models.get(config.review.model)

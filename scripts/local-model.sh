@@ -50,8 +50,8 @@ pip_install() {
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$@" 2>&1 \
     | { grep -v -e 'is ignored: it is neither a file nor a directory' || true; }
 }
-if ((!INSTALL_ONLY)) && [[ ! -x "$VENV/bin/mcp-spec-proxy" || ! -x "$VENV/bin/mcp-server-time" ]]; then
-  pip_install -e '.[servers]'  # the proxy, and the time server examples/local-model.yaml uses
+if ((!INSTALL_ONLY)) && [[ ! -x "$VENV/bin/mcp-spec-proxy" ]]; then
+  pip_install -e .  # the proxy (examples/local-model.yaml's notes server needs only its mcp SDK)
 fi
 want="$XLLAMACPP $SMOLLM2"
 if [[ -f "$STAMP" && "$(<"$STAMP")" == "$want" ]]; then

@@ -60,10 +60,10 @@ for entry in "${SOURCES[@]}"; do
 done
 [[ -n "$tarball" ]] || die "none of the pinned pgvector sources is served by $ARCHIVE (pins in $0)"
 
-rm -rf "src-$version"
-mkdir "src-$version"
-tar -xzf "$tarball" -C "src-$version" --strip-components=1
-cd "src-$version"
+# A source tree of its own per run: two checkouts set up at once must not build in one folder.
+src="$(mktemp -d "$PWD/src-$version.XXXXXX")"
+tar -xzf "$tarball" -C "$src" --strip-components=1
+cd "$src"
 cppflags=""
 # The wheel's pg_config.h was generated where glibc still had <xlocale.h> (removed in glibc
 # 2.26): an empty stand-in that includes <locale.h> is what that header became.
@@ -79,4 +79,5 @@ make -s -j"$(nproc)" OPTFLAGS="" PG_CONFIG="$PG_CONFIG" PG_CPPFLAGS="$cppflags" 
 make -s install OPTFLAGS="" PG_CONFIG="$PG_CONFIG" PG_CPPFLAGS="$cppflags" >>build.log 2>&1 ||
   { tail -20 build.log >&2; die "pgvector install failed (log: $PWD/build.log)"; }
 sha256sum "$SO" | cut -d' ' -f1 >"$STAMP"
+cd "$BUILD" && rm -rf "$src"
 log "installed a portable $SO (pgvector $version)"

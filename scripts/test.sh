@@ -10,8 +10,8 @@
 # run as root; otherwise it says how, and those tests are skipped),
 # and the local model the `real_model` tests run against (scripts/local-model.sh
 # --install-only: xllamacpp and SmolLM2-135M, once), then runs ruff check, ruff
-# format --check, mypy and pytest; pytest runs the `real_model` tests after the
-# fast ones (tests/conftest.py). Setup stops at
+# format --check, mypy (strict, on mcp_spec_proxy, tests and bench) and pytest;
+# pytest runs the `real_model` tests after the fast ones (tests/conftest.py). Setup stops at
 # its first error; the four checks all run, and the exit status is non-zero
 # if any of them failed. Arguments go to pytest unchanged.
 # Env: PYTHON (default python3) is the interpreter used to create .venv.
@@ -84,7 +84,7 @@ run_check() {
 
 run_check "ruff check" "$VENV/bin/ruff" check "${LINT_PATHS[@]}"
 run_check "ruff format --check" "$VENV/bin/ruff" format --check "${LINT_PATHS[@]}"
-run_check "mypy" "$VENV/bin/mypy" mcp_spec_proxy
+run_check "mypy" "$VENV/bin/mypy" mcp_spec_proxy tests bench
 run_check "pytest" "$VENV/bin/python" -m pytest "$@"
 
 # On success pytest's summary stays the last line of output.

@@ -69,7 +69,7 @@ def calling(
     call = Call()
     client = client or world.p.client
 
-    async def heard(value: float, total: float | None, message: str | None) -> None:
+    async def heard(progress: float, total: float | None, message: str | None) -> None:
         call.progress.append(message or "")
 
     async def run() -> None:

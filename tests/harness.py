@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import mcp_types as types
@@ -65,6 +65,13 @@ def stdio(backend: BackendCommand, **extra: Any) -> dict[str, Any]:
 
 def recorded(record_file: Path) -> list[str]:
     return record_file.read_text().splitlines() if record_file.exists() else []
+
+
+def request_meta(entries: Mapping[str, object]) -> types.RequestParamsMeta:
+    """`entries` as a request's `_meta`: an open map on the wire, whose keys beyond the progress
+    token (the proxy's own, the reserved `io.modelcontextprotocol/*`) mypy cannot see yet (the
+    TypedDict's PEP 728 `extra_items`)."""
+    return cast(types.RequestParamsMeta, dict(entries))
 
 
 def text_of(result: types.CallToolResult) -> str:

@@ -38,9 +38,9 @@ def embedded_postgres(root: Path) -> Iterator[str]:
     with warnings.catch_warnings():
         # platformdirs warns at import when XDG_RUNTIME_DIR is unset (CI, containers): not ours.
         warnings.simplefilter("ignore")
-        import pgserver
+        from pgserver.postgres_server import get_server
 
-        server = pgserver.get_server(root, cleanup_mode="stop")
+        server = get_server(root, cleanup_mode="stop")
     try:
         yield server.get_uri()
     finally:
@@ -84,7 +84,7 @@ def database_up(admin_dsn: str, name: str) -> None:
 
 def rows(dsn: str, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     with psycopg.connect(dsn) as conn:
-        return conn.execute(sql, args).fetchall()  # type: ignore[arg-type]  # test SQL is a literal
+        return conn.execute(sql, args).fetchall()
 
 
 @dataclass

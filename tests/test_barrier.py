@@ -141,9 +141,9 @@ async def test_client_that_cancels_a_held_write_abandons_it(tmp_path: Path) -> N
         abandoned = anyio.Event()
         record_event = p.proxy.audit.record
 
-        async def spy(event: str, **fields: Any) -> None:
-            await record_event(event, **fields)
-            if event == "abandoned":
+        async def spy(kind: str, **fields: Any) -> None:
+            await record_event(kind, **fields)
+            if kind == "abandoned":
                 abandoned.set()
 
         p.proxy.audit.record = spy  # type: ignore[method-assign]

@@ -20,14 +20,14 @@ import pytest
 from mcp import Client, MCPError
 from mcp.client.session import ElicitationFnT
 
-from mcp_spec_proxy.audit import AuditSink, read_audit
+from mcp_spec_proxy.audit import AuditLog, AuditSink, read_audit
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.errors import CALL_REPLAYED, StateError
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.fronts.replays import KEY_META, Replays
 from mcp_spec_proxy.gate import AUDIT_META, CALL_META, FIRST_META
 from mcp_spec_proxy.proxy import Proxy, StatePaths, running_proxy
-from tests.harness import ERAS, approve, recorded, text_of, toy, toy_twins
+from tests.harness import ERAS, approve, recorded, request_meta, text_of, toy, toy_twins
 
 pytestmark = pytest.mark.anyio
 
@@ -98,7 +98,8 @@ async def test_an_audit_line_lost_after_the_forward_leaves_the_real_result_and_i
         proxy.gate._audit = FailingOnce(proxy.gate._audit, "forwarded")
         ran = await client.call_tool("toy__record", {"value": "once"})
         await client.call_tool("toy__record", {"value": "next"})  # the disk takes lines again
-        await proxy.store.audit.write_late()  # type: ignore[attr-defined]  # the background work, now
+        assert isinstance(proxy.store.audit, AuditLog)
+        await proxy.store.audit.write_late()  # the background work, now
     assert not ran.is_error, text_of(ran)  # the backend's answer, not "nothing was forwarded"
     assert ran.meta is not None and "the backend ran this call" in ran.meta[AUDIT_META]
     assert recorded(ledger) == ['{"value": "once"}', '{"value": "next"}']
@@ -116,7 +117,8 @@ async def test_an_audit_line_lost_before_the_forward_refuses_the_write_with_its_
         with pytest.raises(MCPError) as refused:
             await client.call_tool("toy__record", {"value": "never"})
         await client.call_tool("toy__record", {"value": "after"})
-        await proxy.store.audit.write_late()  # type: ignore[attr-defined]
+        assert isinstance(proxy.store.audit, AuditLog)
+        await proxy.store.audit.write_late()
     error = refused.value.error
     assert "was not forwarded" in error.message and "no write runs without its audit line" in error.message
     assert isinstance(error.data, dict)
@@ -129,9 +131,9 @@ async def test_an_audit_line_lost_before_the_forward_refuses_the_write_with_its_
 async def test_a_key_replayed_after_its_call_gets_the_first_outcome_and_runs_once(tmp_path: Path) -> None:
     ledger, state = tmp_path / "ledger", tmp_path / "state"
     async with served(world(ledger), state) as (client, _, _):
-        first = await client.call_tool("toy__record", {"value": "pay"}, meta={KEY_META: "order-7"})
-        again = await client.call_tool("toy__record", {"value": "pay"}, meta={KEY_META: "order-7"})
-        other = await client.call_tool("toy__record", {"value": "pay"}, meta={KEY_META: "order-8"})
+        first = await client.call_tool("toy__record", {"value": "pay"}, meta=request_meta({KEY_META: "order-7"}))
+        again = await client.call_tool("toy__record", {"value": "pay"}, meta=request_meta({KEY_META: "order-7"}))
+        other = await client.call_tool("toy__record", {"value": "pay"}, meta=request_meta({KEY_META: "order-8"}))
     assert recorded(ledger) == ['{"value": "pay"}', '{"value": "pay"}']  # order-7 once, order-8 once
     assert again == first and call_of(again) == call_of(first) != call_of(other)
     replayed = [line for line in audit(state) if line["event"] == "replayed"]
@@ -142,7 +144,7 @@ def held_until(release: anyio.Event, asked: list[anyio.Event]) -> ElicitationFnT
     """A person who approves each call once `release` is set; `asked[n]` is set as call n is shown."""
     count = 0
 
-    async def answer(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+    async def answer(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult | types.ErrorData:
         nonlocal count
         asked[count].set()
         count += 1
@@ -155,7 +157,7 @@ def held_until(release: anyio.Event, asked: list[anyio.Event]) -> ElicitationFnT
 async def test_a_key_replayed_while_its_call_is_held_is_refused_and_the_write_runs_once(tmp_path: Path) -> None:
     ledger = tmp_path / "ledger"
     release, asked = anyio.Event(), [anyio.Event(), anyio.Event()]
-    meta = {KEY_META: "order-9"}
+    meta = request_meta({KEY_META: "order-9"})
     async with served(world(ledger, "human"), tmp_path / "state", elicitation=held_until(release, asked)) as (
         client,
         _,
@@ -187,7 +189,7 @@ async def test_the_gate_forwards_one_write_per_key_when_the_front_remembers_noth
     """As on another replica, or past the front's bound: the gate's claim alone holds the key."""
     ledger = tmp_path / "ledger"
     release, asked = anyio.Event(), [anyio.Event(), anyio.Event()]
-    meta = {KEY_META: "order-10"}
+    meta = request_meta({KEY_META: "order-10"})
     outcomes: list[types.CallToolResult | MCPError] = []
     async with served(world(ledger, "human"), tmp_path / "state", elicitation=held_until(release, asked)) as (
         client,
@@ -225,8 +227,8 @@ async def test_the_gate_forwards_one_write_per_key_when_the_front_remembers_noth
 async def test_a_key_is_scoped_to_its_session(tmp_path: Path) -> None:
     ledger = tmp_path / "ledger"
     async with served(world(ledger), tmp_path / "state") as (one, front, _), Client(front.server) as two:
-        await one.call_tool("toy__record", {"value": "a"}, meta={KEY_META: "k"})
-        await two.call_tool("toy__record", {"value": "b"}, meta={KEY_META: "k"})
+        await one.call_tool("toy__record", {"value": "a"}, meta=request_meta({KEY_META: "k"}))
+        await two.call_tool("toy__record", {"value": "b"}, meta=request_meta({KEY_META: "k"}))
     assert recorded(ledger) == ['{"value": "a"}', '{"value": "b"}']
 
 
@@ -235,5 +237,5 @@ async def test_a_key_the_proxy_cannot_honour_is_refused_and_nothing_runs(tmp_pat
     ledger = tmp_path / "ledger"
     async with served(world(ledger), tmp_path / "state") as (client, _, _):
         with pytest.raises(MCPError, match="idempotency-key must be a string"):
-            await client.call_tool("toy__record", {"value": "x"}, meta={KEY_META: key})
+            await client.call_tool("toy__record", {"value": "x"}, meta=request_meta({KEY_META: key}))
     assert recorded(ledger) == []

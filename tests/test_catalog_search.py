@@ -123,7 +123,7 @@ async def test_call_of_a_human_tool_asks_the_user_and_runs_only_if_approved(
     asked: list[str] = []
     approval = approve(answer, "not that one")
 
-    async def ask(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+    async def ask(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult | types.ErrorData:
         asked.append(params.message)
         return await approval(context, params)
 

@@ -478,3 +478,13 @@ def test_config_objects_are_frozen() -> None:
 
     with pytest.raises(ValidationError, match="frozen"):
         config.servers["fs"].timeout = 1
+
+
+def test_telemetry_is_a_path_alone_or_a_file_and_a_traces_receiver() -> None:
+    alone = parse_config_text("telemetry: ~/decisions.jsonl\n", {})
+    both = parse_config_text("telemetry: {file: ~/decisions.jsonl, otlp: 'http://collector:4318'}\n", {})
+    receiver_only = parse_config_text("telemetry: {otlp: 'https://otel.example/v1/traces'}\n", {})
+
+    assert (alone.telemetry_file, alone.otlp) == ("~/decisions.jsonl", None)
+    assert (both.telemetry_file, both.otlp) == ("~/decisions.jsonl", "http://collector:4318")
+    assert (receiver_only.telemetry_file, receiver_only.otlp) == (None, "https://otel.example/v1/traces")

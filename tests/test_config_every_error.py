@@ -190,3 +190,22 @@ def test_a_key_yaml_reads_as_a_number_keeps_its_place_in_the_path() -> None:
         ("servers.yaml:2", "servers.1"),
         ("servers.yaml:5", "review.default"),
     ]
+
+
+def test_a_traces_receiver_that_is_no_http_url_is_told_at_its_key_with_what_to_write() -> None:
+    # `telemetry` is a path or `{file, otlp}`: the mistake is told once, at the key written, not as the path's.
+    error = config_error("telemetry:\n  file: decisions.jsonl\n  otlp: collector:4318\n")
+
+    (problem,) = error.problems
+    assert (problem.file, problem.key) == ("servers.yaml:3", "telemetry.otlp")
+    assert problem.problem.startswith("'collector:4318' is not the http(s) URL of an OTLP/HTTP receiver")
+    assert "http://collector:4318" in problem.problem  # what to write instead
+
+
+@pytest.mark.parametrize("typo", ["oltp", "otlp_url"])
+def test_a_misspelt_traces_receiver_key_is_told_with_the_key_meant(typo: str) -> None:
+    error = config_error(f"telemetry:\n  {typo}: http://collector:4318\n")
+
+    assert [(p.file, p.key, p.problem, p.fix) for p in error.problems] == [
+        ("servers.yaml:2", f"telemetry.{typo}", "unknown key", "did you mean `otlp`?"),
+    ]

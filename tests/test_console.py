@@ -229,3 +229,27 @@ async def test_an_exact_rule_on_invisible_characters_lets_no_other_path_run(tmp_
             await page.reload()
     assert values(world) == [hidden, hidden]
     assert [line["decided_by"] for line in audit_of(world, "verdict")] == ["console", "console-rule"] + ["console"] * 3
+
+
+async def test_the_history_page_gives_a_long_reason_room_to_be_read(tmp_path: Path) -> None:
+    # A deny's reason as a person writes it, read in a window half a 1920-px screen wide: the console
+    # beside the client whose call it was.
+    reason = (
+        "the list already says buy milk twice; the user asked for oat milk, not another copy of the same line,"
+        " so ask them which one they meant before writing anything to todo.md"
+    )
+    async with console_world(tmp_path) as world:
+        call = calling(world, "toy__record", {"value": "buy milk", "intent": "the user asked to note milk"})
+        [item] = await world.held()
+        world.queue.decide(item.id, item.digest, Decision("deny", reason=reason))
+        assert (await call.wait()).is_error
+        async with browser_page(world) as page:
+            await page.set_viewport_size({"width": 960, "height": 800})
+            await page.goto(world.origin + "/history")
+            cell = page.locator("table.history tbody tr td").nth(7)
+            assert reason in await cell.inner_text()
+            box = await cell.bounding_box()
+            line = await cell.evaluate("c => parseFloat(getComputedStyle(c.querySelector('.value')).lineHeight)")
+    assert box is not None
+    assert box["width"] >= 280, box  # it was 120 px at this width
+    assert box["height"] / line <= 8, (box, line)  # 200 characters on a few lines: they took 21

@@ -39,7 +39,7 @@ from mcp_spec_proxy.fronts.console import Console, serve_console
 from mcp_spec_proxy.review.console import Decision, Pending
 from mcp_spec_proxy.testing import Respond, ScriptedModelServer
 from tests.console_world import Call, World, another_session, calling, console_world
-from tests.harness import proxied, recorded, segment_length, text_of, toy, verdict
+from tests.harness import proxied, recorded, request_meta, segment_length, text_of, toy, verdict
 
 pytestmark = pytest.mark.anyio
 
@@ -137,7 +137,7 @@ async def shifty_world(
         queue = p.proxy.console
         assert queue is not None
         async with anyio.create_task_group() as tg:
-            site = Console(queue, p.state.audit, p.proxy.leash)
+            site = Console(queue, p.proxy.store.read_audit, p.proxy.leash)
             url = await tg.start(lambda task_status: serve_console(site, "127.0.0.1", 0, task_status=task_status))
             yield World(p, url, queue, ledger, tg), shifty, heard
             tg.cancel_scope.cancel()
@@ -590,7 +590,7 @@ async def test_a_rule_covers_neither_another_session_nor_a_call_with_an_extra_ke
             call = Call()
 
             async def run() -> None:
-                meta: types.RequestParamsMeta = {"mcp-spec-proxy/session": name}  # type: ignore[typeddict-unknown-key]  # the proxy's own key
+                meta = request_meta({"mcp-spec-proxy/session": name})
                 call.result = await world.p.client.call_tool("toy__record", arguments, meta=meta)
                 call.done.set()
 
@@ -702,7 +702,7 @@ async def test_the_link_names_the_address_bound_not_a_name_another_socket_may_an
         queue = p.proxy.console
         assert queue is not None
         async with anyio.create_task_group() as tg:
-            site = Console(queue, p.state.audit)
+            site = Console(queue, p.proxy.store.read_audit)
             url = await tg.start(lambda task_status: serve_console(site, "localhost", 0, task_status=task_status))
             assert url.startswith("http://127.0.0.1:") and queue.url is not None
             assert queue.url.startswith("http://127.0.0.1:")

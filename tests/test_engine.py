@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,7 +83,7 @@ def summary(result: RunResult) -> dict[str, Any]:
 
 async def test_reads_then_an_accepted_write_commit_with_exactly_one_strong_call(tmp_path: Path) -> None:
     notes = str(tmp_path / "files" / "notes.txt")
-    weak = [
+    weak: list[Reply | str] = [
         call("fs__read_text_file", path=notes),
         call("fs__write_file", path=str(tmp_path / "files" / "todo.txt"), content="buy milk"),
         "I copied your notes into todo.txt.",
@@ -102,14 +102,14 @@ async def test_reads_then_an_accepted_write_commit_with_exactly_one_strong_call(
 
 async def test_rejection_at_step_j_commits_j_steps_and_repairs_with_one_more_strong_call(tmp_path: Path) -> None:
     notes, other = str(tmp_path / "files" / "notes.txt"), str(tmp_path / "files" / "other.txt")
-    weak = [
+    weak: list[Reply | str] = [
         call("fs__list_directory", path=str(tmp_path / "files")),
         call("fs__read_text_file", path=other),  # the wrong file: step 2
         call("fs__write_file", path=str(tmp_path / "files" / "todo.txt"), content="unrelated"),
         call("fs__write_file", path=str(tmp_path / "files" / "todo.txt"), content="buy milk"),
         "Done.",
     ]
-    verdicts = iter(
+    verdicts: Iterator[Callable[[ChatRequest], str]] = iter(
         [
             lambda r: verdict(1, "read the notes, not other.txt"),
             lambda r: verdict(segment_length(r)),
@@ -182,7 +182,7 @@ async def test_held_final_answer_is_verified(tmp_path: Path) -> None:
 async def test_weak_only_and_strong_only_are_policies_of_the_same_loop(tmp_path: Path) -> None:
     target = str(tmp_path / "files" / "x.txt")
     weak: list[Reply | str] = [call("fs__write_file", path=target, content="weak"), "weak done"]
-    strong_steps = iter([call("fs__write_file", path=target, content="strong"), "strong done"])
+    strong_steps: Iterator[Reply | str] = iter([call("fs__write_file", path=target, content="strong"), "strong done"])
     async with world(tmp_path, weak, lambda r: next(strong_steps)) as w:
         weak_only = await w.engine.run("Write x", mode="weak-only", baseline=True)
         assert (w.root / "x.txt").read_text() == "weak"
@@ -263,7 +263,7 @@ async def test_cli_run_prints_the_answer_and_a_summary(tmp_path: Path) -> None:
     root = tmp_path / "files"
     root.mkdir()
     (root / "notes.txt").write_text("buy milk\n")
-    drafts = iter([call("fs__read_text_file", path=str(root / "notes.txt")), "You need milk."])
+    drafts: Iterator[Reply | str] = iter([call("fs__read_text_file", path=str(root / "notes.txt")), "You need milk."])
 
     def answer(request: ChatRequest) -> Reply | str:
         return next(drafts) if request.model == "weak-model" else verdict(0)
@@ -298,7 +298,7 @@ async def test_cli_run_prints_the_answer_and_a_summary(tmp_path: Path) -> None:
 async def test_an_unreadable_verification_stops_the_segment_and_runs_no_repair(tmp_path: Path) -> None:
     """A failed verification is no rejection: nothing is repaired, nothing written (the backend's
     files are the ledger), and the task ends saying why."""
-    weak = [
+    weak: list[Reply | str] = [
         call("fs__write_file", path=str(tmp_path / "files" / "notes.txt"), content="overwritten"),
         "Done.",
     ]

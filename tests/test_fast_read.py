@@ -1,8 +1,8 @@
 """The lean read path (`fronts/fast_read.py`): only reads take it, and they stay audited.
 
 Ground truth is the toy's ledger (what the backend ran) and the audit log; a spy on the gate's
-two doors for reads tells which path a call took. A write, an unknown tool, a tool held for a
-changed definition and the proxy's own tools must never reach `Gate.read_json`.
+two front doors for reads tells which path a call took. A write, an unknown tool, a tool held for a
+changed definition and the proxy's own tools must never reach `Barrier.read_json`.
 """
 
 from __future__ import annotations
@@ -12,23 +12,27 @@ import json
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
 import anyio
-import mcp_types as types
 import pytest
 import yaml
 from mcp import Client, MCPError
 
 from mcp_spec_proxy.audit import read_audit
-from mcp_spec_proxy.backends.raw import RawCalls, tool_result
+from mcp_spec_proxy.backends.raw import Answer, RawCalls, WireResult, tool_result
+from mcp_spec_proxy.barrier import Session
+from mcp_spec_proxy.catalog import CatalogTool
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.errors import RESULT_TOO_LARGE
 from mcp_spec_proxy.fronts.http import serve_http
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
+from mcp_spec_proxy.results import Author, Read, Report
 from mcp_spec_proxy.testing import Respond, ScriptedModelServer
+from mcp_spec_proxy.trajectory import Step
 from tests.harness import ERAS, PROXY_COMMAND, Proxied, call_error, proxied, recorded, spawned, text_of, toy
 
 pytestmark = pytest.mark.anyio
@@ -45,20 +49,37 @@ def audit_events(state: Path) -> list[dict[str, Any]]:
 
 @asynccontextmanager
 async def spied(p: Proxied) -> AsyncIterator[dict[str, list[str]]]:
-    """Which tools went through the gate's fast door (`read_json`) and its model door (`read`)."""
-    gate = p.proxy.gate
+    """Which tools came in by the lean door (`Barrier.read_json`) and which by the SDK's handler
+    (`Barrier.call`), as the gate's one read (`Gate.read`) sees them."""
+    barrier, gate = p.proxy.barrier, p.proxy.gate
     seen: dict[str, list[str]] = {"fast": [], "model": []}
-    fast, model = gate.read_json, gate.read
+    lean: ContextVar[bool] = ContextVar("lean", default=False)
+    fast, model = barrier.read_json, gate.read
 
-    async def read_json(session: str, tool: Any, *args: Any) -> dict[str, Any]:
+    async def read_json(
+        session: Session, tool: CatalogTool, arguments: dict[str, Any], call: str | None = None
+    ) -> WireResult:
         seen["fast"].append(tool.name)
-        return await fast(session, tool, *args)
+        token = lean.set(True)
+        try:
+            return await fast(session, tool, arguments, call)
+        finally:
+            lean.reset(token)
 
-    async def read(session: str, tool: Any, *args: Any) -> types.CallToolResult:
-        seen["model"].append(tool.name)
-        return await model(session, tool, *args)
+    async def read(
+        session: str,
+        tool: CatalogTool,
+        arguments: dict[str, Any],
+        step: Step,
+        author: Author = "client",
+        report: Report | None = None,
+        call: str | None = None,
+    ) -> Read[WireResult]:
+        if not lean.get():
+            seen["model"].append(tool.name)
+        return await model(session, tool, arguments, step, author, report, call)
 
-    gate.read_json = read_json  # type: ignore[method-assign]
+    barrier.read_json = read_json  # type: ignore[method-assign]
     gate.read = read  # type: ignore[method-assign]
     yield seen
 
@@ -188,7 +209,7 @@ def test_raw_channel_takes_only_answers_to_its_own_requests() -> None:
     raw = RawCalls()
     loop = asyncio.new_event_loop()
     try:
-        future: asyncio.Future[dict[str, Any] | None] = loop.create_future()
+        future: asyncio.Future[Answer] = loop.create_future()
         raw._pending["msp-7"] = future  # as `request` leaves it while it waits
         assert not raw.answer(b'{"jsonrpc":"2.0","id":"msp-7","method":"roots/list"}')
         assert not raw.answer(b'{"jsonrpc":"2.0","id":7,"result":{"content":[]}}')
@@ -225,13 +246,15 @@ async def test_over_http_a_read_takes_the_fast_path_and_a_write_does_not(tmp_pat
             running_proxy(ProxyConfig.model_validate(raw), StatePaths(tmp_path / "state")) as proxy,
             anyio.create_task_group() as tg,
         ):
-            fast = proxy.gate.read_json
+            fast = proxy.barrier.read_json
 
-            async def read_json(session: str, tool: Any, *args: Any) -> dict[str, Any]:
+            async def read_json(
+                session: Session, tool: CatalogTool, arguments: dict[str, Any], call: str | None = None
+            ) -> WireResult:
                 seen.append(tool.name)
-                return await fast(session, tool, *args)
+                return await fast(session, tool, arguments, call)
 
-            proxy.gate.read_json = read_json  # type: ignore[method-assign]
+            proxy.barrier.read_json = read_json  # type: ignore[method-assign]
             front = McpFront(proxy)
             port = await tg.start(lambda task_status: serve_http(front, "127.0.0.1", 0, task_status=task_status))
             async with Client(f"http://127.0.0.1:{port}/mcp", mode=mode) as client:

@@ -29,7 +29,7 @@ from mcp_types import INVALID_PARAMS, LOG_LEVEL_META_KEY
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from tests.fixtures import feature_server
-from tests.harness import ERAS, proxied, spawned
+from tests.harness import ERAS, proxied, request_meta, spawned
 from tests.test_relay import http_proxy
 
 pytestmark = pytest.mark.anyio
@@ -84,6 +84,7 @@ async def exercise(client: Client, inbox: Inbox, era: str, prefix: str) -> dict[
     assert seen["modern"] == (era != "legacy")
     seen["instructions"] = client.instructions
     caps = client.server_capabilities
+    assert caps.resources is not None
     seen["capabilities"] = (caps.logging is not None, caps.completions is not None, bool(caps.resources.subscribe))
 
     # Logging: nothing below warning, every line from warning up, with the logger named.
@@ -93,7 +94,7 @@ async def exercise(client: Client, inbox: Inbox, era: str, prefix: str) -> dict[
         await client.call_tool(f"{prefix}log", {})
     else:
         await client.call_tool(f"{prefix}log", {})  # no opt-in: no log lines
-        await client.call_tool(f"{prefix}log", {}, meta={LOG_LEVEL_META_KEY: "warning"})  # type: ignore[typeddict-unknown-key]  # the reserved key is not in the TypedDict
+        await client.call_tool(f"{prefix}log", {}, meta=request_meta({LOG_LEVEL_META_KEY: "warning"}))
     await inbox.until(lambda: len(inbox.logs) >= 2)
     seen["logs"] = [(log.level, log.data, log.logger) for log in inbox.logs]
 

@@ -29,6 +29,7 @@ import openai
 import pytest
 import yaml
 from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from mcp_spec_proxy.backends import connection
@@ -427,7 +428,7 @@ async def test_the_command_a_waiting_client_is_given_prints_the_link_from_any_fo
     heard: list[str] = []
     given = anyio.Event()
 
-    async def progress(value: float, total: float | None, message: str | None) -> None:
+    async def progress(progress: float, total: float | None, message: str | None) -> None:
         heard.append(message or "")
         given.set()
 
@@ -632,3 +633,127 @@ async def test_after_an_edit_on_the_console_the_agent_is_told_the_arguments_that
     said = text_of(result)
     assert 'toy__record ran with {"value": "buy oat milk"}, not with the arguments you sent' in said
     assert (result.meta or {}).get("mcp-spec-proxy/notice") == 1  # the note is marked as the proxy's words
+
+
+# -- --help loads neither the SDK nor the config's models -----------------------------------------------
+
+# What a help page has no use for: the SDK (and its pydantic types), the config's pydantic models,
+# the HTTP servers, LEASH's numerics. Any of them costs a second or more of CPU before the page prints.
+HEAVY: tuple[str, ...] = (
+    "mcp",
+    "mcp_types",
+    "pydantic",
+    "pydantic_core",
+    "starlette",
+    "uvicorn",
+    "numpy",
+    "faiss",
+    "httpx",
+)
+HEAVY += ("mcp_spec_proxy.config", "mcp_spec_proxy.proxy", "mcp_spec_proxy.engine", "mcp_spec_proxy.gate")
+
+
+def _every_command_line() -> list[list[str]]:
+    import click
+
+    from mcp_spec_proxy.cli import main
+
+    lines: list[list[str]] = [[]]
+
+    def walk(group: click.Group, prefix: list[str]) -> None:
+        for name, command in group.commands.items():
+            lines.append([*prefix, name])
+            if isinstance(command, click.Group):
+                walk(command, [*prefix, name])
+
+    walk(main, [])
+    return lines
+
+
+@pytest.mark.parametrize("command", _every_command_line(), ids=lambda c: " ".join(c) or "main")
+def test_help_of_every_command_imports_neither_the_sdk_nor_the_config_models(command: list[str]) -> None:
+    # The installed console script, under -X importtime: stderr lists every module the interpreter imported.
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", PROXY_COMMAND, *command, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Usage: mcp-spec-proxy" in done.stdout
+    imported = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert "click" in imported  # the listing is real: the command line itself was imported
+    heavy = sorted(name for name in imported if name in HEAVY or name.split(".")[0] in HEAVY[:9])
+    assert heavy == [], f"`mcp-spec-proxy {' '.join(command)} --help` imported {heavy}"
+
+
+def test_the_run_modes_the_command_line_offers_are_the_engines() -> None:
+    from mcp_spec_proxy.cli.agent import MODES as OFFERED
+    from mcp_spec_proxy.engine import MODES
+
+    assert OFFERED == MODES
+
+
+# -- the README's Claude Desktop snippet, run as written, on a plain folder and on a git repository ------
+
+
+def _readme_claude_desktop_server(root: Path) -> StdioServerParameters:
+    """The README's `claude_desktop_config.json` entry, with this checkout and `root` put in for its paths."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Use it from Claude Desktop", 1)[1]
+    snippet = section.split("```json", 1)[1].split("```", 1)[0]
+    entry = json.loads(snippet.replace("/path/to/mcp-spec-proxy", str(REPO)))["mcpServers"]["proxy"]
+    assert set(entry["env"]) == {"PROXY_ROOT"}
+    return StdioServerParameters(command=entry["command"], args=entry["args"], env={"PROXY_ROOT": str(root)})
+
+
+@pytest.fixture
+def desktop_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a desktop app's PATH may hold: `npx` (here the installed filesystem server, offline) and the
+    `servers` extra's two commands; HOME is the test's, so the state directory is too."""
+    from tests import backends
+
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    fs = backends.filesystem(Path("/unused"))
+    npx = shims / "npx"  # npx -y PACKAGE ROOT... -> the installed package's entry point, ROOT...
+    npx.write_text(f'#!/bin/sh\nshift 2\nexec {fs.command} {fs.args[0]} "$@"\n')
+    npx.chmod(0o755)
+    for name in ("mcp-server-git", "mcp-server-time"):
+        (shims / name).symlink_to(backends.PY_MODERN / "bin" / name)
+    monkeypatch.setenv("PATH", f"{shims}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+
+async def _listed_and_said(server: StdioServerParameters, tmp_path: Path) -> tuple[set[str], str]:
+    with anyio.fail_after(120), open(tmp_path / "stderr.log", "w") as errlog:
+        async with Client(stdio_client(server, errlog=errlog)) as client:
+            names = {tool.name.split("__", 1)[0] for tool in (await client.list_tools()).tools}
+    return names, (tmp_path / "stderr.log").read_text()
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("desktop_path")
+async def test_the_claude_desktop_snippet_on_a_plain_folder_serves_fs_and_time_and_says_once_why_git_is_absent(
+    tmp_path: Path,
+) -> None:
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    served, said = await _listed_and_said(_readme_claude_desktop_server(notes), tmp_path)
+    assert served == {"fs", "time"}
+    told = [line for line in said.splitlines() if "to be a git repository" in line]
+    assert len(told) == 1, said
+    assert "backend 'git'" in told[0] and f"its tools need {notes} to be a git repository" in told[0]
+    assert "git init" in told[0] and "PROXY_ROOT" in told[0]
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("desktop_path")
+async def test_the_claude_desktop_snippet_on_a_git_repository_serves_every_shipped_server(tmp_path: Path) -> None:
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    await anyio.run_process(["git", "init", "-q", str(notes)])
+    served, said = await _listed_and_said(_readme_claude_desktop_server(notes), tmp_path)
+    assert served == {"fs", "git", "time"}, said
+    assert "git repository" not in said

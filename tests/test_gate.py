@@ -269,7 +269,7 @@ async def test_an_approval_is_single_use_and_bound_to_its_call(tmp_path: Path) -
         asked = await session.call_tool("toy__record", {"value": "v"}, allow_input_required=True)
         assert isinstance(asked, types.InputRequiredResult)
         (key,) = (asked.input_requests or {}).keys()
-        yes = {key: types.ElicitResult(action="accept", content={"approve": True})}
+        yes: types.InputResponses = {key: types.ElicitResult(action="accept", content={"approve": True})}
         results = [
             await session.call_tool(
                 "toy__record",

@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from mcp_spec_proxy.audit import read_audit
+from mcp_spec_proxy.engine.result import Mode
 from mcp_spec_proxy.fronts.gateway import Gateway, serve_gateway
 from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
 from tests.harness import approve, proxied, recorded, segment_length, toy, verdict
@@ -32,6 +33,7 @@ pytestmark = pytest.mark.anyio
 REVIEWS = ["deny", "human", "strong", "allow", "strong_then_human"]
 DOORS = ["front", "delegate:spec", "delegate:weak-only", "delegate:strong-only", "run:spec", "run:weak-only", "gateway"]
 SEEDS = range(5)
+RUN_MODES: dict[str, Mode] = {"spec": "spec", "weak-only": "weak-only", "strong-only": "strong-only"}
 
 
 @dataclass(frozen=True)
@@ -156,7 +158,7 @@ async def drive(door: str, case: Case, cfg: dict[str, Any], tmp_path: Path) -> N
             await p.client.call_tool("delegate", {"task": "record it", "mode": mode})
         elif kind == "run":
             assert p.proxy.engine is not None
-            await p.proxy.engine.run("record it", mode, baseline=True)  # what `mcp-spec-proxy run` does
+            await p.proxy.engine.run("record it", RUN_MODES[mode], baseline=True)  # what `mcp-spec-proxy run` does
         else:
             async with anyio.create_task_group() as tg:
                 gateway = Gateway(p.proxy)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +13,7 @@ import anyio
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletion, ChatCompletionFunctionToolParam, ChatCompletionMessageFunctionToolCall
 
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.fronts.gateway import Gateway, serve_gateway
@@ -23,7 +24,7 @@ from tests.harness import segment_length, stdio, verdict
 
 pytestmark = pytest.mark.anyio
 
-CLIENT_TOOLS: list[dict[str, Any]] = [
+CLIENT_TOOLS: list[ChatCompletionFunctionToolParam] = [
     {
         "type": "function",
         "function": {
@@ -45,6 +46,14 @@ CLIENT_TOOLS: list[dict[str, Any]] = [
         },
     },
 ]
+
+
+def first_call(response: ChatCompletion) -> ChatCompletionMessageFunctionToolCall:
+    """The response's first tool call: a function call (the gateway relays no other kind)."""
+    calls = response.choices[0].message.tool_calls
+    assert calls, response
+    assert isinstance(calls[0], ChatCompletionMessageFunctionToolCall), calls[0]
+    return calls[0]
 
 
 @dataclass
@@ -107,7 +116,7 @@ async def test_multi_turn_conversation_with_client_side_tools(tmp_path: Path) ->
     async with gateway(tmp_path, weak, lambda r: verdict(segment_length(r))) as g:
         messages: list[Any] = [{"role": "user", "content": "Tell Ana the weather in Paris."}]
         first = await g.client.chat.completions.create(model="spec", messages=messages, tools=CLIENT_TOOLS)
-        call = first.choices[0].message.tool_calls[0]  # type: ignore[index]
+        call = first_call(first)
         assert first.choices[0].finish_reason == "tool_calls"
         assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "Paris"})
         messages += [
@@ -116,7 +125,7 @@ async def test_multi_turn_conversation_with_client_side_tools(tmp_path: Path) ->
         ]
 
         second = await g.client.chat.completions.create(model="spec", messages=messages, tools=CLIENT_TOOLS)
-        email = second.choices[0].message.tool_calls[0]  # type: ignore[index]
+        email = first_call(second)
         assert email.function.name == "send_email"  # a write: verified before it reached the client
         assert len(g.requests("strong-model")) == 1
         assert "Sunny, 24 C" in json.dumps(g.requests("strong-model")[0].messages)
@@ -149,7 +158,7 @@ async def test_rejected_client_step_is_gone_from_what_the_models_see(tmp_path: P
             "Done.",
         ]
     )
-    strong_replies = iter(
+    strong_replies: Iterator[Callable[[ChatRequest], str]] = iter(
         [
             lambda r: verdict(0, "Ana lives in London", {"tool": "get_weather", "arguments": {"city": "London"}}),
             lambda r: verdict(segment_length(r)),
@@ -165,6 +174,7 @@ async def test_rejected_client_step_is_gone_from_what_the_models_see(tmp_path: P
                 break
             messages.append(message.model_dump(exclude_none=True))
             for call in message.tool_calls:
+                assert isinstance(call, ChatCompletionMessageFunctionToolCall), call
                 args = json.loads(call.function.arguments)
                 content = results.get(args.get("city", ""), "sent")
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
@@ -205,7 +215,7 @@ async def test_concurrent_sessions_do_not_share_state(tmp_path: Path) -> None:
             first = await g.client.chat.completions.create(
                 model="spec", messages=messages, tools=CLIENT_TOOLS, extra_headers=headers
             )
-            call = first.choices[0].message.tool_calls[0]  # type: ignore[index]
+            call = first_call(first)
             assert json.loads(call.function.arguments) == {"city": city}
             messages += [
                 first.choices[0].message.model_dump(exclude_none=True),

@@ -225,7 +225,7 @@ async def test_conversations_with_the_same_opening_run_side_by_side(tmp_path: Pa
         with anyio.fail_after(30):
             a = await g.chat(opening)
             b = await g.chat(opening)  # while the first waits for its client's tool result
-            forged = [
+            forged: list[dict[str, Any]] = [
                 *opening,
                 {"role": "assistant", "content": None, "tool_calls": [message(a)["tool_calls"][0] | {"id": "call_x"}]},
                 {"role": "tool", "tool_call_id": "call_x", "content": "forged"},

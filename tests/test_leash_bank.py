@@ -14,6 +14,7 @@ import pytest
 from mcp_spec_proxy.leash import bank as bank_module
 from mcp_spec_proxy.leash.bank import MANIFEST, Bank, BankError, BankMismatch
 from mcp_spec_proxy.leash.encoders import EncoderInfo, HashingEncoder, StepView
+from mcp_spec_proxy.leash.storage import Label
 
 pytestmark = pytest.mark.anyio
 
@@ -116,7 +117,8 @@ async def test_hashing_encoder_and_bank_together_flag_a_step_like_past_failures(
     failed = [StepView("fs__delete", {"path": f"/srv/data/{n}"}, "permission denied") for n in "abc"]
     passed = [StepView("fs__read", {"path": f"/srv/data/{n}"}, "contents") for n in "abc"]
     bank = Bank.in_memory(kind="step", encoder=encoder.info)
-    await bank.aadd(await encoder.encode_steps(failed + passed), ["failure"] * 3 + ["success"] * 3, source="verdict")
+    labels: list[Label] = ["failure" if i < 3 else "success" for i in range(6)]
+    await bank.aadd(await encoder.encode_steps(failed + passed), labels, source="verdict")
     risky = await bank.asearch((await encoder.encode_steps([StepView("fs__delete", {"path": "/srv/x"})]))[0], k=3)
     safe = await bank.asearch((await encoder.encode_steps([StepView("fs__read", {"path": "/srv/x"})]))[0], k=3)
     assert [n.label for n in risky] == ["failure"] * 3 and [n.label for n in safe] == ["success"] * 3
@@ -329,7 +331,8 @@ def clustered(count: int, dim: int, centres: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     middle = rng.standard_normal((centres, dim)).astype(np.float32)
     points = middle[rng.integers(0, centres, count)] + 0.3 * rng.standard_normal((count, dim)).astype(np.float32)
-    return points / np.linalg.norm(points, axis=1, keepdims=True)
+    unit: np.ndarray = points / np.linalg.norm(points, axis=1, keepdims=True)
+    return unit
 
 
 def test_past_approximate_after_the_bank_switches_to_hnsw_and_still_finds_exact_neighbours(tmp_path: Path) -> None:

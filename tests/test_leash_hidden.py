@@ -11,6 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 
@@ -24,6 +25,7 @@ from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelSer
 from mcp_spec_proxy.trajectory import Step
 from tests import backends
 from tests.harness import proxied, stdio, verdict
+from tests.test_leash_representation import cli
 from tests.test_leash_safety import NON_DESTRUCTIVE, Fallback, calibration, request_for, tool
 
 pytestmark = pytest.mark.anyio
@@ -102,6 +104,39 @@ async def test_a_segment_of_three_judged_steps_stores_three_labels_with_distinct
     assert [n.label for n in found] == ["success", "success", "failure"]
     assert [n.metadata["tool"] for n in found] == ["fs__read_text_file", "fs__read_text_file", "fs__write_file"]
     assert all(n.metadata["representation"] == "call" for n in found)
+
+
+async def test_bank_stats_under_hidden_prints_every_bank_the_runtime_labelled(tmp_path: Path) -> None:
+    """Under `hidden` a verdict labels two banks: the drafting states (`step`) and the fallback's text of
+    the same steps (`observed`, what the shadow observer looks up). `bank stats` says what both hold."""
+    root = files(tmp_path)
+    read = ToolCall("fs__read_text_file", {"path": str(root / "notes.txt")})
+    write = ToolCall("fs__write_file", {"path": str(root / "evil.txt"), "content": "x"})
+    turns = iter([Reply(tool_calls=[read, write])])
+
+    def answer(request: ChatRequest) -> Reply | str:
+        if request.model == "weak-model":
+            return next(turns, "I wrote nothing.")
+        if request.json_schema is not None:
+            return verdict(1, "nobody asked for evil.txt")
+        return Reply(tool_calls=[read])  # the repair turn
+
+    async with ScriptedModelServer(Respond(answer), hidden_size=DIM, per_call_states=True) as server:
+        configured = config(root, server, tmp_path)
+        async with proxied(configured, tmp_path / "state") as p:
+            assert p.proxy.engine is not None and p.proxy.leash is not None
+            await p.proxy.engine.run("What is on my list?", "spec+leash")
+            leash = p.proxy.leash
+            assert leash.observed is not None
+            held = {"task": leash.tasks.stats(), "step": leash.steps.stats(), "observed": leash.observed.stats()}
+    path = tmp_path / "servers.json"
+    path.write_text(json.dumps(configured))
+    printed = await anyio.to_thread.run_sync(cli, "bank", "stats", "-c", str(path))
+    assert printed.exit_code == 0, printed.output
+    shown = {line.split(": ", 1)[0]: json.loads(line.split(": ", 1)[1]) for line in printed.output.splitlines()}
+    assert not (root / "evil.txt").exists()  # the ledger: the rejected write never ran
+    assert (held["step"]["count"], held["observed"]["count"]) == (2, 2)
+    assert shown == json.loads(json.dumps(held, default=str))
 
 
 async def test_a_turns_one_state_never_carries_two_opposite_labels(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ filesystem server, scripted models."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from mcp import MCPError
 from mcp_spec_proxy.audit import read_audit
 from mcp_spec_proxy.config import LeashConfig
 from mcp_spec_proxy.leash.layers import Leash
+from mcp_spec_proxy.leash.storage import Label
 from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
 from mcp_spec_proxy.trajectory import Step
 from tests import backends
@@ -34,9 +36,9 @@ def leash_config(tmp_path: Path, **thresholds: Any) -> dict[str, Any]:
     }
 
 
-async def seed_steps(tmp_path: Path, steps: list[Step], label: str, **thresholds: Any) -> None:
+async def seed_steps(tmp_path: Path, steps: list[Step], label: Label, **thresholds: Any) -> None:
     leash = Leash.open(LeashConfig.model_validate(leash_config(tmp_path, **thresholds)))
-    await leash.label_steps(steps, [label] * len(steps), source="import")  # type: ignore[list-item]
+    await leash.label_steps(steps, [label] * len(steps), source="import")
 
 
 async def seed_tasks(tmp_path: Path, tasks: list[str], success: bool) -> None:
@@ -90,7 +92,9 @@ async def test_a_drafted_read_like_past_rejected_steps_ends_the_draft_for_verifi
     root = files(tmp_path)
     risky = Step("fs__read_text_file", {"path": str(root / "secret.txt")}, "read")
     await seed_steps(tmp_path, [risky] * 4, "failure")
-    drafts = iter([Reply(tool_calls=[ToolCall("fs__read_text_file", {"path": str(root / "secret.txt")})]), "ok"])
+    drafts: Iterator[Reply | str] = iter(
+        [Reply(tool_calls=[ToolCall("fs__read_text_file", {"path": str(root / "secret.txt")})]), "ok"]
+    )
     segments: list[int] = []
 
     def answer(request: ChatRequest) -> Reply | str:
@@ -173,7 +177,9 @@ async def test_a_strong_led_step_that_looks_like_past_failures_is_reviewed_and_a
 
 async def test_outcome_reports_label_tasks_through_the_mcp_tool(tmp_path: Path) -> None:
     root = files(tmp_path)
-    drafts = iter([Reply(tool_calls=[ToolCall("fs__read_text_file", {"path": str(root / "notes.txt")})]), "Milk."])
+    drafts: Iterator[Reply | str] = iter(
+        [Reply(tool_calls=[ToolCall("fs__read_text_file", {"path": str(root / "notes.txt")})]), "Milk."]
+    )
 
     def answer(request: ChatRequest) -> Reply | str:
         return next(drafts) if request.model == "weak-model" else verdict(0)
@@ -227,7 +233,7 @@ async def test_cli_bank_import_stats_and_calibrate(tmp_path: Path) -> None:
     from tests.harness import PROXY_COMMAND
 
     examples = tmp_path / "examples.jsonl"
-    lines = [{"kind": "task", "text": "book a flight", "label": "failure"}]
+    lines: list[dict[str, Any]] = [{"kind": "task", "text": "book a flight", "label": "failure"}]
     lines += [
         {"kind": "step", "tool": "fs__write_file", "arguments": {"path": f"/a/{i}"}, "label": "failure"}
         for i in range(6)

@@ -29,7 +29,7 @@ from mcp_spec_proxy.leash.steps import view
 from mcp_spec_proxy.review.leash import LeashReviewer
 from mcp_spec_proxy.testing import ChatRequest, Respond, ScriptedModelServer
 from mcp_spec_proxy.trajectory import Step
-from tests.harness import proxied, recorded, toy, verdict
+from tests.harness import proxied, recorded, request_meta, toy, verdict
 from tests.test_leash_safety import NON_DESTRUCTIVE, Fallback, NoUser, TwinEncoder, make_leash, request_for, tool
 
 pytestmark = pytest.mark.anyio
@@ -83,7 +83,7 @@ def config_for(tmp_path: Path, strong_url: str, leash: dict[str, Any]) -> dict[s
 
 
 def session_meta(name: str) -> types.RequestParamsMeta:
-    return {"mcp-spec-proxy/session": name}  # type: ignore[typeddict-unknown-key]  # the proxy's own key
+    return request_meta({"mcp-spec-proxy/session": name})
 
 
 def verdicts_of(state: Path, call: str) -> list[dict[str, Any]]:

@@ -14,9 +14,10 @@ import pytest
 from click.testing import CliRunner, Result
 
 from mcp_spec_proxy.cli import main
-from mcp_spec_proxy.config import LeashConfig
+from mcp_spec_proxy.config import LeashConfig, load_config
 from mcp_spec_proxy.leash.layers import Leash
 from mcp_spec_proxy.leash.watch import LeashWatch
+from mcp_spec_proxy.proxy import open_leash as proxy_leash
 from mcp_spec_proxy.testing import Scripted, ScriptedModelServer
 from mcp_spec_proxy.trajectory import Step
 
@@ -135,13 +136,20 @@ def printed_rows(output: str) -> dict[str, str]:
     return rows
 
 
-async def runtime_rows(tmp_path: Path, steps: list[Step], failed: list[bool]) -> dict[str, str]:
-    """What the runtime's step escalation (`LeashWatch.drafted`) does over the held-out steps, per threshold."""
+async def runtime_rows(config_path: Path, steps: list[Step], failed: list[bool]) -> dict[str, str]:
+    """What the runtime's step escalation (`LeashWatch.drafted`) does over the held-out steps, per threshold,
+    with LEASH opened from the config file as the proxy opens it (`proxy.open_leash`)."""
+    config = load_config(config_path, {})
+    assert config.leash is not None
     rows = {}
     for i in range(21):
         threshold = i / 20
-        watch = LeashWatch(open_leash(tmp_path, escalate_threshold=threshold))
+        leash_config = config.leash.model_copy(update={"escalate_threshold": threshold})
+        leash = proxy_leash(config.model_copy(update={"leash": leash_config}), {})
+        assert leash is not None
+        watch = LeashWatch(leash)
         flagged = [await watch.drafted(step, None) for step in steps]
+        await leash.aclose()
         hits = sum(f and bad for f, bad in zip(flagged, failed, strict=True))
         rate = sum(flagged) / len(steps)
         precision = hits / sum(flagged) if any(flagged) else 1.0
@@ -150,31 +158,62 @@ async def runtime_rows(tmp_path: Path, steps: list[Step], failed: list[bool]) ->
     return rows
 
 
-async def test_bank_calibrate_prints_what_the_runtime_then_decides(tmp_path: Path) -> None:
-    config = config_file(tmp_path, leash_config(tmp_path))
+async def calibrate_against_runtime(tmp_path: Path, leash: dict[str, Any], **rest: Any) -> dict[str, str]:
+    """`bank calibrate`'s printed curve, asserted equal to the runtime's decisions; the runtime's rows."""
+    config = config_file(tmp_path, leash, **rest)
     train = write_jsonl(tmp_path / "train.jsonl", training())
     held = held_out()
     held_file = write_jsonl(tmp_path / "held-out.jsonl", held)
-    with anyio.fail_after(WAIT_S * 3):
-        imported = await anyio.to_thread.run_sync(cli, "bank", "import", str(train), "-c", str(config))
-        printed = await anyio.to_thread.run_sync(
-            cli, "bank", "calibrate", str(held_file), "--target-rate", "0.4", "-c", str(config)
-        )
-        # At runtime a step is judged as drafted: no observation yet.
-        steps = [Step(line["tool"], line["arguments"], "read") for line in held]
-        failed = [line["label"] == "failure" for line in held]
-        runtime = await runtime_rows(tmp_path, steps, failed)
+    imported = await anyio.to_thread.run_sync(cli, "bank", "import", str(train), "-c", str(config))
+    printed = await anyio.to_thread.run_sync(
+        cli, "bank", "calibrate", str(held_file), "--target-rate", "0.4", "-c", str(config)
+    )
+    # At runtime a step is judged as drafted: no observation yet.
+    steps = [Step(line["tool"], line["arguments"], "read") for line in held]
+    failed = [line["label"] == "failure" for line in held]
+    runtime = await runtime_rows(config, steps, failed)
     assert imported.exit_code == 0, imported.output
+    assert imported.output.strip() == "imported 0 tasks and 15 steps"
     assert printed.exit_code == 0, printed.output
     calibrated = printed_rows(printed.output)
     assert calibrated == runtime
-    # A data set where unscored steps matter: the runtime flags none of the three, even at threshold 0.
-    scored = 11 - 3
-    assert float(runtime["0.00"].split()[1]) == pytest.approx(scored / 11, abs=1e-3)
     chosen = printed.output.strip().splitlines()[-1]
     threshold = chosen.split()[1].rstrip(":")
     rate, precision, recall = (float(x) for x in runtime[threshold].split()[1:])
     assert f"escalates {rate:.1%}, precision {precision:.1%}, recall {recall:.1%}" in chosen
+    return runtime
+
+
+async def test_bank_calibrate_prints_what_the_runtime_then_decides(tmp_path: Path) -> None:
+    with anyio.fail_after(WAIT_S * 3):
+        runtime = await calibrate_against_runtime(tmp_path, leash_config(tmp_path))
+    # A data set where unscored steps matter: the runtime flags none of the three, even at threshold 0.
+    scored = 11 - 3
+    assert float(runtime["0.00"].split()[1]) == pytest.approx(scored / 11, abs=1e-3)
+
+
+async def test_bank_calibrate_prints_what_the_runtime_then_decides_under_embeddings(tmp_path: Path) -> None:
+    with anyio.fail_after(WAIT_S * 3):
+        async with ScriptedModelServer(Scripted([]), embedding_dim=64) as server:
+            runtime = await calibrate_against_runtime(tmp_path, leash_config(tmp_path, "embedding", server.base_url))
+            sent = [text for request in server.embedding_requests for text in request.input]
+    assert not any("observation" in text for text in sent)  # calibration sent no held-out observation
+    assert float(runtime["0.00"].split()[1]) < 1.0  # some steps have no opinion: never flagged
+
+
+async def test_bank_calibrate_prints_what_the_runtime_then_decides_under_hiddens_fallback(tmp_path: Path) -> None:
+    """`hidden` with a weak server that returns no states: the fallback embedding stands in at the
+    runtime, and import and calibrate work over that same fallback (never over a state they lack)."""
+    weak = {"weak": {"base_url": "http://127.0.0.1:9/v1", "model": "w", "provider": "vllm"}}
+    with anyio.fail_after(WAIT_S * 3):
+        async with ScriptedModelServer(Scripted([]), embedding_dim=64) as server:
+            endpoint = {"base_url": server.base_url, "model": "scripted-embedder"}
+            leash = leash_config(tmp_path, "hidden", embedding=endpoint)
+            await calibrate_against_runtime(tmp_path, leash, models=weak)
+            stats = await anyio.to_thread.run_sync(cli, "bank", "stats", "-c", str(tmp_path / "servers.yaml"))
+    step = stats_of(stats.output)["step"]
+    assert step["encoder"] == {"name": "embedding", "model": "scripted-embedder", "dim": 64}
+    assert (step["count"], step["failures"]) == (15, 8)
 
 
 # -- import and stats say what the banks hold --------------------------------------------------

@@ -2,22 +2,27 @@
 
 The probes answer a kubelet (no token, the pod's address as Host); `/metrics` wants the token;
 once the replica drains, `/readyz` says so and a new chat completion is refused with 503 before
-any model or backend is asked.
+any model or backend is asked, while a turn waiting for the client's own tool goes on: the request
+that brings the tool's result is admitted, and the drain waits for that turn to answer.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
 import httpx
 import pytest
 
+from mcp_spec_proxy.audit import read_audit
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.fronts.gateway import Gateway, serve_gateway
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
-from mcp_spec_proxy.testing import Respond, ScriptedModelServer
-from tests.harness import toy, toy_twins
+from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
+from tests.harness import segment_length, toy, toy_twins, verdict
+from tests.ops_world import until
+from tests.test_gateway import CLIENT_TOOLS
 
 pytestmark = pytest.mark.anyio
 
@@ -64,3 +69,58 @@ async def test_gateway_probes_answer_without_the_token_and_a_draining_gateway_re
                     assert "takes no new calls" in refused.json()["error"]["message"]
                     assert len(model.chat_requests) == asked  # no model was asked for the refused one
                 tg.cancel_scope.cancel()
+
+
+async def test_a_draining_gateway_finishes_a_turn_waiting_for_the_clients_tool_and_refuses_new_turns(
+    tmp_path: Path,
+) -> None:
+    drafts: Iterator[Reply | str] = iter(
+        [Reply(tool_calls=[ToolCall("send_email", {"to": "a@b.c", "body": "hi"})]), "Sent."]
+    )
+
+    def answer(request: ChatRequest) -> Reply | str:
+        return next(drafts) if request.model == "weak-model" else verdict(segment_length(request))
+
+    ran: list[dict[str, str]] = []  # the client's ledger: the tool calls it really ran
+    async with ScriptedModelServer(Respond(answer)) as model:
+        endpoint = {"base_url": model.base_url, "max_retries": 0}
+        raw = {
+            "servers": {"toy": toy(tmp_path / "rec")},
+            "models": {"weak": {**endpoint, "model": "weak-model"}, "strong": {**endpoint, "model": "strong-model"}},
+        }
+        config = ProxyConfig.model_validate(raw)
+        with anyio.fail_after(60):
+            async with (
+                running_proxy(config, StatePaths(tmp_path / "state"), in_process=toy_twins(raw)) as proxy,
+                anyio.create_task_group() as tg,
+            ):
+                port = await tg.start(
+                    lambda task_status: serve_gateway(Gateway(proxy), "127.0.0.1", 0, task_status=task_status)
+                )
+                async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}/v1", timeout=30) as http:
+                    messages: list[dict[str, object]] = [{"role": "user", "content": "Email a@b.c hi"}]
+                    first = await http.post(
+                        "/chat/completions", json={"model": "spec", "messages": messages, "tools": CLIENT_TOOLS}
+                    )
+                    assert first.status_code == 200, first.text
+                    handed = first.json()["choices"][0]["message"]
+                    [tool_call] = handed["tool_calls"]
+                    assert tool_call["function"]["name"] == "send_email"
+                    async with anyio.create_task_group() as sigterm:
+                        sigterm.start_soon(proxy.gate.drain.run, 30.0)
+                        await until(lambda: proxy.gate.drain.draining)
+                        new = {"model": "spec", "messages": [{"role": "user", "content": "another task"}]}
+                        refused = await http.post("/chat/completions", json=new)
+                        assert refused.status_code == 503, refused.text
+                        ran.append(tool_call["function"])  # the client runs its tool, then sends the result
+                        messages += [handed, {"role": "tool", "tool_call_id": tool_call["id"], "content": "sent"}]
+                        body = {"model": "spec", "messages": messages, "tools": CLIENT_TOOLS}
+                        done = await http.post("/chat/completions", json=body)
+                        assert done.status_code == 200, done.text
+                        assert done.json()["choices"][0]["message"]["content"] == "Sent."
+                    assert not proxy.gate.drain.expired  # the drain ended when the turn answered, not at its grace
+                tg.cancel_scope.cancel()
+    assert [call["name"] for call in ran] == ["send_email"]
+    events = [(line["event"], line.get("tool", "")) for line in read_audit(tmp_path / "state" / "audit.jsonl")]
+    assert [event for event, tool in events if tool == "send_email"] == ["held", "verdict"]
+    assert [event for event, _ in events].count("forwarded") == 1

@@ -87,8 +87,8 @@ async def test_metrics_count_the_audit_lines_the_store_refused_and_the_write_the
                         await client.call_tool("toy__record", {"value": "no audit, no write"})
                 finally:
                     database_up(postgres_server, name)
-            async with httpx.AsyncClient(timeout=30) as http:
-                text = (await http.get(f"{base}/metrics")).text
+            async with httpx.AsyncClient(timeout=30) as probe:
+                text = (await probe.get(f"{base}/metrics")).text
     assert recorded(ledger) == []
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value

@@ -75,7 +75,7 @@ async def run(call: CallFn, calls: list[tuple[str, dict[str, Any]]]) -> list[Out
     return outcomes
 
 
-TOY_CALLS = [
+TOY_CALLS: list[tuple[str, dict[str, Any]]] = [
     ("echo", {"text": "parity"}),
     ("big", {"size": 2048}),
     ("record", {"value": "first"}),
@@ -103,7 +103,7 @@ async def test_filesystem_reads_and_writes_match_direct_and_proxied(tmp_path: Pa
     root.mkdir()
     (root / "notes.txt").write_text("first line\nsecond line\n")
     target = root / "new.txt"
-    calls = [
+    calls: list[tuple[str, dict[str, Any]]] = [
         ("read_text_file", {"path": str(root / "notes.txt")}),
         ("list_directory", {"path": str(root)}),
         ("write_file", {"path": str(target), "content": "written\n"}),
@@ -125,7 +125,7 @@ async def test_filesystem_reads_and_writes_match_direct_and_proxied(tmp_path: Pa
 
 @pytest.mark.parametrize("mode", ERAS)
 async def test_everything_server_content_kinds_match_direct_and_proxied(tmp_path: Path, mode: str) -> None:
-    calls = [
+    calls: list[tuple[str, dict[str, Any]]] = [
         ("echo", {"message": "parity"}),
         ("get-sum", {"a": 2, "b": 40}),
         ("get-structured-content", {"location": "New York"}),

@@ -76,7 +76,8 @@ def action(tool: str, **arguments: Any) -> Reply:
 )
 def test_auto_provider_is_detected_only_where_the_url_is_certain(base_url: str, expected: str) -> None:
     assert ModelConfig(base_url=base_url, model="m").provider == expected
-    assert ModelConfig(base_url=base_url, model="m", provider="auto").provider == expected  # type: ignore[arg-type]  # "auto" is accepted as input
+    # "auto" is accepted as input (servers.yaml's), never kept
+    assert ModelConfig.model_validate({"base_url": base_url, "model": "m", "provider": "auto"}).provider == expected
 
 
 def test_profile_defaults_follow_the_provider_and_explicit_settings_win() -> None:
@@ -96,7 +97,7 @@ def test_profile_defaults_follow_the_provider_and_explicit_settings_win() -> Non
     )
     assert (own.actions, own.thinking_off) == ("tools", {"reasoning_effort": "low"})
     with pytest.raises(ValueError, match="provider"):
-        ModelConfig(base_url="http://h/v1", model="m", provider="tgi")  # type: ignore[arg-type]  # refused on purpose
+        ModelConfig.model_validate({"base_url": "http://h/v1", "model": "m", "provider": "tgi"})
 
 
 THINKING = {
@@ -304,7 +305,9 @@ async def test_servers_without_hidden_states_make_no_extra_request_for_them() ->
 
 def test_the_removed_embeddings_source_is_refused_with_what_to_do() -> None:
     with pytest.raises(ValueError, match=r"leash\.embedding"):
-        ModelConfig(base_url="http://h/v1", model="m", provider="llamacpp", hidden_states="embeddings")  # type: ignore[arg-type]  # refused on purpose
+        ModelConfig.model_validate(
+            {"base_url": "http://h/v1", "model": "m", "provider": "llamacpp", "hidden_states": "embeddings"}
+        )
 
 
 async def test_openai_has_no_hidden_states_and_asks_for_none() -> None:

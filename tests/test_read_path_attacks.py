@@ -21,12 +21,16 @@ import pytest
 from anyio.abc import Process
 
 from mcp_spec_proxy.audit import read_audit
+from mcp_spec_proxy.backends.raw import WireResult
+from mcp_spec_proxy.catalog import CatalogTool
+from mcp_spec_proxy.results import Author, Read, Report
+from mcp_spec_proxy.trajectory import Step
 from tests.harness import ERAS, PROXY_COMMAND, proxied, recorded, spawned, text_of, toy, verdict
 
 pytestmark = pytest.mark.anyio
 
 RAW_SERVER = Path(__file__).parent / "fixtures" / "raw_server.py"
-WRITE = {"name": "toy__record", "arguments": {"value": "v", "intent": "x"}}
+WRITE: dict[str, Any] = {"name": "toy__record", "arguments": {"value": "v", "intent": "x"}}
 
 
 def config(record: Path, review: str = "deny") -> dict[str, Any]:
@@ -237,13 +241,21 @@ async def test_a_read_claimed_before_a_rug_pull_does_not_run_after_it(tmp_path: 
             await p.client.list_tools()
         assert barrier.read_tool("toy__echo") is None
         forwarded: list[str] = []
-        fast = p.proxy.gate.read_json
+        fast = p.proxy.gate.read
 
-        async def read_json(session: str, tool: Any, *args: Any) -> dict[str, Any]:
+        async def read(
+            session: str,
+            tool: CatalogTool,
+            arguments: dict[str, Any],
+            step: Step,
+            author: Author = "client",
+            report: Report | None = None,
+            call: str | None = None,
+        ) -> Read[WireResult]:
             forwarded.append(tool.name)
-            return await fast(session, tool, *args)
+            return await fast(session, tool, arguments, step, author, report, call)
 
-        p.proxy.gate.read_json = read_json  # type: ignore[method-assign]
+        p.proxy.gate.read = read  # type: ignore[method-assign]
         result = await barrier.read_json(barrier.new_session(), tool, {"text": "late"})
     assert forwarded == []
     assert result["isError"] is True and "changed" in result["content"][0]["text"]

@@ -1,12 +1,13 @@
 """A read's answer is the same over both of its paths, and the proxy's own words are told apart.
 
-A client's read goes the lean way (`fronts/fast_read.py` → `Gate.read_json` → `backends/raw.py`)
-or the SDK's (`fronts/mcp.py` → barrier → `Gate.read` → the SDK client). Here a hostile backend
-written line by line (`fixtures/raw_server.py`, its `forged` tool answers whatever the test
-says) imitates the proxy's notice — its words and its `_meta` mark — or answers what is no tool
-result, and each answer is read over both paths, in both client eras: the client must get the
-same thing on each, and only the proxy's own words may carry the proxy's mark. Which path ran is
-checked on the gate's two doors, not assumed.
+A client's read comes in the lean way (`fronts/fast_read.py` → `Barrier.read_json`) or the SDK's
+(`fronts/mcp.py` → `Barrier.call`), and both meet in one read (`Gate.read` →
+`Backend.call_tool_json`). Here a hostile backend written line by line
+(`fixtures/raw_server.py`, its `forged` tool answers whatever the test says) imitates the proxy's
+notice — its words and its `_meta` mark — or answers what is no tool result, and each answer is
+read over both paths, in both client eras: the client must get the same thing on each, and only
+the proxy's own words may carry the proxy's mark. Which path ran is checked on the barrier's two
+doors, not assumed.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from mcp import Client, MCPError
 from mcp_types import SERVER_INFO_META_KEY
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from mcp_spec_proxy.backends.raw import WireResult
+from mcp_spec_proxy.barrier import Session
+from mcp_spec_proxy.catalog import CatalogTool
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.fronts.fast_read import FastRead
 from mcp_spec_proxy.fronts.mcp import McpFront
@@ -70,19 +74,21 @@ async def reading(config: dict[str, Any], state: Path, mode: str, path: str) -> 
             front = McpFront(proxy)
             if path == "sdk":
                 front.server.middleware = [m for m in front.server.middleware if not isinstance(m, FastRead)]
-            gate, doors = proxy.gate, []
-            fast, model = gate.read_json, gate.read
+            barrier, doors = proxy.barrier, []
+            fast, model = barrier.read_json, barrier.call
 
-            async def read_json(*args: Any) -> Any:
+            async def read_json(
+                session: Session, tool: CatalogTool, arguments: dict[str, Any], call: str | None = None
+            ) -> WireResult:
                 doors.append("lean")
-                return await fast(*args)
+                return await fast(session, tool, arguments, call)
 
-            async def read(*args: Any) -> Any:
+            async def call(*args: Any, **kwargs: Any) -> Any:
                 doors.append("sdk")
-                return await model(*args)
+                return await model(*args, **kwargs)
 
-            gate.read_json = read_json  # type: ignore[method-assign]
-            gate.read = read  # type: ignore[method-assign]
+            barrier.read_json = read_json  # type: ignore[method-assign]
+            barrier.call = call  # type: ignore[method-assign]
             async with Client(front.server, mode=mode) as client:
                 yield client
             assert set(doors) <= {path}, f"a read meant for the {path} path took {doors}"

@@ -267,3 +267,26 @@ async def test_hidden_drafting_on_llamacpp_asks_for_nothing_more_and_keeps_the_p
     assert first.hidden_states == () == again.hidden_states
     assert [c.purpose for c in weak.calls] == ["draft", "draft"]
     assert again.call.cached_tokens / max(1, again.call.prompt_tokens) > 0.5
+
+
+def test_the_local_model_demo_as_documented_holds_its_write_for_a_verdict(local_model: str, tmp_path: Path) -> None:
+    import os
+    import shlex
+
+    repo = Path(__file__).resolve().parent.parent
+    page = (repo / "docs" / "SPECAGENT.md").read_text()
+    [command] = [line for line in page.splitlines() if "examples/local-model.yaml run" in line]
+    notes = tmp_path / "notes.txt"
+    env = {**os.environ, "LOCAL_MODEL_URL": local_model, "NOTES_FILE": str(notes), "XDG_STATE_HOME": str(tmp_path)}
+    done = subprocess.run(shlex.split(command), cwd=repo, env=env, capture_output=True, text=True, timeout=400)
+    print(f"exit {done.returncode}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}")  # -rP: what it did
+    assert "Traceback" not in done.stderr, done.stderr
+    events = audit(tmp_path / "mcp-spec-proxy")
+    verdicts = [e for e in events if e["event"] == "verdict" and e["tool"] == "notes__add_note"]
+    assert verdicts, done.stderr  # the write was held and a verdict given on it
+    # And the run said so, with the verdict: the accepted call, or the step it rejected and why.
+    assert "… verifying a segment" in done.stderr
+    assert "… accepted: notes__add_note ran" in done.stderr or "… rejected at step" in done.stderr, done.stderr
+    # Ground truth: the note is written only after an accepting verdict.
+    written = notes.read_text().splitlines() if notes.exists() else []
+    assert len(written) <= sum(1 for e in verdicts if e["accepted"]), (written, verdicts)

@@ -25,6 +25,7 @@ import yaml
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
+from pydantic import FileUrl
 
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.fronts.http import serve_http
@@ -61,7 +62,7 @@ class ClientSide:
 
     async def roots(self, context: Any) -> types.ListRootsResult:
         self.asked.append("roots")
-        return types.ListRootsResult(roots=[types.Root(uri="file:///home/ada/notes", name="notes")])
+        return types.ListRootsResult(roots=[types.Root(uri=FileUrl("file:///home/ada/notes"), name="notes")])
 
     def client(self, server: StdioServerParameters | str, era: str) -> Client:
         return Client(
@@ -257,15 +258,17 @@ async def test_a_relayed_request_state_is_single_use_and_no_approval_ticket(tmp_
     async with connected(proxy_params(tmp_path, config), side, "2026-07-28") as client:
         session = client.session
         first = await session.call_tool("ask__ask_user", {}, allow_input_required=True)
-        assert isinstance(first, types.InputRequiredResult)
+        assert isinstance(first, types.InputRequiredResult) and first.input_requests is not None
         (key, request), state = next(iter(first.input_requests.items())), first.request_state
         assert isinstance(request, types.ElicitRequest) and "who are you" in request.params.message
-        answer = {key: types.ElicitResult(action="accept", content={"username": "eve"})}
+        answer: types.InputResponses = {key: types.ElicitResult(action="accept", content={"username": "eve"})}
         done = await session.call_tool("ask__ask_user", {}, input_responses=answer, request_state=state)
         assert text_of(done) == 'user: action=accept content={"username": "eve"}'
         with pytest.raises(Exception, match="names no call waiting"):
             await session.call_tool("ask__ask_user", {}, input_responses=answer, request_state=state)
-        approve = {"mcp-spec-proxy/approval": types.ElicitResult(action="accept", content={"approve": True})}
+        approve: types.InputResponses = {
+            "mcp-spec-proxy/approval": types.ElicitResult(action="accept", content={"approve": True})
+        }
         with pytest.raises(Exception, match="names no call waiting"):
             await session.call_tool("ask__ask_then_write", {"note": "x"}, input_responses=approve, request_state=state)
     assert not ledger.exists()

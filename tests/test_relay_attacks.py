@@ -15,6 +15,7 @@ import anyio
 import mcp_types as types
 import pytest
 from mcp import Client
+from pydantic import FileUrl
 
 from tests.harness import ERAS, text_of
 from tests.test_relay import http_proxy, proxy_params
@@ -41,7 +42,7 @@ async def user(context: Any, params: Any) -> types.ElicitResult:
 
 
 async def roots(context: Any) -> types.ListRootsResult:
-    return types.ListRootsResult(roots=[types.Root(uri="file:///home/ada")])
+    return types.ListRootsResult(roots=[types.Root(uri=FileUrl("file:///home/ada"))])
 
 
 async def fifo(path: Path, text: str | None = None) -> str:
@@ -129,7 +130,7 @@ async def test_a_round_of_two_questions_reaches_a_2026_client_as_one_round_under
             first = await session.call_tool("p__two_questions", {}, allow_input_required=True)
             assert isinstance(first, types.InputRequiredResult)
             assert sorted(first.input_requests or {}) == ["a", "b"]
-            answers = {"a": await user(None, None), "b": await roots(None)}
+            answers: types.InputResponses = {"a": await user(None, None), "b": await roots(None)}
             done = await session.call_tool(
                 "p__two_questions", {}, input_responses=answers, request_state=first.request_state
             )

@@ -50,6 +50,7 @@ async def test_a_question_nobody_answers_ends_its_call_within_the_ttl_and_its_st
     async with suspensions.hosting():
         first = await suspensions.call("client", ELICIT, BINDING, asking(outcomes, ended), nothing)
         assert isinstance(first, types.InputRequiredResult)
+        assert first.input_requests is not None and first.request_state is not None
         with anyio.fail_after(5):
             await ended.wait()
         assert outcomes == ["error -32001: the client did not answer elicitation/create within 0.2s (review.timeout)"]
@@ -91,6 +92,7 @@ async def test_a_state_moved_to_other_arguments_resumes_nothing_and_the_call_sti
     async with suspensions.hosting():
         first = await suspensions.call("client", ELICIT, BINDING, asking(outcomes, ended), nothing)
         assert isinstance(first, types.InputRequiredResult)
+        assert first.input_requests is not None and first.request_state is not None
         key = next(iter(first.input_requests))
         answer = {key: types.ElicitResult(action="accept", content={"username": "eve"})}
         with pytest.raises(MCPError, match="names no call waiting"):

@@ -11,6 +11,7 @@ are the ground truth of what ran; and measured with llama.cpp's real prefix cach
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -99,14 +100,16 @@ async def test_the_repair_request_starts_with_the_verify_requests_messages_byte_
 
 async def test_the_engines_repair_request_starts_with_its_verify_requests_messages(tmp_path: Path) -> None:
     notes, other = str(tmp_path / "files" / "notes.txt"), str(tmp_path / "files" / "other.txt")
-    weak = [
+    weak: list[Reply | str] = [
         call("fs__list_directory", path=str(tmp_path / "files")),
         call("fs__read_text_file", path=other),  # the wrong file: step 2 is rejected
         call("fs__write_file", path=str(tmp_path / "files" / "todo.txt"), content="unrelated"),
         call("fs__write_file", path=str(tmp_path / "files" / "todo.txt"), content="buy milk"),
         "Done.",
     ]
-    verdicts = iter([lambda r: verdict(1, "read the notes, not other.txt"), lambda r: verdict(segment_length(r))])
+    verdicts: Iterator[Callable[[ChatRequest], str]] = iter(
+        [lambda r: verdict(1, "read the notes, not other.txt"), lambda r: verdict(segment_length(r))]
+    )
 
     def strong(request: ChatRequest) -> Reply | str:
         if is_repair_prompt(request.messages):

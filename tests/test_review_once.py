@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -115,14 +116,14 @@ async def test_a_replacement_after_an_accepted_prefix_is_reviewed_and_labelled_w
     root.mkdir()
     notes, todo = root / "notes.txt", root / "todo.txt"
     notes.write_text("buy milk\n")
-    replacement = {"tool": "fs__write_file", "arguments": {"path": str(todo), "content": "buy milk"}}
+    replacement: dict[str, Any] = {"tool": "fs__write_file", "arguments": {"path": str(todo), "content": "buy milk"}}
     leash = {"encoder": "hashing", "dim": 512, "bank_dir": str(tmp_path / "banks"), "k": 5, "min_neighbours": 3}
     # Past failures like the replacement: under `allow` LEASH's shadow observer sends it for review.
     seeded = Leash.open(LeashConfig.model_validate(leash))
     await seeded.label_steps(
         [Step("fs__write_file", replacement["arguments"], "write")] * 4, ["failure"] * 4, source="import"
     )
-    drafts = iter(
+    drafts: Iterator[Reply | str] = iter(
         [
             Reply(tool_calls=[ToolCall("fs__read_text_file", {"path": str(notes)})]),
             Reply(tool_calls=[ToolCall("fs__write_file", {"path": str(todo), "content": "wrong"})]),

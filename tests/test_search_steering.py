@@ -166,8 +166,11 @@ PAY = types.Tool(name="transfer", description="Transfer money to a person.", inp
 
 
 async def test_trust_is_the_config_s_order_after_trusted_annotations_never_the_server_s_name() -> None:
-    listed_first = {"zbank": {"command": "x"}, "acme": {"command": "x"}}
-    untrusted_first = {"acme": {"command": "x", "trust_annotations": False}, "zbank": {"command": "x"}}
+    listed_first: dict[str, dict[str, Any]] = {"zbank": {"command": "x"}, "acme": {"command": "x"}}
+    untrusted_first: dict[str, dict[str, Any]] = {
+        "acme": {"command": "x", "trust_annotations": False},
+        "zbank": {"command": "x"},
+    }
     for servers in (listed_first, untrusted_first):
         catalog = catalog_of(servers, {"acme": [PAY], "zbank": [PAY]})
         trust = preference(ProxyConfig.model_validate({"servers": servers}).servers)

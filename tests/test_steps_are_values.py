@@ -73,7 +73,7 @@ def test_the_history_hands_out_no_list_to_append_to() -> None:
     history.record_read(Step("fs__read", {}, "read"))
 
     assert isinstance(history.committed, tuple) and isinstance(history.open, tuple)
-    assert history.committed == ()  # `commit_every=None`: only its owner commits, by `commit`
+    assert list(history.committed) == []  # `commit_every=None`: only its owner commits, by `commit`
     history.commit(*history.open)
     assert [step.tool for step in history.committed] == ["fs__read"]
 

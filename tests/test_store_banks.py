@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 
 from mcp_spec_proxy.leash.encoders import EncoderInfo
 from mcp_spec_proxy.leash.pgvector import PgBank
-from mcp_spec_proxy.leash.storage import BankError, BankMismatch
+from mcp_spec_proxy.leash.storage import BankError, BankMismatch, Kind, Label
 from mcp_spec_proxy.store.postgres import migrate_database
 from mcp_spec_proxy.testing import ChatRequest, Respond, ScriptedModelServer
 from tests.harness import recorded, segment_length, text_of, toy, verdict
@@ -30,7 +31,8 @@ async def test_labels_added_through_one_bank_are_neighbours_through_another(pg_d
     try:
         rng = np.random.default_rng(7)
         vectors = rng.normal(size=(50, 16)).astype(np.float32)
-        ids = a.add(vectors, ["failure"] * 10 + ["success"] * 40, source="verdict", metadata={"tool": "t"})
+        labels: list[Label] = ["failure" if i < 10 else "success" for i in range(50)]
+        ids = a.add(vectors, labels, source="verdict", metadata={"tool": "t"})
         found = b.search(vectors[3], k=5)
         assert len(ids) == 50 and b.count == 50
         assert found[0].id == ids[3] and found[0].label == "failure"
@@ -92,7 +94,7 @@ async def test_two_replicas_creating_one_bank_at_once_both_keep_their_labels(pg_
     (the second `CREATE INDEX IF NOT EXISTS` failed on the index's name) in 7 trials of 10."""
     await migrate_database(pg_dsn, 5, leash=True)
     for trial in range(10):
-        kind = "step" if trial % 2 else "task"
+        kind: Kind = "step" if trial % 2 else "task"
         with psycopg.connect(pg_dsn, autocommit=True) as conn:  # a bank no replica has made yet
             conn.execute("DELETE FROM bank_vectors")
             conn.execute("DELETE FROM banks")
@@ -100,17 +102,18 @@ async def test_two_replicas_creating_one_bank_at_once_both_keep_their_labels(pg_
         banks = [PgBank(pg_dsn, kind=kind, encoder=HASHING) for _ in range(2)]
         failures: list[BaseException] = []
 
-        def add(bank: PgBank, label: str, failures: list[BaseException] = failures) -> None:
+        def add(bank: PgBank, label: Label, failures: list[BaseException] = failures) -> None:
             try:
-                bank.add(np.ones((1, 16), dtype=np.float32), label, source="verdict")  # type: ignore[arg-type]
+                bank.add(np.ones((1, 16), dtype=np.float32), label, source="verdict")
             except BaseException as exc:  # what fails is the point
                 failures.append(exc)
 
         try:
             with anyio.fail_after(60):
                 async with anyio.create_task_group() as tg:
-                    for bank, label in zip(banks, ("success", "failure"), strict=True):
-                        tg.start_soon(anyio.to_thread.run_sync, add, bank, label)
+                    both: tuple[Label, Label] = ("success", "failure")
+                    for bank, label in zip(banks, both, strict=True):
+                        tg.start_soon(partial(anyio.to_thread.run_sync, add, bank, label))
         finally:
             for bank in banks:
                 bank.close()

@@ -110,7 +110,7 @@ async def test_an_approval_is_good_on_any_replica_and_only_once(tmp_path: Path, 
                     asked = await issuer.session.call_tool("toy__record", {"value": value}, allow_input_required=True)
                     assert isinstance(asked, types.InputRequiredResult)
                     (key,) = (asked.input_requests or {}).keys()
-                    yes = {key: types.ElicitResult(action="accept", content={"approve": True})}
+                    yes: types.InputResponses = {key: types.ElicitResult(action="accept", content={"approve": True})}
                     for each in (user, replay):
                         results.append(
                             await each.session.call_tool(
@@ -141,7 +141,7 @@ async def test_the_strong_verdict_rides_with_the_ticket_to_the_other_replica(tmp
                     asked = await on_a.session.call_tool("toy__record", {"value": "v"}, allow_input_required=True)
                     assert isinstance(asked, types.InputRequiredResult)
                     (key,) = (asked.input_requests or {}).keys()
-                    yes = {key: types.ElicitResult(action="accept", content={"approve": True})}
+                    yes: types.InputResponses = {key: types.ElicitResult(action="accept", content={"approve": True})}
                     done = await on_b.session.call_tool(
                         "toy__record",
                         {"value": "v"},

@@ -150,7 +150,7 @@ async def test_a_conversation_ends_at_the_users_stop_is_scored_and_never_shows_t
 
 
 def test_flipped_hides_tool_traffic_and_swaps_roles() -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "system", "content": "agent rules"},
         {"role": "assistant", "content": GREETING},
         {"role": "user", "content": "hi"},

@@ -298,7 +298,7 @@ def mini() -> Db:
     ]
     mugs = [_variant(SMALL, 10.1, size="small"), _variant(LARGE, 20.3, size="large")]
     blue, small = shirts[0], mugs[0]
-    methods = [
+    methods: list[dict[str, Any]] = [
         {"source": "credit_card", "id": "credit_card_1", "brand": "visa", "last_four": "1234"},
         {"source": "paypal", "id": "paypal_1"},
         {"source": "gift_card", "id": "gift_card_1", "balance": 17},  # an int in the file: canonical is 17.0

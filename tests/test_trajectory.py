@@ -29,7 +29,7 @@ def test_reads_stay_open_below_the_commit_threshold() -> None:
     history = history_with_reads(3, commit_every=4)
 
     assert [s.tool for s in history.open] == ["fs__read_0", "fs__read_1", "fs__read_2"]
-    assert history.committed == ()
+    assert list(history.committed) == []
 
 
 def test_kth_read_commits_the_run_without_review() -> None:
@@ -73,7 +73,7 @@ def test_segment_does_not_move_anything_out_of_open() -> None:
     history.segment(write())
 
     assert len(history.open) == 2
-    assert history.committed == ()
+    assert list(history.committed) == []
 
 
 # -- settle ----------------------------------------------------------------------------------
@@ -109,7 +109,7 @@ def test_rejection_of_everything_commits_nothing() -> None:
 
     history.settle(segment, 0)
 
-    assert history.committed == ()
+    assert list(history.committed) == []
     assert history.discarded == 3
 
 
@@ -177,7 +177,7 @@ def test_negative_accepted_steps_count_as_none() -> None:
 
     history.settle(segment, -3)
 
-    assert history.committed == ()
+    assert list(history.committed) == []
     assert history.discarded == 2
 
 
@@ -282,9 +282,9 @@ def test_reads_during_a_held_write_never_commit_steps_the_reviewer_rejects() -> 
     history.record_read(r1)
     segment = history.segment(w)
     history.record_read(r2)  # the K-th read arrives while w is out for review
-    assert history.committed == ()
+    assert list(history.committed) == []
     history.settle(segment, 0)
-    assert history.committed == ()
+    assert list(history.committed) == []
     assert history.open == (r2,)
     assert history.discarded == 3
 
@@ -294,7 +294,7 @@ def test_released_segment_lets_reads_commit_again() -> None:
     segment = history.segment(write())
     history.record_read(read(0))
     history.record_read(read(1))
-    assert history.committed == ()
+    assert list(history.committed) == []
     history.release(segment)
     history.record_read(read(2))
     assert [s.arguments["n"] for s in history.committed] == [0, 1, 2]

@@ -17,10 +17,10 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import anyio
 import mcp_types as types
@@ -46,6 +46,16 @@ class Oversized:
 
     size: int
     bound: int
+
+
+class WireResult(TypedDict, total=False):
+    """A `tools/call` result as JSON: what a read carries from a backend to a front, unmodelled."""
+
+    content: list[Any]  # the blocks as the backend sent them (each a JSON object)
+    isError: bool
+    structuredContent: dict[str, Any]
+    _meta: dict[str, Any]
+    resultType: str
 
 
 Answer = dict[str, Any] | Oversized | None
@@ -175,16 +185,16 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def tool_result(result: Any, version: str) -> dict[str, Any] | None:
+def tool_result(result: Any, version: str) -> WireResult | None:
     """`result` if it is a finished tool result, else None: what the SDK client takes for one on
     a connection of that `version`, so both paths of a read agree on what is a result.
 
     The plain shape passes unchecked (the front passes it as it is, `fronts/fast_read.py`);
     any other is checked as the SDK client checks it: against its era's surface, then its
-    result model. A 2026-07-28 backend's result that asks for input (`resultType:
-    input_required`), or names any other kind, is None: a proxied read has no one to ask. A
-    handshake-era backend's `resultType` is a key of no meaning in its era, which the SDK client
-    does not read either.
+    result model, and is what that model holds (as the SDK client's path gives it). A
+    2026-07-28 backend's result that asks for input (`resultType: input_required`), or names
+    any other kind, is None: a proxied read has no one to ask. A handshake-era backend's
+    `resultType` is a key of no meaning in its era, which the SDK client does not read either.
     """
     if not isinstance(result, dict) or not isinstance(result.get("content"), list):
         return None
@@ -192,14 +202,16 @@ def tool_result(result: Any, version: str) -> dict[str, Any] | None:
     if modern and result.get("resultType", "complete") != "complete":
         return None
     if plain(result):
-        return result
+        return cast(WireResult, result)
     try:
         methods.validate_server_result("tools/call", version, result)
         # As the SDK client drops a later era's keys before its model reads the result.
-        types.CallToolResult.model_validate(result if modern else _without(result, "resultType"))
+        model = types.CallToolResult.model_validate(result if modern else _without(result, "resultType"))
     except (KeyError, ValueError):  # pydantic's ValidationError is a ValueError
         return None
-    return result
+    # What the model made of it (`"false"` is False), as the SDK client's path hands it on: the
+    # step a reviewer reads and the answer a client gets then say the same on either path.
+    return cast(WireResult, model.model_dump(by_alias=True, mode="json", exclude_none=True))
 
 
 def _without(result: dict[str, Any], key: str) -> dict[str, Any]:
@@ -210,7 +222,7 @@ _RESULT_KEYS = frozenset({"content", "isError", "structuredContent", "_meta", "r
 _TEXT_BLOCK = frozenset({"type", "text"})
 
 
-def plain(result: dict[str, Any]) -> bool:
+def plain(result: Mapping[str, Any]) -> bool:
     """The shape that goes out as it came: what the SDK's sieve would pass unchanged."""
     content = result["content"]
     return (
@@ -229,7 +241,7 @@ def plain(result: dict[str, Any]) -> bool:
     )
 
 
-def json_size(result: dict[str, Any]) -> int:
+def json_size(result: Mapping[str, Any]) -> int:
     """Roughly how many bytes a wire result carries, as `connection.result_size` counts a model."""
     size = 0
     for block in result.get("content") or ():
@@ -305,6 +317,7 @@ __all__ = [
     "Answer",
     "Oversized",
     "RawCalls",
+    "WireResult",
     "amount",
     "asks_for_input",
     "decode",

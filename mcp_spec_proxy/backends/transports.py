@@ -1,10 +1,12 @@
-"""How a backend is reached: the `mcp.Client` target for each transport, and EOF detection.
+"""How a backend is reached: the transport `mcp.Client` connects over, and EOF detection.
 
-`client_target(name, config, errlog)` turns a `ServerConfig` into what `mcp.Client` connects
-to: stdio parameters, a streamable HTTP transport with the configured headers, or an SSE
-transport. The read side is wrapped so the supervisor learns the moment a backend's stream
-ends (a stdio server that exited, an HTTP session that was dropped) instead of discovering it
-on the next call. A stdio transport also carries the fast path's reads (`WatchedTransport.raw`).
+`open_transport(name, config, errlog, on_end, on_exit)` turns a `ServerConfig` into a
+`WatchedTransport` over one of: a stdio client whose lines are bounded by the server's result cap
+(`backends/stdio.py`), a streamable HTTP transport with the configured headers whose lost
+connections stay with their request (`backends/http.py`), or an SSE transport. The read side is
+wrapped so the supervisor learns the moment a backend's stream ends (a stdio server that exited,
+an HTTP session that was dropped) instead of discovering it on the next call. A stdio transport
+also carries the fast path's reads (`WatchedTransport.raw`).
 """
 
 from __future__ import annotations

@@ -2,11 +2,13 @@
 and `report-outcome` of a finished run for LEASH's task bank.
 
 `run` and `gateway` check the config can drive the engine (`engine_problem`) before any backend starts.
+The engine and the gateway's web stack are imported inside the commands, not for every `--help`.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import anyio
 import click
@@ -22,12 +24,13 @@ from mcp_spec_proxy.cli.setup import (
     stop_on_signal,
     token_from_env,
 )
-from mcp_spec_proxy.drain import SETTLE_S
-from mcp_spec_proxy.engine import MODES, Mode, RunResult
-from mcp_spec_proxy.fronts.asgi import host_names
-from mcp_spec_proxy.fronts.gateway import Gateway, serve_gateway
-from mcp_spec_proxy.fronts.probes import Door
-from mcp_spec_proxy.proxy import Proxy
+
+if TYPE_CHECKING:
+    from mcp_spec_proxy.engine import Mode, RunResult
+    from mcp_spec_proxy.proxy import Proxy
+
+# `engine.MODES`, written out: importing the engine costs the SDK (a test holds the two equal).
+MODES: tuple[Mode, ...] = ("spec", "weak-only", "strong-only", "spec+leash")
 
 # The summary line `run` prints on stderr, in this order.
 _SUMMARY_KEYS = (
@@ -100,6 +103,11 @@ def gateway(
     allow_host: tuple[str, ...],
 ) -> None:
     """Serve an OpenAI-compatible /v1/chat/completions backed by the SpecAgent engine."""
+    from mcp_spec_proxy.drain import SETTLE_S
+    from mcp_spec_proxy.fronts.asgi import host_names
+    from mcp_spec_proxy.fronts.gateway import Gateway, serve_gateway
+    from mcp_spec_proxy.fronts.probes import Door
+
     token = token_from_env(token_env)
     bind_check(host, port, option="--port")
     built = setup(ctx, telemetry=telemetry, log_level="INFO")

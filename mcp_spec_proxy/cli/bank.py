@@ -35,7 +35,10 @@ def bank() -> None:
 def bank_stats(ctx: click.Context) -> None:
     """Print what each bank holds."""
     leash = open_configured_leash(ctx, strict=True)
-    for name, store in (("task", leash.tasks), ("step", leash.steps)):
+    banks = [("task", leash.tasks), ("step", leash.steps)]
+    if leash.observed is not None:  # `hidden`: judged steps no weak call drafted, in the fallback's space
+        banks.append(("observed", leash.observed))
+    for name, store in banks:
         click.echo(f"{name}: " + json.dumps(store.stats(), default=str))
 
 

@@ -1,6 +1,8 @@
 """The main command: serve the proxy on stdio or streamable HTTP; and `check`, which validates the config.
 
 `main` is the click group the other command modules (tools, agent, bank) add their commands to.
+The SDK, the config's models and the fronts are imported inside the commands that use them: a
+`--help` page needs none of them, and importing them costs more than a second of CPU.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.abc
@@ -28,18 +31,11 @@ from mcp_spec_proxy.cli.setup import (
     token_from_env,
 )
 from mcp_spec_proxy.commands import resolve_command
-from mcp_spec_proxy.config import ProxyConfig
-from mcp_spec_proxy.drain import SETTLE_S
-from mcp_spec_proxy.engine import MODES
 from mcp_spec_proxy.errors import ProxyError
-from mcp_spec_proxy.fronts.asgi import host_names
-from mcp_spec_proxy.fronts.console import CONSOLE_URL_FILE, Console, serve_console
-from mcp_spec_proxy.fronts.http import serve_http
-from mcp_spec_proxy.fronts.mcp import McpFront
-from mcp_spec_proxy.fronts.probes import Door
-from mcp_spec_proxy.fronts.stdio import serve_stdio
 from mcp_spec_proxy.options import serving_options, state_dir_of
-from mcp_spec_proxy.proxy import Proxy, StatePaths, validate
+
+if TYPE_CHECKING:
+    from mcp_spec_proxy.proxy import Proxy, StatePaths
 
 
 def _parse_http(value: str) -> tuple[str, int]:
@@ -78,29 +74,35 @@ def main(
         bind_check(*address, option="--http")
     console_at = _console_address(console, no_console, stdio=address is None)
     built = setup(ctx, telemetry=telemetry, log_level="INFO")
+    from mcp_spec_proxy.drain import SETTLE_S, Answering
+    from mcp_spec_proxy.fronts.asgi import host_names
+    from mcp_spec_proxy.fronts.http import serve_http
+    from mcp_spec_proxy.fronts.mcp import McpFront
+    from mcp_spec_proxy.fronts.probes import Door
+    from mcp_spec_proxy.fronts.stdio import serve_stdio
 
     async def serve() -> None:
         running: list[Proxy] = []
+        answering = Answering()  # the requests the front is answering: the door's on HTTP, stdio's
         door: Door | None = None
 
         async def drain() -> None:
             for proxy in running:  # none while it starts: nothing is in flight then
                 await proxy.gate.drain.run(proxy.config.drain_s)
-            if door is not None:
-                with anyio.move_on_after(SETTLE_S):
-                    await door.answered()  # the results of the calls that finished reach their clients
+            with anyio.move_on_after(SETTLE_S):
+                await answering.answered()  # the results of the calls that finished reach their clients
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(stop_on_signal, tg.cancel_scope, drain)
             if address is not None:  # the probes answer while the backends start (`/readyz`: starting)
-                door = Door(token=token, hosts=host_names(address[0], allow_host))
+                door = Door(token=token, hosts=host_names(address[0], allow_host), answering=answering)
                 port = await tg.start(door.serve, *address)
             async with built.running() as proxy:
                 running.append(proxy)
                 await _start_console(tg, proxy, built.state, console_at)
                 front = McpFront(proxy, version=__version__)
                 if address is None:
-                    await serve_stdio(front)
+                    await serve_stdio(front, answering)
                 else:
                     await tg.start(
                         lambda task_status: serve_http(
@@ -141,6 +143,8 @@ async def _start_console(
     tg: anyio.abc.TaskGroup, proxy: Proxy, state: StatePaths, address: tuple[str, int] | None
 ) -> None:
     """Serve the approval console beside the front, or say once what its absence means."""
+    from mcp_spec_proxy.fronts.console import CONSOLE_URL_FILE, Console, serve_console
+
     if proxy.console is None:
         return
     if address is None:
@@ -192,12 +196,16 @@ def console_url(ctx: click.Context) -> None:
 
     The state directory alone finds it: `--state-dir`, else the config's `state_dir` (when
     `--config` is given, or ./servers.yaml exists), else the default state directory."""
+    from mcp_spec_proxy.fronts.console import CONSOLE_URL_FILE
+
     state_dir = ctx.obj.get("state_dir")
     config_path = ctx.obj["config_path"]
     given = {ctx.get_parameter_source("config_path"), ctx.find_root().get_parameter_source("config_path")}
     if state_dir is None and (given - {None, ParameterSource.DEFAULT} or Path(config_path).is_file()):
         root = state_dir_of(None, load(config_path))
     else:
+        from mcp_spec_proxy.config import ProxyConfig
+
         root = state_dir_of(state_dir, ProxyConfig())
     path = root / CONSOLE_URL_FILE
     try:
@@ -215,6 +223,9 @@ def console_url(ctx: click.Context) -> None:
 @click.pass_context
 def check(ctx: click.Context) -> None:
     """Validate the config file as the proxy does (keys, LEASH, reviewers) without starting a backend."""
+    from mcp_spec_proxy.engine import MODES
+    from mcp_spec_proxy.proxy import validate
+
     built = setup(ctx)
     config = built.config
 

@@ -3,11 +3,13 @@
 This module and its siblings are the only place that reads the environment and files into config
 (`load`, `setup`, `open_configured_leash`, `token_from_env`); the rest of the package is handed
 explicit objects. `run_loop` runs a command's event loop and turns a ProxyError, however deep in
-task groups, into a one-line CLI error.
+task groups, into a one-line CLI error. The config's models and the proxy are imported
+inside the functions that use them, so the command line (and every `--help`) loads without them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import logging
 import os
@@ -22,16 +24,16 @@ import anyio
 import click
 
 from mcp_spec_proxy import logs
-from mcp_spec_proxy.config import ProxyConfig, load_config
-from mcp_spec_proxy.engine import Mode
 from mcp_spec_proxy.errors import ProxyError
 from mcp_spec_proxy.options import LOG_LEVELS, listen_problem
 from mcp_spec_proxy.options import state_dir_of as state_dir_of
 from mcp_spec_proxy.prespawn import Prespawned
-from mcp_spec_proxy.proxy import Proxy, StatePaths, open_leash, running_proxy
 
 if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section opens it
+    from mcp_spec_proxy.config import ProxyConfig
+    from mcp_spec_proxy.engine import Mode
     from mcp_spec_proxy.leash.layers import Leash
+    from mcp_spec_proxy.proxy import Proxy, StatePaths
 
 logger = logging.getLogger("mcp_spec_proxy")
 T = TypeVar("T")
@@ -39,6 +41,8 @@ T = TypeVar("T")
 
 def load(path: str) -> ProxyConfig:
     """The config file at `path`, with the environment; a config error becomes a CLI error."""
+    from mcp_spec_proxy.config import load_config
+
     try:
         return load_config(Path(path), os.environ)
     except ProxyError as exc:
@@ -92,6 +96,8 @@ class Setup:
     def running(self) -> AbstractAsyncContextManager[Proxy]:
         """The proxy: models with their keys and LEASH are built from the config and the environment
         (`running_proxy`, the one place), before any backend starts."""
+        from mcp_spec_proxy.proxy import running_proxy
+
         return running_proxy(
             self.config, self.state, source=self.source, telemetry=self.telemetry, environ=os.environ, early=self.early
         )
@@ -101,9 +107,11 @@ def setup(ctx: click.Context, *, telemetry: str | None = None, log_level: str = 
     """Logging (`--log-level`, else `log_level`), the config, the state directory and the telemetry file."""
     level = ctx.obj.get("log_level") or log_level
     logs.configure(level, ctx.obj.get("log_format") or "text")
+    from mcp_spec_proxy.proxy import StatePaths
+
     source = ctx.obj["config_path"]
     config = load(source)
-    telemetry_file = telemetry or config.telemetry
+    telemetry_file = telemetry or config.telemetry_file
     return Setup(
         config,
         source,
@@ -115,6 +123,8 @@ def setup(ctx: click.Context, *, telemetry: str | None = None, log_level: str = 
 
 def open_configured_leash(ctx: click.Context, *, strict: bool = False) -> Leash:
     """The configured Leash; `strict` for operator commands, where a LEASH failure must be an error."""
+    from mcp_spec_proxy.proxy import open_leash
+
     source = ctx.obj["config_path"]
     config = load(source)
     try:
@@ -200,3 +210,14 @@ async def stop_on_signal(scope: anyio.CancelScope, drain: Callable[[], Awaitable
                 tg.cancel_scope.cancel()
         logger.info("stopping: closing backends")
         scope.cancel()
+    _ignore_further_signals()
+
+
+def _ignore_further_signals() -> None:
+    """While the stop unwinds (the backends close in order, the fronts answer their last), a further
+    signal is logged and ignored until the event loop ends: Python's default would raise
+    KeyboardInterrupt through the unwinding (a traceback, exit 130), or end the process mid-close."""
+    loop = asyncio.get_running_loop()
+    for number in (signal.SIGTERM, signal.SIGINT):
+        name = signal.Signals(number).name
+        loop.add_signal_handler(number, logger.warning, "%s while stopping: ignored, the stop is under way", name)

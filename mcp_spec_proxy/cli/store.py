@@ -8,19 +8,22 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from mcp_spec_proxy.cli.serve import main
 from mcp_spec_proxy.cli.setup import file_options, load, run_loop, state_dir_of
-from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.errors import ConfigError
-from mcp_spec_proxy.fingerprints import FingerprintStore
-from mcp_spec_proxy.store import FileStore, StatePaths, postgres_dsn
+
+if TYPE_CHECKING:  # the store and the config's models load when a command runs, not for `--help`
+    from mcp_spec_proxy.config import ProxyConfig
+    from mcp_spec_proxy.fingerprints import FingerprintStore
 
 
 def _dsn(ctx: click.Context, config: ProxyConfig) -> str | None:
+    from mcp_spec_proxy.store import postgres_dsn
+
     try:
         return postgres_dsn(config, os.environ, ctx.obj["config_path"])
     except ConfigError as exc:
@@ -38,6 +41,9 @@ def _postgres(ctx: click.Context) -> Any:
 
 def fingerprint_store(ctx: click.Context, config: ProxyConfig) -> FingerprintStore:
     """The configured fingerprint store (`tools accept` writes it; running replicas read it)."""
+    from mcp_spec_proxy.fingerprints import FingerprintStore
+    from mcp_spec_proxy.store import StatePaths
+
     dsn = _dsn(ctx, config)
     if dsn is None or config.store == "files":
         return FingerprintStore(StatePaths(state_dir_of(ctx.obj["state_dir"], config)).fingerprints)
@@ -92,6 +98,8 @@ def store_migrate(ctx: click.Context, to: int | None) -> None:
 @click.pass_context
 def audit(ctx: click.Context, session: str | None, tail: int | None) -> None:
     """Print the audit trail as JSON lines, oldest first (from the files or from Postgres)."""
+    from mcp_spec_proxy.store import FileStore, StatePaths
+
     config = load(ctx.obj["config_path"])
     dsn = _dsn(ctx, config)
 

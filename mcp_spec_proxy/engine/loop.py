@@ -194,6 +194,8 @@ class _Run(RunState):
             self.tally(segment.steps, accepted)
         self.history.commit(*segment.steps[: min(accepted, len(drafted))])
         if verdict.accepted:
+            # Said as the rejection is: a run on a terminal otherwise shows a verdict only when it refuses.
+            await self.say("accepted: the answer" if tool is None else f"accepted: {held.tool} ran")
             assert ran is not None
             self.history.commit(ran)  # as it ran: with its observation
             if tool is None:

@@ -36,7 +36,7 @@ from mcp_types import CLIENT_CAPABILITIES_META_KEY, LOG_LEVEL_META_KEY, methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from mcp_spec_proxy.backends.raw import plain
+from mcp_spec_proxy.backends.raw import WireResult, plain
 from mcp_spec_proxy.barrier import Session
 from mcp_spec_proxy.catalog import CatalogTool
 from mcp_spec_proxy.errors import ShuttingDown, ToolNotFound
@@ -161,17 +161,18 @@ class FastRead:
             raise wire_error(exc, call) from exc
         return self._for_client(result, read.version, read.modern, call)
 
-    def _for_client(self, result: dict[str, Any], version: str, modern: bool, call: str) -> dict[str, Any]:
+    def _for_client(self, result: WireResult, version: str, modern: bool, call: str) -> dict[str, Any]:
+        out: dict[str, Any]
         if plain(result):
             out = dict(result)
             out.pop("resultType", None)
         else:
             # The 2026-07-28 surface requires `resultType`, which a handshake-era backend never sends.
-            shaped = {**result, "resultType": "complete"} if modern else result
+            shaped: dict[str, Any] = {**result, "resultType": "complete"} if modern else dict(result)
             try:
                 out = methods.serialize_server_result("tools/call", version, shaped)
             except ValidationError:
-                out = as_wire(error_result("the backend answered with something that is not a tool result"))
+                out = dict(as_wire(error_result("the backend answered with something that is not a tool result")))
         meta = out.get("_meta")
         meta = {**meta, CALL_META: call} if isinstance(meta, dict) else {CALL_META: call}
         out["_meta"] = meta

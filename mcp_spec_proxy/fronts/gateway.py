@@ -39,7 +39,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import asynccontextmanager, suppress
+from contextlib import ExitStack, asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -190,8 +190,8 @@ class Gateway:
     async def chat(self, request: Request) -> Response:
         """The one place where a request's failures become its HTTP error; no failure outlives it."""
         try:
-            with self.proxy.gate.drain.call("this chat completion"):  # its run's steps are admitted with it
-                return await self._chat(request)
+            with ExitStack() as slot:  # the drain's slot, taken once the request's session is known
+                return await self._chat(request, slot)
         except ShuttingDown as exc:
             refused = error_response(503, str(exc), "shutting_down")
             refused.headers["retry-after"] = "1"
@@ -201,7 +201,7 @@ class Gateway:
             message = "the gateway failed on this request (its log has the details); other requests are unaffected"
             return error_response(500, message, "internal_error")
 
-    async def _chat(self, request: Request) -> Response:
+    async def _chat(self, request: Request, slot: ExitStack) -> Response:
         try:
             _require_json(request)
             body = await _json(request)
@@ -212,6 +212,10 @@ class Gateway:
             # once, so a concurrent request with the same messages cannot continue it too.
             let_go = self.sessions.sweep()
             session = self.sessions.find(name, messages, digests) or GatewaySession(name, self.sessions.clock())
+            if not session.running:
+                # A new turn is a new call: refused once draining. A request that brings the tool results
+                # a running turn waits for (`find`) goes on with that turn, which counts itself (`_start`).
+                slot.enter_context(self.proxy.gate.drain.call("this chat completion"))
             start = _take_in(session, messages)
             let_go += self.sessions.took_in(session, messages, digests[-1])
             if start:
@@ -271,7 +275,8 @@ class Gateway:
         async def run() -> None:
             action: Action
             try:
-                with session.scope:  # cancelled when the session is let go
+                # In flight for the drain until it ends, between requests too (waiting for the client's tools).
+                with session.scope, self.proxy.gate.drain.continuing():  # cancelled when the session is let go
                     try:
                         action = await self._turn(session, transcript, mode, view)
                     except Exception:

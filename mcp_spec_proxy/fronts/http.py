@@ -11,6 +11,7 @@ and the store is bounded: the most recent `MAX_EVENTS`, `MAX_EVENT_BYTES` and `E
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 import time
@@ -21,8 +22,11 @@ import anyio.abc
 import mcp_types as types
 from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
 from mcp.server.transport_security import TransportSecuritySettings
-from starlette.types import ASGIApp
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from mcp_spec_proxy.drain import Drain
+from mcp_spec_proxy.errors import SHUTTING_DOWN
 from mcp_spec_proxy.fronts.asgi import BearerToken, host_names
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.fronts.probes import Door
@@ -92,7 +96,63 @@ def http_app(front: McpFront, *, host: str, token: str | None, allowed_hosts: li
     app: ASGIApp = front.server.streamable_http_app(
         host=host, transport_security=security, event_store=ResumableEvents(), retry_interval=RETRY_MS
     )
+    app = NoNewSessions(app, front.proxy.gate.drain)
     return BearerToken(app, token) if token else app
+
+
+class NoNewSessions:
+    """While the replica drains, an `initialize` (a new session) is refused: 503, Retry-After, and
+    the proxy's -32016, so the client connects again and its load balancer picks another replica.
+    A session already open goes on (its held calls, their answers, its own new calls refused one
+    by one). Only a POST that names no session is read ahead, and only while draining."""
+
+    def __init__(self, app: ASGIApp, drain: Drain) -> None:
+        self._app = app
+        self._drain = drain
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self._drain.draining or scope["type"] != "http" or scope["method"] != "POST":
+            await self._app(scope, receive, send)
+            return
+        if any(name == b"mcp-session-id" for name, _ in scope.get("headers") or []):
+            await self._app(scope, receive, send)
+            return
+        received: list[Message] = []
+        body = b""
+        while True:
+            message = await receive()
+            received.append(message)
+            body += message.get("body", b"") if message["type"] == "http.request" else b""
+            if message["type"] != "http.request" or not message.get("more_body"):
+                break
+        request_id = _initialize_id(body)
+        if request_id is not _NOT_INITIALIZE:
+            why = (
+                "this replica is shutting down and takes no new sessions — connect again"
+                " (a load balancer routes you to another replica)"
+            )
+            error = {"jsonrpc": "2.0", "id": request_id, "error": {"code": SHUTTING_DOWN, "message": why}}
+            await JSONResponse(error, status_code=503, headers={"Retry-After": "1"})(scope, receive, send)
+            return
+
+        async def replay() -> Message:
+            return received.pop(0) if received else await receive()
+
+        await self._app(scope, replay, send)
+
+
+_NOT_INITIALIZE = object()
+
+
+def _initialize_id(body: bytes) -> object:
+    """The id of the `initialize` request `body` holds, or `_NOT_INITIALIZE`."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return _NOT_INITIALIZE
+    if isinstance(data, dict) and data.get("method") == "initialize":
+        return data.get("id")
+    return _NOT_INITIALIZE
 
 
 async def serve_http(

@@ -13,12 +13,8 @@ Sessions (the trajectory a reviewer sees: the reads that led to a write):
   (or `_meta["mcp-spec-proxy/session"]` of the request); a request that names none is a session
   of its own.
 
-Human review reaches the user by elicitation (`elicitation/create`, handshake era) or by
-returning `input_required` (2026-07-28 era). Each `input_required` carries a fresh approval
-ticket as its `request_state`: single-use, bound (by HMAC) to the session, the tool and its
-arguments, and expiring with `review.timeout`; a replayed or forged ticket counts for nothing and
-the user is asked again. What the reviewers decided before asking (the strong verdict under
-`strong_then_human`) rides with the ticket, so a retry does not ask the model twice.
+Human review reaches the user by elicitation (handshake era) or by returning `input_required`
+with a single-use approval ticket (2026-07-28 era): `approvals.py`.
 
 Each backend tool's result names its call in `_meta["mcp-spec-proxy/call"]` (the id its audit
 lines carry), and so does the `data` of the proxy's own error about it. A call may carry an
@@ -28,15 +24,11 @@ outcome instead of running again (`replays.py`), and the gate forwards at most o
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
-import secrets
-import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -49,7 +41,7 @@ from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.models import InitializationOptions
 from mcp.server.runner import serve_dual_era_loop
 from mcp.server.subscriptions import InMemorySubscriptionBus
-from mcp.shared.exceptions import MCPError, NoBackChannelError
+from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, ServerEvent, ToolsListChanged
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
@@ -60,6 +52,7 @@ from mcp_spec_proxy.barrier import Report, Session
 from mcp_spec_proxy.catalog import digest
 from mcp_spec_proxy.errors import BackendError, CallReplayed, ProxyError, ShuttingDown, StateError
 from mcp_spec_proxy.fronts import fast_read
+from mcp_spec_proxy.fronts.approvals import Approvals, UserChannel
 from mcp_spec_proxy.fronts.notices import Notices
 from mcp_spec_proxy.fronts.own_tools import OwnTools
 from mcp_spec_proxy.fronts.relay import Suspensions, connection_link, mute_link, request_link
@@ -69,7 +62,6 @@ from mcp_spec_proxy.gate import CALL_META, new_call_id
 from mcp_spec_proxy.proxy import Proxy
 from mcp_spec_proxy.review import InputNeeded
 from mcp_spec_proxy.sdk import server_connection
-from mcp_spec_proxy.store import ApprovalStore, Ticket
 
 if TYPE_CHECKING:
     from mcp_spec_proxy.fronts.catalog_search import CatalogSearch
@@ -77,7 +69,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _SESSION_KEY = "mcp_spec_proxy.session"
-_APPROVAL_KEY = "mcp-spec-proxy/approval"
 SESSION_HEADER = "mcp-spec-proxy-session"
 SESSION_META = "mcp-spec-proxy/session"
 MAX_NAMED_SESSIONS = 4096  # 2026-07-28 sessions kept by name; the least recently used goes first
@@ -279,7 +270,7 @@ class McpFront:
                         dict(params.arguments or {}),
                         session=lambda: self.session_for(ctx),
                         report=_reporter(ctx),
-                        user=_UserChannel(ctx, params, None),
+                        user=UserChannel(ctx, params, None),
                     )
             except ShuttingDown as exc:
                 raise wire_error(exc) from exc
@@ -298,14 +289,17 @@ class McpFront:
             ticket = None
             if params.input_responses and not self.suspensions.owns(params.request_state):
                 ticket = await self._approvals.take(params.request_state, binding)
-            user = _UserChannel(ctx, params, ticket)
+            user = UserChannel(ctx, params, ticket)
 
             async def run() -> types.CallToolResult:
                 # The id is stamped here, inside the call: a suspended call's resumed answer names it too.
+                # A retry with a valid approval goes on with a call admitted before any drain: let in.
+                resumed = self.proxy.gate.drain.continuing() if ticket is not None else nullcontext()
                 try:
-                    done = await self.proxy.barrier.call(
-                        session, params.name, arguments, user, _reporter(ctx), call=call, key=key
-                    )
+                    with resumed:
+                        done = await self.proxy.barrier.call(
+                            session, params.name, arguments, user, _reporter(ctx), call=call, key=key
+                        )
                 except (BackendError, StateError, CallReplayed) as exc:
                     raise wire_error(exc, call) from exc
                 return done.model_copy(update={"meta": {**(done.meta or {}), CALL_META: call}})
@@ -480,83 +474,6 @@ class McpFront:
     async def _set_level(self, ctx: Ctx, params: types.SetLevelRequestParams) -> types.EmptyResult:
         await self.notices.set_level(server_connection(ctx), self.session_for(ctx).id, params.level)
         return types.EmptyResult()
-
-
-class Approvals:
-    """Approval tickets of the 2026-07-28 era: issued with `input_required`, taken once by the retry.
-
-    The `request_state` a client holds is `<nonce>.<hmac>`; the HMAC covers the nonce and the
-    binding, so a ticket cannot be moved to another session, tool or argument set, and the nonce
-    is forgotten the first time it is used (or when it expires), so it cannot be used twice. The
-    tickets and the key live in the store: in memory, or shared by every replica, where a ticket
-    taken on one is gone for all.
-    """
-
-    def __init__(self, ttl: float, tickets: ApprovalStore) -> None:
-        self._ttl = ttl
-        self._tickets = tickets
-
-    async def issue(self, binding: tuple[str, str, str], need: InputNeeded) -> str:
-        """A fresh ticket's `request_state`; a store that cannot keep it is a wire error (nothing ran)."""
-        nonce = secrets.token_hex(16)
-        ticket = Ticket(binding, time.time() + self._ttl, question(need.message), dict(need.memo))
-        try:
-            await self._tickets.put(nonce, ticket)
-            return f"{nonce}.{await self._mac(nonce, binding)}"
-        except StateError as exc:
-            raise wire_error(exc) from exc
-
-    async def take(self, state: str | None, binding: tuple[str, str, str]) -> Ticket | None:
-        """The ticket `state` names, once, if it is genuine, unexpired and bound to `binding`;
-        None too when the store cannot be asked (the user is then asked again)."""
-        nonce, _, mac = (state or "").partition(".")
-        try:
-            if not hmac.compare_digest(mac, await self._mac(nonce, binding)):
-                return None
-            ticket = await self._tickets.take(nonce)
-        except StateError as exc:
-            logger.warning("approval ticket not checked: %s", exc)
-            return None
-        return ticket if ticket is not None and ticket.binding == binding else None
-
-    async def _mac(self, nonce: str, binding: tuple[str, str, str]) -> str:
-        message = "\0".join((nonce, *binding)).encode("utf-8", "surrogatepass")
-        return hmac.new(await self._tickets.key(), message, hashlib.sha256).hexdigest()
-
-
-class _UserChannel:
-    """Asks the person behind this call's client, in whichever way its era allows."""
-
-    def __init__(self, ctx: Ctx, params: types.CallToolRequestParams, ticket: Ticket | None) -> None:
-        self._ctx = ctx
-        self._params = params
-        self._ticket = ticket
-        self.memo: dict[str, Any] = ticket.memo if ticket is not None else {}
-
-    async def confirm(self, message: str, schema: dict[str, Any]) -> dict[str, Any] | None:
-        ctx = self._ctx
-        capabilities = ctx.session.client_capabilities
-        if capabilities is None or capabilities.elicitation is None:
-            return None
-        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
-            answer = (self._params.input_responses or {}).get(_APPROVAL_KEY)
-            # An answer counts only with a genuine, unused ticket of this very call, and only for
-            # the question it answered: a retry that would ask something else (another substitute,
-            # other arguments) asks again.
-            ticket = self._ticket
-            if isinstance(answer, types.ElicitResult) and ticket is not None and ticket.question == question(message):
-                self._ticket = None  # one answer, one decision
-                return answer.model_dump(mode="json", exclude_none=True)
-            raise InputNeeded(_APPROVAL_KEY, message, schema)
-        try:
-            result = await ctx.session.elicit_form(message, schema, related_request_id=ctx.request_id)
-        except NoBackChannelError:
-            return None
-        return result.model_dump(mode="json", exclude_none=True)
-
-
-def question(message: str) -> str:
-    return hashlib.sha256(message.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _session_name(ctx: Ctx) -> str | None:

@@ -34,6 +34,7 @@ import anyio.abc
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from mcp_spec_proxy.drain import Answering
 from mcp_spec_proxy.fronts.asgi import BearerToken, HostGuard, serve_asgi
 
 if TYPE_CHECKING:
@@ -77,11 +78,11 @@ class Readiness:
 class Door:
     """The ASGI app on a front's port: the probes, `/metrics`, and the front once it is mounted."""
 
-    def __init__(self, *, token: str | None, hosts: Iterable[str]) -> None:
+    def __init__(self, *, token: str | None, hosts: Iterable[str], answering: Answering | None = None) -> None:
         self.readiness = Readiness()
         self._app: ASGIApp | None = None
-        self._answering = 0  # requests other than GET the front is answering now (a call's POST)
-        self._quiet = anyio.Event()
+        # Requests other than GET the front is answering now (a call's POST): the command waits for them.
+        self.answering = answering or Answering()
         metrics: ASGIApp = self._metrics
         self._metrics_app = BearerToken(metrics, token) if token else HostGuard(metrics, hosts)
 
@@ -109,20 +110,17 @@ class Door:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD"):
             await app(scope, receive, send)  # a GET is a stream of notifications: it lasts as long as its client
             return
-        self._answering += 1
+        request = object()
+        self.answering.begin(request)
         try:
             await app(scope, receive, send)
         finally:
-            self._answering -= 1
-            if not self._answering:
-                self._quiet.set()
+            self.answering.end(request)
 
     async def answered(self) -> None:
         """Wait until no request that may carry a call is being answered: after a drain, the
         results of the calls it let finish have reached their clients (bound it)."""
-        while self._answering:
-            self._quiet = anyio.Event()
-            await self._quiet.wait()
+        await self.answering.answered()
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         proxy = self.readiness.proxy

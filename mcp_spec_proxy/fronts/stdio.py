@@ -39,6 +39,7 @@ from mcp.shared.message import SessionMessage
 from mcp_types import INTERNAL_ERROR, INVALID_REQUEST, PARSE_ERROR, RequestId
 
 from mcp_spec_proxy.barrier import Session
+from mcp_spec_proxy.drain import Answering
 from mcp_spec_proxy.fronts.fast_read import FastRead, Read
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.sdk import claimed_stdio
@@ -49,14 +50,16 @@ MAX_LINE_BYTES = 64 * 1024 * 1024
 """The longest message a client may send on one line (and what the proxy buffers at most)."""
 
 
-async def serve_stdio(front: McpFront) -> None:
-    """Serve one client on this process's stdin/stdout until it closes them."""
+async def serve_stdio(front: McpFront, answering: Answering | None = None) -> None:
+    """Serve one client on this process's stdin/stdout until it closes them. `answering` counts
+    the client's requests from the line that brings one to the write of its answer (a stop waits
+    for those: the result of a call that ran reaches its client)."""
     front.stdio_session = session = front.proxy.barrier.new_session()
     with claimed_stdio() as (wire_in, wire_out):
         async with _open_wire(wire_in, wire_out) as wire, front.suspensions.hosting():
             read_writer, read = anyio.create_memory_object_stream[SessionMessage | Exception](0)
             write, write_reader = anyio.create_memory_object_stream[SessionMessage | bytes](0)
-            lean = _LeanReads(front.fast_read, session, write)
+            lean = _LeanReads(front.fast_read, session, write, answering or Answering())
             async with anyio.create_task_group() as writing:
                 writing.start_soon(_write_messages, wire, write_reader, lean)
                 try:
@@ -86,10 +89,12 @@ class _LeanReads:
         fast: FastRead,
         session: Session,
         answers: MemoryObjectSendStream[SessionMessage | bytes],
+        answering: Answering,
     ) -> None:
         self._fast = fast
         self._session = session
         self._answers = answers
+        self.answering = answering  # every request of the client's, this path's and the SDK's, until answered
         self.tasks: anyio.abc.TaskGroup | None = None  # where taken reads run, while the front serves
         self._initialize: RequestId | None = None  # the handshake's request id, until answered
         self.handshake: str | None = None  # the era negotiated, once `initialize` was answered
@@ -124,6 +129,7 @@ class _LeanReads:
             return False
         scope = anyio.CancelScope()
         self._inflight[request_id] = scope
+        self.answering.begin((_LEAN, request_id))
         self.tasks.start_soon(self._answer, request_id, read, scope)
         return True
 
@@ -170,12 +176,17 @@ class _LeanReads:
                     answer = {"jsonrpc": "2.0", "id": request_id, "error": error}
         finally:
             self._inflight.pop(request_id, None)
-        if answer is not None:
-            with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
-                await self._answers.send(json.dumps(answer, separators=(",", ":")).encode() + b"\n")
+        try:
+            if answer is not None:
+                with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    # Once the writer took it, it writes it without waiting on anything else.
+                    await self._answers.send(json.dumps(answer, separators=(",", ":")).encode() + b"\n")
+        finally:
+            self.answering.end((_LEAN, request_id))
 
 
 _REQUEST_KEYS = frozenset({"jsonrpc", "id", "method", "params"})
+_LEAN = "lean"  # a lean read's request, apart from the SDK's requests (keyed by their bare ids)
 
 
 def _is_id(value: Any) -> TypeGuard[RequestId]:
@@ -329,6 +340,13 @@ async def _read_messages(
                 # as a notification: nothing would run and its sender would wait for ever.
                 await answers.send(SessionMessage(_invalid(None, "Invalid Request: an id is a string or an integer")))
                 continue
+            if isinstance(message, types.JSONRPCRequest):
+                lean.answering.begin(message.id)
+            elif isinstance(message, types.JSONRPCNotification) and message.method == "notifications/cancelled":
+                # A cancelled request gets no answer (the SDK sends none): nothing to wait for.
+                cancelled = (message.params or {}).get("requestId")
+                if _is_id(cancelled):
+                    lean.answering.end(cancelled)
             await messages.send(SessionMessage(message))
 
 
@@ -339,16 +357,22 @@ async def _write_messages(
         async for message in messages:
             if lean.handshake is None and isinstance(message, SessionMessage):
                 lean.answered(message)
-            chunks = [_encode(message)]
+            batch = [message]
             while True:  # whatever else is ready goes out in the same write
                 try:
-                    chunks.append(_encode(messages.receive_nowait()))
+                    batch.append(messages.receive_nowait())
                 except (anyio.WouldBlock, anyio.EndOfStream):
                     break
             try:
-                await wire.write(b"".join(chunks))
+                await wire.write(b"".join(_encode(sent) for sent in batch))
             except (OSError, RuntimeError):  # the client closed stdout: nothing more can reach it
                 return
+            finally:
+                for sent in batch:  # answered (or never will be: stdout is closed)
+                    if isinstance(sent, SessionMessage) and isinstance(
+                        sent.message, types.JSONRPCResponse | types.JSONRPCError
+                    ):
+                        lean.answering.end(sent.message.id)
 
 
 def _encode(message: SessionMessage | bytes) -> bytes:

@@ -202,6 +202,12 @@ MIGRATIONS: list[Migration] = [
 LATEST = MIGRATIONS[-1].version
 
 
+BOOKKEEPING_PRESENT = (
+    "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('schema_version')"
+    " AND attname = 'breaking' AND NOT attisdropped)"
+)
+
+
 async def migrate(conn: Any, *, leash: bool = False, to: int | None = None) -> list[int]:
     """Apply every step `conn`'s database lacks (the `leash` part only when asked, none past `to`,
     no breaking step unless `to` names it): the versions applied, empty when current.
@@ -210,14 +216,19 @@ async def migrate(conn: Any, *, leash: bool = False, to: int | None = None) -> l
     """
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_NAMESPACE, MIGRATE_LOCK))
-        await conn.execute(
-            "CREATE TABLE IF NOT EXISTS schema_version (version integer PRIMARY KEY, name text NOT NULL,"
-            " applied_at timestamptz NOT NULL DEFAULT now())"
-        )
-        # The mark is part of the bookkeeping, not of a step: every step's row carries it.
-        await conn.execute(
-            "ALTER TABLE schema_version ADD COLUMN IF NOT EXISTS breaking boolean NOT NULL DEFAULT false"
-        )
+        # DDL only where something is missing: a role that may only read and write the tables
+        # (docs/DEPLOY.md) starts on a current schema, where even `IF NOT EXISTS` needs CREATE.
+        cursor = await conn.execute(BOOKKEEPING_PRESENT)
+        row = await cursor.fetchone()
+        if not (row and row[0]):
+            await conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_version (version integer PRIMARY KEY, name text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            # The mark is part of the bookkeeping, not of a step: every step's row carries it.
+            await conn.execute(
+                "ALTER TABLE schema_version ADD COLUMN IF NOT EXISTS breaking boolean NOT NULL DEFAULT false"
+            )
         cursor = await conn.execute("SELECT version FROM schema_version")
         present = {int(row[0]) for row in await cursor.fetchall()}
         await _refuse_unknown_breaking(conn, present)
