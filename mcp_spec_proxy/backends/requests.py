@@ -179,13 +179,27 @@ class Requests:
             asked = types.InputRequiredResult.model_validate(answer["result"])
         except ValidationError:
             raise BackendError(self.name, f"answered tools/call {tool} with a malformed input_required") from None
+        # All of a round's questions at once, as the SDK client asks them: a 2026-07-28 client of
+        # the proxy is then asked them in one round of its own, under the backend's keys.
         responses: dict[str, Any] = {}
-        for key, request in (asked.input_requests or {}).items():
-            context = ClientRequestContext(session=client.session, request_id=key, meta=None)
+        refused: types.ErrorData | None = None
+
+        async def ask(key: str, request: types.InputRequest, scope: anyio.CancelScope) -> None:
+            nonlocal refused
+            meta = request.params.meta if request.params else None
+            context = ClientRequestContext(session=client.session, request_id=key, meta=meta)
             response = await client.session.dispatch_input_request(context, request)
             if isinstance(response, types.ErrorData):
-                raise MCPError.from_error_data(response)
-            responses[key] = response
+                refused = response
+                scope.cancel()  # a refused question settles the call: its siblings are not waited for
+            else:
+                responses[key] = response
+
+        async with anyio.create_task_group() as questions:
+            for key, request in (asked.input_requests or {}).items():
+                questions.start_soon(ask, key, request, questions.cancel_scope)
+        if refused is not None:
+            raise MCPError.from_error_data(refused)
         try:
             result = await client.call_tool(
                 tool, arguments, input_responses=responses, request_state=asked.request_state
