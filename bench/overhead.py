@@ -30,6 +30,7 @@ pin may differ from ours); `--install-fastmcp` creates it under the git-ignored 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import socket
 import subprocess
@@ -191,17 +192,31 @@ def free_port() -> int:
 
 
 async def wait_for_port(port: int, process: anyio.abc.Process) -> None:
+    """Until the server on `port` serves: its port answers, and where it has a readiness probe
+    (ours: the port answers while the backends start, `/readyz` says 503 until they have), that too."""
     with anyio.fail_after(STARTUP_S):
         while True:
             if process.returncode is not None:
                 raise SystemExit(f"a server on port {port} exited with {process.returncode} before listening")
             try:
-                stream = await anyio.connect_tcp("127.0.0.1", port)
+                status = await _status("127.0.0.1", port, "/readyz")
             except OSError:
-                await anyio.sleep(0.1)
-                continue
-            await stream.aclose()
-            return
+                status = None
+            if status is not None and status != 503:  # ready, or no probe at all (404): it serves
+                return
+            await anyio.sleep(0.1)
+
+
+async def _status(host: str, port: int, path: str) -> int | None:
+    """The HTTP status of `GET path`, or None where the answer has no status line."""
+    async with await anyio.connect_tcp(host, port) as stream:
+        await stream.send(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+        head = b""
+        with contextlib.suppress(anyio.EndOfStream):
+            while b"\r\n" not in head:
+                head += await stream.receive()
+    parts = head.split(b" ", 2)
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
 
 
 def _yaml(value: str) -> str:
