@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import secrets
 from dataclasses import dataclass
-from typing import Generic, Literal, TypeVar, cast
+from typing import Final, Generic, Literal, TypeVar, cast
 
 import mcp_types as types
 from mcp.shared.dispatcher import ProgressFnT
@@ -32,10 +32,10 @@ from mcp_spec_proxy.trajectory import Step
 
 AUDIT_TEXT_CAP = 4000
 """Characters of one free-text audit field (a reviewer's reason); the rest is cut with a marker."""
-CALL_META = "mcp-spec-proxy/call"
+CALL_META: Final = "mcp-spec-proxy/call"
 """The `_meta` key of a tools/call result (and the `data` key of a proxy error about a call that
 reached the gate) that names the call, as the audit trail names it."""
-FIRST_META = "mcp-spec-proxy/first-call"
+FIRST_META: Final = "mcp-spec-proxy/first-call"
 """The `data` key of a `CallReplayed` error: the call that holds the idempotency key."""
 AUDIT_META = "mcp-spec-proxy/audit"
 """The `_meta` key of a result whose audit line could not be written yet: why, and that it is retried."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import httpx2
 from mcp.client._transport import Transport, TransportStreams
@@ -43,6 +43,8 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.stdio import _claim_fd, _open_stdin_diversion, _open_stdout_diversion
 from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 from mcp.shared._stream_protocols import ReadStream
+
+from mcp_spec_proxy.wire_types import RpcRequest
 
 MCP_HTTP_TIMEOUT = httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT)
 
@@ -68,9 +70,10 @@ def _on_exit(stack: ExitStack, release: Callable[[], None] | None) -> None:
         stack.callback(release)
 
 
-def stamp_request(client: Client, data: dict[str, Any]) -> None:
+def stamp_request(client: Client, data: RpcRequest) -> None:
     """Add to a request (`{"method", "params"}`) what `client` adds for its negotiated era."""
-    client.session._stamp(data, {})  # pyright: ignore[reportPrivateUsage]
+    # The SDK's stamp takes a plain dict and writes into it; a TypedDict is one at run time.
+    client.session._stamp(cast("dict[str, Any]", data), {})  # pyright: ignore[reportPrivateUsage]
 
 
 def server_connection(ctx: ServerRequestContext[Any, Any]) -> Connection:

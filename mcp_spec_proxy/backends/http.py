@@ -34,6 +34,8 @@ from typing import Any, Literal
 import httpx2
 from mcp_types import CONNECTION_CLOSED
 
+from mcp_spec_proxy.wire_types import RpcError
+
 logger = logging.getLogger(__name__)
 
 LOST_KEY = "mcp-spec-proxy/lost"
@@ -99,7 +101,7 @@ class GuardedClient(httpx2.AsyncClient):
         key = secrets.token_hex(16)
         self._lost[key] = Lost(kind, detail)
         logger.warning("HTTP request %r %s: %s", request_id, "not sent" if kind == "unsent" else "dropped", detail)
-        error = {"code": CONNECTION_CLOSED, "message": f"connection lost ({detail})", "data": {LOST_KEY: key}}
+        error: RpcError = {"code": CONNECTION_CLOSED, "message": f"connection lost ({detail})", "data": {LOST_KEY: key}}
         return {"jsonrpc": "2.0", "id": request_id, "error": error}
 
     def _lost_answer(

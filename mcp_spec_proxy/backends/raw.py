@@ -28,6 +28,8 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CLIENT_CAPABILITIES_META_KEY, CLIENT_INFO_META_KEY, PROTOCOL_VERSION_META_KEY, methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from mcp_spec_proxy.wire_types import RpcNotification, RpcRequest
+
 PREFIX = "msp-"
 _PREFIX_BYTES = PREFIX.encode()
 _CANCEL_TIMEOUT = 1.0
@@ -86,7 +88,7 @@ class RawCalls:
             if not future.done():
                 future.set_result(None)
 
-    async def request(self, message: dict[str, Any]) -> Answer:
+    async def request(self, message: RpcRequest) -> Answer:
         """Send `message` (a request; its id is set here) and return the answer, `Oversized` when
         the transport skipped it for its size, or None when the backend's stream ended first.
         Cancelled while waiting (a timeout, a client that left), the backend is told with
@@ -140,7 +142,7 @@ class RawCalls:
         send = self._send
         if send is None:
             return
-        notice = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": key}}
+        notice: RpcNotification = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": key}}
         # A backend that is gone has nothing left to cancel.
         with (
             anyio.move_on_after(_CANCEL_TIMEOUT, shield=True),
@@ -165,7 +167,7 @@ def _null(text: str) -> None:
     return None
 
 
-def encode(message: dict[str, Any]) -> bytes:
+def encode(message: Mapping[str, Any]) -> bytes:
     """One JSON line; ASCII-escaped, so no argument (a lone surrogate included) can fail to encode.
     A float JSON cannot carry (NaN, an infinity: Python's parser reads them from a client) is
     written null, as the SDK writes it."""

@@ -48,6 +48,7 @@ from mcp_spec_proxy.backends.transports import WatchedTransport
 from mcp_spec_proxy.config import ServerConfig
 from mcp_spec_proxy.errors import BackendClosed, BackendError, BackendTimeout, BackendUnavailable, ResultTooLarge
 from mcp_spec_proxy.sdk import stamp_request
+from mcp_spec_proxy.wire_types import RpcRequest
 
 
 class Requests:
@@ -142,7 +143,7 @@ class Requests:
             called = await self.call_tool(tool, arguments, progress)
             return cast(WireResult, called.model_dump(by_alias=True, mode="json", exclude_none=True))
         modern = client.protocol_version in MODERN_PROTOCOL_VERSIONS
-        request: dict[str, Any] = {"method": "tools/call", "params": {"name": tool, "arguments": arguments}}
+        request: RpcRequest = {"method": "tools/call", "params": {"name": tool, "arguments": arguments}}
         stamp_request(client, request)
         if (log_meta := self._log_meta(client, None)) is not None:
             request["params"]["_meta"] = {**request["params"].get("_meta", {}), **dict(log_meta)}

@@ -24,6 +24,8 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from mcp_spec_proxy.wire_types import ErrorBody
+
 logger = logging.getLogger(__name__)
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
@@ -122,8 +124,8 @@ def _name(netloc: str) -> str | None:
 
 def _refusal(status: int, message: str, code: str, headers: dict[str, str] | None = None) -> JSONResponse:
     """An OpenAI-style error body: the gateway's clients read it, and it is plain JSON to anyone else."""
-    error = {"message": message, "type": "invalid_request_error", "param": None, "code": code}
-    return JSONResponse({"error": error}, status_code=status, headers=headers)
+    body: ErrorBody = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 class _Server(uvicorn.Server):

@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse
 
 from mcp_spec_proxy.engine import RunResult
 from mcp_spec_proxy.prompts import agent_messages
+from mcp_spec_proxy.wire_types import ChatCompletion, ErrorBody
 
 
 def rendered(result: RunResult) -> list[dict[str, Any]]:
@@ -35,7 +36,7 @@ def message_text(content: Any) -> str:
     return ""
 
 
-async def chunks(response: dict[str, Any], include_usage: bool) -> AsyncIterator[str]:
+async def chunks(response: ChatCompletion, include_usage: bool) -> AsyncIterator[str]:
     base = {
         "id": response["id"],
         "object": "chat.completion.chunk",
@@ -84,4 +85,5 @@ class AsciiJSON(JSONResponse):
 
 def error_response(status: int, message: str, code: str) -> JSONResponse:
     kind = "invalid_request_error" if status < 500 and status != 424 else "server_error"  # 424: upstream failed
-    return AsciiJSON({"error": {"message": message, "type": kind, "param": None, "code": code}}, status_code=status)
+    body: ErrorBody = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    return AsciiJSON(body, status_code=status)

@@ -69,6 +69,7 @@ from mcp_spec_proxy.fronts.probes import Door
 from mcp_spec_proxy.proxy import Proxy
 from mcp_spec_proxy.telemetry import Telemetry
 from mcp_spec_proxy.tool_arguments import check_arguments
+from mcp_spec_proxy.wire_types import AssistantMessage, ChatCompletion, Usage
 
 if TYPE_CHECKING:
     import jsonschema
@@ -387,15 +388,15 @@ def _parse(body: dict[str, Any]) -> tuple[Mode, list[dict[str, Any]], list[dict[
     return MODEL_ALIASES[model], messages, tools, bool(body.get("stream")), bool(options.get("include_usage"))
 
 
-def _completion(action: Action, events: list[tuple[str, dict[str, Any]]], model: str) -> dict[str, Any]:
+def _completion(action: Action, events: list[tuple[str, dict[str, Any]]], model: str) -> ChatCompletion:
     calls = [data for kind, data in events if kind == "model_call"]
-    usage = {
+    usage: Usage = {
         "prompt_tokens": sum(c["prompt_tokens"] for c in calls),
         "completion_tokens": sum(c["completion_tokens"] for c in calls),
         "total_tokens": sum(c["prompt_tokens"] + c["completion_tokens"] for c in calls),
         "prompt_tokens_details": {"cached_tokens": sum(c["cached_tokens"] for c in calls)},
     }
-    message: dict[str, Any] = {"role": "assistant", "content": None}
+    message: AssistantMessage = {"role": "assistant", "content": None}
     finish = "stop"
     if isinstance(action, ToolCallOut):
         arguments = json.dumps(action.step.arguments, ensure_ascii=False)

@@ -43,6 +43,7 @@ from mcp_spec_proxy.drain import Answering
 from mcp_spec_proxy.fronts.fast_read import FastRead, Read
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.sdk import claimed_stdio
+from mcp_spec_proxy.wire_types import RpcError, RpcResponse
 
 logger = logging.getLogger(__name__)
 
@@ -160,7 +161,7 @@ class _LeanReads:
                 scope.cancel()
 
     async def _answer(self, request_id: RequestId, read: Read, scope: anyio.CancelScope) -> None:
-        answer: dict[str, Any] | None = None
+        answer: RpcResponse | None = None
         try:
             with scope:
                 try:
@@ -168,7 +169,8 @@ class _LeanReads:
                         result = await self._fast.run(read, self._session)
                     answer = {"jsonrpc": "2.0", "id": request_id, "result": result}
                 except MCPError as exc:  # the backend's own error as it sent it, or the proxy's own
-                    error = exc.error.model_dump(by_alias=True, mode="json", exclude_unset=True)
+                    # The SDK's `ErrorData` as JSON: its code, message and (if set) data.
+                    error = cast(RpcError, exc.error.model_dump(by_alias=True, mode="json", exclude_unset=True))
                     answer = {"jsonrpc": "2.0", "id": request_id, "error": error}
                 except Exception:  # boundary: a fault of ours is this call's error, never the front's end
                     logger.exception("lean read of %s failed", read.tool.name)

@@ -9,13 +9,12 @@ reached the gate names that call in its `data` (`CALL_META`), so a client can as
 
 from __future__ import annotations
 
-from typing import Any
-
 from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
 
 from mcp_spec_proxy.errors import BackendError, CallReplayed, ProxyError, ShuttingDown, ToolNotFound
 from mcp_spec_proxy.gate import CALL_META, FIRST_META
+from mcp_spec_proxy.wire_types import CallErrorData
 
 
 def wire_error(exc: ProxyError | MCPError, call: str | None = None) -> MCPError:
@@ -24,7 +23,7 @@ def wire_error(exc: ProxyError | MCPError, call: str | None = None) -> MCPError:
         return MCPError(exc.code, exc.message, exc.data)  # as the backend sent it
     if isinstance(exc, ToolNotFound):
         return MCPError(code=INVALID_PARAMS, message=str(exc), data=exc.data)
-    data: dict[str, Any] | None = {CALL_META: call} if call is not None else None
+    data: CallErrorData | None = {CALL_META: call} if call is not None else None
     if isinstance(exc, CallReplayed):
         data = {**(data or {}), FIRST_META: exc.first}
     code = exc.code if isinstance(exc, BackendError | CallReplayed | ShuttingDown) else INTERNAL_ERROR

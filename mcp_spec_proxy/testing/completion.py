@@ -14,13 +14,14 @@ from starlette.responses import JSONResponse
 from mcp_spec_proxy.testing.replies import Reply
 from mcp_spec_proxy.testing.requests import ChatRequest
 from mcp_spec_proxy.testing.tokens import embed_text
+from mcp_spec_proxy.wire_types import ErrorBody
 
 # Streamed text goes out a word at a time, leading whitespace attached, so the pieces rejoin exactly.
 _WORD = re.compile(r"\s*\S+|\s+")
 _ARGUMENT_PIECES = 3
 
 
-def _error_payload(message: str, type_: str, code: str | None = None) -> dict[str, Any]:
+def _error_payload(message: str, type_: str, code: str | None = None) -> ErrorBody:
     return {"error": {"message": message, "type": type_, "param": None, "code": code}}
 
 

@@ -1,0 +1,171 @@
+"""The wire shapes the proxy builds itself, as types: JSON-RPC messages and the OpenAI chat wire.
+
+Annotations only: a `TypedDict` is a plain dict at run time, so nothing here changes a byte the
+proxy writes. It types what the proxy writes in its own words (an error object, a request it
+sends a backend, a response it answers with, a completion the gateway returns); what a client or
+a backend sends stays `dict[str, Any]` until it is checked, because the proxy passes through
+keys it does not know (`DESIGN.md`, "Transparent, except where the gate acts").
+
+It sits at the bottom of the house (it imports nothing of the package), so backends, the gate
+and the fronts may all import it. A request id is the SDK's `RequestId` (a string or an integer).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, NotRequired, TypedDict
+
+from mcp_types import RequestId
+
+# --- JSON-RPC 2.0 -----------------------------------------------------------------------------
+
+
+class RpcError(TypedDict):
+    """A JSON-RPC `error` member: the proxy's own, or a backend's as the SDK models it."""
+
+    code: int
+    message: str
+    data: NotRequired[Any]
+
+
+class RpcRequest(TypedDict):
+    """A request the proxy sends a backend. It is built in steps (method and params first, the era's
+    stamp, then `jsonrpc`, and `RawCalls.request` sets the `id`), so the two envelope keys are
+    not required while it is built: the order of its keys on the wire is the order they were set."""
+
+    method: str
+    params: dict[str, Any]
+    jsonrpc: NotRequired[Literal["2.0"]]
+    id: NotRequired[RequestId]
+
+
+class RpcNotification(TypedDict):
+    """A notification the proxy sends (`notifications/cancelled` to a backend)."""
+
+    jsonrpc: Literal["2.0"]
+    method: str
+    params: dict[str, Any]
+
+
+class RpcResult(TypedDict):
+    """A successful response the proxy writes to its client."""
+
+    jsonrpc: Literal["2.0"]
+    id: RequestId
+    result: dict[str, Any]
+
+
+class RpcErrorResponse(TypedDict):
+    """An error response the proxy writes to its client (or to no one: `id` may be null)."""
+
+    jsonrpc: Literal["2.0"]
+    id: RequestId | None
+    error: RpcError
+
+
+RpcResponse = RpcResult | RpcErrorResponse
+
+
+class CancelledParams(TypedDict):
+    """The params of `notifications/cancelled` the proxy sends about a request of its own."""
+
+    requestId: RequestId
+
+
+# The `data` of a proxy error about a call that reached the gate; the keys are `results.CALL_META`
+# and `results.FIRST_META` (not identifiers, hence the functional form).
+CallErrorData = TypedDict(
+    "CallErrorData",
+    {"mcp-spec-proxy/call": str, "mcp-spec-proxy/first-call": str},
+    total=False,
+)
+
+
+# --- The OpenAI chat-completions wire ---------------------------------------------------------
+
+
+class FunctionCall(TypedDict):
+    """A tool call's `function`: its name and its arguments as a JSON string."""
+
+    name: str
+    arguments: str
+
+
+class ToolCall(TypedDict):
+    """One entry of an assistant message's `tool_calls`."""
+
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
+class AssistantMessage(TypedDict):
+    """The assistant message of a completion the proxy answers with (the gateway, the scripted model)."""
+
+    role: Literal["assistant"]
+    content: str | None
+    tool_calls: NotRequired[list[ToolCall]]
+    reasoning_content: NotRequired[str]
+
+
+class PromptTokensDetails(TypedDict):
+    cached_tokens: int
+
+
+class Usage(TypedDict):
+    """A completion's token counts, as the gateway sums them over the run's model calls."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class Choice(TypedDict):
+    index: int
+    message: AssistantMessage
+    finish_reason: str
+
+
+class ChatCompletion(TypedDict):
+    """A non-streamed completion the gateway answers with (and streams cut into chunks)."""
+
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage
+
+
+class ErrorDetail(TypedDict):
+    message: str
+    type: str
+    param: None
+    code: str | None
+
+
+class ErrorBody(TypedDict):
+    """An OpenAI-shaped error body: `{"error": {"message", "type", "param", "code"}}`."""
+
+    error: ErrorDetail
+
+
+__all__ = [
+    "AssistantMessage",
+    "CallErrorData",
+    "CancelledParams",
+    "ChatCompletion",
+    "Choice",
+    "ErrorBody",
+    "ErrorDetail",
+    "FunctionCall",
+    "PromptTokensDetails",
+    "RpcError",
+    "RpcErrorResponse",
+    "RpcNotification",
+    "RpcRequest",
+    "RpcResponse",
+    "RpcResult",
+    "ToolCall",
+    "Usage",
+]
