@@ -94,6 +94,7 @@ from mcp_spec_proxy.results import (
     CALL_FAILED,
     CALL_META,
     FIRST_META,
+    AuditCall,
     Author,
     CallFailed,
     Read,
@@ -221,7 +222,7 @@ class Gate(Reads, Policy):
             # The engine's shadow observer flagged it (its score is in telemetry): audited here like
             # the front's, whichever reviewer the call meets, so the trail has every escalation.
             flagged = {"to": reviewer.by.text, "layer": "flagged by the engine"}
-        common = {
+        common: AuditCall = {
             "call": call.id,
             "session": call.session,
             "tool": tool.name,

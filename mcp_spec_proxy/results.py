@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import secrets
 from dataclasses import dataclass
-from typing import Final, Generic, Literal, TypeVar, cast
+from typing import Final, Generic, Literal, NotRequired, TypedDict, TypeVar, cast
 
 import mcp_types as types
 from mcp.shared.dispatcher import ProgressFnT
@@ -44,6 +44,24 @@ Report = ProgressFnT
 """Sends a progress notification to the calling client: `await report(progress, total, message)`."""
 
 Author = Literal["client", "weak", "strong", "replacement", "repair"]
+
+
+class AuditCall(TypedDict):
+    """The fields every audit line of a held call starts with (`held`, `verdict`, `abandoned`, …):
+    the call as the operator's trail and the client's `_meta` name it, and who reviews it."""
+
+    call: str
+    session: str
+    tool: str
+    server: str
+    arguments_digest: str
+    effect: str
+    why: str
+    author: Author
+    reviewer: str
+    replaces: NotRequired[str]  # the call id of the rejected call this one stands in for
+    key: NotRequired[str]  # a digest of the client's idempotency key, never the key
+
 
 CallFailed = MCPError | BackendError
 R = TypeVar("R")
@@ -128,6 +146,7 @@ __all__ = [
     "CALL_FAILED",
     "CALL_META",
     "FIRST_META",
+    "AuditCall",
     "Author",
     "CallFailed",
     "Report",
