@@ -25,6 +25,7 @@ from mcp_spec_proxy.catalog import INTENT_ARGUMENT, CatalogTool, ToolSource
 from mcp_spec_proxy.errors import ToolNotFound
 from mcp_spec_proxy.lookalikes import lookalikes
 from mcp_spec_proxy.trajectory import Segment, Step
+from mcp_spec_proxy.wire_types import BlockEntry, StepJson, ToolJson, Whose
 
 VERIFIER_INSTRUCTIONS = """\
 You are the verifier of an AI agent's tool calls. The agent works on behalf of a user through the \
@@ -101,9 +102,9 @@ def fence(text: str, kind: str = TOOL_OUTPUT) -> str:
     return f"<<<{kind}\n{text}\n{kind}>>>"
 
 
-def step_json(step: Step, number: int | None = None) -> dict[str, Any]:
-    data: dict[str, Any] = {} if number is None else {"step": number}
-    data.update(tool=step.tool, arguments=step.arguments, effect=step.effect)
+def step_json(step: Step, number: int | None = None) -> StepJson:
+    data: StepJson = {} if number is None else {"step": number}
+    data["tool"], data["arguments"], data["effect"] = step.tool, step.arguments, step.effect
     if step.intent:
         data["agent_stated_intent"] = fence(step.intent, AGENT_CLAIM)
     if step.observation is not None:
@@ -114,10 +115,14 @@ def step_json(step: Step, number: int | None = None) -> dict[str, Any]:
     return data
 
 
-def tool_json(tool: CatalogTool) -> dict[str, Any]:
+def tool_json(tool: CatalogTool) -> ToolJson:
     """A tool as the reviewer reads it; only ever shown inside the tool-definitions fence."""
-    data: dict[str, Any] = {"name": tool.name, "server": tool.server, "effect": tool.effect}
-    data["input_schema"] = tool.input_schema
+    data: ToolJson = {
+        "name": tool.name,
+        "server": tool.server,
+        "effect": tool.effect,
+        "input_schema": tool.input_schema,
+    }
     if tool.definition.description:
         data["description"] = tool.definition.description
     return data
@@ -218,16 +223,14 @@ def segment_messages(
     With the `catalog`, the block names each step's server, and the held call's look-alikes: the
     tools of the same name on other servers (`lookalikes`), so a call to a copy is seen as one."""
     messages: list[dict[str, Any]] = []
-    block = []
+    block: list[BlockEntry] = []
     count = len(segment.steps)
     for number, step in enumerate(segment.steps, 1):
         messages.extend(step_messages(step, number, intent_asked=intent_asked and number == count))
         status = "ran" if step.observation is not None else "held: not executed"
         # Arguments and results are in the step turns above; the block numbers the segment.
-        entry: dict[str, Any] = {"step": number, "tool": step.tool, "status": status}
-        if catalog is not None:
-            entry.update(_whose(step.tool, catalog, held=number == count))
-        block.append(entry)
+        whose: Whose = {} if catalog is None else _whose(step.tool, catalog, held=number == count)
+        block.append({"step": number, "tool": step.tool, "status": status, **whose})
     count = len(block)
     messages.append(
         {
@@ -245,12 +248,12 @@ def segment_messages(
     return messages
 
 
-def _whose(name: str, catalog: ToolSource, *, held: bool) -> dict[str, Any]:
+def _whose(name: str, catalog: ToolSource, *, held: bool) -> Whose:
     try:
         tool = catalog.lookup(name)
     except ToolNotFound:  # final_answer, or a tool gone since the step ran
         return {}
-    found: dict[str, Any] = {"server": tool.server}
+    found: Whose = {"server": tool.server}
     if held and (others := lookalikes(tool, catalog.tools())):
         found["lookalikes_on_other_servers"] = [{"tool": t.name, "server": t.server} for t in others]
     return found

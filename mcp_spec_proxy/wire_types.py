@@ -12,6 +12,7 @@ and the fronts may all import it. A request id is the SDK's `RequestId` (a strin
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal, NotRequired, TypedDict
 
 from mcp_types import RequestId
@@ -150,8 +151,56 @@ class ErrorBody(TypedDict):
     error: ErrorDetail
 
 
+# --- What a reviewer reads (JSON inside the prompt's fences, `prompts.py`) -------------------
+
+
+class StepJson(TypedDict, total=False):
+    """A step as the reviewer reads it (and the `decision` event records it); the keys in this
+    order. A step that ran has `observation` and `is_error`; the held one has `status`."""
+
+    step: int  # its number in the segment, where it has one
+    tool: str
+    arguments: dict[str, Any]
+    effect: str
+    agent_stated_intent: str  # fenced as the agent's claim
+    observation: str  # fenced as the tool's output
+    is_error: bool
+    status: str
+
+
+class ToolJson(TypedDict):
+    """A tool as the reviewer reads it, inside the tool-definitions fence."""
+
+    name: str
+    server: str
+    effect: str
+    input_schema: Mapping[str, Any]
+    description: NotRequired[str]
+
+
+class Lookalike(TypedDict):
+    tool: str
+    server: str
+
+
+class Whose(TypedDict, total=False):
+    """Where a step's tool lives: its server and, for the held call, the tools of its name elsewhere."""
+
+    server: str
+    lookalikes_on_other_servers: list[Lookalike]
+
+
+class BlockEntry(Whose, total=False):
+    """One step of the block that lists a segment's steps by number for the verdict."""
+
+    step: int
+    tool: str
+    status: str
+
+
 __all__ = [
     "AssistantMessage",
+    "BlockEntry",
     "CallErrorData",
     "CancelledParams",
     "ChatCompletion",
@@ -159,6 +208,7 @@ __all__ = [
     "ErrorBody",
     "ErrorDetail",
     "FunctionCall",
+    "Lookalike",
     "PromptTokensDetails",
     "RpcError",
     "RpcErrorResponse",
@@ -166,6 +216,9 @@ __all__ = [
     "RpcRequest",
     "RpcResponse",
     "RpcResult",
+    "StepJson",
     "ToolCall",
+    "ToolJson",
     "Usage",
+    "Whose",
 ]
