@@ -112,13 +112,19 @@ class PromptTokensDetails(TypedDict):
     cached_tokens: int
 
 
+class CompletionTokensDetails(TypedDict):
+    reasoning_tokens: int
+
+
 class Usage(TypedDict):
-    """A completion's token counts, as the gateway sums them over the run's model calls."""
+    """A completion's token counts, as the gateway sums them over the run's model calls (and the
+    scripted model server counts them, reasoning included)."""
 
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    completion_tokens_details: NotRequired[CompletionTokensDetails]
 
 
 class Choice(TypedDict):
@@ -205,6 +211,7 @@ __all__ = [
     "CancelledParams",
     "ChatCompletion",
     "Choice",
+    "CompletionTokensDetails",
     "ErrorBody",
     "ErrorDetail",
     "FunctionCall",

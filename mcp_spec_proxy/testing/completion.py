@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse
 from mcp_spec_proxy.testing.replies import Reply
 from mcp_spec_proxy.testing.requests import ChatRequest
 from mcp_spec_proxy.testing.tokens import embed_text
-from mcp_spec_proxy.wire_types import ErrorBody
+from mcp_spec_proxy.wire_types import AssistantMessage, ErrorBody, ToolCall, Usage
 
 # Streamed text goes out a word at a time, leading whitespace attached, so the pieces rejoin exactly.
 _WORD = re.compile(r"\s*\S+|\s+")
@@ -47,8 +47,8 @@ class Completion:
         id_: str,
         request: ChatRequest,
         reply: Reply,
-        calls: list[dict[str, Any]],
-        usage: dict[str, Any],
+        calls: list[ToolCall],
+        usage: Usage,
         hidden_size: int | None = None,
         per_call_states: bool = False,
     ):
@@ -66,7 +66,7 @@ class Completion:
         return {"id": self.id, "object": object_, "created": self.created, "model": self.request.model}
 
     def body(self) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": self.reply.content}
+        message: AssistantMessage = {"role": "assistant", "content": self.reply.content}
         if self.reply.reasoning is not None:
             message["reasoning_content"] = self.reply.reasoning
         if self.calls:

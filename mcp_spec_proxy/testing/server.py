@@ -38,6 +38,7 @@ from mcp_spec_proxy.testing.tokens import (
     text_prefix,
     tokenize,
 )
+from mcp_spec_proxy.wire_types import ToolCall
 
 logger = logging.getLogger(__name__)
 
@@ -243,7 +244,7 @@ class ScriptedModelServer:
         if reply.status >= 400:
             return error_response(reply.status, f"scripted HTTP {reply.status}", "server_error")
 
-        calls = [
+        calls: list[ToolCall] = [
             {
                 "id": call.id or f"call_{next(self._call_ids)}",
                 "type": "function",

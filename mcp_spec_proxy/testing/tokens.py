@@ -14,13 +14,14 @@ import itertools
 import json
 import re
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from mcp_spec_proxy.testing.replies import Reply
 from mcp_spec_proxy.testing.requests import ChatRequest
+from mcp_spec_proxy.wire_types import ToolCall, Usage
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 _WORDS = re.compile(r"\w+")
@@ -104,9 +105,9 @@ def completion_usage(
     prompt: int,
     cached: int,
     reply: Reply,
-    calls: list[dict[str, Any]],
+    calls: Sequence[ToolCall],
     tokenizer: Callable[[str], int] | None = None,
-) -> dict[str, Any]:
+) -> Usage:
     """The `usage` object of a completion, counted with `tokenizer` when given, else `tokenize`."""
     count = tokenizer or (lambda text: len(tokenize(text)))
     reasoning = count(reply.reasoning or "")
