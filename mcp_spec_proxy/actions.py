@@ -12,6 +12,7 @@ does not parse comes back as an error text for the model to see, never as an exc
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +31,7 @@ You act by replying with exactly one JSON object and nothing else: {"tool": "<to
 "arguments": {...}} calls one tool with arguments that follow its schema{answer}. The tools:"""
 
 
-def action_format(tools: list[dict[str, Any]], *, answers: bool = True) -> dict[str, Any]:
+def action_format(tools: Sequence[Mapping[str, Any]], *, answers: bool = True) -> dict[str, Any]:
     """`response_format` json_schema: one call of an offered tool, or (with `answers`) a final answer."""
     branches: list[dict[str, Any]] = []
     for tool in tools:
@@ -57,7 +58,11 @@ def action_format(tools: list[dict[str, Any]], *, answers: bool = True) -> dict[
 
 
 def action_messages(
-    messages: list[dict[str, Any]], tools: list[dict[str, Any]], *, answers: bool = True, defined: bool = False
+    messages: list[dict[str, Any]],
+    tools: Sequence[Mapping[str, Any]],
+    *,
+    answers: bool = True,
+    defined: bool = False,
 ) -> list[dict[str, Any]]:
     """The conversation for JSON actions: the tools described in the system prompt (first, so the
     prefix cache keeps serving it), earlier tool calls as the JSON the model writes, and tool

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import json
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -126,7 +127,7 @@ class ChatModel:
         *,
         purpose: Purpose,
         thinking: bool,
-        tools: list[dict[str, Any]] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
         tool_choice: str | None = None,
         response_format: dict[str, Any] | None = None,
         hidden_states: bool = False,

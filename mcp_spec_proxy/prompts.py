@@ -25,7 +25,7 @@ from mcp_spec_proxy.catalog import INTENT_ARGUMENT, CatalogTool, ToolSource
 from mcp_spec_proxy.errors import ToolNotFound
 from mcp_spec_proxy.lookalikes import lookalikes
 from mcp_spec_proxy.trajectory import Segment, Step
-from mcp_spec_proxy.wire_types import BlockEntry, StepJson, ToolJson, Whose
+from mcp_spec_proxy.wire_types import BlockEntry, StepJson, ToolDefinition, ToolJson, Whose
 
 VERIFIER_INSTRUCTIONS = """\
 You are the verifier of an AI agent's tool calls. The agent works on behalf of a user through the \
@@ -128,7 +128,7 @@ def tool_json(tool: CatalogTool) -> ToolJson:
     return data
 
 
-def openai_tool(tool: CatalogTool, *, with_intent: bool = True) -> dict[str, Any]:
+def openai_tool(tool: CatalogTool, *, with_intent: bool = True) -> ToolDefinition:
     """The tool in chat-completions form; the engine leaves out `intent` (the task is the intent)."""
     schema = dict(tool.input_schema)
     if tool.wants_intent and not with_intent:
@@ -142,7 +142,7 @@ def openai_tool(tool: CatalogTool, *, with_intent: bool = True) -> dict[str, Any
 
 
 FINAL_ANSWER = "final_answer"
-FINAL_ANSWER_TOOL: dict[str, Any] = {
+FINAL_ANSWER_TOOL: ToolDefinition = {
     "type": "function",
     "function": {
         "name": FINAL_ANSWER,

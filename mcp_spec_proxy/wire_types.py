@@ -84,6 +84,21 @@ CallErrorData = TypedDict(
 # --- The OpenAI chat-completions wire ---------------------------------------------------------
 
 
+class FunctionDefinition(TypedDict):
+    """A tool's `function` as the proxy offers it to a model: its name, description and JSON schema."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+class ToolDefinition(TypedDict):
+    """A tool in chat-completions form (`prompts.openai_tool`, the engine's `final_answer`)."""
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
 class FunctionCall(TypedDict):
     """A tool call's `function`: its name and its arguments as a JSON string."""
 
@@ -215,6 +230,7 @@ __all__ = [
     "ErrorBody",
     "ErrorDetail",
     "FunctionCall",
+    "FunctionDefinition",
     "Lookalike",
     "PromptTokensDetails",
     "RpcError",
@@ -225,6 +241,7 @@ __all__ = [
     "RpcResult",
     "StepJson",
     "ToolCall",
+    "ToolDefinition",
     "ToolJson",
     "Usage",
     "Whose",
