@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mcp_spec_proxy.wire_types import ResponseFormat
+
 
 @dataclass(frozen=True)
 class ToolCall:
@@ -31,7 +33,7 @@ You act by replying with exactly one JSON object and nothing else: {"tool": "<to
 "arguments": {...}} calls one tool with arguments that follow its schema{answer}. The tools:"""
 
 
-def action_format(tools: Sequence[Mapping[str, Any]], *, answers: bool = True) -> dict[str, Any]:
+def action_format(tools: Sequence[Mapping[str, Any]], *, answers: bool = True) -> ResponseFormat:
     """`response_format` json_schema: one call of an offered tool, or (with `answers`) a final answer."""
     branches: list[dict[str, Any]] = []
     for tool in tools:

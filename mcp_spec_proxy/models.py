@@ -27,6 +27,7 @@ from mcp_spec_proxy.actions import ToolCall, action_format, action_messages, par
 from mcp_spec_proxy.errors import ProxyError
 from mcp_spec_proxy.providers import PROVIDERS, Actions, HiddenStates, ModelConfig, Provider, detect_provider
 from mcp_spec_proxy.trajectory import Representation
+from mcp_spec_proxy.wire_types import ResponseFormat
 
 # Names that lived here before the split, still importable from `mcp_spec_proxy.models`.
 __all__ = [
@@ -129,7 +130,7 @@ class ChatModel:
         thinking: bool,
         tools: Sequence[Mapping[str, Any]] | None = None,
         tool_choice: str | None = None,
-        response_format: dict[str, Any] | None = None,
+        response_format: ResponseFormat | None = None,
         hidden_states: bool = False,
         max_tokens: int | None = None,
         tools_defined: bool = False,

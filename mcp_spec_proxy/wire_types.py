@@ -99,6 +99,19 @@ class ToolDefinition(TypedDict):
     function: FunctionDefinition
 
 
+class JsonSchemaFormat(TypedDict):
+    name: str
+    schema: dict[str, Any]
+    strict: bool
+
+
+class ResponseFormat(TypedDict):
+    """The `response_format` the proxy asks a model for: a JSON schema (a verdict, a JSON action)."""
+
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaFormat
+
+
 class FunctionCall(TypedDict):
     """A tool call's `function`: its name and its arguments as a JSON string."""
 
@@ -231,8 +244,10 @@ __all__ = [
     "ErrorDetail",
     "FunctionCall",
     "FunctionDefinition",
+    "JsonSchemaFormat",
     "Lookalike",
     "PromptTokensDetails",
+    "ResponseFormat",
     "RpcError",
     "RpcErrorResponse",
     "RpcNotification",

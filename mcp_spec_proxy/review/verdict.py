@@ -21,6 +21,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from mcp_spec_proxy.wire_types import ResponseFormat
+
 REASON_MAX_CHARS = 300
 """The longest reason the schema admits: a sentence or two. A grammar-bound server cannot ramble
 inside it until max_tokens cuts the verdict off (the parser reads a longer one from a server
@@ -95,7 +97,7 @@ def verdict_schema(tools: Sequence[str], calls: Mapping[str, Sequence[str]]) -> 
     return {"type": "object", "anyOf": branches, "$defs": defs}
 
 
-def response_format(tools: Sequence[str], calls: Mapping[str, Sequence[str]]) -> dict[str, Any]:
+def response_format(tools: Sequence[str], calls: Mapping[str, Sequence[str]]) -> ResponseFormat:
     return {
         "type": "json_schema",
         "json_schema": {"name": "verdict", "schema": verdict_schema(tools, calls), "strict": False},
