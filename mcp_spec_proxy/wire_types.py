@@ -172,6 +172,29 @@ class ChatCompletion(TypedDict):
     usage: Usage
 
 
+class FunctionDelta(TypedDict, total=False):
+    name: str
+    arguments: str  # a piece of the arguments' JSON; the pieces in order make it whole
+
+
+class ToolCallDelta(TypedDict):
+    """A tool call in a stream chunk: its first piece names it (`id`, `type`, the function's name)."""
+
+    index: int
+    id: NotRequired[str]
+    type: NotRequired[Literal["function"]]
+    function: NotRequired[FunctionDelta]
+
+
+class Delta(TypedDict, total=False):
+    """What one stream chunk adds to the assistant message; the last chunk's is empty."""
+
+    role: Literal["assistant"]
+    content: str | None
+    reasoning_content: str
+    tool_calls: list[ToolCallDelta]
+
+
 class ErrorDetail(TypedDict):
     message: str
     type: str
@@ -240,10 +263,12 @@ __all__ = [
     "ChatCompletion",
     "Choice",
     "CompletionTokensDetails",
+    "Delta",
     "ErrorBody",
     "ErrorDetail",
     "FunctionCall",
     "FunctionDefinition",
+    "FunctionDelta",
     "JsonSchemaFormat",
     "Lookalike",
     "PromptTokensDetails",
@@ -256,6 +281,7 @@ __all__ = [
     "RpcResult",
     "StepJson",
     "ToolCall",
+    "ToolCallDelta",
     "ToolDefinition",
     "ToolJson",
     "Usage",

@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse
 
 from mcp_spec_proxy.engine import RunResult
 from mcp_spec_proxy.prompts import agent_messages
-from mcp_spec_proxy.wire_types import ChatCompletion, ErrorBody
+from mcp_spec_proxy.wire_types import ChatCompletion, Delta, ErrorBody, ToolCallDelta
 
 
 def rendered(result: RunResult) -> list[dict[str, Any]]:
@@ -46,14 +46,14 @@ async def chunks(response: ChatCompletion, include_usage: bool) -> AsyncIterator
     choice = response["choices"][0]
     message = choice["message"]
 
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+    def chunk(delta: Delta, finish: str | None = None) -> str:
         payload = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
         return f"data: {json.dumps(payload)}\n\n"  # ASCII-escaped, like AsciiJSON
 
     yield chunk({"role": "assistant", "content": ""})
     if message.get("tool_calls"):
         for index, call in enumerate(message["tool_calls"]):
-            head = {
+            head: ToolCallDelta = {
                 "index": index,
                 "id": call["id"],
                 "type": "function",

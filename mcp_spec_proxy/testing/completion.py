@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse
 from mcp_spec_proxy.testing.replies import Reply
 from mcp_spec_proxy.testing.requests import ChatRequest
 from mcp_spec_proxy.testing.tokens import embed_text
-from mcp_spec_proxy.wire_types import AssistantMessage, ErrorBody, ToolCall, Usage
+from mcp_spec_proxy.wire_types import AssistantMessage, Delta, ErrorBody, ToolCall, ToolCallDelta, Usage
 
 # Streamed text goes out a word at a time, leading whitespace attached, so the pieces rejoin exactly.
 _WORD = re.compile(r"\s*\S+|\s+")
@@ -93,7 +93,7 @@ class Completion:
             return [embed_text("\n".join(actions[: i + 1]), size) for i in range(len(actions))]
         return embed_text("\n".join(actions) or self.reply.content or "", size)
 
-    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> str:
+    def _chunk(self, delta: Delta, finish_reason: str | None = None) -> str:
         chunk = self._envelope("chat.completion.chunk")
         chunk["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
         if self.request.include_usage:
@@ -109,7 +109,7 @@ class Completion:
             yield self._chunk({"content": piece})
         for index, call in enumerate(self.calls):
             function = call["function"]
-            head = {"index": index, "id": call["id"], "type": "function"}
+            head: ToolCallDelta = {"index": index, "id": call["id"], "type": "function"}
             yield self._chunk({"tool_calls": [{**head, "function": {"name": function["name"], "arguments": ""}}]})
             for piece in _split(function["arguments"], _ARGUMENT_PIECES):
                 yield self._chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
