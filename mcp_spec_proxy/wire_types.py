@@ -8,6 +8,8 @@ keys it does not know (`DESIGN.md`, "Transparent, except where the gate acts").
 
 It sits at the bottom of the house (it imports nothing of the package), so backends, the gate
 and the fronts may all import it. A request id is the SDK's `RequestId` (a string or an integer).
+Two shapes live beside their builders instead: a read's tool result (`backends/raw.WireResult`)
+and the fields every audit line of a held call starts with (`results.AuditCall`).
 """
 
 from __future__ import annotations
