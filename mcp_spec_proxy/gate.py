@@ -276,12 +276,13 @@ class Gate(Reads, Policy):
                 return Outcome(call.id, verdict, None, latency_ms, key=call.key)
             step = step or Step(tool.name, call.arguments, tool.effect, intent=call.intent)
             arguments, edit_note = call.arguments, None
+            edited: dict[str, Any] | None = None  # what a person rewrote the call to, which LEASH learns
             if verdict.arguments is not None and verdict.arguments != call.arguments:
                 # A person edited the call on the approval console (validated there against its schema).
-                edited = {"original_digest": digest(call.arguments), "edited_digest": digest(verdict.arguments)}
-                await self._before(call, "edited", call=call.id, session=call.session, by=verdict.reviewer, **edited)
+                digests = {"original_digest": digest(call.arguments), "edited_digest": digest(verdict.arguments)}
+                await self._before(call, "edited", call=call.id, session=call.session, by=verdict.reviewer, **digests)
                 # What runs is a new step: the segment the reviewer was shown keeps the call as it was sent.
-                arguments = dict(verdict.arguments)
+                arguments = edited = dict(verdict.arguments)
                 step = dataclasses.replace(step, arguments=arguments)
                 # The agent is told what ran: else it believes its own arguments did, and builds on that.
                 shown = capped(json.dumps(arguments, ensure_ascii=False))
@@ -322,7 +323,7 @@ class Gate(Reads, Policy):
             sent = not isinstance(error, BackendUnavailable) or isinstance(error, BackendClosed)
             event = "forwarded" if sent else "unsent"
             await self._after(event, call=call.id, session=call.session, is_error=True, error_code=error.code)
-            await self._label(call, verdict)
+            await self._label(call, verdict, edited)
             failed = noted(edit_note, ran.result, structured=True) if edit_note else ran.result
             return Outcome(call.id, verdict, failed, latency_ms, error=error, key=call.key, step=ran.step)
         result = ran.result
@@ -333,7 +334,7 @@ class Gate(Reads, Policy):
             result = result.model_copy(update={"meta": {**(result.meta or {}), AUDIT_META: note}})
         if edit_note is not None:
             result = noted(edit_note, result, structured=True)
-        await self._label(call, verdict)  # after the write: a slow bank never delays an accepted call
+        await self._label(call, verdict, edited)  # after the write: a slow bank never delays an accepted call
         return Outcome(call.id, verdict, result, latency_ms, key=call.key, step=ran.step)
 
     async def _before(self, gated: GateCall, kind: str, /, **fields: Any) -> None:
@@ -377,18 +378,23 @@ class Gate(Reads, Policy):
             " (forwarded, or about to be; `mcp-spec-proxy audit` shows its outcome) — send a new key for a new call",
         )
 
-    async def _label(self, call: GateCall, verdict: Verdict) -> None:
+    async def _label(self, call: GateCall, verdict: Verdict, ran: dict[str, Any] | None = None) -> None:
         """Labels for free: a judgement's accepted prefix succeeded, its first rejected step failed.
 
         Each label says who judged which session's call, so `review: leash` never takes a
-        session's (or its client's) own accepted calls as evidence for its next one."""
+        session's (or its client's) own accepted calls as evidence for its next one. `ran` is
+        what the held call ran with: a person's edit is what was approved, so the held step is
+        labelled with it, never with the arguments the person rewrote."""
         if self._leash is not None and verdict.by.judged:
             from mcp_spec_proxy.leash.provenance import Provenance  # LEASH loads only with a `leash:` section
 
             provenance = Provenance(
                 "verdict", verdict.reviewer, "proxy", call.session, call.request.client, time.time()
             )
-            await self._leash.label_verdict(call.request.segment.steps, verdict.accepted_steps, provenance=provenance)
+            steps = call.request.segment.steps
+            if ran is not None and steps:
+                steps = (*steps[:-1], dataclasses.replace(steps[-1], arguments=dict(ran)))
+            await self._leash.label_verdict(steps, verdict.accepted_steps, provenance=provenance)
 
     async def _review(
         self, reviewer: Reviewer, request: ReviewRequest, user: UserChannel, report: Report | None

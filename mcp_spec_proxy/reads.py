@@ -7,8 +7,9 @@
 A client's lean read (`fronts/fast_read.py`) and its read through the SDK's handler
 (`fronts/mcp.py`, through `Barrier.call`) come here alike, and so do the engine's reads and a
 substitute's; the backend's answer is checked once (`backends/raw.py`, `tool_result`, and the
-size bound), and a call that got no result is raised as its `CallFailed` once its step has
-observed it — one error shape for every door. Only a caller that needs the SDK's model builds
+size bound), and a call that got no result comes back as its `CallFailed` (`Read.error`) with
+the step that observed it — one error shape for every door, raised by the caller where its
+client should see it. Only a caller that needs the SDK's model builds
 one (`results.as_model`).
 
 Prompts, resources, completions, log levels and subscriptions reach a backend here too, each

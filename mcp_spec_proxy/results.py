@@ -64,6 +64,7 @@ class AuditCall(TypedDict):
 
 
 CallFailed = MCPError | BackendError
+"""A forwarded call that got no result: the backend's own error, or the proxy's observation."""
 R = TypeVar("R")
 
 
@@ -78,7 +79,6 @@ class Read(Generic[R]):
     error: CallFailed | None = None
 
 
-"""A forwarded call that got no result: the backend's own error, or the proxy's observation."""
 CALL_FAILED = (MCPError, BackendError)
 
 

@@ -7,7 +7,7 @@ Browser tests of the same page are in test_console.py.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -150,6 +150,31 @@ async def test_an_edit_that_breaks_the_schema_is_refused_and_the_call_still_wait
     audit = read_audit(world.p.state.audit)
     [edited] = [line for line in audit if line["event"] == "edited"]
     assert edited["original_digest"] != edited["edited_digest"]
+
+
+async def test_an_edited_and_approved_call_is_labelled_for_leash_as_it_ran_not_as_it_was_sent(tmp_path: Path) -> None:
+    # A person rewrites a harmful call and approves the rewrite: what LEASH learns succeeded is the
+    # rewrite. Were it the call as sent, the bank would pass the next copy of the harmful one.
+    leash = {"encoder": "hashing", "dim": 64, "bank_dir": str(tmp_path / "banks"), "min_neighbours": 1}
+    async with console_world(tmp_path, leash=leash) as world:
+        assert world.p.proxy.leash is not None
+        labelled: list[list[dict[str, Any]]] = []
+        label = world.p.proxy.leash.label_verdict
+
+        async def spy(steps: Sequence[Step], accepted_steps: int, **kwargs: Any) -> None:
+            labelled.append([dict(step.arguments) for step in steps])
+            await label(steps, accepted_steps, **kwargs)
+
+        world.p.proxy.leash.label_verdict = spy  # type: ignore[method-assign]  # the spy keeps the signature checked
+        call = calling(world, "toy__record", {"value": "rm -rf notes", "intent": "clean up"})
+        [item] = await world.held()
+        async with opened(world) as client:
+            edited = await decide(client, world, item, {"action": "edit", "arguments": {"value": "notes/old.md"}})
+            assert edited.status_code == 200
+        assert not (await call.wait()).is_error
+    assert [json.loads(line)["value"] for line in recorded(world.ledger)] == ["notes/old.md"]
+    assert labelled and labelled[-1][-1]["value"] == "notes/old.md"
+    assert all(step.get("value") != "rm -rf notes" for steps in labelled for step in steps)
 
 
 async def test_a_session_rule_approves_matching_calls_of_that_session_only(tmp_path: Path) -> None:

@@ -69,6 +69,8 @@ async def test_gateway_probes_answer_without_the_token_and_a_draining_gateway_re
                     assert "takes no new calls" in refused.json()["error"]["message"]
                     assert len(model.chat_requests) == asked  # no model was asked for the refused one
                 tg.cancel_scope.cancel()
+    refusals = [row for row in read_audit(tmp_path / "state" / "audit.jsonl") if row["event"] == "refused"]
+    assert [row["tool"] for row in refusals] == ["this chat completion"]  # on the trail, as every refusal is
 
 
 async def test_a_draining_gateway_finishes_a_turn_waiting_for_the_clients_tool_and_refuses_new_turns(

@@ -3,7 +3,7 @@ never comes back, one that floods, and one that forges: the front outlives each 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import mcp_types as types
@@ -118,3 +118,25 @@ async def test_a_client_without_the_capability_is_never_suspended() -> None:
         mute = types.ClientCapabilities()
         assert await suspensions.call("client", mute, BINDING, asking(outcomes, anyio.Event()), nothing) == "done"
     assert outcomes == ["error -32601: the client does not support elicitation/create"]
+
+
+async def test_a_question_of_a_round_that_fails_fails_the_read_as_itself_not_as_a_task_group() -> None:
+    # A round's questions are asked at once; one whose relay raises (its audit line cannot be
+    # written, say) must reach the read's caller as that error, which the error result then names.
+    from mcp_spec_proxy.backends.requests import Requests
+    from mcp_spec_proxy.errors import StateError
+
+    class Session:
+        async def dispatch_input_request(self, context: Any, request: Any) -> Any:
+            if context.request_id == "b":
+                raise StateError("the audit log cannot be written")
+            await anyio.sleep_forever()  # the other question waits for its person: it is cancelled
+
+    class FakeClient:
+        session = Session()
+
+    elicit = {"method": "elicitation/create", "params": {"message": "name?", "requestedSchema": {"type": "object"}}}
+    roots = {"method": "roots/list"}
+    answer = {"result": {"resultType": "input_required", "inputRequests": {"a": elicit, "b": roots}}}
+    with anyio.fail_after(5), pytest.raises(StateError, match="audit log cannot be written"):
+        await Requests._answer_input_required(cast(Requests, object()), cast(Any, FakeClient()), "t", {}, answer)

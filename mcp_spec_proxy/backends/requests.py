@@ -183,15 +183,19 @@ class Requests:
         # All of a round's questions at once, as the SDK client asks them: a 2026-07-28 client of
         # the proxy is then asked them in one round of its own, under the backend's keys.
         responses: dict[str, Any] = {}
-        refused: types.ErrorData | None = None
+        failed: list[Exception] = []  # the first question that failed settles the call, as itself
 
         async def ask(key: str, request: types.InputRequest, scope: anyio.CancelScope) -> None:
-            nonlocal refused
             meta = request.params.meta if request.params else None
             context = ClientRequestContext(session=client.session, request_id=key, meta=meta)
-            response = await client.session.dispatch_input_request(context, request)
+            try:
+                response = await client.session.dispatch_input_request(context, request)
+            except Exception as exc:  # boundary: raised here, not as the task group's ExceptionGroup
+                failed.append(exc)
+                scope.cancel()
+                return
             if isinstance(response, types.ErrorData):
-                refused = response
+                failed.append(MCPError.from_error_data(response))
                 scope.cancel()  # a refused question settles the call: its siblings are not waited for
             else:
                 responses[key] = response
@@ -199,8 +203,8 @@ class Requests:
         async with anyio.create_task_group() as questions:
             for key, request in (asked.input_requests or {}).items():
                 questions.start_soon(ask, key, request, questions.cancel_scope)
-        if refused is not None:
-            raise MCPError.from_error_data(refused)
+        if failed:
+            raise failed[0]
         try:
             result = await client.call_tool(
                 tool, arguments, input_responses=responses, request_state=asked.request_state

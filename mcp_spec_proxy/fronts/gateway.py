@@ -216,7 +216,7 @@ class Gateway:
             if not session.running:
                 # A new turn is a new call: refused once draining. A request that brings the tool results
                 # a running turn waits for (`find`) goes on with that turn, which counts itself (`_start`).
-                slot.enter_context(self.proxy.gate.drain.call("this chat completion"))
+                slot.enter_context(self.proxy.gate.admitted(session.key, "this chat completion"))
             start = _take_in(session, messages)
             let_go += self.sessions.took_in(session, messages, digests[-1])
             if start:

@@ -264,7 +264,7 @@ class McpFront:
     ) -> types.CallToolResult | types.InputRequiredResult:
         if self.own_tools.owns(params.name):
             try:
-                with self.proxy.gate.drain.call(params.name):  # `delegate`'s steps are admitted with it
+                with self.proxy.gate.admitted(self.session_for(ctx).id, params.name):  # `delegate`'s steps too
                     return await self.own_tools.call(
                         params.name,
                         dict(params.arguments or {}),
