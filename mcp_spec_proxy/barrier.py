@@ -41,11 +41,12 @@ import mcp_types as types
 from mcp_spec_proxy.catalog import HELD_REASONS, Catalog, CatalogTool, strip_intent
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.errors import InvalidArguments, ToolNotFound
-from mcp_spec_proxy.gate import (
+from mcp_spec_proxy.gate import Gate, GateCall, Outcome
+from mcp_spec_proxy.models import ModelCall
+from mcp_spec_proxy.prompts import step_json
+from mcp_spec_proxy.provenance import noted
+from mcp_spec_proxy.results import (
     Author,
-    Gate,
-    GateCall,
-    Outcome,
     Report,
     WireResult,
     as_model,
@@ -55,9 +56,6 @@ from mcp_spec_proxy.gate import (
     error_result,
     new_call_id,
 )
-from mcp_spec_proxy.models import ModelCall
-from mcp_spec_proxy.prompts import step_json
-from mcp_spec_proxy.provenance import noted
 from mcp_spec_proxy.review import ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review.strong import ProposedStep, Repairer, check_step
 from mcp_spec_proxy.store.sessions import LocalSessions, SessionStore

@@ -92,22 +92,14 @@ from mcp_spec_proxy.reads import Reads
 from mcp_spec_proxy.results import (
     AUDIT_META,
     CALL_FAILED,
-    CALL_META,
-    FIRST_META,
     AuditCall,
     Author,
     CallFailed,
     Read,
     Report,
-    WireResult,
-    as_model,
-    as_wire,
-    blocked_result,
     capped,
-    error_result,
     failed_result,
     new_call_id,
-    text_result,
 )
 from mcp_spec_proxy.review import InputNeeded, Reviewer, ReviewFailed, ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review.kinds import ReviewerKind
@@ -475,25 +467,4 @@ async def _execute(
     return Read(_observe(step, result, started), result)
 
 
-__all__ = [
-    "AUDIT_META",
-    "CALL_FAILED",
-    "CALL_META",
-    "FIRST_META",
-    "Author",
-    "CallFailed",
-    "Gate",
-    "GateCall",
-    "Outcome",
-    "Read",
-    "Report",
-    "WireResult",
-    "as_model",
-    "as_wire",
-    "blocked_result",
-    "capped",
-    "error_result",
-    "failed_result",
-    "new_call_id",
-    "text_result",
-]
+__all__ = ["Gate", "GateCall", "Outcome"]

@@ -25,7 +25,8 @@ from mcp_spec_proxy.catalog import CatalogTool
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.drain import SHUT_DOWN
 from mcp_spec_proxy.errors import SHUTTING_DOWN
-from mcp_spec_proxy.gate import Gate, GateCall, text_result
+from mcp_spec_proxy.gate import Gate, GateCall
+from mcp_spec_proxy.results import text_result
 from mcp_spec_proxy.review import ReviewerKind, ReviewRequest, Verdict
 from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
 from mcp_spec_proxy.trajectory import History, Segment, Step

@@ -30,9 +30,9 @@ from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.fronts.fast_read import FastRead
 from mcp_spec_proxy.fronts.http import serve_http
 from mcp_spec_proxy.fronts.mcp import McpFront
-from mcp_spec_proxy.gate import CALL_META
 from mcp_spec_proxy.provenance import NOTICE_META
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
+from mcp_spec_proxy.results import CALL_META
 from mcp_spec_proxy.trajectory import Step
 from tests.harness import ERAS, spawned
 

@@ -14,7 +14,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from mcp_spec_proxy.audit import read_audit
-from mcp_spec_proxy.gate import CALL_META
+from mcp_spec_proxy.results import CALL_META
 from tests.harness import toy
 from tests.ops_world import SERVING, serving
 

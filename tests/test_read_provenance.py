@@ -31,9 +31,9 @@ from mcp_spec_proxy.catalog import CatalogTool
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.fronts.fast_read import FastRead
 from mcp_spec_proxy.fronts.mcp import McpFront
-from mcp_spec_proxy.gate import CALL_META
 from mcp_spec_proxy.provenance import NOTICE_META
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
+from mcp_spec_proxy.results import CALL_META
 from tests.harness import ERAS, spawned, toy
 
 pytestmark = pytest.mark.anyio

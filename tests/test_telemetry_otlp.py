@@ -35,8 +35,8 @@ from mcp_spec_proxy.audit import read_audit
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.errors import ConfigError
 from mcp_spec_proxy.fronts.mcp import McpFront
-from mcp_spec_proxy.gate import CALL_META
 from mcp_spec_proxy.proxy import running_proxy, validate
+from mcp_spec_proxy.results import CALL_META
 from mcp_spec_proxy.telemetry import CALL_ID, traces_endpoint, tracing_configured
 from mcp_spec_proxy.testing import Respond, ScriptedModelServer
 from tests.harness import recorded, segment_length, spawned, text_of, toy, toy_twins, verdict
@@ -313,7 +313,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from mcp_spec_proxy.gate import CALL_META
+from mcp_spec_proxy.results import CALL_META
 from tests.harness import proxied, toy
 
 spans = InMemorySpanExporter()

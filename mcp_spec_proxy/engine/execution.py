@@ -21,9 +21,10 @@ from mcp_spec_proxy.engine.conversation import conversation, user_request
 from mcp_spec_proxy.engine.hooks import ClientExecutor, NoUser, Observer, Progress, Watch
 from mcp_spec_proxy.engine.result import Mode, RunResult, Status
 from mcp_spec_proxy.errors import ToolNotFound
-from mcp_spec_proxy.gate import Author, GateCall, Report, blocked_result, capped, text_result
+from mcp_spec_proxy.gate import GateCall
 from mcp_spec_proxy.models import ModelCall
 from mcp_spec_proxy.prompts import openai_tool
+from mcp_spec_proxy.results import Author, Report, blocked_result, capped, text_result
 from mcp_spec_proxy.review import ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review.strong import ProposedStep, Repairer, StrongReviewer
 from mcp_spec_proxy.trajectory import History, Segment, Step

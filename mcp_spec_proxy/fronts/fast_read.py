@@ -21,7 +21,7 @@ structured content, `_meta`) as the backend sent it; any other shape through the
 per-version check and sieve, and one that fails it as the backend's error. Each era gets what
 the SDK would give it: 2026-07-28 results carry `resultType` and the server's `serverInfo`
 stamp, handshake-era results carry neither key of that era. Every result names its call in
-`_meta` (`gate.CALL_META`), as the SDK's path does; a call that carries an idempotency key takes
+`_meta` (`results.CALL_META`), as the SDK's path does; a call that carries an idempotency key takes
 the SDK's path, which keeps its outcome for replays (`replays.py`).
 """
 
@@ -43,7 +43,7 @@ from mcp_spec_proxy.errors import ShuttingDown, ToolNotFound
 from mcp_spec_proxy.fronts.relay import declares_any
 from mcp_spec_proxy.fronts.replays import KEY_META
 from mcp_spec_proxy.fronts.wire import wire_error
-from mcp_spec_proxy.gate import CALL_FAILED, CALL_META, as_wire, error_result, new_call_id
+from mcp_spec_proxy.results import CALL_FAILED, CALL_META, as_wire, error_result, new_call_id
 from mcp_spec_proxy.sdk import server_connection
 from mcp_spec_proxy.telemetry import tracing_configured
 

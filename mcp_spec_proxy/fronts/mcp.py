@@ -58,8 +58,8 @@ from mcp_spec_proxy.fronts.own_tools import OwnTools
 from mcp_spec_proxy.fronts.relay import Suspensions, connection_link, mute_link, request_link
 from mcp_spec_proxy.fronts.replays import Replays, idempotency_key
 from mcp_spec_proxy.fronts.wire import wire_error
-from mcp_spec_proxy.gate import CALL_META, new_call_id
 from mcp_spec_proxy.proxy import Proxy
+from mcp_spec_proxy.results import CALL_META, new_call_id
 from mcp_spec_proxy.review import InputNeeded
 from mcp_spec_proxy.sdk import server_connection
 

@@ -13,7 +13,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
 
 from mcp_spec_proxy.errors import BackendError, CallReplayed, ProxyError, ShuttingDown, ToolNotFound
-from mcp_spec_proxy.gate import CALL_META, FIRST_META
+from mcp_spec_proxy.results import CALL_META, FIRST_META
 from mcp_spec_proxy.wire_types import CallErrorData
 
 
