@@ -170,6 +170,7 @@ class Catalog:
         self._fingerprints = fingerprints
         self._listings: dict[str, list[types.Tool]] = {}
         self._tools: dict[str, CatalogTool] = {}
+        self._by_original: dict[str, list[CatalogTool]] = {}  # by the name its server lists it under
         # The entry last built for each listed tool, reused while the tool object, its fingerprint
         # status and so its classification are the same: a listing then costs its own tools, not
         # every server's again (start-up lists one backend after another).
@@ -257,10 +258,19 @@ class Catalog:
         return sorted(self._listings)
 
     def lookup(self, name: str) -> CatalogTool:
-        try:
-            return self._tools[name]
-        except KeyError:
-            raise ToolNotFound(f"unknown tool {name!r}: it is not in the catalog (is its backend running?)") from None
+        """The tool listed as `name`; else the one tool whose own name (as its server lists it) is
+        `name`: an MCP App's page calls its server's tools by those. A listed name always wins, and
+        an own name two servers share names neither."""
+        tool = self._tools.get(name)
+        if tool is not None:
+            return tool
+        owners = self._by_original.get(name, ())
+        if len(owners) == 1:
+            return owners[0]
+        if owners:
+            names = " or ".join(sorted(t.name for t in owners))
+            raise ToolNotFound(f"unknown tool {name!r}: several servers have a tool of that name; call {names}")
+        raise ToolNotFound(f"unknown tool {name!r}: it is not in the catalog (is its backend running?)")
 
     def validate(self, tool: CatalogTool, arguments: Mapping[str, Any]) -> None:
         """Raise `InvalidArguments` naming every problem; nothing is forwarded or reviewed before this."""
@@ -287,6 +297,10 @@ class Catalog:
 
     def resource_templates(self) -> list[tuple[str, types.ResourceTemplate]]:
         return [(server, t) for server, listing in sorted(self._templates.items()) for t in listing]
+
+    def labelled(self, server: str, name: str) -> str:
+        """A resource's name as listed: headed by its server's, unless that server keeps its own names."""
+        return f"{server}{self._separator}{name}" if self._config.servers[server].namespace else name
 
     def resource_owner(self, uri: str) -> str:
         """The backend that serves `uri`: the one server that listed it, else the one server one of
@@ -336,7 +350,8 @@ class Catalog:
         return included(self._config.servers[server], tool)
 
     def _public_name(self, server: str, tool: str) -> str:
-        return public_name(server, tool, self._separator, self._limit, self._config.servers)
+        namespaced = self._config.servers[server].namespace
+        return public_name(server, tool, self._separator, self._limit, self._config.servers, namespaced=namespaced)
 
     def _rebuild(self, printed: Mapping[int, str] | None = None) -> None:
         """Every entry, reusing those whose tool and status are unchanged; `printed`: fingerprints
@@ -365,6 +380,9 @@ class Catalog:
                 named.append((entry.name, entry))
         self._built = built
         self._tools = _distinct(named, lambda t: (t.server, t.original), "tool")
+        self._by_original = {}
+        for tool in self._tools.values():
+            self._by_original.setdefault(tool.original, []).append(tool)
         self._validators = {}
 
     def _entry(self, server: str, tool: types.Tool, print_: str, status: Status) -> CatalogTool:

@@ -87,6 +87,9 @@ class ServerConfig(_Strict):
     max_result_bytes: int = Field(default=20_000_000, gt=0)  # larger results are withheld with an error
     # Trusting annotations trusts the backend: a tool it marks `readOnlyHint: true` runs unreviewed.
     trust_annotations: bool = True
+    # `false`: its tools and prompts keep their own names, unprefixed (one server behind the proxy,
+    # or servers whose names never meet); a name two servers then share is served by neither.
+    namespace: bool = True
     # Hold its read tools that declare `openWorldHint: true` like writes; unset: the top-level value.
     hold_open_world: bool | None = None
     # The era the proxy speaks to it. `legacy`: the initialize handshake, whose back-channel the

@@ -15,8 +15,15 @@ _ILLEGAL = re.compile(r"[^A-Za-z0-9_.-]")
 _HASHED = re.compile(r"-[0-9a-f]{6}\Z")
 
 
-def public_name(server: str, tool: str, separator: str, limit: int, servers: Collection[str] = ()) -> str:
+def public_name(
+    server: str, tool: str, separator: str, limit: int, servers: Collection[str] = (), *, namespaced: bool = True
+) -> str:
     """`<server><sep><tool>`, legal characters only, at most `limit` long.
+
+    A server configured with `namespace: false` keeps its tools' own names where they are legal,
+    fit, do not end like a hash suffix and do not start like any configured server's namespaced
+    names (`<server><sep>`): such a server can never take a name that lies in another's
+    namespace. Any other of its names is made as a namespaced server's would be.
 
     The plain name is kept only when it is legal, fits, splits back at its first separator into
     this very server and tool (`a_` + `x` and `a` + `_x` both spell `a___x`) and does not end
@@ -29,6 +36,13 @@ def public_name(server: str, tool: str, separator: str, limit: int, servers: Col
     names do, so no crafted tool of another server can hash to it. A name depends on nothing but
     these arguments, so it never moves to another tool when a backend comes or goes.
     """
+    if not namespaced and (
+        len(tool) <= limit
+        and not _ILLEGAL.search(tool)
+        and not _HASHED.search(tool)
+        and not any(tool.startswith(f"{other}{separator}") for other in (*servers, server))
+    ):
+        return tool
     plain = f"{server}{separator}{tool}"
     name = _ILLEGAL.sub("_", plain)
     if (

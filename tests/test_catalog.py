@@ -126,8 +126,10 @@ def test_catalog_lists_tools_under_their_public_names() -> None:
 def test_lookup_of_an_unknown_name_raises_tool_not_found() -> None:
     catalog = catalog_of([tool("read_file")])
 
-    with pytest.raises(ToolNotFound, match="'read_file'"):
-        catalog.lookup("read_file")
+    with pytest.raises(ToolNotFound, match="'write_file'"):
+        catalog.lookup("write_file")
+    with pytest.raises(ToolNotFound, match="'fs__write_file'"):
+        catalog.lookup("fs__write_file")
 
 
 def test_colliding_public_names_across_servers_stay_unique() -> None:

@@ -89,10 +89,20 @@ def _store_key(name: str, config: ProxyConfig, store: FingerprintStore) -> str:
     for key in known:
         server, tool = key.split("/", 1)
         if server in config.servers and (
-            public_name(server, tool, config.separator, config.max_name_length, config.servers) == name
+            public_name(
+                server,
+                tool,
+                config.separator,
+                config.max_name_length,
+                config.servers,
+                namespaced=config.servers[server].namespace,
+            )
+            == name
         ):
             return key
-    if not any(name.startswith(f"{server}{config.separator}") for server in config.servers):
+    if all(s.namespace for s in config.servers.values()) and not any(
+        name.startswith(f"{server}{config.separator}") for server in config.servers
+    ):
         raise click.ClickException(f"{name!r} does not start with a configured server name and {config.separator!r}")
     raise click.ClickException(
         f"{name!r} is not a tool the proxy has seen; run `mcp-spec-proxy tools` for the listed names"

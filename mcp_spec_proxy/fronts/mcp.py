@@ -188,9 +188,8 @@ class McpFront:
         for backend in self.proxy.backends.connected():
             text = (backend.instructions or "").strip()
             if text:
-                parts.append(
-                    f"Instructions of server {backend.name!r} (its tools are {backend.name}{sep}<tool>):\n{text}"
-                )
+                names = f"{backend.name}{sep}<tool>" if backend.config.namespace else "their own names"
+                parts.append(f"Instructions of server {backend.name!r} (its tools are {names}):\n{text}")
         return "\n\n".join(part for part in parts if part)
 
     def subscribable(self) -> bool:
@@ -409,18 +408,16 @@ class McpFront:
             raise wire_error(exc) from exc
 
     async def _list_resources(self, ctx: Ctx, params: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
-        sep = self.proxy.config.separator
         return types.ListResourcesResult(
-            resources=[r.model_copy(update={"name": f"{s}{sep}{r.name}"}) for s, r in self.proxy.catalog.resources()]
+            resources=[r.model_copy(update={"name": self.proxy.catalog.labelled(s, r.name)}) for s, r in self.proxy.catalog.resources()]
         )
 
     async def _list_templates(
         self, ctx: Ctx, params: types.PaginatedRequestParams | None
     ) -> types.ListResourceTemplatesResult:
-        sep = self.proxy.config.separator
         return types.ListResourceTemplatesResult(
             resource_templates=[
-                t.model_copy(update={"name": f"{s}{sep}{t.name}"}) for s, t in self.proxy.catalog.resource_templates()
+                t.model_copy(update={"name": self.proxy.catalog.labelled(s, t.name)}) for s, t in self.proxy.catalog.resource_templates()
             ]
         )
 
