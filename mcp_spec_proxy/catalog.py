@@ -381,8 +381,8 @@ class Catalog:
         self._built = built
         self._tools = _distinct(named, lambda t: (t.server, t.original), "tool")
         self._by_original = {}
-        for tool in self._tools.values():
-            self._by_original.setdefault(tool.original, []).append(tool)
+        for listed in self._tools.values():
+            self._by_original.setdefault(listed.original, []).append(listed)
         self._validators = {}
 
     def _entry(self, server: str, tool: types.Tool, print_: str, status: Status) -> CatalogTool:

@@ -408,16 +408,18 @@ class McpFront:
             raise wire_error(exc) from exc
 
     async def _list_resources(self, ctx: Ctx, params: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
+        catalog = self.proxy.catalog
         return types.ListResourcesResult(
-            resources=[r.model_copy(update={"name": self.proxy.catalog.labelled(s, r.name)}) for s, r in self.proxy.catalog.resources()]
+            resources=[r.model_copy(update={"name": catalog.labelled(s, r.name)}) for s, r in catalog.resources()]
         )
 
     async def _list_templates(
         self, ctx: Ctx, params: types.PaginatedRequestParams | None
     ) -> types.ListResourceTemplatesResult:
+        catalog = self.proxy.catalog
         return types.ListResourceTemplatesResult(
             resource_templates=[
-                t.model_copy(update={"name": self.proxy.catalog.labelled(s, t.name)}) for s, t in self.proxy.catalog.resource_templates()
+                t.model_copy(update={"name": catalog.labelled(s, t.name)}) for s, t in catalog.resource_templates()
             ]
         )
 
