@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 import mcp_types as types
 
+from mcp_spec_proxy.backends.era import Era, seen_by_client
 from mcp_spec_proxy.config import OnReject, ProxyConfig, ReviewMode, ServerConfig, ToolOverride
 from mcp_spec_proxy.errors import ToolNotFound
 from mcp_spec_proxy.fingerprints import FingerprintStore, Status, fingerprint
@@ -78,6 +79,7 @@ class CatalogTool:
     on_reject: OnReject | None
     fingerprint: str
     wants_intent: bool
+    era: Era | None = None  # listed on this era's backend leg only (None: on every leg)
 
     @property
     def input_schema(self) -> Mapping[str, Any]:
@@ -97,6 +99,7 @@ class CatalogEntry:
     name: str
     server: str
     original: str
+    era: Era | None = None  # listed on this era's backend leg only
 
 
 def _override(server: ServerConfig, tool: str) -> tuple[str, ToolOverride] | None:
@@ -169,6 +172,8 @@ class Catalog:
         self._config = config
         self._fingerprints = fingerprints
         self._listings: dict[str, list[types.Tool]] = {}
+        self._only: dict[str, Mapping[str, Era]] = {}  # by server: tools one era's leg alone lists
+        self._only_prompts: dict[str, Mapping[str, Era]] = {}
         self._tools: dict[str, CatalogTool] = {}
         self._by_original: dict[str, list[CatalogTool]] = {}  # by the name its server lists it under
         # The entry last built for each listed tool, reused while the tool object, its fingerprint
@@ -189,9 +194,11 @@ class Catalog:
 
     # -- updates -----------------------------------------------------------------------------
 
-    def set_tools(self, server: str, tools: list[types.Tool] | None) -> None:
-        """Replace one backend's tools (`None`: the backend is gone)."""
+    def set_tools(self, server: str, tools: list[types.Tool] | None, only: Mapping[str, Era] | None = None) -> None:
+        """Replace one backend's tools (`None`: the backend is gone); `only`: those one era's leg
+        alone lists, by name (`backends/era.py`: a client of the other era is not shown them)."""
         printed: dict[int, str] = {}  # by the tool object's id: a listing may repeat a name
+        self._only[server] = only or {}
         if tools is None:
             self._listings.pop(server, None)
         else:
@@ -201,7 +208,10 @@ class Catalog:
             self._fingerprints.observe({f"{server}/{t.name}": printed[id(t)] for t in included_tools}, server=server)
         self._rebuild(printed)
 
-    def set_prompts(self, server: str, prompts: list[types.Prompt] | None) -> None:
+    def set_prompts(
+        self, server: str, prompts: list[types.Prompt] | None, only: Mapping[str, Era] | None = None
+    ) -> None:
+        self._only_prompts[server] = only or {}
         if prompts is None:
             self._prompt_listings.pop(server, None)
         else:
@@ -210,7 +220,8 @@ class Catalog:
         for name, listing in sorted(self._prompt_listings.items()):
             for prompt in listing:
                 public = self._public_name(name, prompt.name)
-                named.append((public, CatalogEntry(public, name, prompt.name)))
+                era = self._only_prompts.get(name, {}).get(prompt.name)
+                named.append((public, CatalogEntry(public, name, prompt.name, era)))
         self._prompts = _distinct(named, lambda e: (e.server, e.original), "prompt")
 
     def set_resources(
@@ -252,7 +263,8 @@ class Catalog:
     # -- queries -----------------------------------------------------------------------------
 
     def tools(self) -> list[CatalogTool]:
-        return list(self._tools.values())
+        """The tools the current client's era is shown (every tool where no client is asking)."""
+        return [tool for tool in self._tools.values() if seen_by_client(tool.era)]
 
     def servers(self) -> list[str]:
         return sorted(self._listings)
@@ -262,9 +274,9 @@ class Catalog:
         `name`: an MCP App's page calls its server's tools by those. A listed name always wins, and
         an own name two servers share names neither."""
         tool = self._tools.get(name)
-        if tool is not None:
+        if tool is not None and seen_by_client(tool.era):
             return tool
-        owners = self._by_original.get(name, ())
+        owners = [t for t in self._by_original.get(name, ()) if seen_by_client(t.era)] if tool is None else []
         if len(owners) == 1:
             return owners[0]
         if owners:
@@ -278,13 +290,17 @@ class Catalog:
 
     def prompts(self) -> list[tuple[CatalogEntry, types.Prompt]]:
         by_key = {(s, p.name): p for s, listing in self._prompt_listings.items() for p in listing}
-        return [(entry, by_key[(entry.server, entry.original)]) for entry in self._prompts.values()]
+        return [
+            (entry, by_key[(entry.server, entry.original)])
+            for entry in self._prompts.values()
+            if seen_by_client(entry.era)
+        ]
 
     def prompt(self, name: str) -> CatalogEntry:
-        try:
-            return self._prompts[name]
-        except KeyError:
-            raise ToolNotFound(f"unknown prompt {name!r}") from None
+        entry = self._prompts.get(name)
+        if entry is None or not seen_by_client(entry.era):
+            raise ToolNotFound(f"unknown prompt {name!r}")
+        return entry
 
     def resources(self) -> list[tuple[str, types.Resource]]:
         """The resources served, by server; a URI two servers list is served (and listed) by neither."""
@@ -372,10 +388,11 @@ class Catalog:
                 else:
                     continue
                 status = self._fingerprints.status(f"{server}/{tool.name}", print_)
-                if cached is not None and cached[0] is tool and cached[1] == status:
+                era = self._only.get(server, {}).get(tool.name)
+                if cached is not None and cached[0] is tool and cached[1] == status and cached[2].era == era:
                     entry = cached[2]
                 else:
-                    entry = self._entry(server, tool, print_, status)
+                    entry = self._entry(server, tool, print_, status, era)
                 built[key] = (tool, status, entry)
                 named.append((entry.name, entry))
         self._built = built
@@ -385,7 +402,7 @@ class Catalog:
             self._by_original.setdefault(listed.original, []).append(listed)
         self._validators = {}
 
-    def _entry(self, server: str, tool: types.Tool, print_: str, status: Status) -> CatalogTool:
+    def _entry(self, server: str, tool: types.Tool, print_: str, status: Status, era: Era | None) -> CatalogTool:
         config = self._config.servers[server]
         hold_open_world = config.hold_open_world if config.hold_open_world is not None else self._config.hold_open_world
         effect, reason, why, rule = classify(config, tool, status=status, hold_open_world=hold_open_world)
@@ -407,6 +424,7 @@ class Catalog:
             on_reject=rule.on_reject if rule else None,
             fingerprint=print_,
             wants_intent=wants_intent,
+            era=era,
         )
 
 

@@ -242,8 +242,8 @@ async def _running(
 
     async def on_listing(server: str, listing: Listing | None) -> None:
         before = _lists(catalog)
-        catalog.set_tools(server, listing.tools if listing else None)
-        catalog.set_prompts(server, listing.prompts if listing else None)
+        catalog.set_tools(server, listing.tools if listing else None, listing.only_tools if listing else None)
+        catalog.set_prompts(server, listing.prompts if listing else None, listing.only_prompts if listing else None)
         catalog.set_resources(server, listing.resources if listing else None, listing.templates if listing else None)
         after = _lists(catalog)
         for what in ("tools", "prompts", "resources"):

@@ -21,7 +21,8 @@ modules or names comes from here, each under a public alias, with the reason it 
   `Context.connection` exists but is not what the request runner fills in yet (`server_connection`).
 * `ClientSession._stamp`: what the client adds to each request for the era it negotiated (the
   2026-07-28 `_meta` envelope: protocol version, client info, capabilities). The fast path's
-  reads (`backends/raw.py`) are written past the client and need the same envelope (`stamp_request`).
+  reads (`backends/raw.py`) are written past the client and need the same envelope (`stamp_request`);
+  and the capabilities in it follow the calling client, request by request (`restamp_capabilities`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.stdio import _claim_fd, _open_stdin_diversion, _open_stdout_diversion
 from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 from mcp.shared._stream_protocols import ReadStream
+from mcp_types import CLIENT_CAPABILITIES_META_KEY
 
 from mcp_spec_proxy.wire_types import RpcRequest
 
@@ -76,6 +78,21 @@ def stamp_request(client: Client, data: RpcRequest) -> None:
     client.session._stamp(cast("dict[str, Any]", data), {})  # pyright: ignore[reportPrivateUsage]
 
 
+def restamp_capabilities(client: Client, narrow: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """After `client` has negotiated: each request's 2026-07-28 `_meta` capabilities (which the
+    SDK stamps with those the client was built with) become `narrow(stamped)`."""
+    session = client.session
+    stamp = session._stamp  # pyright: ignore[reportPrivateUsage]
+
+    def restamp(data: dict[str, Any], opts: Any) -> None:
+        stamp(data, opts)
+        meta = data.get("params", {}).get("_meta")
+        if isinstance(meta, dict) and isinstance(meta.get(CLIENT_CAPABILITIES_META_KEY), dict):
+            meta[CLIENT_CAPABILITIES_META_KEY] = narrow(meta[CLIENT_CAPABILITIES_META_KEY])
+
+    session._stamp = restamp  # pyright: ignore[reportPrivateUsage]
+
+
 def server_connection(ctx: ServerRequestContext[Any, Any]) -> Connection:
     """The connection a request arrived on (see the module docstring for why it is read privately)."""
     connection: Connection = ctx.session._connection  # pyright: ignore[reportPrivateUsage]
@@ -91,6 +108,7 @@ __all__ = [
     "create_platform_compatible_process",
     "drain_stdout",
     "parse_line",
+    "restamp_capabilities",
     "server_connection",
     "stamp_request",
     "stop_server_process",

@@ -47,12 +47,13 @@ from mcp_types import (
 )
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from mcp_spec_proxy.backends.era import era_of
 from mcp_spec_proxy.backends.listing import Listing, OnListing, list_all
 from mcp_spec_proxy.backends.notices import LogMessage, LogRoute, OnNotice, ResourceUpdate, admits
 from mcp_spec_proxy.backends.raw import (
     RawCalls,
 )
-from mcp_spec_proxy.backends.relay import Relay
+from mcp_spec_proxy.backends.relay import Relay, as_declared
 from mcp_spec_proxy.backends.requests import Requests
 from mcp_spec_proxy.backends.transports import WatchedTransport, open_transport
 from mcp_spec_proxy.config import ServerConfig
@@ -60,6 +61,7 @@ from mcp_spec_proxy.errors import (
     BackendError,
 )
 from mcp_spec_proxy.prespawn import Prespawned
+from mcp_spec_proxy.sdk import restamp_capabilities
 from mcp_spec_proxy.stderr_log import StderrLog
 
 logger = logging.getLogger(__name__)
@@ -67,6 +69,8 @@ logger = logging.getLogger(__name__)
 BACKOFF_START = 0.5
 REFRESH_INTERVAL_S = 0.25
 BACKOFF_MAX = 30.0
+OTHER_LEG_WAIT_S = 10.0
+"""How long a backend's first listing waits for its other era's leg to come up (or not)."""
 BACKOFF_MAX_UNCHANGED = 300.0
 """The retry interval's cap once attempts keep failing the same way (a command that does not
 exist): such a backend is retried every few minutes, not every 30 s for ever."""
@@ -97,6 +101,12 @@ class Backend(Requests):
         self._client: Client | None = None
         self._raw: RawCalls | None = None  # the fast path's channel while a stdio connection is up
         self._transport: WatchedTransport | None = None  # the current connection's, when not in-process
+        # The other era's leg, where the server speaks both (URL backends, in-process twins): a
+        # client is served in its own era (`backends/era.py`); its listing is kept beside the first's.
+        self._other: Client | None = None
+        self._other_transport: WatchedTransport | None = None
+        self._listing: Listing | None = None
+        self._other_listing: Listing | None = None
         self._wake = anyio.Event()  # set by a list_changed notification or the end of the stream
         self.connected = anyio.Event()
         self.first_attempt = anyio.Event()  # set once the first connect has succeeded or failed
@@ -195,6 +205,7 @@ class Backend(Requests):
                     raise BackendError(
                         self.name, f"refused the initialize handshake ({exc}); reconnecting in the 2026-07-28 era"
                     ) from None
+                restamp_capabilities(client, as_declared)
                 listing = await list_all(client)
                 startup.deadline = math.inf
                 await self._serve(client, transport, listing)
@@ -206,8 +217,23 @@ class Backend(Requests):
             )
 
     async def _serve(self, client: Client, transport: WatchedTransport | None, listing: Listing) -> None:
-        """Publish the listing, then keep it fresh until the connection ends; the listing outlives
-        it (`run` withdraws it when an attempt to connect again fails)."""
+        """Publish the listing (with the other era's leg's beside it, where the server has one),
+        then keep it fresh until the connection ends; the listing outlives it (`run` withdraws it
+        when an attempt to connect again fails)."""
+        async with anyio.create_task_group() as legs:
+            if self._in_process is not None or self.config.transport == "http":
+                settled = anyio.Event()
+                legs.start_soon(self._other_leg, client, settled)
+                # Both eras' tools are first seen together (one seen later is held as new); a leg
+                # slower than this joins later.
+                with anyio.move_on_after(min(self.config.startup_timeout, OTHER_LEG_WAIT_S)):
+                    await settled.wait()
+            try:
+                await self._connected(client, transport, listing)
+            finally:
+                legs.cancel_scope.cancel()
+
+    async def _connected(self, client: Client, transport: WatchedTransport | None, listing: Listing) -> None:
         self._served = True
         self._client = client
         self._transport = transport
@@ -224,7 +250,7 @@ class Backend(Requests):
             len(listing.tools),
         )
         try:
-            await self._on_listing(self.name, listing)
+            await self._publish(listing)
             await self._restore(client)
             self._back.set()  # calls that waited for this connection go out on it
             async with anyio.create_task_group() as tg:
@@ -246,14 +272,72 @@ class Backend(Requests):
                     last_refresh = anyio.current_time()
                     with anyio.fail_after(self.config.timeout):
                         listing = await list_all(client, refresh=True)
-                    await self._on_listing(self.name, listing)
+                        other = self._other
+                        if other is not None:
+                            self._other_listing = await list_all(other, refresh=True)
+                    await self._publish(listing)
         finally:
             self._client = None
+            self._listing = None
             self._transport = None
             self._raw = None
             self.connected = anyio.Event()
             self.status = "reconnecting"
             self._back = anyio.Event()
+
+    async def _publish(self, listing: Listing) -> None:
+        """Publish the first leg's listing, with what only the other era's leg lists beside it."""
+        self._listing = listing
+        other, other_listing = self._other, self._other_listing
+        client = self._client
+        if other is not None and other_listing is not None and client is not None:
+            era, other_era = era_of(client.protocol_version), era_of(other.protocol_version)
+            listing = listing.beside(other_listing, era, other_era)
+        await self._on_listing(self.name, listing)
+
+    async def _other_leg(self, first: Client, settled: anyio.Event) -> None:
+        """A second session in the other era, kept while the first lives, where the server speaks
+        both: a client of either era then reaches it in its own, and sees what that era lists. A
+        server that speaks one era only, or whose other leg fails, is served by the first alone."""
+        mode = "legacy" if first.protocol_version in MODERN_PROTOCOL_VERSIONS else "auto"
+        try:
+            # The deadline lives on a scope around the whole leg (lifted once it is up), because
+            # the client's own task groups nest inside it.
+            with anyio.CancelScope(deadline=anyio.current_time() + self.config.startup_timeout) as startup:
+                async with AsyncExitStack() as stack:
+                    transport: WatchedTransport | None = None
+                    target: Any = self._in_process
+                    if target is None:
+                        transport = open_transport(self.name, self.config, sys.stderr, on_end=lambda: self._wake.set())
+                        target = transport
+                    other = Client(target, mode=mode, message_handler=self._on_message, **self.relay.callbacks())
+                    await stack.enter_async_context(other)
+                    restamp_capabilities(other, as_declared)
+                    if era_of(other.protocol_version) == era_of(first.protocol_version):
+                        logger.debug("backend %r speaks one era (%s)", self.name, first.protocol_version)
+                        return
+                    self._other_listing = await list_all(other)
+                    startup.deadline = math.inf
+                    self._other, self._other_transport = other, transport
+                    logger.info("backend %r: a %s leg beside the first", self.name, other.protocol_version)
+                    settled.set()
+                    try:
+                        if self._listing is not None:
+                            await self._publish(self._listing)
+                        await (transport.ended.wait() if transport is not None else anyio.sleep_forever())
+                    finally:
+                        self._other, self._other_transport, self._other_listing = None, None, None
+                        with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                            if self._listing is not None and self._client is first:
+                                await self._publish(self._listing)  # what only the other leg listed goes
+            if startup.cancelled_caught:
+                logger.info(
+                    "backend %r: its %s leg did not come up in time; the first serves every client", self.name, mode
+                )
+        except Exception as exc:  # boundary: the other era is a bonus; the first leg serves every client
+            logger.info("backend %r: no %s leg (%s); its first leg serves every client", self.name, mode, exc)
+        finally:
+            settled.set()
 
     async def _restore(self, client: Client) -> None:
         """Give a fresh connection the log level and the handshake-era subscriptions the clients

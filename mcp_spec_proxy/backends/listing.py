@@ -12,6 +12,8 @@ from mcp.client.client import Client
 from mcp.shared.exceptions import MCPError
 from mcp_types import METHOD_NOT_FOUND
 
+from mcp_spec_proxy.backends.era import Era
+
 logger = logging.getLogger(__name__)
 
 _PAGE_CAP = 50
@@ -23,6 +25,31 @@ class Listing:
     prompts: list[types.Prompt] = field(default_factory=list)
     resources: list[types.Resource] = field(default_factory=list)
     templates: list[types.ResourceTemplate] = field(default_factory=list)
+    # Tools and prompts that only one era's leg lists, by name: shown to that era's clients only.
+    only_tools: dict[str, Era] = field(default_factory=dict)
+    only_prompts: dict[str, Era] = field(default_factory=dict)
+
+    def beside(self, other: Listing, era: Era, other_era: Era) -> Listing:
+        """This leg's listing (its clients speak `era`) with what only `other`'s (`other_era`) lists.
+        A name both list keeps this leg's definition: one definition per tool, one fingerprint."""
+        tools = {t.name for t in self.tools}
+        others = {t.name for t in other.tools}
+        prompts = {p.name for p in self.prompts}
+        other_prompts = {p.name for p in other.prompts}
+        uris = {str(r.uri) for r in self.resources}
+        shapes = {t.uri_template for t in self.templates}
+        return Listing(
+            tools=[*self.tools, *(t for t in other.tools if t.name not in tools)],
+            prompts=[*self.prompts, *(p for p in other.prompts if p.name not in prompts)],
+            resources=[*self.resources, *(r for r in other.resources if str(r.uri) not in uris)],
+            templates=[*self.templates, *(t for t in other.templates if t.uri_template not in shapes)],
+            only_tools=_only(tools, others, era, other_era),
+            only_prompts=_only(prompts, other_prompts, era, other_era),
+        )
+
+
+def _only(mine: set[str], theirs: set[str], era: Era, other_era: Era) -> dict[str, Era]:
+    return {**{name: era for name in mine - theirs}, **{name: other_era for name in theirs - mine}}
 
 
 OnListing = Callable[[str, Listing | None], Awaitable[None]]

@@ -84,6 +84,21 @@ def admits(capabilities: types.ClientCapabilities | None, kind: Kind, params: di
     return capabilities.roots is not None
 
 
+def as_declared(stamped: dict[str, Any]) -> dict[str, Any]:
+    """The capabilities a 2026-07-28 request declares to a backend: what the proxy can relay
+    (`stamped`, the SDK client's) narrowed to what the calling client declared, so a backend runs
+    what it would run for that client directly. No client asking (a listing, the proxy's own
+    agent): none of them, since no one could answer."""
+    link = CALLER.get()
+    declared = link.capabilities if link is not None else None
+    theirs = declared.model_dump(by_alias=True, mode="json", exclude_none=True) if declared is not None else {}
+    narrowed = {key: value for key, value in stamped.items() if key not in METHODS}
+    for kind in METHODS:
+        if kind in stamped and kind in theirs:
+            narrowed[kind] = theirs[kind]
+    return narrowed
+
+
 @dataclass(eq=False)
 class _InFlight:
     """One forwarded call: whose it is (None: the proxy's own, no client waits on it), and the

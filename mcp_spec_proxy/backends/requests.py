@@ -29,7 +29,9 @@ from mcp_types import CONNECTION_CLOSED, LOG_LEVEL_META_KEY
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
+from mcp_spec_proxy.backends.era import CLIENT_ERA, era_of
 from mcp_spec_proxy.backends.http import Lost
+from mcp_spec_proxy.backends.listing import Listing
 from mcp_spec_proxy.backends.notices import LogRoute, request_logs
 from mcp_spec_proxy.backends.raw import (
     Oversized,
@@ -61,8 +63,12 @@ class Requests:
     last_error: str | None
     log_level: types.LoggingLevel | None
     _client: Client | None
+    _listing: Listing | None
+    _other: Client | None
+    _other_listing: Listing | None
     _raw: RawCalls | None
     _transport: WatchedTransport | None
+    _other_transport: WatchedTransport | None
     _back: anyio.Event
     _watched: set[str]
     _rewatch: anyio.Event
@@ -77,20 +83,40 @@ class Requests:
             raise BackendUnavailable(self.name, f"is unavailable ({self.last_error or self.status})")
         return self._client
 
-    async def _live(self, what: str, deadline: float) -> Client:
-        """The connection a request goes out on. One that arrives while a lost connection is being
+    async def _live(self, what: str, deadline: float, tool: str | None = None) -> Client:
+        """The connection a request goes out on: the leg of the client's era where the server has
+        one (`backends/era.py`), else the first. One that arrives while a lost connection is being
         made again waits for it until `deadline` (its tools stay listed meanwhile): nothing is sent
         to a backend that is not connected."""
         with anyio.CancelScope(deadline=deadline):
             while self._client is None and self.status == "reconnecting":
                 await self._back.wait()
         if self._client is not None:
+            other = self._other
+            if other is not None and self._wants_other(other, tool):
+                return other
             return self._client
         if self.status == "reconnecting":
             raise BackendUnavailable(
                 self.name, f"is reconnecting and was not back within {self.config.timeout:g}s; {what} was not sent"
             )
         raise BackendUnavailable(self.name, f"is unavailable ({self.last_error or self.status})")
+
+    def _wants_other(self, other: Client, tool: str | None) -> bool:
+        """Whether a request goes down the other era's leg: its client speaks that era, or (no
+        client asking: the proxy's own agent) only that leg lists the tool."""
+        era = CLIENT_ERA.get()
+        if era is not None:
+            return era == era_of(other.protocol_version)
+        listing, first = self._other_listing, self._listing
+        if tool is None or listing is None or (first is not None and any(t.name == tool for t in first.tools)):
+            return False
+        return any(t.name == tool for t in listing.tools)
+
+    def _transport_of(self, client: Client) -> WatchedTransport | None:
+        if client is self._client:
+            return self._transport
+        return self._other_transport if client is self._other else None
 
     def _deadline(self) -> float:
         return anyio.current_time() + self.config.timeout
@@ -107,7 +133,7 @@ class Requests:
         the proxy saw go wrong (its clock, the connection ending, the size bound) as a `BackendError`."""
         what = f"tools/call {tool}"
         deadline = self._deadline()
-        client = await self._live(what, deadline)
+        client = await self._live(what, deadline, tool)
         route = request_logs.get()
         try:
             # The proxy's clock, not the SDK's: the SDK reports its own timeout with the code a
@@ -137,8 +163,8 @@ class Requests:
         error, and one of the plain shape passes as it came (`raw.tool_result`)."""
         what = f"tools/call {tool}"
         deadline = self._deadline()
-        client = await self._live(what, deadline)
-        raw = self._raw
+        client = await self._live(what, deadline, tool)
+        raw = self._raw if client is self._client else None  # the raw channel is the first leg's pipes
         if raw is None or not raw.open or progress is not None or request_logs.get() is not None:
             called = await self.call_tool(tool, arguments, progress)
             return cast(WireResult, called.model_dump(by_alias=True, mode="json", exclude_none=True))
@@ -252,8 +278,8 @@ class Requests:
                 self.name, f"lost the HTTP connection carrying {what} before answering ({lost.detail}){ran}"
             )
         # No connection could be made: the server may be down or restarted, its session with it.
-        if self._client is client and self._transport is not None:
-            self._transport.ended.set()
+        if (transport := self._transport_of(client)) is not None:
+            transport.ended.set()
         return BackendUnavailable(
             self.name, f"could not be reached ({lost.detail}); {what} was not sent, and the proxy reconnects"
         )
@@ -378,7 +404,8 @@ class Requests:
         ending, or (anything else, whatever its code) the backend's own error, passed on unchanged."""
         if isinstance(exc.data, Oversized):
             return self._too_large(what.removeprefix("tools/call "), amount(exc.data.size))
-        guard = self._transport.guard if self._transport is not None and self._client is client else None
+        transport = self._transport_of(client)
+        guard = transport.guard if transport is not None else None
         if guard is not None and (lost := guard.claim(exc.data)) is not None:
             return self._lost(lost, what, client)
         if exc.code == CONNECTION_CLOSED and self._ended(client):
@@ -388,9 +415,9 @@ class Requests:
     def _ended(self, client: Client) -> bool:
         """Whether `client`'s connection is really over (its transport ended, or it is no longer
         the connection): a backend that merely answers -32000 is still connected."""
-        transport = self._transport
-        if self._client is not client:
+        if client is not self._client and client is not self._other:
             return True
+        transport = self._transport_of(client)
         return transport is not None and transport.ended.is_set()
 
 

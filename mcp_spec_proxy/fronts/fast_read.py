@@ -36,6 +36,7 @@ from mcp_types import CLIENT_CAPABILITIES_META_KEY, LOG_LEVEL_META_KEY, methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
+from mcp_spec_proxy.backends.era import speaking
 from mcp_spec_proxy.backends.raw import WireResult, plain
 from mcp_spec_proxy.barrier import Session
 from mcp_spec_proxy.catalog import CatalogTool
@@ -104,6 +105,10 @@ class FastRead:
         return self._front
 
     async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        with speaking(ctx.protocol_version):  # the client's era: its listing, its backend legs
+            return await self._serve(ctx, call_next)
+
+    async def _serve(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         if ctx.method == "tools/call":
             version = ctx.protocol_version
             modern = version in MODERN_PROTOCOL_VERSIONS
