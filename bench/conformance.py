@@ -130,9 +130,13 @@ def rows(with_fastmcp: bool, reference: bool = False) -> dict[str, Start]:
 
 
 def measure(
-    with_fastmcp: bool, tmp: Path, versions: Sequence[str] = SUITES, reference: Path | None = None
+    with_fastmcp: bool,
+    tmp: Path,
+    versions: Sequence[str] = SUITES,
+    reference: Path | None = None,
+    parallel: int = PARALLEL_RUNS,
 ) -> dict[tuple[str, str], SuiteRun]:
-    """Every (row, suite version) run; every server and proxy up first, then PARALLEL_RUNS suites at a time.
+    """Every (row, suite version) run; every server and proxy up first, then `parallel` suites at a time.
 
     One process per row serves both versions' runs.
     """
@@ -142,13 +146,16 @@ def measure(
             row: stack.enter_context(start(direct, tmp / f"row{index}"))
             for index, (row, start) in enumerate(rows(with_fastmcp, reference is not None).items())
         }
-        with ThreadPoolExecutor(max_workers=PARALLEL_RUNS) as pool:
+        with ThreadPoolExecutor(max_workers=parallel) as pool:
             futures = {
                 (row, version): pool.submit(run_suite, version, target.url, tmp / f"results-{index}-{version}")
                 for index, (row, target) in enumerate(targets.items())
                 for version in versions
             }
-            return {key: future.result() for key, future in futures.items()}
+            runs = {key: future.result() for key, future in futures.items()}
+        for index, target in enumerate(targets.values()):  # beside the results, for a failure's other side
+            (tmp / f"row{index}.log").write_text("".join(target.log))
+        return runs
 
 
 def load_average() -> str:
@@ -224,9 +231,20 @@ def main() -> int:
         metavar="VERSION",
         help=f"a suite version to run (repeatable; default: all of {', '.join(SUITES)})",
     )
+    parser.add_argument(
+        "--parallel",
+        metavar="N",
+        type=int,
+        default=PARALLEL_RUNS,
+        help=f"suite runs at once (default {PARALLEL_RUNS}; each row's runs share its one server or proxy)",
+    )
     parser.add_argument("--per-scenario", action="store_true", help="also print each scenario's outcome per row")
     parser.add_argument(
-        "--results", metavar="DIR", type=Path, help="keep every run's checks.json under DIR (made; must not exist)"
+        "--results",
+        metavar="DIR",
+        type=Path,
+        help="keep every run's checks.json (results-<row>-<version>/) and each row's server or proxy log"
+        " (row<row>.log) under DIR (made; must not exist)",
     )
     args = parser.parse_args()
     if args.install_fastmcp:
@@ -247,7 +265,7 @@ def main() -> int:
             tmp = args.results.resolve()
         else:
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-conformance-")))
-        runs = measure(with_fastmcp, tmp, versions, reference)
+        runs = measure(with_fastmcp, tmp, versions, reference, max(1, args.parallel))
     elapsed = time.perf_counter() - started
     print(f"load average before {load_before}, after {load_average()}; {elapsed:.0f} s\n")
     report(runs, list(rows(with_fastmcp, reference is not None)), versions, args.per_scenario)
