@@ -195,8 +195,7 @@ class Catalog:
     # -- updates -----------------------------------------------------------------------------
 
     def set_tools(self, server: str, tools: list[types.Tool] | None, only: Mapping[str, Era] | None = None) -> None:
-        """Replace one backend's tools (`None`: the backend is gone); `only`: those one era's leg
-        alone lists, by name (`backends/era.py`: a client of the other era is not shown them)."""
+        """Replace one backend's tools (`None`: gone); `only`: those one era's leg alone lists (`era.py`)."""
         printed: dict[int, str] = {}  # by the tool object's id: a listing may repeat a name
         self._only[server] = only or {}
         if tools is None:
@@ -270,9 +269,8 @@ class Catalog:
         return sorted(self._listings)
 
     def lookup(self, name: str) -> CatalogTool:
-        """The tool listed as `name`; else the one tool whose own name (as its server lists it) is
-        `name`: an MCP App's page calls its server's tools by those. A listed name always wins, and
-        an own name two servers share names neither."""
+        """The tool listed as `name`, else the one whose own name (its server's) it is, as an MCP App's
+        page calls them; a listed name always wins, and an own name two servers share names neither."""
         tool = self._tools.get(name)
         if tool is not None and seen_by_client(tool.era):
             return tool

@@ -97,6 +97,11 @@ class ServerConfig(_Strict):
     # `auto`: 2026-07-28 whenever the server offers it. Measured with the conformance suite:
     # `legacy` passes every scenario `auto` does, and more (docs/BENCHMARKS.md, Conformance).
     protocol: Literal["auto", "legacy"] = "legacy"
+    # `per_session`: each handshake-era client session of the HTTP front gets a backend session of
+    # its own (its roots, capabilities and server-side state); `shared`: one for every client.
+    # Unset: per_session for a URL backend, shared for a stdio one (a process per session costs a
+    # process; see docs/BACKENDS.md).
+    isolation: Literal["shared", "per_session"] | None = None
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
     relay: RelayConfig = Field(default_factory=RelayConfig)
 
@@ -125,6 +130,10 @@ class ServerConfig(_Strict):
     @property
     def active(self) -> bool:
         return self.enabled and not self.disabled
+
+    @property
+    def per_session(self) -> bool:
+        return self.isolation == "per_session" or (self.isolation is None and self.url is not None)
 
 
 class ReviewConfig(_Strict):

@@ -99,4 +99,26 @@ def _rotate(path: Path, keep: int) -> None:
     path.replace(path.with_name(f"{path.name}.1"))
 
 
-__all__ = ["KEEP", "MAX_BYTES", "StderrLog"]
+__all__ = ["KEEP", "MAX_BYTES", "StderrLog", "last_error_line"]
+
+
+def last_error_line(path: Path, start: int) -> str:
+    """What a log says went wrong since `start` (where an attempt began), named, cut to 200
+    characters: the exception line of its last Python traceback ("error: ..."), else its last
+    non-blank line ("last stderr line: ...") — a traceback's last line can be the end of a long
+    help text (GitPython's ends `export GIT_PYTHON_REFRESH=quiet`)."""
+    try:
+        with path.open("rb") as log:
+            # A rotation since the attempt began leaves a shorter file.
+            log.seek(start if start <= path.stat().st_size else 0)
+            tail = log.read()[-8192:]
+    except OSError:
+        return ""
+    raw = tail.decode(errors="replace").splitlines()
+    starts = [i for i, line in enumerate(raw) if line.startswith("Traceback (most recent call last):")]
+    if starts:
+        error = next((line for line in raw[starts[-1] + 1 :] if line.strip() and not line[0].isspace()), "")
+        if error:
+            return f"error: {error.strip()[:200]}"
+    lines = [line.strip() for line in raw if line.strip()]
+    return f"last stderr line: {lines[-1][:200]}" if lines else ""

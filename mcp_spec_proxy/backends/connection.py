@@ -55,6 +55,7 @@ from mcp_spec_proxy.backends.raw import (
 )
 from mcp_spec_proxy.backends.relay import Relay, as_declared
 from mcp_spec_proxy.backends.requests import Requests
+from mcp_spec_proxy.backends.session_legs import SessionLegs
 from mcp_spec_proxy.backends.transports import WatchedTransport, open_transport
 from mcp_spec_proxy.config import ServerConfig
 from mcp_spec_proxy.errors import (
@@ -62,7 +63,7 @@ from mcp_spec_proxy.errors import (
 )
 from mcp_spec_proxy.prespawn import Prespawned
 from mcp_spec_proxy.sdk import restamp_capabilities
-from mcp_spec_proxy.stderr_log import StderrLog
+from mcp_spec_proxy.stderr_log import StderrLog, last_error_line
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +99,8 @@ class Backend(Requests):
         self._in_process = in_process  # the in-memory twin: tests hand a Server instead of a command
         self._no_handshake = False  # it refused `initialize`: reached in the 2026-07-28 era from then on
         self.relay = Relay(name, config.relay.kinds())  # its requests to the client, to the calling client
+        # Each client session's own backend session (`isolation: per_session`, URL backends' default).
+        self.sessions = SessionLegs(name, config, in_process, self._on_message) if config.per_session else None
         self._client: Client | None = None
         self._raw: RawCalls | None = None  # the fast path's channel while a stdio connection is up
         self._transport: WatchedTransport | None = None  # the current connection's, when not in-process
@@ -221,6 +224,8 @@ class Backend(Requests):
         then keep it fresh until the connection ends; the listing outlives it (`run` withdraws it
         when an attempt to connect again fails)."""
         async with anyio.create_task_group() as legs:
+            if self.sessions is not None:
+                await legs.start(self.sessions.host)
             if self._in_process is not None or self.config.transport == "http":
                 settled = anyio.Event()
                 legs.start_soon(self._other_leg, client, settled)
@@ -454,27 +459,7 @@ class Backend(Requests):
         self._exit_code = code
 
     def _last_stderr_line(self) -> str:
-        """What the current attempt's log says went wrong, named, cut to 200 characters: the
-        exception line of its last Python traceback ("error: ..."), else its last non-blank line
-        ("last stderr line: ...") — a traceback's last line can be the end of a long help text
-        (GitPython's ends `export GIT_PYTHON_REFRESH=quiet`)."""
-        if self._log_path is None:
-            return ""
-        try:
-            with self._log_path.open("rb") as log:
-                # A rotation since the attempt began (`stderr_log.py`) leaves a shorter file.
-                log.seek(self._log_start if self._log_start <= self._log_path.stat().st_size else 0)
-                tail = log.read()[-8192:]
-        except OSError:
-            return ""
-        raw = tail.decode(errors="replace").splitlines()
-        starts = [i for i, line in enumerate(raw) if line.startswith("Traceback (most recent call last):")]
-        if starts:
-            error = next((line for line in raw[starts[-1] + 1 :] if line.strip() and not line[0].isspace()), "")
-            if error:
-                return f"error: {error.strip()[:200]}"
-        lines = [line.strip() for line in raw if line.strip()]
-        return f"last stderr line: {lines[-1][:200]}" if lines else ""
+        return last_error_line(self._log_path, self._log_start) if self._log_path is not None else ""
 
     @property
     def _log_path(self) -> Path | None:

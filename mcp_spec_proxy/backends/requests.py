@@ -46,6 +46,7 @@ from mcp_spec_proxy.backends.raw import (
     without_envelope,
 )
 from mcp_spec_proxy.backends.relay import Relay
+from mcp_spec_proxy.backends.session_legs import CLIENT_SESSION, SessionLegs
 from mcp_spec_proxy.backends.transports import WatchedTransport
 from mcp_spec_proxy.config import ServerConfig
 from mcp_spec_proxy.errors import BackendClosed, BackendError, BackendTimeout, BackendUnavailable, ResultTooLarge
@@ -59,6 +60,7 @@ class Requests:
     name: str
     config: ServerConfig
     relay: Relay
+    sessions: SessionLegs | None
     status: str
     last_error: str | None
     log_level: types.LoggingLevel | None
@@ -92,10 +94,14 @@ class Requests:
             while self._client is None and self.status == "reconnecting":
                 await self._back.wait()
         if self._client is not None:
+            client = self._client
             other = self._other
             if other is not None and self._wants_other(other, tool):
-                return other
-            return self._client
+                client = other
+            ref = CLIENT_SESSION.get()
+            if self.sessions is not None and ref is not None and era_of(client.protocol_version) == "handshake":
+                return await self.sessions.client_for(ref, deadline)  # the client's own backend session
+            return client
         if self.status == "reconnecting":
             raise BackendUnavailable(
                 self.name, f"is reconnecting and was not back within {self.config.timeout:g}s; {what} was not sent"
@@ -116,7 +122,14 @@ class Requests:
     def _transport_of(self, client: Client) -> WatchedTransport | None:
         if client is self._client:
             return self._transport
-        return self._other_transport if client is self._other else None
+        if client is self._other:
+            return self._other_transport
+        return self.sessions.transport_of(client) if self.sessions is not None else None
+
+    def _relay_of(self, client: Client) -> Relay:
+        """The relay of the leg `client` is: a client session's own leg asks that client alone."""
+        own = self.sessions.relay_of(client) if self.sessions is not None else None
+        return own or self.relay
 
     def _deadline(self) -> float:
         return anyio.current_time() + self.config.timeout
@@ -138,7 +151,7 @@ class Requests:
         try:
             # The proxy's clock, not the SDK's: the SDK reports its own timeout with the code a
             # backend may send too (-32001), and only a timeout measured here is the proxy's to name.
-            with self._clock(deadline) as clock, self.relay.calling(clock), self._routed(route):
+            with self._clock(deadline) as clock, self._relay_of(client).calling(clock), self._routed(route):
                 result = await client.call_tool(
                     tool, arguments, progress_callback=progress, meta=self._log_meta(client, route)
                 )
@@ -175,7 +188,7 @@ class Requests:
             request["params"]["_meta"] = {**request["params"].get("_meta", {}), **dict(log_meta)}
         request["jsonrpc"] = "2.0"
         try:
-            with self._clock(deadline) as clock, self.relay.calling(clock):
+            with self._clock(deadline) as clock, self._relay_of(client).calling(clock):
                 answer = await raw.request(request)
                 if modern and isinstance(answer, dict) and asks_for_input(answer):  # a backend's question
                     return await self._answer_input_required(client, tool, arguments, answer)
@@ -289,7 +302,7 @@ class Requests:
         deadline = self._deadline()
         client = await self._live(what, deadline)
         try:
-            with self._clock(deadline) as clock, self.relay.calling(clock):
+            with self._clock(deadline) as clock, self._relay_of(client).calling(clock):
                 return await client.get_prompt(name, arguments)
         except TimeoutError:
             raise self._timeout(what) from None
@@ -301,7 +314,7 @@ class Requests:
         deadline = self._deadline()
         client = await self._live(what, deadline)
         try:
-            with self._clock(deadline) as clock, self.relay.calling(clock):
+            with self._clock(deadline) as clock, self._relay_of(client).calling(clock):
                 return await client.read_resource(uri)
         except TimeoutError:
             raise self._timeout(what) from None
@@ -315,7 +328,7 @@ class Requests:
         client = await self._live(what, deadline)
         params = params.model_copy(update={"meta": without_envelope(params.meta)})
         try:
-            with self._clock(deadline) as clock, self.relay.calling(clock):
+            with self._clock(deadline) as clock, self._relay_of(client).calling(clock):
                 return await client.session.send_request(types.CompleteRequest(params=params), types.CompleteResult)
         except TimeoutError:
             raise self._timeout(what) from None
@@ -415,7 +428,8 @@ class Requests:
     def _ended(self, client: Client) -> bool:
         """Whether `client`'s connection is really over (its transport ended, or it is no longer
         the connection): a backend that merely answers -32000 is still connected."""
-        if client is not self._client and client is not self._other:
+        owned = self.sessions is not None and self.sessions.owns(client)
+        if client is not self._client and client is not self._other and not owned:
             return True
         transport = self._transport_of(client)
         return transport is not None and transport.ended.is_set()

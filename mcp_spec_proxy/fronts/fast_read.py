@@ -38,6 +38,7 @@ from pydantic import ValidationError
 
 from mcp_spec_proxy.backends.era import speaking
 from mcp_spec_proxy.backends.raw import WireResult, plain
+from mcp_spec_proxy.backends.session_legs import SessionRef, serving
 from mcp_spec_proxy.barrier import Session
 from mcp_spec_proxy.catalog import CatalogTool
 from mcp_spec_proxy.errors import ShuttingDown, ToolNotFound
@@ -105,7 +106,8 @@ class FastRead:
         return self._front
 
     async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
-        with speaking(ctx.protocol_version):  # the client's era: its listing, its backend legs
+        # The client's era (its listing, its era's backend legs) and its session (its own backend sessions).
+        with speaking(ctx.protocol_version), serving(session_ref(self._front, ctx)):
             return await self._serve(ctx, call_next)
 
     async def _serve(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
@@ -188,6 +190,26 @@ class FastRead:
         if meta.get(SERVER_INFO_META) is None:
             meta[SERVER_INFO_META] = self._front.server.server_info_stamp
         return out
+
+
+def session_ref(front: McpFront, ctx: ServerRequestContext[Any, Any]) -> SessionRef | None:
+    """The handshake-era HTTP client session a request belongs to, as the backends see it (made
+    once per session, ended with it); None for the stdio front's one client and the 2026-07-28 era,
+    which use the backends' shared legs (`backends/session_legs.py`)."""
+    if front.stdio_session is not None or ctx.protocol_version in MODERN_PROTOCOL_VERSIONS or ctx.request_id is None:
+        return None
+    connection = server_connection(ctx)
+    if connection.session_id is None or not connection.initialize_accepted:
+        return None
+    ref = connection.state.get(_SESSION_REF)
+    if not isinstance(ref, SessionRef):
+        ref = SessionRef(connection.session_id, connection.client_capabilities)
+        connection.state[_SESSION_REF] = ref
+        connection.exit_stack.callback(ref.ended.set)
+    return ref
+
+
+_SESSION_REF = "mcp-spec-proxy/session-ref"
 
 
 def _askable(meta: Mapping[str, Any]) -> bool:

@@ -1,0 +1,209 @@
+"""Each client session's own backend session, where the backend keeps per-session state.
+
+A handshake-era server keeps state per session: the roots and capabilities its client declared,
+the resources it made for that session, what it asked the client. Shared by every client of the
+proxy, one client would see another's state, be refused what its own capabilities allow, and a
+server's question during a call could not be told apart from another client's. So under
+`isolation: per_session` (the default for URL backends) each handshake-era client session of the
+HTTP front gets a backend session of its own, opened on its first request that reaches the server
+and kept until the client's session ends (`SessionRef.ended`), it goes unused for `IDLE_S`, or more
+than `MAX_LEGS` sessions want one (the least recently used goes first). Its handshake declares only
+the sampling, elicitation and roots its client declared, and what the backend asks on it goes to
+that client alone (its own `Relay`). A leg is opened once per client session, never per request.
+
+The stdio front's one client, and every 2026-07-28 client (that era keeps no session state on the
+server), use the backend's shared legs: a desktop client costs nothing extra.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import math
+import sys
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import AsyncExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.abc
+import mcp_types as types
+from mcp.client.client import Client
+from mcp.client.session import MessageHandlerFnT
+
+from mcp_spec_proxy.backends.relay import Kind, Relay, as_declared
+from mcp_spec_proxy.backends.transports import WatchedTransport, open_transport
+from mcp_spec_proxy.config import ServerConfig
+from mcp_spec_proxy.errors import BackendUnavailable
+from mcp_spec_proxy.sdk import restamp_capabilities
+
+logger = logging.getLogger(__name__)
+
+MAX_LEGS = 256
+"""Backend sessions of one server at once; past it the least recently used is closed."""
+IDLE_S = 600.0
+"""A backend session unused this long is closed (its client's next request opens another)."""
+
+
+@dataclass(eq=False)
+class SessionRef:
+    """A client session of the front, as the backends see it: who, what it declared, when it ends."""
+
+    id: str
+    capabilities: types.ClientCapabilities | None
+    ended: anyio.Event = field(default_factory=anyio.Event)
+
+
+CLIENT_SESSION: contextvars.ContextVar[SessionRef | None] = contextvars.ContextVar(
+    "mcp_spec_proxy.client_session", default=None
+)
+
+
+@contextmanager
+def serving(ref: SessionRef | None) -> Iterator[None]:
+    """Around one request of the client session `ref` (None: one that has no backend sessions)."""
+    token = CLIENT_SESSION.set(ref)
+    try:
+        yield
+    finally:
+        CLIENT_SESSION.reset(token)
+
+
+def declared_kinds(capabilities: types.ClientCapabilities | None) -> frozenset[Kind]:
+    if capabilities is None:
+        return frozenset()
+    wanted: tuple[tuple[Kind, object], ...] = (
+        ("sampling", capabilities.sampling),
+        ("elicitation", capabilities.elicitation),
+        ("roots", capabilities.roots),
+    )
+    return frozenset(kind for kind, declared in wanted if declared is not None)
+
+
+@dataclass(eq=False)
+class _Leg:
+    ref: SessionRef
+    relay: Relay
+    ready: anyio.Event = field(default_factory=anyio.Event)
+    done: anyio.Event = field(default_factory=anyio.Event)  # set to close it (evicted, idle, backend gone)
+    client: Client | None = None
+    transport: WatchedTransport | None = None
+    failure: str | None = None
+    used: float = field(default_factory=anyio.current_time)
+
+
+class SessionLegs:
+    """The per-session backend sessions of one server; see the module docstring."""
+
+    def __init__(
+        self,
+        name: str,
+        config: ServerConfig,
+        in_process: Any,
+        on_message: MessageHandlerFnT,
+    ) -> None:
+        self._name = name
+        self._config = config
+        self._in_process = in_process
+        self._on_message = on_message
+        self._legs: OrderedDict[str, _Leg] = OrderedDict()
+        self._host: anyio.abc.TaskGroup | None = None
+        self.opened = 0  # backend sessions opened so far (the tests count them)
+
+    @property
+    def open(self) -> int:
+        return sum(1 for leg in self._legs.values() if leg.client is not None)
+
+    async def host(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run the legs while the backend's first leg is connected; they all close when it ends."""
+        try:
+            async with anyio.create_task_group() as tg:
+                self._host = tg
+                task_status.started()
+                await anyio.sleep_forever()
+        finally:
+            self._host = None
+            for leg in self._legs.values():
+                leg.done.set()
+            self._legs.clear()
+
+    def relay_of(self, client: Client) -> Relay | None:
+        return next((leg.relay for leg in self._legs.values() if leg.client is client), None)
+
+    def transport_of(self, client: Client) -> WatchedTransport | None:
+        return next((leg.transport for leg in self._legs.values() if leg.client is client), None)
+
+    def owns(self, client: Client) -> bool:
+        return any(leg.client is client for leg in self._legs.values())
+
+    async def client_for(self, ref: SessionRef, deadline: float) -> Client:
+        """`ref`'s own backend session, opened on first use (waiting for it until `deadline`)."""
+        host = self._host
+        if host is None:
+            raise BackendUnavailable(self._name, "is not connected; nothing was sent")
+        leg = self._legs.get(ref.id)
+        if leg is None or leg.done.is_set():
+            relay = Relay(self._name, self._config.relay.kinds() & declared_kinds(ref.capabilities))
+            leg = self._legs[ref.id] = _Leg(ref, relay)
+            while len(self._legs) > MAX_LEGS:
+                _, oldest = self._legs.popitem(last=False)
+                oldest.done.set()
+            host.start_soon(self._run, leg, name=f"backend:{self._name}:session")
+        self._legs.move_to_end(ref.id)
+        leg.used = anyio.current_time()
+        with anyio.move_on_after(max(0.0, deadline - anyio.current_time())):
+            await leg.ready.wait()
+        if leg.client is None:
+            why = leg.failure or "it did not open in time"
+            raise BackendUnavailable(self._name, f"could not open a session for this client ({why}); nothing was sent")
+        return leg.client
+
+    async def _run(self, leg: _Leg) -> None:
+        try:
+            with anyio.CancelScope(deadline=anyio.current_time() + self._config.startup_timeout) as startup:
+                async with AsyncExitStack() as stack:
+                    target: Any = self._in_process
+                    if target is None:
+                        leg.transport = open_transport(self._name, self._config, sys.stderr, on_end=leg.done.set)
+                        target = leg.transport
+                    client = Client(target, mode="legacy", message_handler=self._on_message, **leg.relay.callbacks())
+                    await stack.enter_async_context(client)
+                    restamp_capabilities(client, as_declared)
+                    startup.deadline = math.inf
+                    leg.client = client
+                    self.opened += 1
+                    leg.ready.set()
+                    logger.debug("backend %r: a session of its own for client session %s", self._name, leg.ref.id)
+                    await self._until_closed(leg)
+            if startup.cancelled_caught:
+                leg.failure = f"no handshake within {self._config.startup_timeout:g}s"
+        except Exception as exc:  # boundary: one client's backend session failing is that client's
+            leg.failure = str(exc) or type(exc).__name__
+            logger.info("backend %r: a client session's own session failed: %s", self._name, leg.failure)
+        finally:
+            leg.client = None
+            leg.done.set()
+            leg.ready.set()
+            if self._legs.get(leg.ref.id) is leg:
+                del self._legs[leg.ref.id]
+
+    @staticmethod
+    async def _until_closed(leg: _Leg) -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_set_when, leg.ref.ended, leg.done)
+            while not leg.done.is_set():
+                with anyio.move_on_after(max(0.0, leg.used + IDLE_S - anyio.current_time())):
+                    await leg.done.wait()
+                if anyio.current_time() - leg.used >= IDLE_S:
+                    break
+            tg.cancel_scope.cancel()
+
+
+async def _set_when(event: anyio.Event, then: anyio.Event) -> None:
+    await event.wait()
+    then.set()
+
+
+__all__ = ["CLIENT_SESSION", "IDLE_S", "MAX_LEGS", "SessionLegs", "SessionRef", "declared_kinds", "serving"]

@@ -1,0 +1,94 @@
+"""Each client session its own backend session: two clients of the HTTP front, with different roots
+and capabilities, on one URL backend that keeps state per session (npm server-everything, which
+caches each session's roots and lists `get-roots-list` only to clients that declared roots).
+
+The proxy runs its HTTP front in this process; the clients are real `mcp` clients over HTTP in the
+handshake era (the era whose backend sessions keep state).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from mcp import Client
+from mcp.client.session import ClientRequestContext
+from pydantic import FileUrl
+
+from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.fronts.http import serve_http
+from mcp_spec_proxy.fronts.mcp import McpFront
+from mcp_spec_proxy.proxy import Proxy, StatePaths, running_proxy
+from tests.harness import text_of
+from tests.test_remote_backends import everything_over
+
+pytestmark = pytest.mark.anyio
+
+
+def roots_of(uri: str) -> Any:
+    async def list_roots(context: ClientRequestContext) -> types.ListRootsResult:
+        return types.ListRootsResult(roots=[types.Root(uri=FileUrl(uri), name=uri.rsplit("/", 1)[-1])])
+
+    return list_roots
+
+
+@asynccontextmanager
+async def front_over(backend: dict[str, Any], tmp_path: Path) -> AsyncIterator[tuple[Proxy, str]]:
+    config = ProxyConfig.model_validate({"servers": {"remote": backend}, "review": {"default": "deny"}})
+    async with running_proxy(config, StatePaths(tmp_path)) as proxy, anyio.create_task_group() as tg:
+        front = McpFront(proxy)
+        port = await tg.start(lambda task_status: serve_http(front, "127.0.0.1", 0, task_status=task_status))
+        yield proxy, f"http://127.0.0.1:{port}/mcp"
+        tg.cancel_scope.cancel()
+
+
+async def test_two_clients_with_different_roots_each_see_their_own(tmp_path: Path) -> None:
+    with anyio.fail_after(90):
+        async with everything_over("streamableHttp") as url, front_over({"url": url}, tmp_path) as (proxy, front):
+            async with (
+                Client(front, mode="legacy", list_roots_callback=roots_of("file:///work/alpha")) as alpha,
+                Client(front, mode="legacy", list_roots_callback=roots_of("file:///work/beta")) as beta,
+            ):
+                seen_by_alpha = text_of(await alpha.call_tool("remote__get-roots-list", {}))
+                seen_by_beta = text_of(await beta.call_tool("remote__get-roots-list", {}))
+                legs = proxy.backends.get("remote").sessions
+                assert legs is not None
+                assert (legs.open, legs.opened) == (2, 2)
+                again = text_of(await alpha.call_tool("remote__get-roots-list", {}))
+                assert legs.opened == 2  # once per client session, never per request
+            with anyio.fail_after(10):
+                while legs.open:  # noqa: ASYNC110 (a count the proxy keeps; no event marks it)
+                    await anyio.sleep(0.05)  # each client's session ended: its backend session closes with it
+    assert "file:///work/alpha" in seen_by_alpha and "beta" not in seen_by_alpha
+    assert "file:///work/beta" in seen_by_beta and "alpha" not in seen_by_beta
+    assert "file:///work/alpha" in again
+
+
+async def test_a_client_that_declared_no_roots_is_not_asked_for_them(tmp_path: Path) -> None:
+    with anyio.fail_after(90):
+        async with (
+            everything_over("streamableHttp") as url,
+            front_over({"url": url}, tmp_path) as (_, front),
+            Client(front, mode="legacy") as plain,
+        ):
+            result = await plain.call_tool("remote__get-roots-list", {})
+    # Directly, a client without roots is never offered the tool; its own backend session was told
+    # the client declared none, so the server refuses it as it would directly.
+    assert result.is_error
+    assert "not found" in text_of(result).lower() or "unknown" in text_of(result).lower()
+
+
+async def test_isolation_shared_keeps_one_backend_session_for_every_client(tmp_path: Path) -> None:
+    with anyio.fail_after(90):
+        async with (
+            everything_over("streamableHttp") as url,
+            front_over({"url": url, "isolation": "shared"}, tmp_path) as (proxy, front),
+            Client(front, mode="legacy", list_roots_callback=roots_of("file:///work/alpha")) as alpha,
+        ):
+            await alpha.call_tool("remote__get-roots-list", {})
+            assert proxy.backends.get("remote").sessions is None
