@@ -246,8 +246,9 @@ async def _running(
         catalog.set_prompts(server, listing.prompts if listing else None, listing.only_prompts if listing else None)
         catalog.set_resources(server, listing.resources if listing else None, listing.templates if listing else None)
         after = _lists(catalog)
+        announced = listing.announced if listing else frozenset()
         for what in ("tools", "prompts", "resources"):
-            if proxy is not None and before[what] != after[what]:
+            if proxy is not None and (before[what] != after[what] or what in announced):
                 await proxy.changed(what)
 
     async def on_notice(notice: Notice) -> None:

@@ -27,6 +27,7 @@ transport, so no child outlives the proxy.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import sys
@@ -50,6 +51,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from mcp_spec_proxy.backends.era import era_of
 from mcp_spec_proxy.backends.listing import Listing, OnListing, list_all
 from mcp_spec_proxy.backends.notices import LogMessage, LogRoute, OnNotice, ResourceUpdate, admits
+from mcp_spec_proxy.backends.other_era import LIST_OF, OtherEra
 from mcp_spec_proxy.backends.raw import (
     RawCalls,
 )
@@ -106,10 +108,9 @@ class Backend(Requests):
         self._transport: WatchedTransport | None = None  # the current connection's, when not in-process
         # The other era's leg, where the server speaks both (URL backends, in-process twins): a
         # client is served in its own era (`backends/era.py`); its listing is kept beside the first's.
-        self._other: Client | None = None
-        self._other_transport: WatchedTransport | None = None
+        self.other_era = OtherEra(name, config, in_process, self.relay, self._on_message, self._announce)
         self._listing: Listing | None = None
-        self._other_listing: Listing | None = None
+        self._announced: set[str] = set()  # lists the server said changed since the last refresh
         self._wake = anyio.Event()  # set by a list_changed notification or the end of the stream
         self.connected = anyio.Event()
         self.first_attempt = anyio.Event()  # set once the first connect has succeeded or failed
@@ -228,7 +229,7 @@ class Backend(Requests):
                 await legs.start(self.sessions.host)
             if self._in_process is not None or self.config.transport == "http":
                 settled = anyio.Event()
-                legs.start_soon(self._other_leg, client, settled)
+                legs.start_soon(self.other_era.run, client, settled, self._republish)
                 # Both eras' tools are first seen together (one seen later is held as new); a leg
                 # slower than this joins later.
                 with anyio.move_on_after(min(self.config.startup_timeout, OTHER_LEG_WAIT_S)):
@@ -275,12 +276,11 @@ class Backend(Requests):
                     if transport is not None and transport.ended.is_set():
                         raise BackendError(self.name, f"exited or closed its connection{self._log_hint()}")
                     last_refresh = anyio.current_time()
+                    announced, self._announced = frozenset(self._announced), set()
                     with anyio.fail_after(self.config.timeout):
                         listing = await list_all(client, refresh=True)
-                        other = self._other
-                        if other is not None:
-                            self._other_listing = await list_all(other, refresh=True)
-                    await self._publish(listing)
+                        await self.other_era.relist()
+                    await self._publish(listing, announced)
         finally:
             self._client = None
             self._listing = None
@@ -290,59 +290,26 @@ class Backend(Requests):
             self.status = "reconnecting"
             self._back = anyio.Event()
 
-    async def _publish(self, listing: Listing) -> None:
-        """Publish the first leg's listing, with what only the other era's leg lists beside it."""
+    async def _publish(self, listing: Listing, announced: frozenset[str] = frozenset()) -> None:
+        """Publish the first leg's listing, with what only the other era's leg lists beside it;
+        `announced`: the lists the server said changed (clients are told, changed here or not)."""
         self._listing = listing
-        other, other_listing = self._other, self._other_listing
+        other, other_listing = self.other_era.client, self.other_era.listing
         client = self._client
         if other is not None and other_listing is not None and client is not None:
             era, other_era = era_of(client.protocol_version), era_of(other.protocol_version)
             listing = listing.beside(other_listing, era, other_era)
+        if announced:
+            listing = dataclasses.replace(listing, announced=announced)
         await self._on_listing(self.name, listing)
 
-    async def _other_leg(self, first: Client, settled: anyio.Event) -> None:
-        """A second session in the other era, kept while the first lives, where the server speaks
-        both: a client of either era then reaches it in its own, and sees what that era lists. A
-        server that speaks one era only, or whose other leg fails, is served by the first alone."""
-        mode = "legacy" if first.protocol_version in MODERN_PROTOCOL_VERSIONS else "auto"
-        try:
-            # The deadline lives on a scope around the whole leg (lifted once it is up), because
-            # the client's own task groups nest inside it.
-            with anyio.CancelScope(deadline=anyio.current_time() + self.config.startup_timeout) as startup:
-                async with AsyncExitStack() as stack:
-                    transport: WatchedTransport | None = None
-                    target: Any = self._in_process
-                    if target is None:
-                        transport = open_transport(self.name, self.config, sys.stderr, on_end=lambda: self._wake.set())
-                        target = transport
-                    other = Client(target, mode=mode, message_handler=self._on_message, **self.relay.callbacks())
-                    await stack.enter_async_context(other)
-                    restamp_capabilities(other, as_declared)
-                    if era_of(other.protocol_version) == era_of(first.protocol_version):
-                        logger.debug("backend %r speaks one era (%s)", self.name, first.protocol_version)
-                        return
-                    self._other_listing = await list_all(other)
-                    startup.deadline = math.inf
-                    self._other, self._other_transport = other, transport
-                    logger.info("backend %r: a %s leg beside the first", self.name, other.protocol_version)
-                    settled.set()
-                    try:
-                        if self._listing is not None:
-                            await self._publish(self._listing)
-                        await (transport.ended.wait() if transport is not None else anyio.sleep_forever())
-                    finally:
-                        self._other, self._other_transport, self._other_listing = None, None, None
-                        with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-                            if self._listing is not None and self._client is first:
-                                await self._publish(self._listing)  # what only the other leg listed goes
-            if startup.cancelled_caught:
-                logger.info(
-                    "backend %r: its %s leg did not come up in time; the first serves every client", self.name, mode
-                )
-        except Exception as exc:  # boundary: the other era is a bonus; the first leg serves every client
-            logger.info("backend %r: no %s leg (%s); its first leg serves every client", self.name, mode, exc)
-        finally:
-            settled.set()
+    async def _republish(self) -> None:
+        if self._listing is not None and self._client is not None:
+            await self._publish(self._listing)
+
+    def _announce(self, what: str) -> None:
+        self._announced.add(what)
+        self._wake.set()
 
     async def _restore(self, client: Client) -> None:
         """Give a fresh connection the log level and the handshake-era subscriptions the clients
@@ -389,7 +356,7 @@ class Backend(Requests):
     async def _hear(self, subscription: Subscription) -> None:
         async for event in subscription:
             if not isinstance(event, ResourceUpdated):  # updates arrive as notifications too (`_on_message`)
-                self._wake.set()
+                self._announce(LIST_OF[type(event)])
 
     async def _on_message(self, message: IncomingMessage) -> None:
         if isinstance(
@@ -399,6 +366,7 @@ class Backend(Requests):
             | types.ResourceListChangedNotification,
         ):
             logger.info("backend %r: %s", self.name, message.method)
+            self._announced.add(message.method.split("/")[1])
             self._wake.set()
         elif isinstance(message, types.LoggingMessageNotification):
             log = LogMessage(self.name, message.params)

@@ -28,6 +28,9 @@ class Listing:
     # Tools and prompts that only one era's leg lists, by name: shown to that era's clients only.
     only_tools: dict[str, Era] = field(default_factory=dict)
     only_prompts: dict[str, Era] = field(default_factory=dict)
+    # The lists ("tools", "prompts", "resources") the server announced changed: clients are told, as
+    # they would be directly, even where the proxy's copy came out the same.
+    announced: frozenset[str] = frozenset()
 
     def beside(self, other: Listing, era: Era, other_era: Era) -> Listing:
         """This leg's listing (its clients speak `era`) with what only `other`'s (`other_era`) lists.

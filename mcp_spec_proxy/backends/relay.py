@@ -66,6 +66,12 @@ class ClientLink(Protocol):
 CALLER: contextvars.ContextVar[ClientLink | None] = contextvars.ContextVar("mcp_spec_proxy.caller", default=None)
 """The link of the call the current task serves; set by the front for the whole call."""
 
+CLIENT_ANSWERS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "mcp_spec_proxy.client_answers", default=None
+)
+"""The `inputResponses` a 2026-07-28 client sent with a fresh call (no request_state of the
+proxy's): they go to the backend with the call's first forward, as they would directly."""
+
 
 def admits(capabilities: types.ClientCapabilities | None, kind: Kind, params: dict[str, Any] | None = None) -> bool:
     """Whether a client that declared `capabilities` can be asked this (`params`: the request's)."""

@@ -33,6 +33,7 @@ from mcp_spec_proxy.backends.era import CLIENT_ERA, era_of
 from mcp_spec_proxy.backends.http import Lost
 from mcp_spec_proxy.backends.listing import Listing
 from mcp_spec_proxy.backends.notices import LogRoute, request_logs
+from mcp_spec_proxy.backends.other_era import OtherEra
 from mcp_spec_proxy.backends.raw import (
     Oversized,
     RawCalls,
@@ -45,7 +46,7 @@ from mcp_spec_proxy.backends.raw import (
     tool_result,
     without_envelope,
 )
-from mcp_spec_proxy.backends.relay import Relay
+from mcp_spec_proxy.backends.relay import CLIENT_ANSWERS, Relay
 from mcp_spec_proxy.backends.session_legs import CLIENT_SESSION, SessionLegs
 from mcp_spec_proxy.backends.transports import WatchedTransport
 from mcp_spec_proxy.config import ServerConfig
@@ -66,11 +67,9 @@ class Requests:
     log_level: types.LoggingLevel | None
     _client: Client | None
     _listing: Listing | None
-    _other: Client | None
-    _other_listing: Listing | None
+    other_era: OtherEra
     _raw: RawCalls | None
     _transport: WatchedTransport | None
-    _other_transport: WatchedTransport | None
     _back: anyio.Event
     _watched: set[str]
     _rewatch: anyio.Event
@@ -95,7 +94,7 @@ class Requests:
                 await self._back.wait()
         if self._client is not None:
             client = self._client
-            other = self._other
+            other = self.other_era.client
             if other is not None and self._wants_other(other, tool):
                 client = other
             ref = CLIENT_SESSION.get()
@@ -114,7 +113,7 @@ class Requests:
         era = CLIENT_ERA.get()
         if era is not None:
             return era == era_of(other.protocol_version)
-        listing, first = self._other_listing, self._listing
+        listing, first = self.other_era.listing, self._listing
         if tool is None or listing is None or (first is not None and any(t.name == tool for t in first.tools)):
             return False
         return any(t.name == tool for t in listing.tools)
@@ -122,8 +121,8 @@ class Requests:
     def _transport_of(self, client: Client) -> WatchedTransport | None:
         if client is self._client:
             return self._transport
-        if client is self._other:
-            return self._other_transport
+        if client is self.other_era.client:
+            return self.other_era.transport
         return self.sessions.transport_of(client) if self.sessions is not None else None
 
     def _relay_of(self, client: Client) -> Relay:
@@ -148,12 +147,18 @@ class Requests:
         deadline = self._deadline()
         client = await self._live(what, deadline, tool)
         route = request_logs.get()
+        answers = CLIENT_ANSWERS.get() if client.protocol_version in MODERN_PROTOCOL_VERSIONS else None
+        CLIENT_ANSWERS.set(None)  # the call's first forward only, never a substitute's
         try:
             # The proxy's clock, not the SDK's: the SDK reports its own timeout with the code a
             # backend may send too (-32001), and only a timeout measured here is the proxy's to name.
             with self._clock(deadline) as clock, self._relay_of(client).calling(clock), self._routed(route):
                 result = await client.call_tool(
-                    tool, arguments, progress_callback=progress, meta=self._log_meta(client, route)
+                    tool,
+                    arguments,
+                    progress_callback=progress,
+                    meta=self._log_meta(client, route),
+                    input_responses=answers,
                 )
         except TimeoutError:
             raise self._timeout(what) from None
@@ -178,7 +183,8 @@ class Requests:
         deadline = self._deadline()
         client = await self._live(what, deadline, tool)
         raw = self._raw if client is self._client else None  # the raw channel is the first leg's pipes
-        if raw is None or not raw.open or progress is not None or request_logs.get() is not None:
+        sdk = progress is not None or request_logs.get() is not None or CLIENT_ANSWERS.get() is not None
+        if raw is None or not raw.open or sdk:
             called = await self.call_tool(tool, arguments, progress)
             return cast(WireResult, called.model_dump(by_alias=True, mode="json", exclude_none=True))
         modern = client.protocol_version in MODERN_PROTOCOL_VERSIONS
@@ -394,9 +400,12 @@ class Requests:
 
     def _log_meta(self, client: Client, route: LogRoute | None) -> types.RequestParamsMeta | None:
         """The log opt-in a 2026-07-28 server needs on a forwarded call: the calling request's own,
-        else the level the handshake-era clients set; None for a handshake-era server (its
-        `logging/setLevel` governs) or when nobody asked for logs."""
-        level = route.level if route is not None else self.log_level
+        else (for a handshake-era client) the level the handshake-era clients set; None for a
+        handshake-era server (its `logging/setLevel` governs), a 2026-07-28 client that did not opt
+        in (the server must not log to it), or when nobody asked for logs."""
+        level = route.level if route is not None else None
+        if level is None and CLIENT_ERA.get() != "modern":
+            level = self.log_level
         if level is None or client.protocol_version not in MODERN_PROTOCOL_VERSIONS:
             return None
         return cast(types.RequestParamsMeta, {LOG_LEVEL_META_KEY: level})  # an open map: the reserved key is not typed
@@ -429,7 +438,7 @@ class Requests:
         """Whether `client`'s connection is really over (its transport ended, or it is no longer
         the connection): a backend that merely answers -32000 is still connected."""
         owned = self.sessions is not None and self.sessions.owns(client)
-        if client is not self._client and client is not self._other and not owned:
+        if client is not self._client and client is not self.other_era.client and not owned:
             return True
         transport = self._transport_of(client)
         return transport is not None and transport.ended.is_set()

@@ -55,7 +55,7 @@ from mcp_spec_proxy.fronts import fast_read
 from mcp_spec_proxy.fronts.approvals import Approvals, UserChannel
 from mcp_spec_proxy.fronts.notices import Notices
 from mcp_spec_proxy.fronts.own_tools import OwnTools
-from mcp_spec_proxy.fronts.relay import Suspensions, connection_link, mute_link, request_link
+from mcp_spec_proxy.fronts.relay import Suspensions, answering, connection_link, mute_link, request_link
 from mcp_spec_proxy.fronts.replays import Replays, idempotency_key
 from mcp_spec_proxy.fronts.wire import wire_error
 from mcp_spec_proxy.proxy import Proxy
@@ -344,6 +344,7 @@ class McpFront:
         which a retry carrying the suspended call's `request_state` resumes."""
         if self.suspensions.owns(params.request_state):  # the answer a suspended call waits for
             return await self.suspensions.resume(params.request_state, binding, params.input_responses)
+        run = answering(params.input_responses, run)  # a fresh call's own answers reach its backend
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             capabilities = ctx.session.client_capabilities
             return await self.suspensions.call(session, capabilities, binding, run, self._audit_relay(session.id))

@@ -43,7 +43,7 @@ from mcp.shared.message import ServerMessageMetadata
 from mcp_types import REQUEST_TIMEOUT
 from pydantic import BaseModel, ConfigDict
 
-from mcp_spec_proxy.backends.relay import CALLER, ClientLink, admits
+from mcp_spec_proxy.backends.relay import CALLER, CLIENT_ANSWERS, ClientLink, admits
 
 logger = logging.getLogger(__name__)
 
@@ -228,6 +228,22 @@ class _SuspendingLink:
 
 
 Run = Callable[[], Awaitable[Any]]
+
+
+def answering(answers: dict[str, Any] | None, run: Run) -> Run:
+    """`run`, with the answers a fresh call carried (`inputResponses`, and no request_state of the
+    proxy's) going to the backend with the call, as they would directly (`CLIENT_ANSWERS`)."""
+    if not answers:
+        return run
+
+    async def answered() -> Any:
+        token = CLIENT_ANSWERS.set(dict(answers))
+        try:
+            return await run()
+        finally:
+            CLIENT_ANSWERS.reset(token)
+
+    return answered
 
 
 class Suspensions:
