@@ -2,19 +2,18 @@
 
 `McpFront(proxy).server` is a low-level `mcp.server.Server` whose handlers serve the catalog:
 tools (through the write barrier), the proxy's own tools (`own_tools.py`), and the backends'
-prompts and resources, namespaced. Errors become wire errors in one place (`wire.wire_error`):
-a backend's own JSON-RPC error as the backend sent it, the proxy's own with its own codes. The
-transports serve it: `stdio.py` (`serve_stdio`) and `http.py` (`serve_http`, `http_app`).
+prompts and resources, namespaced. Errors become wire errors in one place (`wire.wire_error`),
+on every handler: a backend's own JSON-RPC error as the backend's, the proxy's own with its own
+codes. `stdio.py` (`serve_stdio`) and `http.py` (`serve_http`, `http_app`) serve it.
 
 Sessions (the trajectory a reviewer sees: the reads that led to a write):
 * stdio: the one client on this process's stdin is one session, whatever its era;
 * HTTP, handshake era: one session per `Mcp-Session-Id`;
 * HTTP, 2026-07-28 era: the session the client names with the `Mcp-Spec-Proxy-Session` header
-  (or `_meta["mcp-spec-proxy/session"]` of the request); a request that names none is a session
-  of its own.
+  (or `_meta["mcp-spec-proxy/session"]`); a request that names none is a session of its own.
 
-Human review reaches the user by elicitation (handshake era) or by returning `input_required`
-with a single-use approval ticket (2026-07-28 era): `approvals.py`.
+Human review reaches the user by elicitation (handshake era) or by `input_required` with a
+single-use approval ticket (2026-07-28 era): `approvals.py`.
 
 Each backend tool's result names its call in `_meta["mcp-spec-proxy/call"]` (the id its audit
 lines carry), and so does the `data` of the proxy's own error about it. A call may carry an
@@ -221,8 +220,7 @@ class McpFront:
         return session
 
     def _tell_unnamed(self) -> None:
-        # Where a client sends each call as its own request (fastmcp's client does), a reviewer of
-        # a write would see none of the reads that led to it; the client is the one who can fix it.
+        # A client that sends each call as its own request (fastmcp's does) keeps its reads from a write's reviewer.
         if self._told_unnamed:
             return
         self._told_unnamed = True
@@ -445,12 +443,15 @@ class McpFront:
     async def _subscribe(self, ctx: Ctx, params: types.SubscribeRequestParams) -> types.EmptyResult:
         try:
             await self.notices.subscribe(server_connection(ctx), self.session_for(ctx).id, params.uri)
-        except ProxyError as exc:
+        except (ProxyError, MCPError) as exc:
             raise wire_error(exc) from exc
         return types.EmptyResult()
 
     async def _unsubscribe(self, ctx: Ctx, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
-        await self.notices.unsubscribe(server_connection(ctx), self.session_for(ctx).id, params.uri)
+        try:
+            await self.notices.unsubscribe(server_connection(ctx), self.session_for(ctx).id, params.uri)
+        except (ProxyError, MCPError) as exc:
+            raise wire_error(exc) from exc
         return types.EmptyResult()
 
     # -- completions and logging -------------------------------------------------------------
@@ -467,7 +468,7 @@ class McpFront:
             session = self.session_for(ctx)
             with self.calling(session, ctx):  # a server may ask its client's model for completions
                 return await self.proxy.gate.complete(session.id, server, params.model_copy(update={"ref": ref}))
-        except ProxyError as exc:
+        except (ProxyError, MCPError) as exc:
             raise wire_error(exc) from exc
 
     async def _set_level(self, ctx: Ctx, params: types.SetLevelRequestParams) -> types.EmptyResult:
