@@ -38,6 +38,13 @@ from tests.fixtures import toy_server
 TOY = Path(__file__).parent / "fixtures" / "toy_server.py"
 PROXY_COMMAND = str(Path(sys.executable).parent / "mcp-spec-proxy")
 PROXY_ROOT = str(Path(mcp_spec_proxy.__file__).resolve().parents[1])
+
+
+def proxy_env() -> dict[str, str]:
+    """The environment a spawned proxy gets over stdio: the SDK's default, and this package first."""
+    return {**get_default_environment(), "PYTHONPATH": PROXY_ROOT}
+
+
 ERAS = ["legacy", "2026-07-28"]
 
 
@@ -138,7 +145,7 @@ async def spawned(
     params = StdioServerParameters(
         command=PROXY_COMMAND,
         args=["--config", str(config_file), "--state-dir", str(tmp / "state"), "--log-level", "WARNING"],
-        env={**get_default_environment(), "PYTHONPATH": PROXY_ROOT},
+        env=proxy_env(),
     )
     with anyio.fail_after(90):
         async with Client(params, mode=mode, elicitation_callback=elicitation, message_handler=messages) as client:

@@ -28,7 +28,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import mcp_types as types
@@ -54,8 +54,8 @@ from mcp_spec_proxy.fronts import fast_read
 from mcp_spec_proxy.fronts.approvals import Approvals, UserChannel
 from mcp_spec_proxy.fronts.notices import Notices
 from mcp_spec_proxy.fronts.own_tools import OwnTools
-from mcp_spec_proxy.fronts.relay import Suspensions, connection_link, mute_link, request_link
-from mcp_spec_proxy.fronts.replays import Replays, idempotency_key
+from mcp_spec_proxy.fronts.relay import Asked, Suspensions, connection_link, mute_link, request_link
+from mcp_spec_proxy.fronts.replays import Replays, Served, idempotency_key
 from mcp_spec_proxy.fronts.wire import wire_error
 from mcp_spec_proxy.proxy import Proxy
 from mcp_spec_proxy.results import CALL_META, new_call_id
@@ -147,7 +147,7 @@ class McpFront:
         self._told_unnamed = False  # the warning about requests that name no session: once per front
         self.stdio_session: Session | None = None  # set while serving stdio: one client, one session
         self.stdio_connection: Connection | None = None  # its connection, from its `initialize` on
-        self.suspensions = Suspensions(proxy.config.review.timeout)
+        self.suspensions, self.asked = Suspensions(proxy.config.review.timeout), Asked()  # what waits for clients
         self.replays = Replays()
         self._bus = InMemorySubscriptionBus()  # 2026-07-28 clients hear of changes on subscriptions/listen
         self.notices = Notices(proxy, self._bus)
@@ -301,11 +301,8 @@ class McpFront:
                     raise wire_error(exc, call) from exc
                 return done.model_copy(update={"meta": {**(done.meta or {}), CALL_META: call}})
 
-            async def serve() -> types.CallToolResult | types.InputRequiredResult:
-                served: types.CallToolResult | types.InputRequiredResult = await self._served(
-                    ctx, session, binding, params, run
-                )
-                return served
+            async def serve() -> Served:
+                return cast(Served, await self._served(ctx, session, binding, params, run))
 
             if key is None or self.suspensions.owns(params.request_state):
                 return await serve()  # a suspended call's resumption is that call, not a replay
@@ -360,11 +357,11 @@ class McpFront:
         """Around a call served for this client: what its backend asks reaches this client."""
         ttl = self.proxy.config.review.timeout
         if ctx is None:  # a stdio read taken off the wire: the one connection is the stream
-            link = connection_link(session, self.stdio_connection, self._audit_relay(session.id), ttl)
+            link = connection_link(session, self.stdio_connection, self._audit_relay(session.id), ttl, self.asked)
         elif ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             link = mute_link(session)  # only a suspended call (`Suspensions`) can ask this era
         else:
-            link = request_link(session, ctx, self._audit_relay(session.id), ttl)
+            link = request_link(session, ctx, self._audit_relay(session.id), ttl, self.asked)
         token = CALLER.set(link)
         try:
             yield

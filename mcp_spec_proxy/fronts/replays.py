@@ -101,4 +101,4 @@ def idempotency_key(meta: object) -> str | None:
     return value
 
 
-__all__ = ["KEY_META", "MAX_KEYED", "Replays", "idempotency_key"]
+__all__ = ["KEY_META", "MAX_KEYED", "Replays", "Served", "idempotency_key"]
