@@ -17,8 +17,8 @@ single-use approval ticket (2026-07-28 era): `approvals.py`.
 
 Each backend tool's result names its call in `_meta["mcp-spec-proxy/call"]` (the id its audit
 lines carry), and so does the `data` of the proxy's own error about it. A call may carry an
-idempotency key in `_meta["mcp-spec-proxy/idempotency-key"]`: its replays in the session get its
-outcome instead of running again (`replays.py`), and the gate forwards at most one write per key.
+idempotency key in `_meta["mcp-spec-proxy/idempotency-key"]`, bound to its tool and arguments: its
+replays in the session get its outcome (`replays.py`), and the gate forwards one write per key.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from mcp_spec_proxy.fronts.approvals import Approvals, UserChannel
 from mcp_spec_proxy.fronts.notices import Notices
 from mcp_spec_proxy.fronts.own_tools import OwnTools
 from mcp_spec_proxy.fronts.relay import Asked, Suspensions, connection_link, mute_link, request_link
-from mcp_spec_proxy.fronts.replays import Replays, Served, idempotency_key
+from mcp_spec_proxy.fronts.replays import Bound, Replays, Served, idempotency_key
 from mcp_spec_proxy.fronts.wire import wire_error
 from mcp_spec_proxy.proxy import Proxy
 from mcp_spec_proxy.results import CALL_META, new_call_id
@@ -306,7 +306,8 @@ class McpFront:
 
             if key is None or self.suspensions.owns(params.request_state):
                 return await serve()  # a suspended call's resumption is that call, not a replay
-            return await self.replays.run(session.id, key, call, serve, self._replayed(session.id, call))
+            bound = Bound.of(self.proxy.catalog, params.name, arguments)
+            return await self.replays.run(session.id, key, call, serve, self._replayed(session.id, call), bound)
         except InputNeeded as need:
             request = types.ElicitRequest(
                 params=types.ElicitRequestFormParams(message=need.message, requested_schema=need.schema)
