@@ -31,7 +31,8 @@ class WireError(MCPError):
 
 
 def wire_error(exc: ProxyError | MCPError, call: str | None = None) -> WireError:
-    """`exc` as the JSON-RPC error the client gets; `call` is the call it is about, if any."""
+    """`exc` as the JSON-RPC error the client gets; `call` is the call it is about, if any. A
+    backend's `MCPError` keeps its words but never the proxy's codes or keys (see above)."""
     if isinstance(exc, WireError):
         return WireError(exc.code, exc.message, exc.data)  # settled already, by an inner handler
     if isinstance(exc, MCPError):
