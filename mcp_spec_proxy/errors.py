@@ -30,12 +30,14 @@ client, then retry", derives from `Exception` itself, so no `except ProxyError` 
 failure (STYLE.md, rule 16).
 
 A backend's own JSON-RPC error is not in this tree: it is the SDK's `MCPError`, and it reaches
-the client as the backend sent it (code, message, data), whatever its code. Only what the proxy
+the client as the backend sent it (code, message, data), except a code of the proxy's band, which
+goes out as the backend's (`provenance.backend_error`). Only what the proxy
 observed itself — its own clock, the transport really ending, its own size bound — becomes a
 `BackendError`. The proxy's codes sit in JSON-RPC's implementation-defined server-error band
 (-32000..-32019, where the SDK keeps -32000 and -32001 for its own), away from the SDK's, so a
-client can tell the proxy's words from a backend's by code; a backend can still *send* any of
-these codes, and then it is the backend's error, passed on as such (docs/SECURITY.md).
+client can tell the proxy's words from a backend's by code: a backend that *sends* one of these
+codes reaches the client with -32603 and its code under `data["mcp-spec-proxy/backend-code"]`
+(docs/SECURITY.md).
 
 `fronts/wire.py` (`wire_error`) is the one place these become JSON-RPC errors; everywhere else
 catches the specific class it can handle. (No SDK import here: `commands.py` raises these before

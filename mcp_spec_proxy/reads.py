@@ -110,13 +110,13 @@ class Reads:
         """A backend's prompt, audited like a read (a backend may do work to render it)."""
         with self.admitted(session, f"prompt {name!r}", server=server, prompt=name):  # in flight for the drain
             self._audit.note("prompt", session=session, server=server, prompt=name, arguments_digest=digest(arguments))
-            return await self._backends.get(server).get_prompt(name, arguments)
+            return from_backend(await self._backends.get(server).get_prompt(name, arguments))
 
     async def read_resource(self, session: str, server: str, uri: str) -> Any:
         """A backend's resource, audited like a read."""
         with self.admitted(session, f"the read of {capped(uri, 500)}", server=server, uri=capped(uri, 500)):
             self._audit.note("resource", session=session, server=server, uri=capped(uri, 500))
-            return await self._backends.get(server).read_resource(uri)
+            return from_backend(await self._backends.get(server).read_resource(uri))
 
     async def complete(self, session: str, server: str, params: types.CompleteRequestParams) -> types.CompleteResult:
         """A backend's completion of a prompt's or template's argument, audited like a read; a
@@ -128,7 +128,7 @@ class Reads:
             caps = backend.capabilities
             if caps is not None and caps.completions is None:
                 return types.CompleteResult(completion=types.Completion(values=[]))
-            return await backend.complete(params)
+            return from_backend(await backend.complete(params))
 
     async def set_logging_level(self, session: str, level: types.LoggingLevel) -> list[str]:
         """Fan a client's `logging/setLevel` out to every backend (remembered for those that

@@ -19,6 +19,10 @@ modules or names comes from here, each under a public alias, with the reason it 
 * `ServerSession._connection`: a handler's `Connection` (its per-connection state, its session id,
   its outbound channel for notifications). The SDK hands it to handlers only through the session;
   `Context.connection` exists but is not what the request runner fills in yet (`server_connection`).
+* `StreamableHTTPSessionManager._admit_session`, `StreamableHTTPServerTransport._event_store`: the
+  manager hands every session's transport one shared event store, whose calls do not say which
+  session they are for; `fronts/http.py` binds SSE resumption to the session that owns the stream,
+  so each new session's transport gets a store of its own (`event_store_per_session`).
 * `ClientSession._stamp`: what the client adds to each request for the era it negotiated (the
   2026-07-28 `_meta` envelope: protocol version, client info, capabilities). The fast path's
   reads (`backends/raw.py`) are written past the client and need the same envelope (`stamp_request`);
@@ -42,6 +46,8 @@ from mcp.client.stdio import _stop_server_process as stop_server_process
 from mcp.server.connection import Connection
 from mcp.server.context import ServerRequestContext
 from mcp.server.stdio import _claim_fd, _open_stdin_diversion, _open_stdout_diversion
+from mcp.server.streamable_http import EventStore, StreamableHTTPServerTransport
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 from mcp.shared._stream_protocols import ReadStream
 from mcp_types import CLIENT_CAPABILITIES_META_KEY
@@ -99,6 +105,19 @@ def server_connection(ctx: ServerRequestContext[Any, Any]) -> Connection:
     return connection
 
 
+def event_store_per_session(manager: StreamableHTTPSessionManager, store: Callable[[], EventStore]) -> None:
+    """From now on, each session `manager` opens gets an event store of its own, `store()`."""
+    admit = manager._admit_session  # pyright: ignore[reportPrivateUsage]
+
+    def admitted(requestor: Any) -> StreamableHTTPServerTransport | None:
+        transport = admit(requestor)
+        if transport is not None:
+            transport._event_store = store()  # pyright: ignore[reportPrivateUsage]
+        return transport
+
+    manager._admit_session = admitted  # type: ignore[method-assign]  # see the module docstring
+
+
 __all__ = [
     "MCP_HTTP_TIMEOUT",
     "ReadStream",
@@ -107,6 +126,7 @@ __all__ = [
     "claimed_stdio",
     "create_platform_compatible_process",
     "drain_stdout",
+    "event_store_per_session",
     "parse_line",
     "restamp_capabilities",
     "server_connection",

@@ -5,7 +5,8 @@ an `mcp.Client` to its front in-process, so tests can look at the proxy's state;
 `in_process=toy_twins(config)` the flagless toys run as in-process twins instead of processes
 (the same tools and the same ledger: use them unless the process is the thing under test);
 `spawned(...)`
-runs the real `mcp-spec-proxy` command and talks to it over stdio, as Claude Desktop would.
+runs the real `mcp-spec-proxy` command and talks to it over stdio, as Claude Desktop would — on
+the package this test imports (`PROXY_ROOT` leads its `PYTHONPATH`), never another checkout's.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ import mcp_types as types
 import yaml
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.session import ElicitationFnT, MessageHandlerFnT
+from mcp.client.stdio import get_default_environment
 from mcp.server import Server
 
+import mcp_spec_proxy
 from mcp_spec_proxy import prompts
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.fronts.mcp import McpFront
@@ -34,6 +37,14 @@ from tests.fixtures import toy_server
 
 TOY = Path(__file__).parent / "fixtures" / "toy_server.py"
 PROXY_COMMAND = str(Path(sys.executable).parent / "mcp-spec-proxy")
+PROXY_ROOT = str(Path(mcp_spec_proxy.__file__).resolve().parents[1])
+
+
+def proxy_env() -> dict[str, str]:
+    """The environment a spawned proxy gets over stdio: the SDK's default, and this package first."""
+    return {**get_default_environment(), "PYTHONPATH": PROXY_ROOT}
+
+
 ERAS = ["legacy", "2026-07-28"]
 
 
@@ -134,6 +145,7 @@ async def spawned(
     params = StdioServerParameters(
         command=PROXY_COMMAND,
         args=["--config", str(config_file), "--state-dir", str(tmp / "state"), "--log-level", "WARNING"],
+        env=proxy_env(),
     )
     with anyio.fail_after(90):
         async with Client(params, mode=mode, elicitation_callback=elicitation, message_handler=messages) as client:

@@ -224,6 +224,44 @@ async def test_the_gate_forwards_one_write_per_key_when_the_front_remembers_noth
     assert refused[0].data[FIRST_META] == call_of(ran[0])
 
 
+@pytest.mark.parametrize(
+    ("tool", "arguments", "other"),
+    [("toy__record", {"value": "refund"}, "other arguments"), ("toy__echo", {"text": "pay"}, "another tool")],
+    ids=["other-arguments", "another-tool"],
+)
+async def test_a_key_reused_for_another_call_is_refused_and_nothing_runs(
+    tmp_path: Path, tool: str, arguments: dict[str, Any], other: str
+) -> None:
+    """Never the first call's result for another call: that call would silently never run."""
+    ledger = tmp_path / "ledger"
+    meta = request_meta({KEY_META: "order-11"})
+    async with served(world(ledger), tmp_path / "state") as (client, _, _):
+        first = await client.call_tool("toy__record", {"value": "pay"}, meta=meta)
+        with pytest.raises(MCPError) as refused:
+            await client.call_tool(tool, arguments, meta=meta)
+        fresh = await client.call_tool(tool, arguments, meta=request_meta({KEY_META: "order-12"}))
+    error = refused.value.error
+    assert error.code == CALL_REPLAYED and isinstance(error.data, dict)
+    assert error.data[FIRST_META] == call_of(first) != error.data[CALL_META]
+    assert f"used by call {call_of(first)} of this session with {other}" in error.message
+    assert "this call was not run — send a fresh key for a new call" in error.message
+    assert call_of(fresh) != call_of(first) and not fresh.is_error
+    written = [] if tool == "toy__echo" else ['{"value": "refund"}']
+    assert recorded(ledger) == ['{"value": "pay"}', *written]  # the refused call ran nowhere
+
+
+async def test_a_keyed_retry_that_words_its_intent_anew_is_the_same_call(tmp_path: Path) -> None:
+    """The `intent` note never reaches the backend: a retry that rewords it replays, and runs once."""
+    ledger = tmp_path / "ledger"
+    config = {**world(ledger), "review": {"default": "allow", "intent": True}}
+    meta = request_meta({KEY_META: "order-13"})
+    async with served(config, tmp_path / "state") as (client, _, _):
+        first = await client.call_tool("toy__record", {"value": "pay", "intent": "the user asked to pay"}, meta=meta)
+        again = await client.call_tool("toy__record", {"value": "pay", "intent": "pay, as asked"}, meta=meta)
+    assert again == first
+    assert recorded(ledger) == ['{"value": "pay"}']
+
+
 async def test_a_key_is_scoped_to_its_session(tmp_path: Path) -> None:
     ledger = tmp_path / "ledger"
     async with served(world(ledger), tmp_path / "state") as (one, front, _), Client(front.server) as two:

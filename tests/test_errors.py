@@ -1,12 +1,15 @@
-"""Error fidelity: a backend's JSON-RPC error reaches the client as the backend sent it; the
-proxy's own errors (its timeout, a connection that really closed) carry the proxy's own codes.
+"""Error fidelity: a backend's JSON-RPC error reaches the client as the backend sent it, except a
+code of the proxy's own band, which reaches it as the backend's (`as_passed`); the proxy's own
+errors (its timeout, a connection that really closed) carry the proxy's own codes.
 
 The proxy runs as the real `mcp-spec-proxy` process over stdio, as a client would run it, and
 every error is compared with the one the same backend gives a client directly, in both client
 eras: a read (the lean path, and the SDK's path when the call carries a progress token), a write
 (through the gate), a prompt and a resource. The codes sent include the ones the SDK and the
 proxy use for their own words (-32000, -32001, the proxy's -32012 and -32013), which a backend
-may send too: they are the backend's, passed on, never read as the proxy's own.
+may send too: they are the backend's, passed on, never read as the proxy's own — the SDK's as they
+were sent, the proxy's as Internal Error with the backend's code beside its data
+(`tests/test_own_words.py` holds the rest of that promise).
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ SENT: list[dict[str, Any]] = [
     {"code": -32012, "message": "closed its connection, says the backend", "data": "a string"},
     {"code": -32013, "message": "did not answer within 60s, says the backend"},
 ]
-RESOURCE_CODES = (-32001, -32000, -32099, -32602, -32012, -32013)
+RESOURCE_CODES = (-32001, -32000, -32099, -32602, -32012, -32013, -32016)
+OWN_BAND = range(-32019, -32009)  # errors.py: the proxy's codes
 
 Ask = Callable[[str, dict[str, Any]], Awaitable[ErrorData]]
 
@@ -86,6 +90,17 @@ async def direct(ledger: Path, mode: str) -> AsyncIterator[Client]:
             yield client
 
 
+def as_passed(error: ErrorData) -> ErrorData:
+    """A backend's error as the proxy passes it on: a code of the proxy's band becomes -32603, with
+    the code sent in `data` (and a `data` that is no object beside it); any other as it was sent."""
+    if error.code not in OWN_BAND:
+        return error
+    sent = error.data
+    moved = {"mcp-spec-proxy/backend-code": error.code}
+    data = {**sent, **moved} if isinstance(sent, dict) else {**moved, "mcp-spec-proxy/backend-data": sent}
+    return ErrorData(code=-32603, message=error.message, data=data if sent is not None else moved)
+
+
 @pytest.mark.parametrize("mode", ERAS)
 async def test_backend_json_rpc_errors_reach_the_client_as_the_backend_sent_them(tmp_path: Path, mode: str) -> None:
     async with direct(tmp_path / "direct-ledger", mode) as client:
@@ -94,7 +109,7 @@ async def test_backend_json_rpc_errors_reach_the_client_as_the_backend_sent_them
     async with spawned(config, tmp_path, mode=mode) as client:
         with anyio.fail_after(60):
             got = await errors_of(client, "e__")
-    assert [error.model_dump() for error in got] == [error.model_dump() for error in expected]
+    assert [error.model_dump() for error in got] == [as_passed(error).model_dump() for error in expected]
     assert len(got) == 4 * len(SENT) + len(RESOURCE_CODES)
     assert got[0] == ErrorData(code=-32001, message="the backend's own timeout", data=DATA)  # not the proxy's words
 

@@ -32,7 +32,7 @@ from mcp_spec_proxy.fronts.http import serve_http
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
 from mcp_spec_proxy.testing import ChatRequest, Respond, ScriptedModelServer
-from tests.harness import ERAS, PROXY_COMMAND, segment_length, text_of, verdict
+from tests.harness import ERAS, PROXY_COMMAND, proxy_env, segment_length, text_of, verdict
 
 pytestmark = pytest.mark.anyio
 
@@ -83,7 +83,7 @@ def proxy_params(tmp: Path, config: dict[str, Any]) -> StdioServerParameters:
     config_file = tmp / "servers.yaml"
     config_file.write_text(yaml.safe_dump(config))
     args = ["--config", str(config_file), "--state-dir", str(tmp / "state"), "--log-level", "WARNING"]
-    return StdioServerParameters(command=PROXY_COMMAND, args=args)
+    return StdioServerParameters(command=PROXY_COMMAND, args=args, env=proxy_env())
 
 
 @asynccontextmanager

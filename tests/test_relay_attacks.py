@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import pytest
 from mcp import Client
 from pydantic import FileUrl
 
+from mcp_spec_proxy.fronts.relay import MAX_WAITING_PER_SESSION
 from tests.harness import ERAS, text_of
 from tests.test_relay import http_proxy, proxy_params
 
@@ -149,3 +151,49 @@ async def test_a_prompt_that_asks_the_user_works_through_the_proxy_in_both_eras(
     relayed = [row for row in audit if row.get("event") == "relayed"]
     assert [(row["server"], row["method"]) for row in relayed] == [("p", "elicitation/create")]
     assert relayed[0]["session"]  # the session it was asked for, in both eras
+
+
+@pytest.mark.parametrize("front", ["stdio", "http"])
+async def test_a_backend_puts_no_more_than_the_cap_of_questions_before_a_handshake_era_user(
+    tmp_path: Path, front: str
+) -> None:
+    """A backend asks 200 questions at once during one read: 64 (one session's cap, as on the
+    2026-07-28 era) reach the person, and the rest are refused at once with words that say why.
+    On stdio the read is served past the SDK (its connection is asked), over HTTP on its stream."""
+    count, waiting, peak = 200, 0, 0
+    release = anyio.Event()
+
+    async def person(context: Any, params: Any) -> types.ElicitResult:
+        nonlocal waiting, peak
+        waiting += 1
+        peak = max(peak, waiting)
+        if waiting > MAX_WAITING_PER_SESSION:
+            release.set()  # past the cap already: no need to wait for the refusals
+        await release.wait()
+        waiting -= 1
+        return await user(context, params)
+
+    said = ""
+    config = {"servers": {"p": prying(tmp_path)}, "review": {"default": "allow"}}
+    with anyio.fail_after(60):
+        async with AsyncExitStack() as stack:
+            where = (
+                proxy_params(tmp_path, config)
+                if front == "stdio"
+                else await stack.enter_async_context(http_proxy(tmp_path, config))
+            )
+            client = await stack.enter_async_context(Client(where, mode="legacy", elicitation_callback=person))
+
+            async def ask_many() -> None:
+                nonlocal said
+                said = text_of(await client.call_tool("p__ask_many", {"count": count}))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(ask_many)
+                refusals = await client.call_tool("p__refusals", {"at_least": count - MAX_WAITING_PER_SESSION})
+                release.set()
+    assert peak == MAX_WAITING_PER_SESSION
+    assert text_of(refusals) == str(count - MAX_WAITING_PER_SESSION)
+    answered = f"answered {MAX_WAITING_PER_SESSION}, refused {count - MAX_WAITING_PER_SESSION}: "
+    assert said.startswith(answered), said
+    assert "mcp-spec-proxy did not relay this elicitation/create: 64 of this session's questions wait" in said

@@ -5,8 +5,12 @@ adds names), and with a token every request must carry `Authorization: Bearer <t
 
 SSE streams can be resumed (`ResumableEvents`): each stream is primed with an event id and a
 `retry` field, and a client that reconnects with `Last-Event-ID` gets what it missed, as the
-servers behind the proxy offer. Event ids are random (one session cannot name another's stream),
-and the store is bounded: the most recent `MAX_EVENTS`, `MAX_EVENT_BYTES` and `EVENT_TTL_S`.
+servers behind the proxy offer. Resumption is bound to the session that owns the stream: each
+session's transport stores and replays through its own view (`SessionEvents`), so an event id of
+another session names nothing there — a client with a session of its own cannot read another
+session's results by their event ids, even when it learns one — and two sessions' streams of the
+same request id stay apart. Event ids are random besides, and the store is bounded: the most
+recent `MAX_EVENTS`, `MAX_EVENT_BYTES` and `EVENT_TTL_S`, over all sessions.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from mcp_spec_proxy.errors import SHUTTING_DOWN
 from mcp_spec_proxy.fronts.asgi import BearerToken, host_names
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.fronts.probes import Door
+from mcp_spec_proxy.sdk import event_store_per_session
 
 logger = logging.getLogger(__name__)
 
@@ -39,35 +44,40 @@ EVENT_TTL_S = 300.0
 RETRY_MS = 1000  # what a primed stream tells its client to wait before it reconnects
 
 
-class ResumableEvents(EventStore):
-    """The SSE events of the last few minutes, so a dropped stream can be resumed (bounded)."""
+class ResumableEvents:
+    """The SSE events of the last few minutes, so a dropped stream can be resumed (bounded). Each
+    session reaches only its own events, through the view `session()` gives it."""
 
     def __init__(self) -> None:
-        # event id -> (stream, message, its size, when); oldest first. Streams remember their ids.
-        self._events: OrderedDict[str, tuple[StreamId, types.JSONRPCMessage | None, int, float]] = OrderedDict()
-        self._streams: dict[StreamId, list[str]] = {}
+        # event id -> (its stream: (session view, stream id), message, its size, when); oldest first.
+        self._events: OrderedDict[str, tuple[_Stream, types.JSONRPCMessage | None, int, float]] = OrderedDict()
+        self._streams: dict[_Stream, list[str]] = {}  # each stream's event ids, in order
         self._bytes = 0
 
-    async def store_event(self, stream_id: StreamId, message: types.JSONRPCMessage | None) -> EventId:
+    def session(self) -> SessionEvents:
+        """A new session's view of the store: what it stores, only it can replay."""
+        return SessionEvents(self)
+
+    def store(self, stream: _Stream, message: types.JSONRPCMessage | None) -> EventId:
         event_id = secrets.token_urlsafe(16)
         size = len(message.model_dump_json(by_alias=True, exclude_none=True)) if message is not None else 0
-        self._events[event_id] = (stream_id, message, size, time.monotonic())
-        self._streams.setdefault(stream_id, []).append(event_id)
+        self._events[event_id] = (stream, message, size, time.monotonic())
+        self._streams.setdefault(stream, []).append(event_id)
         self._bytes += size
         self._trim()
         return event_id
 
-    async def replay_events_after(self, last_event_id: EventId, send_callback: EventCallback) -> StreamId | None:
+    async def replay(self, owner: SessionEvents, last_event_id: EventId, send: EventCallback) -> StreamId | None:
         event = self._events.get(last_event_id)
-        if event is None:
-            return None  # unknown, forgotten, or another server's: nothing to resume
-        stream_id = event[0]
-        ids = self._streams.get(stream_id, [])
+        if event is None or event[0][0] is not owner:
+            return None  # unknown, forgotten, or another session's: nothing to resume
+        stream = event[0]
+        ids = self._streams.get(stream, [])
         for event_id in ids[ids.index(last_event_id) + 1 :]:
             message = self._events[event_id][1]
             if message is not None:
-                await send_callback(EventMessage(message, event_id))
-        return stream_id
+                await send(EventMessage(message, event_id))
+        return stream[1]
 
     def _trim(self) -> None:
         horizon = time.monotonic() - EVENT_TTL_S
@@ -76,13 +86,30 @@ class ResumableEvents(EventStore):
             or self._bytes > MAX_EVENT_BYTES
             or next(iter(self._events.values()))[3] < horizon
         ):
-            event_id, (stream_id, _message, size, _when) = self._events.popitem(last=False)
+            event_id, (stream, _message, size, _when) = self._events.popitem(last=False)
             self._bytes -= size
-            ids = self._streams.get(stream_id)
+            ids = self._streams.get(stream)
             if ids:
                 ids.remove(event_id)  # the oldest of its stream: at the front
                 if not ids:
-                    del self._streams[stream_id]
+                    del self._streams[stream]
+
+
+class SessionEvents(EventStore):
+    """One session's events in the shared store: stored under this view, replayed only through it
+    (its transport holds it; `sdk.event_store_per_session` gives each session's transport one)."""
+
+    def __init__(self, store: ResumableEvents) -> None:
+        self._store = store
+
+    async def store_event(self, stream_id: StreamId, message: types.JSONRPCMessage | None) -> EventId:
+        return self._store.store((self, stream_id), message)
+
+    async def replay_events_after(self, last_event_id: EventId, send_callback: EventCallback) -> StreamId | None:
+        return await self._store.replay(self, last_event_id, send_callback)
+
+
+_Stream = tuple[SessionEvents, StreamId]
 
 
 def http_app(front: McpFront, *, host: str, token: str | None, allowed_hosts: list[str] | None = None) -> ASGIApp:
@@ -93,9 +120,11 @@ def http_app(front: McpFront, *, host: str, token: str | None, allowed_hosts: li
         allowed_hosts=hosts,
         allowed_origins=[f"http://{h}" for h in hosts] + [f"https://{h}" for h in hosts],
     )
+    events = ResumableEvents()
     app: ASGIApp = front.server.streamable_http_app(
-        host=host, transport_security=security, event_store=ResumableEvents(), retry_interval=RETRY_MS
+        host=host, transport_security=security, event_store=events.session(), retry_interval=RETRY_MS
     )
+    event_store_per_session(front.server.session_manager, events.session)
     app = NoNewSessions(app, front.proxy.gate.drain)
     return BearerToken(app, token) if token else app
 

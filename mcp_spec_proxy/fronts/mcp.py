@@ -2,24 +2,23 @@
 
 `McpFront(proxy).server` is a low-level `mcp.server.Server` whose handlers serve the catalog:
 tools (through the write barrier), the proxy's own tools (`own_tools.py`), and the backends'
-prompts and resources, namespaced. Errors become wire errors in one place (`wire.wire_error`):
-a backend's own JSON-RPC error as the backend sent it, the proxy's own with its own codes. The
-transports serve it: `stdio.py` (`serve_stdio`) and `http.py` (`serve_http`, `http_app`).
+prompts and resources, namespaced. Errors become wire errors in one place (`wire.wire_error`),
+on every handler: a backend's own JSON-RPC error as the backend's, the proxy's own with its own
+codes. `stdio.py` (`serve_stdio`) and `http.py` (`serve_http`, `http_app`) serve it.
 
 Sessions (the trajectory a reviewer sees: the reads that led to a write):
 * stdio: the one client on this process's stdin is one session, whatever its era;
 * HTTP, handshake era: one session per `Mcp-Session-Id`;
 * HTTP, 2026-07-28 era: the session the client names with the `Mcp-Spec-Proxy-Session` header
-  (or `_meta["mcp-spec-proxy/session"]` of the request); a request that names none is a session
-  of its own.
+  (or `_meta["mcp-spec-proxy/session"]`); a request that names none is a session of its own.
 
-Human review reaches the user by elicitation (handshake era) or by returning `input_required`
-with a single-use approval ticket (2026-07-28 era): `approvals.py`.
+Human review reaches the user by elicitation (handshake era) or by `input_required` with a
+single-use approval ticket (2026-07-28 era): `approvals.py`.
 
 Each backend tool's result names its call in `_meta["mcp-spec-proxy/call"]` (the id its audit
 lines carry), and so does the `data` of the proxy's own error about it. A call may carry an
-idempotency key in `_meta["mcp-spec-proxy/idempotency-key"]`: its replays in the session get its
-outcome instead of running again (`replays.py`), and the gate forwards at most one write per key.
+idempotency key in `_meta["mcp-spec-proxy/idempotency-key"]`, bound to its tool and arguments: its
+replays in the session get its outcome (`replays.py`), and the gate forwards one write per key.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import mcp_types as types
@@ -55,8 +54,8 @@ from mcp_spec_proxy.fronts import fast_read
 from mcp_spec_proxy.fronts.approvals import Approvals, UserChannel
 from mcp_spec_proxy.fronts.notices import Notices
 from mcp_spec_proxy.fronts.own_tools import OwnTools
-from mcp_spec_proxy.fronts.relay import Suspensions, answering, connection_link, mute_link, request_link
-from mcp_spec_proxy.fronts.replays import Replays, idempotency_key
+from mcp_spec_proxy.fronts.relay import Asked, Suspensions, answering, connection_link, mute_link, request_link
+from mcp_spec_proxy.fronts.replays import Bound, Replays, Served, idempotency_key
 from mcp_spec_proxy.fronts.wire import wire_error
 from mcp_spec_proxy.proxy import Proxy
 from mcp_spec_proxy.results import CALL_META, new_call_id
@@ -148,7 +147,7 @@ class McpFront:
         self._told_unnamed = False  # the warning about requests that name no session: once per front
         self.stdio_session: Session | None = None  # set while serving stdio: one client, one session
         self.stdio_connection: Connection | None = None  # its connection, from its `initialize` on
-        self.suspensions = Suspensions(proxy.config.review.timeout)
+        self.suspensions, self.asked = Suspensions(proxy.config.review.timeout), Asked()  # what waits for clients
         self.replays = Replays()
         self._bus = InMemorySubscriptionBus()  # 2026-07-28 clients hear of changes on subscriptions/listen
         self.notices = Notices(proxy, self._bus)
@@ -221,8 +220,7 @@ class McpFront:
         return session
 
     def _tell_unnamed(self) -> None:
-        # Where a client sends each call as its own request (fastmcp's client does), a reviewer of
-        # a write would see none of the reads that led to it; the client is the one who can fix it.
+        # A client that sends each call as its own request (fastmcp's does) keeps its reads from a write's reviewer.
         if self._told_unnamed:
             return
         self._told_unnamed = True
@@ -303,15 +301,13 @@ class McpFront:
                     raise wire_error(exc, call) from exc
                 return done.model_copy(update={"meta": {**(done.meta or {}), CALL_META: call}})
 
-            async def serve() -> types.CallToolResult | types.InputRequiredResult:
-                served: types.CallToolResult | types.InputRequiredResult = await self._served(
-                    ctx, session, binding, params, run
-                )
-                return served
+            async def serve() -> Served:
+                return cast(Served, await self._served(ctx, session, binding, params, run))
 
             if key is None or self.suspensions.owns(params.request_state):
                 return await serve()  # a suspended call's resumption is that call, not a replay
-            return await self.replays.run(session.id, key, call, serve, self._replayed(session.id, call))
+            bound = Bound.of(self.proxy.catalog, params.name, arguments)
+            return await self.replays.run(session.id, key, call, serve, self._replayed(session.id, call), bound)
         except InputNeeded as need:
             request = types.ElicitRequest(
                 params=types.ElicitRequestFormParams(message=need.message, requested_schema=need.schema)
@@ -363,11 +359,11 @@ class McpFront:
         """Around a call served for this client: what its backend asks reaches this client."""
         ttl = self.proxy.config.review.timeout
         if ctx is None:  # a stdio read taken off the wire: the one connection is the stream
-            link = connection_link(session, self.stdio_connection, self._audit_relay(session.id), ttl)
+            link = connection_link(session, self.stdio_connection, self._audit_relay(session.id), ttl, self.asked)
         elif ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             link = mute_link(session)  # only a suspended call (`Suspensions`) can ask this era
         else:
-            link = request_link(session, ctx, self._audit_relay(session.id), ttl)
+            link = request_link(session, ctx, self._audit_relay(session.id), ttl, self.asked)
         token = CALLER.set(link)
         try:
             yield
@@ -446,12 +442,15 @@ class McpFront:
     async def _subscribe(self, ctx: Ctx, params: types.SubscribeRequestParams) -> types.EmptyResult:
         try:
             await self.notices.subscribe(server_connection(ctx), self.session_for(ctx).id, params.uri)
-        except ProxyError as exc:
+        except (ProxyError, MCPError) as exc:
             raise wire_error(exc) from exc
         return types.EmptyResult()
 
     async def _unsubscribe(self, ctx: Ctx, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
-        await self.notices.unsubscribe(server_connection(ctx), self.session_for(ctx).id, params.uri)
+        try:
+            await self.notices.unsubscribe(server_connection(ctx), self.session_for(ctx).id, params.uri)
+        except (ProxyError, MCPError) as exc:
+            raise wire_error(exc) from exc
         return types.EmptyResult()
 
     # -- completions and logging -------------------------------------------------------------
@@ -468,7 +467,7 @@ class McpFront:
             session = self.session_for(ctx)
             with self.calling(session, ctx):  # a server may ask its client's model for completions
                 return await self.proxy.gate.complete(session.id, server, params.model_copy(update={"ref": ref}))
-        except ProxyError as exc:
+        except (ProxyError, MCPError) as exc:
             raise wire_error(exc) from exc
 
     async def _set_level(self, ctx: Ctx, params: types.SetLevelRequestParams) -> types.EmptyResult:

@@ -14,6 +14,11 @@ client, in whichever way its era allows:
   and forgotten when the call ends or its question goes unanswered for `ttl` seconds. A
   suspended call lives in this process: a retry that reaches another replica is not resumed.
 
+Both eras bound what waits for a client: on the handshake era at most `MAX_WAITING_PER_SESSION`
+of one session's questions and `MAX_WAITING` in all are before clients at once (`Asked`), and a
+question past either is refused at once with an error that says so, for its backend to hear; on
+the 2026-07-28 era as many suspended calls, past which the oldest question is given up.
+
 Every relayed request is one audit line (`relayed`: session, server, method); a sampling request
 spends the user's model, and an elicitation asks them something. The answer goes to the backend
 only — never to the gate, whose approvals are tickets of their own (`fronts/mcp.py` `Approvals`).
@@ -27,8 +32,8 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager, suppress
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +45,7 @@ from mcp.server.connection import Connection
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import ServerMessageMetadata
-from mcp_types import REQUEST_TIMEOUT
+from mcp_types import INVALID_REQUEST, REQUEST_TIMEOUT
 from pydantic import BaseModel, ConfigDict
 
 from mcp_spec_proxy.backends.relay import CALLER, CLIENT_ANSWERS, ClientLink, admits
@@ -48,7 +53,7 @@ from mcp_spec_proxy.backends.relay import CALLER, CLIENT_ANSWERS, ClientLink, ad
 logger = logging.getLogger(__name__)
 
 STATE_PREFIX = "relay."
-MAX_WAITING = 1024  # suspended calls at once; past it the oldest question is given up
+MAX_WAITING = 1024  # questions before clients at once (2026-07-28: suspended calls, the oldest given up)
 MAX_WAITING_PER_SESSION = 64  # of one session (all unnamed 2026-07-28 requests are one here)
 BATCH_CHECKPOINTS = 3  # turns given to a backend's other questions of the same round
 RELAY_KEY_PREFIX = "mcp-spec-proxy/relay/"  # the keys of relayed questions, apart from the gate's own
@@ -85,6 +90,41 @@ def _unanswered(method: str, ttl: float) -> MCPError:
     return MCPError(REQUEST_TIMEOUT, f"the client did not answer {method} within {ttl:g}s (review.timeout)")
 
 
+class Asked:
+    """The handshake era's questions before their clients now: each session's, and all of them.
+    A question past `MAX_WAITING_PER_SESSION` of its session's, or past `MAX_WAITING` in all, is
+    not put to the client: its backend is answered at once with an error that says why, so a
+    backend cannot stack hundreds of forms before one person (nor crowd out other sessions)."""
+
+    def __init__(self) -> None:
+        self._of: dict[int, int] = {}  # by the client's identity: it lives while its questions wait
+        self._all = 0
+
+    @contextmanager
+    def one(self, client: object, method: str) -> Iterator[None]:
+        mine = self._of.get(id(client), 0)
+        if mine >= MAX_WAITING_PER_SESSION:
+            raise _too_many(method, f"{MAX_WAITING_PER_SESSION} of this session's questions wait for its client")
+        if self._all >= MAX_WAITING:
+            raise _too_many(method, f"{MAX_WAITING} questions wait for clients")
+        self._of[id(client)] = mine + 1
+        self._all += 1
+        try:
+            yield
+        finally:
+            self._all -= 1
+            left = self._of.pop(id(client)) - 1
+            if left:
+                self._of[id(client)] = left
+
+
+def _too_many(method: str, why: str) -> MCPError:
+    logger.warning("a backend's %s was not relayed: %s", method, why)
+    return MCPError(
+        INVALID_REQUEST, f"mcp-spec-proxy did not relay this {method}: {why}; ask again once they are answered"
+    )
+
+
 @dataclass
 class _RequestLink:
     """A handshake-era client, asked on the stream of the request its call came in."""
@@ -93,19 +133,22 @@ class _RequestLink:
     ctx: ServerRequestContext[Any, Any]
     audit: Audit
     ttl: float
+    asked: Asked
 
     @property
     def capabilities(self) -> types.ClientCapabilities | None:
         return self.ctx.session.client_capabilities
 
     async def relay(self, server: str, method: str, params: dict[str, Any] | None, key: str | None) -> dict[str, Any]:
-        await self.audit(server, method)
-        metadata = ServerMessageMetadata(related_request_id=self.ctx.request_id)
-        try:
-            with anyio.fail_after(self.ttl):
-                result = await self.ctx.session.send_request(_request(method, params), _Passthrough, metadata=metadata)
-        except TimeoutError:
-            raise _unanswered(method, self.ttl) from None
+        with self.asked.one(self.client, method):
+            await self.audit(server, method)
+            metadata = ServerMessageMetadata(related_request_id=self.ctx.request_id)
+            request = _request(method, params)
+            try:
+                with anyio.fail_after(self.ttl):
+                    result = await self.ctx.session.send_request(request, _Passthrough, metadata=metadata)
+            except TimeoutError:
+                raise _unanswered(method, self.ttl) from None
         dumped: dict[str, Any] = result.model_dump(by_alias=True, mode="json", exclude_none=True)
         return dumped
 
@@ -118,18 +161,20 @@ class _ConnectionLink:
     connection: Connection
     audit: Audit
     ttl: float
+    asked: Asked
 
     @property
     def capabilities(self) -> types.ClientCapabilities | None:
         return self.connection.client_capabilities
 
     async def relay(self, server: str, method: str, params: dict[str, Any] | None, key: str | None) -> dict[str, Any]:
-        await self.audit(server, method)
-        try:
-            with anyio.fail_after(self.ttl):
-                return await self.connection.outbound.send_raw_request(method, params, None)
-        except TimeoutError:
-            raise _unanswered(method, self.ttl) from None
+        with self.asked.one(self.client, method):
+            await self.audit(server, method)
+            try:
+                with anyio.fail_after(self.ttl):
+                    return await self.connection.outbound.send_raw_request(method, params, None)
+            except TimeoutError:
+                raise _unanswered(method, self.ttl) from None
 
 
 @dataclass
@@ -146,12 +191,16 @@ class _Mute:
         raise MCPError(types.METHOD_NOT_FOUND, f"the client does not support {method}")
 
 
-def request_link(client: object, ctx: ServerRequestContext[Any, Any], audit: Audit, ttl: float) -> ClientLink:
-    return _RequestLink(client, ctx, audit, ttl)
+def request_link(
+    client: object, ctx: ServerRequestContext[Any, Any], audit: Audit, ttl: float, asked: Asked
+) -> ClientLink:
+    return _RequestLink(client, ctx, audit, ttl, asked)
 
 
-def connection_link(client: object, connection: Connection | None, audit: Audit, ttl: float) -> ClientLink:
-    return _Mute(client) if connection is None else _ConnectionLink(client, connection, audit, ttl)
+def connection_link(
+    client: object, connection: Connection | None, audit: Audit, ttl: float, asked: Asked
+) -> ClientLink:
+    return _Mute(client) if connection is None else _ConnectionLink(client, connection, audit, ttl, asked)
 
 
 def mute_link(client: object) -> ClientLink:
@@ -399,8 +448,11 @@ def _give_up(waiting: _Suspended, why: str) -> None:
 
 
 __all__ = [
+    "MAX_WAITING",
+    "MAX_WAITING_PER_SESSION",
     "RELAY_KEY_PREFIX",
     "STATE_PREFIX",
+    "Asked",
     "Suspensions",
     "connection_link",
     "declares_any",

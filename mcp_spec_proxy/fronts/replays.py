@@ -8,7 +8,12 @@ the same call again with the same key in the request's `_meta` (`KEY_META`). Wit
   and nothing runs, nothing is reviewed again;
 * a replay while the first still runs (held for review, waiting on its backend) is refused at
   once (`CallReplayed`, naming the first call): waiting here could wait on the very client that
-  replays (a suspended call waits for its answer); it asks again once the first has ended.
+  replays (a suspended call waits for its answer); it asks again once the first has ended;
+* a key is bound to its first call's tool and arguments (`Bound`: the tool, and a digest of the
+  arguments its backend gets — the proxy's `intent` note aside, which a retry may word anew): a
+  call with the same key and another tool or other arguments is no replay, and is refused
+  (`CallReplayed`, naming the first call), nothing run, its client told to send a fresh key —
+  never answered with another call's result.
 
 This memory is one process's, and bounded (`MAX_KEYED`): only results are kept (an
 `input_required` is a step of the same call, so its retry runs; an error is not kept). What
@@ -27,7 +32,8 @@ import mcp_types as types
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
-from mcp_spec_proxy.errors import CallReplayed
+from mcp_spec_proxy.catalog import Catalog, digest, strip_intent
+from mcp_spec_proxy.errors import CallReplayed, ToolNotFound
 
 KEY_META = "mcp-spec-proxy/idempotency-key"
 """The `_meta` key of a `tools/call` request that carries the client's idempotency key."""
@@ -38,9 +44,27 @@ MAX_KEYED = 1024
 Served = types.CallToolResult | types.InputRequiredResult
 
 
+@dataclass(frozen=True)
+class Bound:
+    """What a key is bound to in its session: a tool, and a digest of its arguments."""
+
+    tool: str
+    arguments: str
+
+    @classmethod
+    def of(cls, catalog: Catalog, name: str, arguments: Mapping[str, object]) -> Bound:
+        """The call `name(arguments)` as its backend would get it (a name the catalog lacks as sent)."""
+        try:
+            tool = catalog.lookup(name)
+        except ToolNotFound:
+            return cls(name, digest(dict(arguments)))
+        return cls(tool.name, digest(strip_intent(tool, arguments)[0]))
+
+
 @dataclass
 class _Keyed:
     first: str  # the call id of the first call with this key
+    bound: Bound  # its tool and arguments
     result: types.CallToolResult | None = None  # None while it runs
 
 
@@ -56,13 +80,22 @@ class Replays:
         call: str,
         serve: Callable[[], Awaitable[Served]],
         replayed: Callable[[str], None],
+        bound: Bound,
     ) -> Served:
-        """`serve()` for the first call with `key` in `session`; its result for a replay (and
-        `replayed(first)` says so, for the audit trail)."""
+        """`serve()` for the first call with `key` in `session`; its result for a replay of the
+        same call, `bound` (and `replayed(first)` says so, for the audit trail)."""
         slot = (session, key)
         known = self._calls.get(slot)
         if known is not None:
             self._calls.move_to_end(slot)
+            if known.bound != bound:
+                other = "another tool" if known.bound.tool != bound.tool else "other arguments"
+                raise CallReplayed(
+                    known.first,
+                    f"this idempotency key was used by call {known.first} of this session with {other}: this"
+                    " call was not run — send a fresh key for a new call (the same key only retries the same"
+                    " tool with the same arguments)",
+                )
             if known.result is None:
                 raise CallReplayed(
                     known.first,
@@ -71,7 +104,7 @@ class Replays:
                 )
             replayed(known.first)
             return known.result
-        entry = self._calls[slot] = _Keyed(call)
+        entry = self._calls[slot] = _Keyed(call, bound)
         while len(self._calls) > self._limit:
             self._calls.popitem(last=False)
         try:
@@ -101,4 +134,4 @@ def idempotency_key(meta: object) -> str | None:
     return value
 
 
-__all__ = ["KEY_META", "MAX_KEYED", "Replays", "idempotency_key"]
+__all__ = ["KEY_META", "MAX_KEYED", "Bound", "Replays", "Served", "idempotency_key"]
