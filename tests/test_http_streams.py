@@ -98,16 +98,15 @@ async def test_progress_from_an_http_backend_reaches_the_client_while_the_call_r
     assert heard == ["progress 1/2: started", "released", "done after release"]
 
 
-@pytest.mark.parametrize("mode", ERAS)
-async def test_a_call_whose_http_stream_ends_before_its_answer_is_resumed_and_answered(
-    tmp_path: Path, mode: str
-) -> None:
+async def test_a_call_whose_http_stream_ends_before_its_answer_is_resumed_and_answered(tmp_path: Path) -> None:
+    # A handshake-era leg: its session is what a GET with Last-Event-ID resumes in (a 2026-07-28
+    # request that cannot be asked anything may be answered with plain JSON, which has no events).
     async with streaming_server() as url, anyio.create_task_group() as tg:
         # The connection of the call carrying "cut-here" is cut inside its answer, once the
         # backend has sent it: only a GET with Last-Event-ID can still fetch it.
         cutter = Cutter(int(httpx2.URL(url).port or 0), b"cut-here", cut="mid-answer")
         relay = await tg.start(cutter.serve)
-        async with proxied(served(f"http://127.0.0.1:{relay}/mcp"), tmp_path, mode=mode) as p:
+        async with proxied(served(f"http://127.0.0.1:{relay}/mcp"), tmp_path) as p:
             with anyio.fail_after(30):
                 cut = await p.client.call_tool("s__echo", {"text": "cut-here"})
                 closed = await p.client.call_tool("s__drop_then_answer", {})  # the backend closes it
