@@ -106,14 +106,18 @@ async def test_a_call_whose_http_stream_ends_before_its_answer_is_resumed_and_an
         # backend has sent it: only a GET with Last-Event-ID can still fetch it.
         cutter = Cutter(int(httpx2.URL(url).port or 0), b"cut-here", cut="mid-answer")
         relay = await tg.start(cutter.serve)
-        async with proxied(served(f"http://127.0.0.1:{relay}/mcp"), tmp_path) as p:
+        config = served(f"http://127.0.0.1:{relay}/mcp", max_result_bytes=1_000_000)
+        async with proxied(config, tmp_path) as p:
             with anyio.fail_after(30):
                 cut = await p.client.call_tool("s__echo", {"text": "cut-here"})
                 closed = await p.client.call_tool("s__drop_then_answer", {})  # the backend closes it
+                # An answer past the bound on the resumed stream is refused as on the first one.
+                too_big = await call_error(p.client, "s__drop_then_answer", {"size": 2_000_000})
         tg.cancel_scope.cancel()
     assert cutter.cuts == 1
     assert text_of(cut) == "cut-here"
     assert text_of(closed) == "answered after the drop"
+    assert too_big.code == RESULT_TOO_LARGE and "returned too much from drop_then_answer (2.0 MB)" in too_big.message
 
 
 def _lf(data: bytes) -> bytes:

@@ -10,7 +10,8 @@
   end, and it is passed on as `on_oversized(size)`'s event instead;
 * a drop mid-stream ends the body with `on_drop`'s event, never inside half an event, unless an
   event already carried an id: the stream can then be resumed (`Last-Event-ID`), and the drop is
-  raised for the SDK, which resumes it.
+  raised for the SDK, which resumes it. Without `on_drop` every drop is raised (a resumed
+  stream's GET, which the SDK asks again itself).
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ class Events(httpx2.AsyncByteStream):
         self,
         inner: httpx2.AsyncByteStream,
         limit: int,
-        on_drop: Callable[[Exception], bytes],
+        on_drop: Callable[[Exception], bytes] | None,
         on_oversized: Callable[[int], bytes],
     ) -> None:
         self._inner = inner
@@ -114,7 +115,7 @@ class Events(httpx2.AsyncByteStream):
                     resumable = resumable or _ID_FIELD.search(event) is not None
                     yield event
         except httpx2.TransportError as exc:
-            if resumable:
+            if resumable or self._on_drop is None:
                 raise  # the SDK resumes it with Last-Event-ID
             yield self._on_drop(exc)  # half an event is dropped with the connection
             return

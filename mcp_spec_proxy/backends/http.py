@@ -24,7 +24,9 @@ with a GET that carries Last-Event-ID.
 No answer is held in memory past `limit` bytes (the transport's bound on one message): a JSON
 body or an SSE event over it is read to its end without being kept, and its request is answered
 with an error marked the same way, which `restore` turns into the `raw.Oversized` the proxy's
-stdio transport gives (the call then fails with the proxy's own ResultTooLarge).
+stdio transport gives (the call then fails with the proxy's own ResultTooLarge). So is an event
+of a resumed stream (a GET that carries Last-Event-ID): the SDK gives what that stream carries
+to the call it resumes, whatever id an answer names.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import json
 import logging
 import secrets
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
 import httpx2
@@ -54,6 +57,7 @@ OVERSIZED_KEY = "mcp-spec-proxy/oversized"
 
 # Nothing was written: no connection was made, or none was free.
 _UNSENT = (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout)
+_LAST_EVENT_ID = "last-event-id"
 # The headers of a body that was read here: what is passed on is that body, decoded.
 _READ_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
 
@@ -97,7 +101,11 @@ class GuardedClient(httpx2.AsyncClient):
     async def send(self, request: httpx2.Request, **kwargs: Any) -> httpx2.Response:
         message = _message(request)
         if message is None:
-            return await super().send(request, **kwargs)
+            response = await super().send(request, **kwargs)
+            resumed = request.method == "GET" and _LAST_EVENT_ID in request.headers
+            if resumed and (events := _events(response)) is not None:
+                response.stream = Events(events, self.limit, None, partial(self._too_large_event, None))
+            return response
         request_id = message.get("id") if "method" in message else None
         try:
             response = await super().send(request, **kwargs)
@@ -110,18 +118,9 @@ class GuardedClient(httpx2.AsyncClient):
         kind = response.headers.get("content-type", "").lower()
         if kind.startswith("application/json"):
             return await self._json(request, request_id, response)
-        if (
-            kind.startswith("text/event-stream")
-            and response.status_code < 300
-            and isinstance(response.stream, httpx2.AsyncByteStream)
-            and response.headers.get("content-encoding", "identity") == "identity"  # its events are read raw here
-        ):
-            response.stream = Events(
-                response.stream,
-                self.limit,
-                lambda exc: self._lost_event(request_id, exc),
-                lambda size: self._event(self._too_large(request_id, size)),
-            )
+        if (events := _events(response)) is not None:
+            on_drop = partial(self._lost_event, request_id)
+            response.stream = Events(events, self.limit, on_drop, partial(self._too_large_event, request_id))
         return response
 
     async def _json(self, request: httpx2.Request, request_id: object, response: httpx2.Response) -> httpx2.Response:
@@ -161,6 +160,9 @@ class GuardedClient(httpx2.AsyncClient):
         error: RpcError = {"code": RESULT_TOO_LARGE, "message": message, "data": {OVERSIZED_KEY: key}}
         return {"jsonrpc": "2.0", "id": request_id, "error": error}
 
+    def _too_large_event(self, request_id: object, size: int) -> bytes:
+        return self._event(self._too_large(request_id, size))
+
     @staticmethod
     def _answer(request: httpx2.Request, answer: dict[str, Any]) -> httpx2.Response:
         body = json.dumps(answer).encode()
@@ -180,6 +182,20 @@ class GuardedClient(httpx2.AsyncClient):
 
     def _lost_event(self, request_id: object, exc: Exception) -> bytes:
         return self._event(self._mark("dropped", exc, request_id))
+
+
+def _events(response: httpx2.Response) -> httpx2.AsyncByteStream | None:
+    """The body of `response` when it is SSE this client can read event by event (a success, not
+    compressed: its events are read raw here); else None."""
+    stream = response.stream
+    if (
+        response.status_code < 300
+        and response.headers.get("content-type", "").lower().startswith("text/event-stream")
+        and response.headers.get("content-encoding", "identity") == "identity"
+        and isinstance(stream, httpx2.AsyncByteStream)
+    ):
+        return stream
+    return None
 
 
 def _detail(exc: Exception) -> str:
