@@ -124,6 +124,6 @@ async def test_a_call_arriving_while_a_dead_stdio_backend_restarts_waits_for_it(
 
 async def test_a_backend_cannot_forge_the_mark_of_a_lost_connection() -> None:
     # A backend's error that carries the mark's key with a value of its own stays the backend's.
-    async with GuardedClient() as http:
+    async with GuardedClient(limit=1024) as http:
         assert http.claim({LOST_KEY: "0" * 32}) is None
         assert http.claim({LOST_KEY: {"kind": "dropped"}}) is None

@@ -16,36 +16,50 @@ own request:
   delivered (202) and the loss logged, so the session goes on.
 
 The mark is a key this client made (`claim` takes it back once), which no backend can send: only
-what the proxy saw becomes its own error. An SSE stream is passed on up to its last complete
-event, so a marked answer never lands inside half an event. A stream whose events carry ids can
-be resumed, and its drop is left to the SDK, which resumes it with Last-Event-ID.
+what the proxy saw becomes its own error. An SSE stream is passed on one whole event at a time,
+each as it arrives (`backends/events.py`), so a marked answer never lands inside half an event. A
+stream whose events carry ids can be resumed, and its drop is left to the SDK, which resumes it
+with a GET that carries Last-Event-ID.
+
+No answer is held in memory past `limit` bytes (the transport's bound on one message): a JSON
+body or an SSE event over it is read to its end without being kept, and its request is answered
+with an error marked the same way, which `restore` turns into the `raw.Oversized` the proxy's
+stdio transport gives (the call then fails with the proxy's own ResultTooLarge). So is an event
+of a resumed stream (a GET that carries Last-Event-ID): the SDK gives what that stream carries
+to the call it resumes, whatever id an answer names.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
 import secrets
-from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
 import httpx2
+import mcp_types as types
+from mcp.shared.message import SessionMessage
 from mcp_types import CONNECTION_CLOSED
 
+from mcp_spec_proxy.backends.events import Events
+from mcp_spec_proxy.backends.raw import Oversized
+from mcp_spec_proxy.errors import RESULT_TOO_LARGE
 from mcp_spec_proxy.wire_types import RpcError
 
 logger = logging.getLogger(__name__)
 
 LOST_KEY = "mcp-spec-proxy/lost"
 """The key of the mark in a lost request's error `data`."""
+OVERSIZED_KEY = "mcp-spec-proxy/oversized"
+"""The key of the mark in the error `data` of a request whose answer was over the bound."""
 
 # Nothing was written: no connection was made, or none was free.
 _UNSENT = (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout)
-# Two line ends in a row (`\r\n`, `\r` or `\n` each) always contain one of these: an event's end.
-_EVENT_ENDS = (b"\n\n", b"\r\r", b"\n\r")
-_ID_FIELD = re.compile(rb"(?:^|[\r\n])id:")
+_LAST_EVENT_ID = "last-event-id"
+# The headers of a body that was read here: what is passed on is that body, decoded.
+_READ_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
 
 
 @dataclass(frozen=True)
@@ -57,21 +71,41 @@ class Lost:
 
 
 class GuardedClient(httpx2.AsyncClient):
-    """An `httpx2.AsyncClient` whose lost POSTs become marked JSON-RPC errors of their request."""
+    """An `httpx2.AsyncClient` whose lost POSTs, and answers over `limit` bytes, become marked
+    JSON-RPC errors of their request."""
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, limit: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.limit = limit
         self._lost: dict[str, Lost] = {}
+        self._oversized: dict[str, Oversized] = {}
 
     def claim(self, data: object) -> Lost | None:
         """The loss an error's `data` marks, when this client marked it (once); else None."""
         key = data.get(LOST_KEY) if isinstance(data, dict) else None
         return self._lost.pop(key, None) if isinstance(key, str) else None
 
+    def restore(self, message: SessionMessage | Exception) -> SessionMessage | Exception:
+        """`message` as the SDK session should see it: an error this client marked as over the
+        bound carries its `raw.Oversized` (once), as the stdio transport's does."""
+        if not isinstance(message, SessionMessage) or not isinstance(message.message, types.JSONRPCError):
+            return message
+        error = message.message.error
+        key = error.data.get(OVERSIZED_KEY) if isinstance(error.data, dict) else None
+        oversized = self._oversized.pop(key, None) if isinstance(key, str) else None
+        if oversized is None:
+            return message
+        marked = types.ErrorData(code=error.code, message=error.message, data=oversized)
+        return SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=message.message.id, error=marked))
+
     async def send(self, request: httpx2.Request, **kwargs: Any) -> httpx2.Response:
         message = _message(request)
         if message is None:
-            return await super().send(request, **kwargs)
+            response = await super().send(request, **kwargs)
+            resumed = request.method == "GET" and _LAST_EVENT_ID in request.headers
+            if resumed and (events := _events(response)) is not None:
+                response.stream = Events(events, self.limit, None, partial(self._too_large_event, None))
+            return response
         request_id = message.get("id") if "method" in message else None
         try:
             response = await super().send(request, **kwargs)
@@ -79,22 +113,36 @@ class GuardedClient(httpx2.AsyncClient):
             return self._lost_answer(request, request_id, "unsent", exc)
         except httpx2.TransportError as exc:
             return self._lost_answer(request, request_id, "dropped", exc)
-        if request_id is None or response.status_code >= 300:
+        if request_id is None or 300 <= response.status_code < 400:
             return response
         kind = response.headers.get("content-type", "").lower()
         if kind.startswith("application/json"):
-            try:
-                await response.aread()  # the SDK reads it whole too; a drop in it is this request's
-            except httpx2.TransportError as exc:
-                await response.aclose()
-                return self._lost_answer(request, request_id, "dropped", exc)
-        elif (
-            kind.startswith("text/event-stream")
-            and isinstance(response.stream, httpx2.AsyncByteStream)
-            and response.headers.get("content-encoding", "identity") == "identity"  # its events are read raw here
-        ):
-            response.stream = _Events(response.stream, lambda exc: self._lost_event(request_id, exc))
+            return await self._json(request, request_id, response)
+        if (events := _events(response)) is not None:
+            on_drop = partial(self._lost_event, request_id)
+            response.stream = Events(events, self.limit, on_drop, partial(self._too_large_event, request_id))
         return response
+
+    async def _json(self, request: httpx2.Request, request_id: object, response: httpx2.Response) -> httpx2.Response:
+        """A JSON answer read here, within the bound (the SDK reads it whole too): a drop in it is
+        this request's, and one over the bound is read to its end but not kept."""
+        body = bytearray()
+        size = 0
+        try:
+            async for part in response.aiter_bytes():
+                size += len(part)
+                if size <= self.limit:
+                    body += part
+                elif body:
+                    body.clear()
+        except httpx2.TransportError as exc:
+            return self._lost_answer(request, request_id, "dropped", exc)
+        finally:
+            await response.aclose()
+        if size > self.limit:
+            return self._answer(request, self._too_large(request_id, size))
+        headers = [(key, value) for key, value in response.headers.multi_items() if key.lower() not in _READ_HEADERS]
+        return httpx2.Response(response.status_code, headers=headers, content=bytes(body), request=request)
 
     def _mark(self, kind: Literal["unsent", "dropped"], exc: Exception, request_id: object) -> dict[str, Any]:
         detail = _detail(exc)
@@ -104,48 +152,50 @@ class GuardedClient(httpx2.AsyncClient):
         error: RpcError = {"code": CONNECTION_CLOSED, "message": f"connection lost ({detail})", "data": {LOST_KEY: key}}
         return {"jsonrpc": "2.0", "id": request_id, "error": error}
 
+    def _too_large(self, request_id: object, size: int) -> dict[str, Any]:
+        key = secrets.token_hex(16)
+        self._oversized[key] = Oversized(size, self.limit)
+        message = f"response of {size} bytes is over the {self.limit}-byte bound"
+        logger.warning("HTTP answer to request %r withheld: %s", request_id, message)
+        error: RpcError = {"code": RESULT_TOO_LARGE, "message": message, "data": {OVERSIZED_KEY: key}}
+        return {"jsonrpc": "2.0", "id": request_id, "error": error}
+
+    def _too_large_event(self, request_id: object, size: int) -> bytes:
+        return self._event(self._too_large(request_id, size))
+
+    @staticmethod
+    def _answer(request: httpx2.Request, answer: dict[str, Any]) -> httpx2.Response:
+        body = json.dumps(answer).encode()
+        return httpx2.Response(502, headers={"content-type": "application/json"}, content=body, request=request)
+
+    @staticmethod
+    def _event(answer: dict[str, Any]) -> bytes:
+        return b"event: message\ndata: " + json.dumps(answer).encode() + b"\n\n"
+
     def _lost_answer(
         self, request: httpx2.Request, request_id: object, kind: Literal["unsent", "dropped"], exc: Exception
     ) -> httpx2.Response:
         if request_id is None:  # a notification or a response: nothing waits for it
             logger.warning("HTTP message to %s lost (%s); the session goes on", request.url, _detail(exc))
             return httpx2.Response(202, request=request)
-        body = json.dumps(self._mark(kind, exc, request_id)).encode()
-        return httpx2.Response(502, headers={"content-type": "application/json"}, content=body, request=request)
+        return self._answer(request, self._mark(kind, exc, request_id))
 
     def _lost_event(self, request_id: object, exc: Exception) -> bytes:
-        return b"event: message\ndata: " + json.dumps(self._mark("dropped", exc, request_id)).encode() + b"\n\n"
+        return self._event(self._mark("dropped", exc, request_id))
 
 
-class _Events(httpx2.AsyncByteStream):
-    """An SSE body passed on whole events at a time; a drop ends it with `on_drop`'s event."""
-
-    def __init__(self, inner: httpx2.AsyncByteStream, on_drop: Callable[[Exception], bytes]) -> None:
-        self._inner = inner
-        self._on_drop = on_drop
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        pending = b""
-        resumable = False
-        try:
-            async for chunk in self._inner:
-                start = max(0, len(pending) - 1)  # an event's end may straddle the chunks
-                pending += chunk
-                ends = [at + 2 for mark in _EVENT_ENDS if (at := pending.rfind(mark, start)) >= 0]
-                if ends:
-                    whole, pending = pending[: max(ends)], pending[max(ends) :]
-                    resumable = resumable or _ID_FIELD.search(whole) is not None
-                    yield whole
-        except httpx2.TransportError as exc:
-            if resumable:
-                raise  # the SDK resumes it with Last-Event-ID
-            yield self._on_drop(exc)  # half an event is dropped with the connection
-            return
-        if pending:
-            yield pending
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
+def _events(response: httpx2.Response) -> httpx2.AsyncByteStream | None:
+    """The body of `response` when it is SSE this client can read event by event (a success, not
+    compressed: its events are read raw here); else None."""
+    stream = response.stream
+    if (
+        response.status_code < 300
+        and response.headers.get("content-type", "").lower().startswith("text/event-stream")
+        and response.headers.get("content-encoding", "identity") == "identity"
+        and isinstance(stream, httpx2.AsyncByteStream)
+    ):
+        return stream
+    return None
 
 
 def _detail(exc: Exception) -> str:
@@ -163,4 +213,4 @@ def _message(request: httpx2.Request) -> dict[str, Any] | None:
     return body if isinstance(body, dict) else None
 
 
-__all__ = ["LOST_KEY", "GuardedClient", "Lost"]
+__all__ = ["LOST_KEY", "OVERSIZED_KEY", "GuardedClient", "Lost"]

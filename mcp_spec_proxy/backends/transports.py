@@ -3,7 +3,8 @@
 `open_transport(name, config, errlog, on_end, on_exit)` turns a `ServerConfig` into a
 `WatchedTransport` over one of: a stdio client whose lines are bounded by the server's result cap
 (`backends/stdio.py`), a streamable HTTP transport with the configured headers whose lost
-connections stay with their request (`backends/http.py`), or an SSE transport. The read side is
+connections stay with their request and whose answers are bounded by the same cap
+(`backends/http.py`), or an SSE transport. The read side is
 wrapped so the supervisor learns the moment a backend's stream ends (a stdio server that exited,
 an HTTP session that was dropped) instead of discovering it on the next call. A stdio transport
 also carries the fast path's reads (`WatchedTransport.raw`).
@@ -32,11 +33,15 @@ from mcp_spec_proxy.sdk import MCP_HTTP_TIMEOUT, ReadStream, Transport, Transpor
 
 
 class _WatchedReadStream:
-    """Passes messages through and sets `ended` when the backend's stream ends."""
+    """Passes messages through and sets `ended` when the backend's stream ends; with `guard`, an
+    answer it marked as over the bound is passed as `guard.restore` makes it."""
 
-    def __init__(self, inner: ReadStream[SessionMessage | Exception], ended: _EndSignal) -> None:
+    def __init__(
+        self, inner: ReadStream[SessionMessage | Exception], ended: _EndSignal, guard: GuardedClient | None = None
+    ) -> None:
         self._inner = inner
         self._ended = ended
+        self._guard = guard
 
     def __getattr__(self, name: str) -> Any:
         # `last_context` and friends: whatever the dispatcher looks for on the real stream.
@@ -44,10 +49,11 @@ class _WatchedReadStream:
 
     async def receive(self) -> SessionMessage | Exception:
         try:
-            return await self._inner.receive()
+            message = await self._inner.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
             self._ended.set()
             raise
+        return message if self._guard is None else self._guard.restore(message)
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -91,7 +97,7 @@ class WatchedTransport:
 
     async def __aenter__(self) -> TransportStreams:
         read, write = await self._inner.__aenter__()
-        return _WatchedReadStream(read, self.ended), write
+        return _WatchedReadStream(read, self.ended, self.guard), write
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -119,9 +125,19 @@ class _EndSignal:
         await self._event.wait()
 
 
+def message_bound(config: ServerConfig) -> int:
+    """The most bytes one message from a backend may have: the result cap, with a margin for the
+    JSON-RPC envelope and escaping. A result within it is measured by the caller; one past it is
+    never held (`raw.Oversized`)."""
+    return int(config.max_result_bytes * 1.5) + 65_536
+
+
 @asynccontextmanager
 async def _http(url: str, http: GuardedClient) -> AsyncIterator[TransportStreams]:
-    async with http, streamable_http_client(url, http_client=http) as streams:
+    # The SDK's own cap on an SSE event (1 MiB by default) is raised to the bound: `http` refuses
+    # a request's own events over it with the proxy's error first, and the SDK's cap still bounds
+    # the streams `http` passes as they are (a resumed stream's GET, a compressed body).
+    async with http, streamable_http_client(url, http_client=http, max_sse_event_size=http.limit) as streams:
         yield streams
 
 
@@ -143,16 +159,15 @@ def open_transport(
             env=config.env or None,
             cwd=config.cwd,
         )
-        # A margin over the result cap for the JSON-RPC envelope and escaping.
-        bound = int(config.max_result_bytes * 1.5) + 65_536
         raw = RawCalls()
-        return WatchedTransport(bounded_stdio_client(params, errlog, bound, on_exit, raw, name, early), on_end, raw)
+        bounded = bounded_stdio_client(params, errlog, message_bound(config), on_exit, raw, name, early)
+        return WatchedTransport(bounded, on_end, raw)
     assert config.url is not None
     if config.transport == "sse":
         return WatchedTransport(sse_client(config.url, headers=config.headers or None), on_end)
-    # The SDK's own client settings (its timeouts; redirects it follows itself), and lost
-    # connections kept with their request (`backends/http.py`).
-    http = GuardedClient(headers=config.headers or None, timeout=MCP_HTTP_TIMEOUT)
+    # The SDK's own client settings (its timeouts; redirects it follows itself), lost connections
+    # kept with their request and answers bounded as on stdio (`backends/http.py`).
+    http = GuardedClient(limit=message_bound(config), headers=config.headers or None, timeout=MCP_HTTP_TIMEOUT)
     return WatchedTransport(_http(config.url, http), on_end, guard=http)
 
 
