@@ -66,10 +66,10 @@ async def test_a_notification_flood_is_coalesced_and_the_proxy_keeps_serving(tmp
         listings = 0
         set_tools = p.proxy.catalog.set_tools
 
-        def counting(server: str, tools: Any) -> None:
+        def counting(server: str, tools: Any, only: Any = None) -> None:
             nonlocal listings
             listings += 1
-            set_tools(server, tools)
+            set_tools(server, tools, only)
 
         p.proxy.catalog.set_tools = counting  # type: ignore[method-assign]
         with anyio.fail_after(60):
