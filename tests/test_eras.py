@@ -21,7 +21,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
-from tests.harness import ERAS, call_error, proxied, text_of
+from tests.harness import ERAS, call_error, proxied, text_of, toy
 
 pytestmark = pytest.mark.anyio
 
@@ -121,3 +121,19 @@ async def test_a_modern_backend_is_told_only_the_capabilities_the_calling_client
             ):
                 told = text_of(await client.call_tool("caps__caps", {}))
     assert told == ("elicitation" if asks else "none")
+
+
+async def test_a_list_change_the_backend_announces_reaches_the_client_though_nothing_changed(tmp_path: Path) -> None:
+    heard: list[str] = []
+
+    async def messages(message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            heard.append(message.method)
+
+    config = {"servers": {"toy": toy(tmp_path / "rec", "--legacy-only")}, "review": {"default": "deny"}}
+    async with proxied(config, tmp_path / "state", messages=messages) as p:
+        with anyio.fail_after(30):
+            assert text_of(await p.client.call_tool("toy__flood", {"count": 1})) == "flooded"
+            while not heard:  # noqa: ASYNC110 (the client's message handler records what it heard)
+                await anyio.sleep(0.05)
+    assert heard[0] == "notifications/tools/list_changed"  # directly, the client would hear it too

@@ -126,4 +126,42 @@ class Events(httpx2.AsyncByteStream):
         await self._inner.aclose()
 
 
-__all__ = ["Events", "Frames", "event_end"]
+class Lines(httpx2.AsyncByteStream):
+    """A streamed `application/json` body that carries one JSON-RPC message per line (the suite's
+    reference server answers `subscriptions/listen` so, as a client reading lines takes it), as
+    the SSE events the SDK's transport reads: each line passed on as it arrives, none held past
+    `limit` bytes (a longer line is skipped to its end, as `on_oversized(size)`'s event)."""
+
+    def __init__(self, inner: httpx2.AsyncByteStream, limit: int, on_oversized: Callable[[int], bytes]) -> None:
+        self._inner = inner
+        self._limit = limit
+        self._on_oversized = on_oversized
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        line = bytearray()
+        skipped = 0  # bytes of a line over the limit, counted and not kept
+        async for chunk in self._inner:
+            for part in re.split(rb"(\n)", bytes(chunk)):
+                if part != b"\n":
+                    if skipped or len(line) + len(part) > self._limit:
+                        skipped += len(line) + len(part)
+                        line.clear()
+                    else:
+                        line += part
+                    continue
+                if skipped:
+                    yield self._on_oversized(skipped)
+                elif line.strip():
+                    yield b"event: message\ndata: " + bytes(line.strip()) + b"\n\n"
+                line.clear()
+                skipped = 0
+        if skipped:
+            yield self._on_oversized(skipped)
+        elif line.strip():
+            yield b"event: message\ndata: " + bytes(line.strip()) + b"\n\n"
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+__all__ = ["Events", "Frames", "Lines", "event_end"]

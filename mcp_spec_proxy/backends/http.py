@@ -42,8 +42,9 @@ import httpx2
 import mcp_types as types
 from mcp.shared.message import SessionMessage
 from mcp_types import CONNECTION_CLOSED
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from mcp_spec_proxy.backends.events import Events
+from mcp_spec_proxy.backends.events import Events, Lines
 from mcp_spec_proxy.backends.raw import Oversized
 from mcp_spec_proxy.errors import RESULT_TOO_LARGE
 from mcp_spec_proxy.wire_types import RpcError
@@ -116,6 +117,13 @@ class GuardedClient(httpx2.AsyncClient):
         if request_id is None or 300 <= response.status_code < 400:
             return response
         kind = response.headers.get("content-type", "").lower()
+        plain = response.status_code < 300 and response.headers.get("content-encoding", "identity") == "identity"
+        listen = kind.startswith("application/json") and message.get("method") == "subscriptions/listen"
+        if listen and plain and isinstance(response.stream, httpx2.AsyncByteStream):
+            # A listen stream sent as JSON lines: passed on as the events each line is.
+            response.headers["content-type"] = "text/event-stream"
+            response.stream = Lines(response.stream, self.limit, partial(self._too_large_event, request_id))
+            return response
         if kind.startswith("application/json"):
             return await self._json(request, request_id, response)
         if (events := _events(response)) is not None:
@@ -142,7 +150,14 @@ class GuardedClient(httpx2.AsyncClient):
         if size > self.limit:
             return self._answer(request, self._too_large(request_id, size))
         headers = [(key, value) for key, value in response.headers.multi_items() if key.lower() not in _READ_HEADERS]
-        return httpx2.Response(response.status_code, headers=headers, content=bytes(body), request=request)
+        content = bytes(body)
+        if response.status_code < 300:
+            modern = request.headers.get("mcp-protocol-version", "") in MODERN_PROTOCOL_VERSIONS
+            content, stream = _lenient(content, modern)
+            if stream:  # several messages in one JSON body: passed on as the events they are
+                headers = [(k, v) for k, v in headers if k.lower() != "content-type"]
+                headers.append(("content-type", "text/event-stream"))
+        return httpx2.Response(response.status_code, headers=headers, content=content, request=request)
 
     def _mark(self, kind: Literal["unsent", "dropped"], exc: Exception, request_id: object) -> dict[str, Any]:
         detail = _detail(exc)
@@ -196,6 +211,31 @@ def _events(response: httpx2.Response) -> httpx2.AsyncByteStream | None:
     ):
         return stream
     return None
+
+
+def _lenient(body: bytes, modern: bool) -> tuple[bytes, bool]:
+    """A JSON answer as the SDK can read it, where what a client reads directly is looser: messages
+    one per line in one body (some servers stream a call's notifications so) become SSE events
+    (True), and a 2026-07-28 result with no `resultType` is complete, as the lean read path takes
+    it (`raw.tool_result`). Anything else passes unchanged."""
+    try:
+        messages: list[Any] = [json.loads(body)]
+        several = False
+    except ValueError:
+        lines = [line for line in body.splitlines() if line.strip()]
+        try:
+            messages = [json.loads(line) for line in lines]
+        except ValueError:
+            return body, False
+        several = len(messages) > 1
+    if modern:
+        for message in messages:
+            result = message.get("result") if isinstance(message, dict) else None
+            if isinstance(result, dict) and "resultType" not in result:
+                result["resultType"] = "complete"
+    if several:
+        return b"".join(b"event: message\ndata: " + json.dumps(m).encode() + b"\n\n" for m in messages), True
+    return (json.dumps(messages[0]).encode() if modern else body), False
 
 
 def _detail(exc: Exception) -> str:
