@@ -161,6 +161,7 @@ _RUN_OF = {
     "test_scenario_passes_directly_against_the_fixture": "direct",
     "test_scenario_passing_directly_passes_behind_the_proxy": "proxy",
     "test_shipped_review_settings_change_only_where_the_gate_acts": "shipped",
+    "test_scenario_passing_directly_passes_behind_the_proxy_over_http": "url",
 }
 
 
@@ -189,9 +190,13 @@ def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     root = tmp_path_factory.mktemp("conformance")
     with ExitStack() as stack:
         served: dict[str, Served] = {}  # one process per run kind serves both versions' runs
-        for run in sorted({key.split("/")[1] for key in needed}):
+        kinds = {key.split("/")[1] for key in needed}
+        for run in sorted(kinds | ({"direct"} if "url" in kinds else set())):
             if run == "direct":
                 served[run] = stack.enter_context(fixture_server())
+            elif run == "url":  # as the suite's reference server is wrapped: a URL backend under its own names
+                url_config = {"servers": {"fixture": {"url": served["direct"].url, "namespace": False}}}
+                served[run] = stack.enter_context(mcp_spec_proxy({**url_config, "review": PARITY_REVIEW}, root / run))
             else:
                 config = proxy_config(PARITY_REVIEW if run == "proxy" else shipped_review())
                 served[run] = stack.enter_context(mcp_spec_proxy(config, root / run))
@@ -213,6 +218,15 @@ def test_scenario_passes_directly_against_the_fixture(runs: dict[str, Made], ver
 @pytest.mark.parametrize(("version", "scenario"), BEHIND)
 def test_scenario_passing_directly_passes_behind_the_proxy(runs: dict[str, Made], version: str, scenario: str) -> None:
     made = runs[f"{version}/proxy"]
+    assert made.run.outcome(scenario).passed, made.report(scenario)
+
+
+@pytest.mark.parametrize(("version", "scenario"), BEHIND)
+def test_scenario_passing_directly_passes_behind_the_proxy_over_http(
+    runs: dict[str, Made], version: str, scenario: str
+) -> None:
+    """The fixture as a URL backend (its sessions per client session, in each client's era)."""
+    made = runs[f"{version}/url"]
     assert made.run.outcome(scenario).passed, made.report(scenario)
 
 
