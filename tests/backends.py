@@ -74,6 +74,16 @@ def everything() -> BackendCommand:
     return _node_server("server-everything", ["stdio"])
 
 
+def basic_app() -> BackendCommand:
+    """@modelcontextprotocol/server-basic-vanillajs: an MCP App (tool `get-time` with a `ui://` page)."""
+    return _node_server("server-basic-vanillajs", ["--stdio"])
+
+
+def app_page() -> Path:
+    """The page that app serves as its `ui://` resource, as shipped."""
+    return Path(_need(_MCP / "server-basic-vanillajs" / "dist" / "mcp-app.html", "server-basic-vanillajs"))
+
+
 def git(repo: Path) -> BackendCommand:
     """mcp-server-git (mcp 2.x) on the git repository ``repo``."""
     exe = _need(PY_MODERN / "bin" / "mcp-server-git", "mcp-server-git")
