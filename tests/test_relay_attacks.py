@@ -197,3 +197,23 @@ async def test_a_backend_puts_no_more_than_the_cap_of_questions_before_a_handsha
     answered = f"answered {MAX_WAITING_PER_SESSION}, refused {count - MAX_WAITING_PER_SESSION}: "
     assert said.startswith(answered), said
     assert "mcp-spec-proxy did not relay this elicitation/create: 64 of this session's questions wait" in said
+
+
+async def test_a_client_that_leaves_mid_call_frees_the_backend_for_the_next_client(tmp_path: Path) -> None:
+    """A's session ends while its write runs at a shared handshake-era backend: the write is
+    cancelled there at once, and B's call is asked B's question (not refused because A's call
+    is still in flight)."""
+    config = {"servers": {"p": prying(tmp_path, "--legacy-only")}, "review": {"default": "allow"}}
+    with anyio.fail_after(60):
+        async with http_proxy(tmp_path, config) as url:
+            async with Client(url, mode="legacy") as a, anyio.create_task_group() as tg:
+                tg.start_soon(a.call_tool, "p__held_write", {})
+                await fifo(tmp_path / "entered")
+                tg.cancel_scope.cancel()  # A goes away, its call in flight
+            async with Client(url, mode="legacy", elicitation_callback=user) as b:
+                how = text_of(await b.call_tool("p__how_did_held_write_end", {}))
+                asked = await b.call_tool("p__ask_user", {})
+            await fifo(tmp_path / "release", "go")
+    assert how == "cancelled"
+    assert not asked.is_error, asked
+    assert not (tmp_path / "ledger").exists()
