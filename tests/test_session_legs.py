@@ -24,7 +24,7 @@ from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.fronts.http import serve_http
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.proxy import Proxy, StatePaths, running_proxy
-from tests.harness import text_of
+from tests.harness import text_of, toy
 from tests.test_remote_backends import everything_over
 
 pytestmark = pytest.mark.anyio
@@ -92,3 +92,22 @@ async def test_isolation_shared_keeps_one_backend_session_for_every_client(tmp_p
         ):
             await alpha.call_tool("remote__get-roots-list", {})
             assert proxy.backends.get("remote").sessions is None
+
+
+async def test_a_stdio_backend_under_per_session_gives_each_http_client_session_its_own_process(tmp_path: Path) -> None:
+    ledger = tmp_path / "rec"
+    with anyio.fail_after(90):
+        async with front_over(toy(ledger, isolation="per_session"), tmp_path / "state") as (proxy, front):
+            async with (
+                Client(front, mode="legacy") as alpha,
+                Client(front, mode="legacy") as beta,
+            ):
+                await alpha.call_tool("remote__echo", {"text": "a"})
+                await beta.call_tool("remote__echo", {"text": "b"})
+                await alpha.call_tool("remote__echo", {"text": "a again"})
+                legs = proxy.backends.get("remote").sessions
+                assert legs is not None
+                assert (legs.open, legs.opened) == (2, 2)
+            with anyio.fail_after(10):
+                while legs.open:  # noqa: ASYNC110 (a count the proxy keeps; no event marks it)
+                    await anyio.sleep(0.05)  # each process ends with its client's session
