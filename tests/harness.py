@@ -23,7 +23,7 @@ import anyio
 import mcp_types as types
 import yaml
 from mcp import Client, MCPError, StdioServerParameters
-from mcp.client.session import ElicitationFnT, MessageHandlerFnT
+from mcp.client.session import ElicitationFnT, ListRootsFnT, MessageHandlerFnT
 from mcp.client.stdio import get_default_environment
 from mcp.server import Server
 
@@ -139,6 +139,7 @@ async def spawned(
     mode: str = "legacy",
     elicitation: ElicitationFnT | None = None,
     messages: MessageHandlerFnT | None = None,
+    list_roots: ListRootsFnT | None = None,
 ) -> AsyncIterator[Client]:
     config_file = tmp / "servers.yaml"
     config_file.write_text(yaml.safe_dump(config))
@@ -148,7 +149,13 @@ async def spawned(
         env=proxy_env(),
     )
     with anyio.fail_after(90):
-        async with Client(params, mode=mode, elicitation_callback=elicitation, message_handler=messages) as client:
+        async with Client(
+            params,
+            mode=mode,
+            elicitation_callback=elicitation,
+            message_handler=messages,
+            list_roots_callback=list_roots,
+        ) as client:
             yield client
 
 

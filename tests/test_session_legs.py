@@ -24,7 +24,8 @@ from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.fronts.http import serve_http
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.proxy import Proxy, StatePaths, running_proxy
-from tests.harness import text_of, toy
+from tests import backends
+from tests.harness import spawned, stdio, text_of, toy
 from tests.test_remote_backends import everything_over
 
 pytestmark = pytest.mark.anyio
@@ -111,3 +112,84 @@ async def test_a_stdio_backend_under_per_session_gives_each_http_client_session_
             with anyio.fail_after(10):
                 while legs.open:  # noqa: ASYNC110 (a count the proxy keeps; no event marks it)
                     await anyio.sleep(0.05)  # each process ends with its client's session
+
+
+def changing_roots(current: list[str]) -> Any:
+    async def list_roots(context: ClientRequestContext) -> types.ListRootsResult:
+        return types.ListRootsResult(roots=[types.Root(uri=FileUrl(uri)) for uri in current])
+
+    return list_roots
+
+
+async def until_seen(client: Client, tool: str, text: str) -> str:
+    with anyio.fail_after(20):
+        while text not in (seen := text_of(await client.call_tool(tool, {}))):  # noqa: ASYNC110 (polls the backend)
+            await anyio.sleep(0.1)
+    return seen
+
+
+async def test_a_clients_roots_change_reaches_its_own_backend_session_and_its_logs_reach_it_alone(
+    tmp_path: Path,
+) -> None:
+    roots = ["file:///work/alpha"]
+    heard: dict[str, list[str]] = {"alpha": [], "beta": []}
+    updated = anyio.Event()
+
+    def hearing(name: str) -> Any:
+        async def messages(message: Any) -> None:
+            if isinstance(message, types.LoggingMessageNotification):
+                heard[name].append(str(message.params.data))
+                if name == "alpha" and "Roots updated" in str(message.params.data):
+                    updated.set()
+
+        return messages
+
+    with anyio.fail_after(90):
+        async with (
+            everything_over("streamableHttp") as url,
+            front_over({"url": url}, tmp_path) as (_, front),
+            Client(
+                front, mode="legacy", list_roots_callback=changing_roots(roots), message_handler=hearing("alpha")
+            ) as alpha,
+            Client(
+                front, mode="legacy", list_roots_callback=roots_of("file:///b"), message_handler=hearing("beta")
+            ) as beta,
+        ):
+            debug = types.SetLevelRequest(params=types.SetLevelRequestParams(level="debug"))
+            await alpha.session.send_request(debug, types.EmptyResult)
+            await beta.session.send_request(debug, types.EmptyResult)
+            await until_seen(alpha, "remote__get-roots-list", "file:///work/alpha")
+            await until_seen(beta, "remote__get-roots-list", "file:///b")
+            updated = anyio.Event()
+            beta_before = len(heard["beta"])
+            roots[:] = ["file:///work/gamma"]
+            await alpha.session.send_notification(types.RootsListChangedNotification())
+            # The backend asks its session's client again, outside any call, and says so in a log line.
+            await updated.wait()
+            seen = text_of(await alpha.call_tool("remote__get-roots-list", {}))
+    assert "file:///work/gamma" in seen and "alpha" not in seen
+    assert heard["beta"][beta_before:] == []  # A's backend session's log line is A's alone
+
+
+async def test_the_stdio_fronts_one_client_is_asked_for_its_roots_outside_any_call(tmp_path: Path) -> None:
+    roots = ["file:///work/alpha"]
+    updates: list[str] = []
+    updated = anyio.Event()
+
+    async def messages(message: Any) -> None:
+        if isinstance(message, types.LoggingMessageNotification) and "Roots updated" in str(message.params.data):
+            updates.append(str(message.params.data))
+            updated.set()
+
+    config = {"servers": {"remote": stdio(backends.everything())}, "review": {"default": "deny"}}
+    async with spawned(config, tmp_path, list_roots=changing_roots(roots), messages=messages) as client:
+        debug = types.SetLevelRequest(params=types.SetLevelRequestParams(level="debug"))
+        await client.session.send_request(debug, types.EmptyResult)
+        await until_seen(client, "remote__get-roots-list", "file:///work/alpha")
+        updated = anyio.Event()
+        roots[:] = ["file:///work/gamma"]
+        await client.session.send_notification(types.RootsListChangedNotification())
+        with anyio.fail_after(20):
+            await updated.wait()  # the backend asked, outside any call, and was answered
+        seen = text_of(await client.call_tool("remote__get-roots-list", {}))
+    assert "file:///work/gamma" in seen and "alpha" not in seen

@@ -133,10 +133,13 @@ _CURRENT: contextvars.ContextVar[_InFlight | None] = contextvars.ContextVar("mcp
 class Relay:
     """One backend's relay: its calls in flight, and the SDK client's callbacks."""
 
-    def __init__(self, server: str, enabled: frozenset[Kind]) -> None:
+    def __init__(self, server: str, enabled: frozenset[Kind], fallback: ClientLink | None = None) -> None:
         self._server = server
         self._enabled = enabled
         self._in_flight: list[_InFlight] = []
+        # The one client a client session's own backend session serves: asked what the backend asks
+        # outside any call (its roots after the handshake or a roots/list_changed).
+        self.fallback = fallback
 
     @contextmanager
     def calling(self, clock: anyio.CancelScope | None = None) -> Iterator[None]:
@@ -152,6 +155,11 @@ class Relay:
         finally:
             _CURRENT.reset(token)
             self._in_flight.remove(entry)
+
+    @property
+    def kinds(self) -> frozenset[Kind]:
+        """What this relay asks clients (and so declares to its backend)."""
+        return self._enabled
 
     def callbacks(self) -> dict[str, Any]:
         """The SDK `Client` keyword arguments for the enabled kinds."""
@@ -191,6 +199,8 @@ class Relay:
         method = METHODS[kind]
         calls, why = self._calls()
         link = calls[0].link if calls else None
+        if link is None and not self._in_flight:
+            link = self.fallback
         if link is None:
             logger.warning("backend %r sent %s, which was not relayed: %s", self._server, method, why)
             return types.ErrorData(

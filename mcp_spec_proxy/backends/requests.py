@@ -107,6 +107,13 @@ class Requests:
             )
         raise BackendUnavailable(self.name, f"is unavailable ({self.last_error or self.status})")
 
+    async def roots_changed(self) -> None:
+        """Tell a handshake-era backend its (one) client's roots changed: it asks for them anew."""
+        client = self._client
+        if client is not None and era_of(client.protocol_version) == "handshake" and "roots" in self.relay.kinds:
+            with anyio.move_on_after(self.config.timeout):
+                await client.session.send_notification(types.RootsListChangedNotification())
+
     def _wants_other(self, other: Client, tool: str | None) -> bool:
         """Whether a request goes down the other era's leg: its client speaks that era, or (no
         client asking: the proxy's own agent) only that leg lists the tool."""

@@ -22,18 +22,20 @@ import logging
 import math
 import sys
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import anyio
 import anyio.abc
 import mcp_types as types
 from mcp.client.client import Client
-from mcp.client.session import MessageHandlerFnT
+from mcp.client.session import IncomingMessage, MessageHandlerFnT
 
-from mcp_spec_proxy.backends.relay import Kind, Relay, as_declared
+from mcp_spec_proxy.backends.notices import LogMessage, Notice
+from mcp_spec_proxy.backends.relay import ClientLink, Kind, Relay, as_declared
 from mcp_spec_proxy.backends.transports import WatchedTransport, open_transport
 from mcp_spec_proxy.config import ServerConfig
 from mcp_spec_proxy.errors import BackendUnavailable
@@ -54,6 +56,8 @@ class SessionRef:
     id: str
     capabilities: types.ClientCapabilities | None
     ended: anyio.Event = field(default_factory=anyio.Event)
+    link: ClientLink | None = None  # its client, for what a backend asks outside any call
+    hear: Callable[[Notice], Awaitable[None]] | None = None  # its client alone, for what its sessions log
 
 
 CLIENT_SESSION: contextvars.ContextVar[SessionRef | None] = contextvars.ContextVar(
@@ -129,6 +133,13 @@ class SessionLegs:
                 leg.done.set()
             self._legs.clear()
 
+    async def roots_changed(self, ref: SessionRef) -> None:
+        """Tell `ref`'s own backend session that its client's roots changed (it asks for them anew)."""
+        leg = self._legs.get(ref.id)
+        if leg is not None and leg.client is not None and "roots" in leg.relay.kinds:
+            with anyio.move_on_after(self._config.timeout):
+                await leg.client.session.send_notification(types.RootsListChangedNotification())
+
     def relay_of(self, client: Client) -> Relay | None:
         return next((leg.relay for leg in self._legs.values() if leg.client is client), None)
 
@@ -145,7 +156,7 @@ class SessionLegs:
             raise BackendUnavailable(self._name, "is not connected; nothing was sent")
         leg = self._legs.get(ref.id)
         if leg is None or leg.done.is_set():
-            relay = Relay(self._name, self._config.relay.kinds() & declared_kinds(ref.capabilities))
+            relay = Relay(self._name, self._config.relay.kinds() & declared_kinds(ref.capabilities), ref.link)
             leg = self._legs[ref.id] = _Leg(ref, relay)
             while len(self._legs) > MAX_LEGS:
                 _, oldest = self._legs.popitem(last=False)
@@ -168,7 +179,8 @@ class SessionLegs:
                     if target is None:
                         leg.transport = open_transport(self._name, self._config, sys.stderr, on_end=leg.done.set)
                         target = leg.transport
-                    client = Client(target, mode="legacy", message_handler=self._on_message, **leg.relay.callbacks())
+                    handler = partial(self._on_leg_message, leg)
+                    client = Client(target, mode="legacy", message_handler=handler, **leg.relay.callbacks())
                     await stack.enter_async_context(client)
                     restamp_capabilities(client, as_declared)
                     startup.deadline = math.inf
@@ -188,6 +200,16 @@ class SessionLegs:
             leg.ready.set()
             if self._legs.get(leg.ref.id) is leg:
                 del self._legs[leg.ref.id]
+
+    async def _on_leg_message(self, leg: _Leg, message: IncomingMessage) -> None:
+        """What a client session's own backend session sends: its log lines go to that client alone
+        (never to every client, as a shared session's do); list changes refresh the shared listing;
+        resource updates are dropped (subscriptions ride the shared session)."""
+        if isinstance(message, types.LoggingMessageNotification):
+            if leg.ref.hear is not None:
+                await leg.ref.hear(LogMessage(self._name, message.params))
+        elif not isinstance(message, types.ResourceUpdatedNotification):
+            await self._on_message(message)
 
     @staticmethod
     async def _until_closed(leg: _Leg) -> None:

@@ -38,10 +38,11 @@ from pydantic import ValidationError
 
 from mcp_spec_proxy.backends.era import speaking
 from mcp_spec_proxy.backends.raw import WireResult, plain
-from mcp_spec_proxy.backends.session_legs import SessionRef, serving
+from mcp_spec_proxy.backends.session_legs import serving
 from mcp_spec_proxy.barrier import Session
 from mcp_spec_proxy.catalog import CatalogTool
 from mcp_spec_proxy.errors import ShuttingDown, ToolNotFound
+from mcp_spec_proxy.fronts.client_sessions import adopt_stdio, session_ref
 from mcp_spec_proxy.fronts.relay import declares_any
 from mcp_spec_proxy.fronts.replays import KEY_META
 from mcp_spec_proxy.fronts.wire import wire_error
@@ -126,6 +127,7 @@ class FastRead:
                     return await self.run(read, session)
         elif ctx.method == "initialize" and self._front.stdio_session is not None:
             self._front.stdio_connection = server_connection(ctx)  # what a lean read's backend may ask goes there
+            adopt_stdio(self._front)  # and what a backend asks outside any call: the shared sessions are its
         return await call_next(ctx)
 
     def claim(self, params: Any, version: str, *, initialized: bool) -> Read | None:
@@ -190,26 +192,6 @@ class FastRead:
         if meta.get(SERVER_INFO_META) is None:
             meta[SERVER_INFO_META] = self._front.server.server_info_stamp
         return out
-
-
-def session_ref(front: McpFront, ctx: ServerRequestContext[Any, Any]) -> SessionRef | None:
-    """The handshake-era HTTP client session a request belongs to, as the backends see it (made
-    once per session, ended with it); None for the stdio front's one client and the 2026-07-28 era,
-    which use the backends' shared legs (`backends/session_legs.py`)."""
-    if front.stdio_session is not None or ctx.protocol_version in MODERN_PROTOCOL_VERSIONS or ctx.request_id is None:
-        return None
-    connection = server_connection(ctx)
-    if connection.session_id is None or not connection.initialize_accepted:
-        return None
-    ref = connection.state.get(_SESSION_REF)
-    if not isinstance(ref, SessionRef):
-        ref = SessionRef(connection.session_id, connection.client_capabilities)
-        connection.state[_SESSION_REF] = ref
-        connection.exit_stack.callback(ref.ended.set)
-    return ref
-
-
-_SESSION_REF = "mcp-spec-proxy/session-ref"
 
 
 def _askable(meta: Mapping[str, Any]) -> bool:

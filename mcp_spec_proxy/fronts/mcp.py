@@ -50,7 +50,7 @@ from mcp_spec_proxy.backends.relay import CALLER
 from mcp_spec_proxy.barrier import Report, Session
 from mcp_spec_proxy.catalog import digest
 from mcp_spec_proxy.errors import BackendError, CallReplayed, ProxyError, ShuttingDown, StateError
-from mcp_spec_proxy.fronts import fast_read
+from mcp_spec_proxy.fronts import client_sessions, fast_read
 from mcp_spec_proxy.fronts.approvals import Approvals, UserChannel
 from mcp_spec_proxy.fronts.notices import Notices
 from mcp_spec_proxy.fronts.own_tools import OwnTools
@@ -177,6 +177,7 @@ class McpFront:
         self.server.add_request_handler("logging/setLevel", types.SetLevelRequestParams, self._set_level)
         self.server.live = self
         self.fast_read = fast_read.install(self)  # reads skip the SDK's handler machinery (fast_read.py)
+        client_sessions.install(self)  # a client's roots changes reach the backend sessions serving it
 
     # -- sessions and notifications ----------------------------------------------------------
 
@@ -343,7 +344,7 @@ class McpFront:
         run = answering(params.input_responses, run)  # a fresh call's own answers reach its backend
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             capabilities = ctx.session.client_capabilities
-            return await self.suspensions.call(session, capabilities, binding, run, self._audit_relay(session.id))
+            return await self.suspensions.call(session, capabilities, binding, run, self.audit_relay(session.id))
         with self.calling(session, ctx):
             return await run()
 
@@ -359,18 +360,18 @@ class McpFront:
         """Around a call served for this client: what its backend asks reaches this client."""
         ttl = self.proxy.config.review.timeout
         if ctx is None:  # a stdio read taken off the wire: the one connection is the stream
-            link = connection_link(session, self.stdio_connection, self._audit_relay(session.id), ttl, self.asked)
+            link = connection_link(session, self.stdio_connection, self.audit_relay(session.id), ttl, self.asked)
         elif ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             link = mute_link(session)  # only a suspended call (`Suspensions`) can ask this era
         else:
-            link = request_link(session, ctx, self._audit_relay(session.id), ttl, self.asked)
+            link = request_link(session, ctx, self.audit_relay(session.id), ttl, self.asked)
         token = CALLER.set(link)
         try:
             yield
         finally:
             CALLER.reset(token)
 
-    def _audit_relay(self, session: str | None) -> Callable[[str, str], Awaitable[None]]:
+    def audit_relay(self, session: str | None) -> Callable[[str, str], Awaitable[None]]:
         async def audit(server: str, method: str) -> None:
             await self.proxy.gate.record("relayed", session=session or "", server=server, method=method)
 

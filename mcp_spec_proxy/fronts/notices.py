@@ -151,11 +151,14 @@ class Notices:
 
     # -- what the backends send --------------------------------------------------------------
 
-    async def notice(self, notice: Notice) -> None:
+    async def notice(self, notice: Notice, only: Connection | None = None) -> None:
+        """`notice` to the clients that hear it; `only`: to that client alone (a log line of its own
+        backend session)."""
         if isinstance(notice, LogMessage):
             params = _relayed(notice).model_dump(by_alias=True, mode="json", exclude_none=True)
+            hearing = [c for c in self._hearing if only is None or c is only]
             await self._notify(
-                [c for c in self._hearing if admits(self._levels.get(c), notice.params.level)],
+                [c for c in hearing if admits(self._levels.get(c), notice.params.level)],
                 "notifications/message",
                 params,
             )

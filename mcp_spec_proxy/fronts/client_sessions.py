@@ -1,0 +1,85 @@
+"""A client session of the front as the backends see it (`backends/session_legs.py`): who it is,
+what it declared, how to ask it something outside any call, and when it ends.
+
+A handshake-era HTTP client session gets a `SessionRef` on its first request after the handshake,
+kept in its connection's state and ended with it; its backend sessions are its own. The stdio
+front's one client and the 2026-07-28 era have none: they use the backends' shared sessions. A
+client's `notifications/roots/list_changed` is passed to its own backend sessions, or, for the
+stdio front's one client, to the shared handshake-era ones (which then ask it for its roots).
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import mcp_types as types
+from mcp.server.context import ServerRequestContext
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from mcp_spec_proxy.backends.session_legs import SessionRef
+from mcp_spec_proxy.fronts.relay import connection_link
+from mcp_spec_proxy.sdk import server_connection
+
+if TYPE_CHECKING:
+    from mcp_spec_proxy.fronts.mcp import McpFront
+
+logger = logging.getLogger(__name__)
+
+_SESSION_REF = "mcp-spec-proxy/session-ref"
+
+
+def session_ref(front: McpFront, ctx: ServerRequestContext[Any, Any]) -> SessionRef | None:
+    """The handshake-era HTTP client session a request belongs to (made once per session, ended
+    with it); None for the stdio front's one client and the 2026-07-28 era."""
+    if front.stdio_session is not None or ctx.protocol_version in MODERN_PROTOCOL_VERSIONS or ctx.request_id is None:
+        return None
+    connection = server_connection(ctx)
+    if connection.session_id is None or not connection.initialize_accepted:
+        return None
+    ref = connection.state.get(_SESSION_REF)
+    if not isinstance(ref, SessionRef):
+        session = front.session_for(ctx)
+        ttl = front.proxy.config.review.timeout
+        link = connection_link(session, connection, front.audit_relay(session.id), ttl, front.asked)
+        hear = partial(front.notices.notice, only=connection)
+        ref = SessionRef(connection.session_id, connection.client_capabilities, link=link, hear=hear)
+        connection.state[_SESSION_REF] = ref
+        connection.exit_stack.callback(ref.ended.set)
+    return ref
+
+
+def adopt_stdio(front: McpFront) -> None:
+    """The stdio front's one client is the client of every shared backend session: what a backend
+    asks outside any call (its roots after the handshake) is asked of it."""
+    session, connection = front.stdio_session, front.stdio_connection
+    if session is None or connection is None:
+        return
+    link = connection_link(
+        session, connection, front.audit_relay(session.id), front.proxy.config.review.timeout, front.asked
+    )
+    for backend in front.proxy.backends.backends.values():
+        backend.relay.fallback = link
+
+
+def install(front: McpFront) -> None:
+    """Pass each client's `notifications/roots/list_changed` to the backend sessions that serve it."""
+
+    async def roots_changed(ctx: ServerRequestContext[Any, Any], params: types.NotificationParams) -> None:
+        ref = server_connection(ctx).state.get(_SESSION_REF)
+        for backend in front.proxy.backends.connected():
+            try:
+                if isinstance(ref, SessionRef) and backend.sessions is not None:
+                    await backend.sessions.roots_changed(ref)
+                elif front.stdio_session is not None:  # the one client: the shared sessions are its own
+                    await backend.roots_changed()
+            except Exception:  # boundary: one backend that cannot be told must not keep it from the others
+                logger.debug("could not tell backend %r the client's roots changed", backend.name, exc_info=True)
+            await anyio.lowlevel.checkpoint()
+
+    front.server.add_notification_handler("notifications/roots/list_changed", types.NotificationParams, roots_changed)
+
+
+__all__ = ["adopt_stdio", "install", "session_ref"]
