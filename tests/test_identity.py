@@ -7,6 +7,7 @@ The attacks on the token itself are in `test_identity_attacks.py`.
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -29,11 +30,12 @@ from mcp_spec_proxy.config import ProxyConfig, parse_config_text
 from mcp_spec_proxy.errors import ConfigError
 from mcp_spec_proxy.fronts.asgi import host_names, serve_asgi
 from mcp_spec_proxy.fronts.http import serve_http
+from mcp_spec_proxy.fronts.identity import REFETCH_BURST, REFETCH_EVERY_S, IssuerKeys
 from mcp_spec_proxy.fronts.mcp import SESSION_HEADER, McpFront
 from mcp_spec_proxy.fronts.probes import Door
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
 from tests.fixtures import toy_server
-from tests.harness import ERAS, recorded, request_meta, text_of, toy, toy_twins
+from tests.harness import ERAS, PROXY_COMMAND, proxy_env, recorded, request_meta, text_of, toy, toy_twins
 from tests.oauth import AuthServer, authorization_server
 
 pytestmark = pytest.mark.anyio
@@ -276,3 +278,42 @@ def test_an_http_issuer_or_audience_is_refused_off_loopback(field: str) -> None:
     assert f"auth.{field}" in str(refused.value) and "must use https" in str(refused.value)
     loopback = {"issuer": "http://127.0.0.1:9000", "audience": "http://localhost:8765/mcp"}
     assert parse_config_text(yaml.safe_dump({"auth": loopback}), {}).auth is not None  # a test's issuer
+
+
+async def test_unknown_key_ids_refetch_the_jwks_in_a_burst_then_one_per_interval() -> None:
+    """`IssuerKeys` against an in-memory issuer (the flood test runs the real one): the burst,
+    then nothing until the allowance refills, then one fetch per `REFETCH_EVERY_S`."""
+    fetched: list[str] = []
+
+    def issuer(request: httpx.Request) -> httpx.Response:
+        fetched.append(request.url.path)
+        if request.url.path == "/.well-known/oauth-authorization-server":
+            return httpx.Response(
+                200, json={"issuer": "https://id.example.com", "jwks_uri": "https://id.example.com/k"}
+            )
+        return httpx.Response(200, json={"keys": [{"kty": "RSA", "kid": "real", "n": "AQAB", "e": "AQAB"}]})
+
+    now = [0.0]
+    async with httpx.AsyncClient(transport=httpx.MockTransport(issuer)) as client:
+        keys = IssuerKeys("https://id.example.com", client=client, clock=lambda: now[0])
+        assert await keys.key("real") is not None  # the first fetch: discovery, then the JWKS
+        for n in range(3 * REFETCH_BURST):
+            assert await keys.key(f"made-up-{n}") is None
+        burst = fetched.count("/k")
+        now[0] += REFETCH_EVERY_S
+        await keys.key("made-up-again")
+        await keys.key("made-up-once-more")
+        assert await keys.key("real") is not None  # a known key costs no fetch, allowance or not
+    assert burst == REFETCH_BURST
+    assert fetched.count("/k") == REFETCH_BURST + 1
+    assert fetched.count("/.well-known/oauth-authorization-server") == 1  # discovery is done once
+
+
+def test_the_command_refuses_a_shared_token_beside_auth(tmp_path: Path) -> None:
+    config = tmp_path / "servers.yaml"
+    auth = {"issuer": "https://id.example.com/", "audience": "https://proxy.example.com/mcp"}
+    config.write_text(yaml.safe_dump({"servers": {}, "auth": auth}))
+    argv = [PROXY_COMMAND, "-c", str(config), "--state-dir", str(tmp_path / "s"), "--http", "127.0.0.1:0"]
+    ran = subprocess.run([*argv, "--token-env", "SHARED"], env={**proxy_env(), "SHARED": "s3cret"}, capture_output=True)
+    assert ran.returncode != 0
+    assert "--token-env" in ran.stderr.decode() and "drop --token-env" in ran.stderr.decode()

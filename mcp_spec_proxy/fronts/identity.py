@@ -167,7 +167,7 @@ class JwtVerifier:
             token="",  # not kept: nothing after this point needs it, and nothing may forward it
             client_id=principal.client_id or "",
             scopes=list(principal.scopes),
-            expires_at=int(claims["exp"]),
+            expires_at=int(claims["exp"]) + LEEWAY_S,  # the SDK refuses past it: the same skew forgiven
             resource=self._config.audience,
             subject=principal.sub,
             claims={"iss": principal.issuer, "groups": list(principal.groups)},
