@@ -30,9 +30,10 @@ from mcp_spec_proxy.config import ProxyConfig, parse_config_text
 from mcp_spec_proxy.errors import ConfigError
 from mcp_spec_proxy.fronts.asgi import host_names, serve_asgi
 from mcp_spec_proxy.fronts.http import serve_http
-from mcp_spec_proxy.fronts.identity import REFETCH_BURST, REFETCH_EVERY_S, IssuerKeys
+from mcp_spec_proxy.fronts.identity import REFETCH_BURST, REFETCH_EVERY_S, IssuerKeys, principal_from_claims
 from mcp_spec_proxy.fronts.mcp import SESSION_HEADER, McpFront
 from mcp_spec_proxy.fronts.probes import Door
+from mcp_spec_proxy.principal import Principal
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
 from tests.fixtures import toy_server
 from tests.harness import ERAS, PROXY_COMMAND, proxy_env, recorded, request_meta, text_of, toy, toy_twins
@@ -317,3 +318,17 @@ def test_the_command_refuses_a_shared_token_beside_auth(tmp_path: Path) -> None:
     ran = subprocess.run([*argv, "--token-env", "SHARED"], env={**proxy_env(), "SHARED": "s3cret"}, capture_output=True)
     assert ran.returncode != 0
     assert "--token-env" in ran.stderr.decode() and "drop --token-env" in ran.stderr.decode()
+
+
+def test_the_principal_is_read_from_the_claims_each_issuer_spells_its_own_way() -> None:
+    """`scope` (a string) or `scp` (a list: Entra, Okta); `client_id` or `azp`; groups under the
+    configured claim, a lone string taken as one group and anything not a string dropped."""
+    okta = {"iss": "https://id.example.com", "sub": "u1", "scp": ["mcp", "read"], "azp": "app", "roles": "admins"}
+    plain = {"iss": "https://id.example.com", "sub": "u2", "scope": "mcp", "client_id": "c", "groups": ["a", 7, "b"]}
+    assert principal_from_claims(okta, "roles") == Principal(
+        "https://id.example.com", "u1", "app", ("mcp", "read"), ("admins",)
+    )
+    assert principal_from_claims(plain, "groups") == Principal(
+        "https://id.example.com", "u2", "c", ("mcp",), ("a", "b")
+    )
+    assert principal_from_claims({"iss": "i", "sub": "s"}, "groups") == Principal("i", "s")
