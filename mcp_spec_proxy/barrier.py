@@ -43,6 +43,7 @@ from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.errors import InvalidArguments, ToolNotFound
 from mcp_spec_proxy.gate import Gate, GateCall, Outcome
 from mcp_spec_proxy.models import ModelCall
+from mcp_spec_proxy.principal import Principal
 from mcp_spec_proxy.prompts import step_json
 from mcp_spec_proxy.provenance import noted
 from mcp_spec_proxy.results import (
@@ -76,8 +77,11 @@ class Session:
     history: History = field(default_factory=History)
     # Held, reviewed, run (or not) and settled one at a time: see the module docstring.
     writes: anyio.Lock = field(default_factory=anyio.Lock, repr=False, compare=False)
-    # Who the client is, where a front authenticated it (none does yet): LEASH records it with each label.
+    # Who the client is, where a front authenticated it (`principal.key`): LEASH records it with each label.
     client: str | None = None
+    # The principal that opened the session, where the HTTP front authenticates (`auth:`); the
+    # audit names it on each call. Only a verified token makes one (`principal.py`).
+    principal: Principal | None = None
 
 
 class Barrier:
@@ -98,9 +102,10 @@ class Barrier:
         self._telemetry = telemetry or Telemetry(None)
         self._repairer = repairer
 
-    def new_session(self, session_id: str | None = None) -> Session:
+    def new_session(self, session_id: str | None = None, principal: Principal | None = None) -> Session:
         commit_every = self._config.speculation.draft_steps
-        return Session(session_id or uuid.uuid4().hex[:12], History(commit_every=commit_every))
+        history, client = History(commit_every=commit_every), principal.key if principal is not None else None
+        return Session(session_id or uuid.uuid4().hex[:12], history, client=client, principal=principal)
 
     async def call(
         self,
@@ -198,7 +203,9 @@ class Barrier:
         """The one read of a client's call, whichever door it came by: through the gate, its step
         as it ran kept in the session's history (the store's) whether it got a result or its `CallFailed`."""
         step = Step(tool.name, arguments, "read")
-        ran = await self.gate.read(session.id, tool, arguments, step, "client", report, call)
+        ran = await self.gate.read(
+            session.id, tool, arguments, step, "client", report, call, principal=session.principal
+        )
         await self._sessions.read(session.id, session.history, ran.step)
         if ran.error is not None:  # the backend's error, or the proxy's own: the read still happened
             raise ran.error
@@ -219,7 +226,15 @@ class Barrier:
         segment = await self._sessions.hold(session.id, session.history, held)
         request = ReviewRequest(session.id, tool, arguments, intent, segment, session.history, client=session.client)
         call = GateCall(
-            session.id, tool, arguments, "client", request, intent=intent, id=call_id or new_call_id(), key=key
+            session.id,
+            tool,
+            arguments,
+            "client",
+            request,
+            intent=intent,
+            id=call_id or new_call_id(),
+            key=key,
+            principal=session.principal,
         )
         try:
             outcome = await self.gate.write(call, user, report, step=held)
@@ -318,7 +333,9 @@ class Barrier:
         author: Author = "replacement" if step.source == "replacement" else "repair"
         if step.tool.effect == "read":
             # The client called another tool: its failure is told in words (the read's error result).
-            ran = await self.gate.read(session.id, step.tool, arguments, executed, author, report)
+            ran = await self.gate.read(
+                session.id, step.tool, arguments, executed, author, report, principal=session.principal
+            )
             inner, executed = as_model(ran.result), ran.step
         else:
             # In the rejected call's place: it claims that call's idempotency key.
@@ -331,6 +348,7 @@ class Barrier:
                 intent=intent,
                 replaces=rejected.call,
                 key=rejected.key,
+                principal=session.principal,
             )
             outcome = await self.gate.write(call, user, report, step=executed)
             if outcome.result is None:

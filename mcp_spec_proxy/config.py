@@ -270,6 +270,28 @@ class CatalogConfig(_Strict):
     rank: Literal["auto", "hybrid", "words", "encoder"] = "auto"
 
 
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+class AuthConfig(_Strict):
+    """`auth:`: the HTTP front as an OAuth 2.1 resource server (`fronts/identity.py`)."""
+
+    issuer: str  # as its tokens' `iss` names it; its RFC 8414 / OpenID discovery document names the JWKS
+    audience: str  # this proxy's canonical URL (RFC 8707): a token must name it in `aud`
+    scopes: list[str] = Field(default_factory=list)  # every token must carry all of them (else 403)
+    groups_claim: str = Field(default="groups", min_length=1)  # the claim listing the principal's groups
+
+    @field_validator("issuer", "audience")
+    @classmethod
+    def _https(cls, url: str) -> str:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+            raise ValueError(f"{url!r} is not an https URL without query or fragment, such as https://id.example.com/")
+        if parts.scheme == "http" and parts.hostname not in _LOOPBACK:
+            raise ValueError(f"{url!r} must use https (http only on loopback: 127.0.0.1, localhost, [::1])")
+        return url
+
+
 MAX_DRAIN_S = 3600.0
 """The longest drain: a replica that may take longer to stop is one an orchestrator kills first."""
 
@@ -283,6 +305,7 @@ class ProxyConfig(_Strict):
     speculation: SpeculationConfig = Field(default_factory=lambda: SpeculationConfig())
     gateway: GatewayConfig = Field(default_factory=lambda: GatewayConfig())
     leash: LeashConfig | None = None
+    auth: AuthConfig | None = None  # who asks at the HTTP front: an OAuth resource server
     catalog: CatalogConfig = Field(default_factory=lambda: CatalogConfig())
     telemetry: str | TelemetryConfig | None = None  # a path alone is the JSON lines file
     state_dir: str | None = None
@@ -396,6 +419,7 @@ _SUGGESTIONS = tuple(
             CatalogConfig,
             RelayConfig,
             PostgresSettings,
+            AuthConfig,
         )
         for name in model.model_fields
     )

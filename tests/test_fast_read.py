@@ -29,6 +29,7 @@ from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.errors import RESULT_TOO_LARGE
 from mcp_spec_proxy.fronts.http import serve_http
 from mcp_spec_proxy.fronts.mcp import McpFront
+from mcp_spec_proxy.principal import Principal
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
 from mcp_spec_proxy.results import Author, Read, Report
 from mcp_spec_proxy.testing import Respond, ScriptedModelServer
@@ -74,10 +75,11 @@ async def spied(p: Proxied) -> AsyncIterator[dict[str, list[str]]]:
         author: Author = "client",
         report: Report | None = None,
         call: str | None = None,
+        principal: Principal | None = None,
     ) -> Read[WireResult]:
         if not lean.get():
             seen["model"].append(tool.name)
-        return await model(session, tool, arguments, step, author, report, call)
+        return await model(session, tool, arguments, step, author, report, call, principal=principal)
 
     barrier.read_json = read_json  # type: ignore[method-assign]
     gate.read = read  # type: ignore[method-assign]

@@ -87,7 +87,7 @@ def proxy_params(tmp: Path, config: dict[str, Any]) -> StdioServerParameters:
 
 
 @asynccontextmanager
-async def connected(params: StdioServerParameters, side: ClientSide, era: str) -> AsyncIterator[Client]:
+async def connected(params: StdioServerParameters | str, side: ClientSide, era: str) -> AsyncIterator[Client]:
     with anyio.fail_after(90):
         async with side.client(params, era) as client:
             yield client
@@ -231,7 +231,8 @@ async def test_a_relay_switched_off_for_a_server_is_refused_and_the_client_is_no
     assert side.asked == ["elicitation: ask_user: who are you?"]
 
 
-async def test_a_backends_request_outside_any_call_gets_a_clear_error_and_reaches_no_client(tmp_path: Path) -> None:
+async def test_a_backends_request_outside_any_call_asks_the_stdio_fronts_one_client(tmp_path: Path) -> None:
+    """Its one client is the client of every shared backend session: asked as it would be directly."""
     fifo = tmp_path / "later"
     os.mkfifo(fifo)
     server = backend(tmp_path / "ledger", "legacy-only")
@@ -241,6 +242,23 @@ async def test_a_backends_request_outside_any_call_gets_a_clear_error_and_reache
     async with connected(proxy_params(tmp_path, config), side, "legacy") as client:
         assert text_of(await client.call_tool("ask__ask_later", {})) == "will ask"
         with anyio.fail_after(20):  # the backend asks 0.2 s after its answer, with no call in flight
+            outcome = await anyio.to_thread.run_sync(fifo.read_text, abandon_on_cancel=True)
+    assert outcome.startswith("answered:") and "forty-two" in outcome
+    assert side.asked == ["sampling: unasked"]
+
+
+async def test_a_backends_request_outside_any_call_on_a_shared_http_session_reaches_no_client(
+    tmp_path: Path,
+) -> None:
+    fifo = tmp_path / "later"
+    os.mkfifo(fifo)
+    server = backend(tmp_path / "ledger", "legacy-only")
+    server["env"]["ASKING_LATER_FIFO"] = str(fifo)
+    config = {"servers": {"ask": server}, "review": {"default": "allow"}}  # a stdio backend: shared
+    side = ClientSide()
+    async with http_proxy(tmp_path, config) as url, connected(url, side, "legacy") as client:
+        assert text_of(await client.call_tool("ask__ask_later", {})) == "will ask"
+        with anyio.fail_after(20):
             outcome = await anyio.to_thread.run_sync(fifo.read_text, abandon_on_cancel=True)
     assert outcome.startswith(
         "error -32600: mcp-spec-proxy cannot tell which client this sampling/createMessage is for"

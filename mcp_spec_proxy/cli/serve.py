@@ -74,6 +74,11 @@ def main(
         bind_check(*address, option="--http")
     console_at = _console_address(console, no_console, stdio=address is None)
     built = setup(ctx, telemetry=telemetry, log_level="INFO")
+    if built.config.auth is not None and token:
+        # `--token-env` is one person's shared secret; `auth:` knows each principal: one check, not two.
+        raise click.ClickException(f"--token-env: {built.source} has `auth:`, which replaces it — drop --token-env")
+    if built.config.auth is not None and address is None:
+        logger.info("`auth:` applies to the HTTP front (--http); on stdio the one local client is served as before")
     from mcp_spec_proxy.drain import SETTLE_S, Answering
     from mcp_spec_proxy.fronts.asgi import host_names
     from mcp_spec_proxy.fronts.http import serve_http

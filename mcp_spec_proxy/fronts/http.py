@@ -1,7 +1,9 @@
 """The MCP front over streamable HTTP at `/mcp`, both protocol eras.
 
 DNS-rebinding protection is always on (the Host and Origin must name this server; `allowed_hosts`
-adds names), and with a token every request must carry `Authorization: Bearer <token>`.
+adds names). With a token every request must carry `Authorization: Bearer <token>`; with the
+config's `auth:` the front is an OAuth resource server instead (`identity.py`): each request
+carries its principal's JWT, and each session belongs to the principal that opened it.
 
 SSE streams can be resumed (`ResumableEvents`): each stream is primed with an event id and a
 `retry` field, and a client that reconnects with `Last-Event-ID` gets what it missed, as the
@@ -32,6 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from mcp_spec_proxy.drain import Drain
 from mcp_spec_proxy.errors import SHUTTING_DOWN
 from mcp_spec_proxy.fronts.asgi import BearerToken, host_names
+from mcp_spec_proxy.fronts.identity import JwtVerifier, auth_settings, metadata_routes
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.fronts.probes import Door
 from mcp_spec_proxy.sdk import event_store_per_session
@@ -113,7 +116,8 @@ _Stream = tuple[SessionEvents, StreamId]
 
 
 def http_app(front: McpFront, *, host: str, token: str | None, allowed_hosts: list[str] | None = None) -> ASGIApp:
-    """The streamable HTTP app at `/mcp`, with DNS-rebinding protection always on."""
+    """The streamable HTTP app at `/mcp`, with DNS-rebinding protection always on, and the
+    resource server's checks and metadata where the config has `auth:` (never with a token too)."""
     hosts = [f"{name}:*" for name in host_names(host, allowed_hosts or [])]
     security = TransportSecuritySettings(
         enable_dns_rebinding_protection=True,
@@ -121,8 +125,17 @@ def http_app(front: McpFront, *, host: str, token: str | None, allowed_hosts: li
         allowed_origins=[f"http://{h}" for h in hosts] + [f"https://{h}" for h in hosts],
     )
     events = ResumableEvents()
+    auth = front.proxy.config.auth
+    if auth is not None and token:
+        raise ValueError("give either a bearer token or `auth:`, not both")  # the command line says so first
     app: ASGIApp = front.server.streamable_http_app(
-        host=host, transport_security=security, event_store=events.session(), retry_interval=RETRY_MS
+        host=host,
+        transport_security=security,
+        event_store=events.session(),
+        retry_interval=RETRY_MS,
+        auth=auth_settings(auth) if auth is not None else None,
+        token_verifier=JwtVerifier(auth) if auth is not None else None,
+        custom_starlette_routes=metadata_routes(auth) if auth is not None else None,
     )
     event_store_per_session(front.server.session_manager, events.session)
     app = NoNewSessions(app, front.proxy.gate.drain)

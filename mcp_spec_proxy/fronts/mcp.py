@@ -10,7 +10,10 @@ Sessions (the trajectory a reviewer sees: the reads that led to a write):
 * stdio: the one client on this process's stdin is one session, whatever its era;
 * HTTP, handshake era: one session per `Mcp-Session-Id`;
 * HTTP, 2026-07-28 era: the session the client names with the `Mcp-Spec-Proxy-Session` header
-  (or `_meta["mcp-spec-proxy/session"]`); a request that names none is a session of its own.
+  (or `_meta["mcp-spec-proxy/session"]`); a request that names none is a session of its own
+  (`named_sessions.py`).
+
+Under `auth:` each session carries its principal (`identity.principal_of`: the verified token's).
 
 Human review reaches the user by elicitation (handshake era) or by `input_required` with a
 single-use approval ticket (2026-07-28 era): `approvals.py`.
@@ -25,8 +28,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any, cast
 
@@ -52,6 +54,9 @@ from mcp_spec_proxy.catalog import digest
 from mcp_spec_proxy.errors import BackendError, CallReplayed, ProxyError, ShuttingDown, StateError
 from mcp_spec_proxy.fronts import client_sessions, fast_read
 from mcp_spec_proxy.fronts.approvals import Approvals, UserChannel
+from mcp_spec_proxy.fronts.identity import principal_of
+from mcp_spec_proxy.fronts.named_sessions import SESSION_HEADER as SESSION_HEADER  # where tests look for it
+from mcp_spec_proxy.fronts.named_sessions import NamedSessions, session_name
 from mcp_spec_proxy.fronts.notices import Notices
 from mcp_spec_proxy.fronts.own_tools import OwnTools
 from mcp_spec_proxy.fronts.relay import Asked, Suspensions, answering, connection_link, mute_link, request_link
@@ -68,9 +73,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _SESSION_KEY = "mcp_spec_proxy.session"
-SESSION_HEADER = "mcp-spec-proxy-session"
-SESSION_META = "mcp-spec-proxy/session"
-MAX_NAMED_SESSIONS = 4096  # 2026-07-28 sessions kept by name; the least recently used goes first
 
 Ctx = ServerRequestContext[Any, Any]
 
@@ -143,8 +145,7 @@ class McpFront:
             self.catalog_search = CatalogSearch(proxy)
         self._connections: weakref.WeakSet[Connection] = weakref.WeakSet()
         self._approvals = Approvals(proxy.config.review.timeout, proxy.store.approvals)
-        self._named: OrderedDict[str, Session] = OrderedDict()
-        self._told_unnamed = False  # the warning about requests that name no session: once per front
+        self._named = NamedSessions(lambda name, principal: self.proxy.barrier.new_session(name, principal))
         self.stdio_session: Session | None = None  # set while serving stdio: one client, one session
         self.stdio_connection: Connection | None = None  # its connection, from its `initialize` on
         self.suspensions, self.asked = Suspensions(proxy.config.review.timeout), Asked()  # what waits for clients
@@ -202,36 +203,16 @@ class McpFront:
                 # The one stdio client still hears list changes pushed, as every handshake-era client does.
                 self._connections.add(server_connection(ctx))
             return self.stdio_session
+        principal = principal_of(ctx.request)  # only a token the front verified names one
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
-            name = _session_name(ctx)
-            if name is None:
-                self._tell_unnamed()
-                return self.proxy.barrier.new_session()  # a request that names no session is its own
-            named = self._named.pop(name, None) or self.proxy.barrier.new_session("named-" + digest(name)[:12])
-            self._named[name] = named
-            while len(self._named) > MAX_NAMED_SESSIONS:
-                self._named.popitem(last=False)
-            return named
+            return self._named.session(ctx.request, ctx.meta, principal)  # named_sessions.py
         connection = server_connection(ctx)
         session = connection.state.get(_SESSION_KEY)
         if not isinstance(session, Session):
-            session = self.proxy.barrier.new_session(connection.session_id)
+            session = self.proxy.barrier.new_session(connection.session_id, principal)  # the SDK binds it to them
             connection.state[_SESSION_KEY] = session
             self._connections.add(connection)
         return session
-
-    def _tell_unnamed(self) -> None:
-        # A client that sends each call as its own request (fastmcp's does) keeps its reads from a write's reviewer.
-        if self._told_unnamed:
-            return
-        self._told_unnamed = True
-        logger.warning(
-            "a 2026-07-28 request over HTTP named no session: each such request is a session of its own, so"
-            " the reviewer of a write sees none of the client's earlier reads; to group a conversation's calls,"
-            " send the header `%s: <one name per conversation>` on every request (or _meta[%r])",
-            "Mcp-Spec-Proxy-Session",
-            SESSION_META,
-        )
 
     async def _broadcast(self, what: str) -> None:
         if what == "tools" and self.catalog_search is not None:
@@ -352,7 +333,7 @@ class McpFront:
         """What a `request_state` is bound to: the session (none for a 2026-07-28 request that names
         none: it is a session of its own), the request, and a digest of its arguments."""
         unnamed = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS and self.stdio_session is None
-        unnamed = unnamed and _session_name(ctx) is None
+        unnamed = unnamed and session_name(ctx.request, ctx.meta, None) is None
         return ("" if unnamed else session.id, what, digest(arguments))
 
     @contextmanager
@@ -474,18 +455,6 @@ class McpFront:
     async def _set_level(self, ctx: Ctx, params: types.SetLevelRequestParams) -> types.EmptyResult:
         await self.notices.set_level(server_connection(ctx), self.session_for(ctx).id, params.level)
         return types.EmptyResult()
-
-
-def _session_name(ctx: Ctx) -> str | None:
-    """The session a 2026-07-28 request names: its header, else its `_meta`; None when it names none."""
-    request = ctx.request
-    headers = getattr(request, "headers", None)
-    name = headers.get(SESSION_HEADER) if headers is not None else None
-    if not name:
-        meta = ctx.meta or {}
-        value = meta.get(SESSION_META) if isinstance(meta, Mapping) else getattr(meta, SESSION_META, None)
-        name = value if isinstance(value, str) else None
-    return name[:256] if name else None
 
 
 def _reporter(ctx: Ctx) -> Report | None:

@@ -1,0 +1,345 @@
+"""Identity at the HTTP front: the proxy as an OAuth 2.1 resource server (the MCP authorization spec).
+
+With `auth:` (`config.AuthConfig`) the front's `/mcp` takes only a bearer JWT that the configured
+issuer signed for this proxy. The MCP SDK's own pieces do the HTTP side (`auth_settings`, handed to
+`streamable_http_app`): its bearer middleware, its 401 `WWW-Authenticate: Bearer
+resource_metadata="…"` and 403 `insufficient_scope`, its RFC 9728 protected resource metadata at
+`/.well-known/oauth-protected-resource/<path>` (`metadata_routes` adds the root form), and its
+session ownership: a handshake-era session answers only the principal that opened it (any other
+token on its `Mcp-Session-Id` gets 404, as if the session did not exist). This module checks
+the token (`JwtVerifier`):
+
+* its size (`MAX_TOKEN_BYTES`) and header first, before any key is looked up: only an asymmetric
+  `alg` (`ASYMMETRIC`), so `none` and an HMAC signed with the issuer's public key are refused;
+* its signature, by PyJWT, with the issuer's key its `kid` names (`IssuerKeys`: the JWKS that the
+  issuer's RFC 8414 or OpenID discovery document names, fetched when first needed and again for a
+  `kid` it lacks — `REFETCH_BURST` fetches at once, then one per `REFETCH_EVERY_S`, the first
+  fetch included, so a flood of made-up `kid`s cannot turn the proxy against its issuer), the
+  algorithm bound to the key;
+* `iss`, `aud` (the configured audience: a token minted for another resource is refused),
+  `exp` and `nbf` with `LEEWAY_S`, and `sub`; the scopes are the SDK's check.
+
+The principal (`principal.Principal`) is made from the verified claims alone; `principal_of`
+reads it off a request the middleware authenticated. The token itself is never kept, logged or
+forwarded: backends are reached with the proxy's own connections and headers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio
+import httpx
+import jwt
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.routes import create_protected_resource_routes
+from mcp.server.auth.settings import AuthSettings
+from starlette.routing import Route
+
+from mcp_spec_proxy.config import AuthConfig
+from mcp_spec_proxy.principal import Principal
+
+logger = logging.getLogger(__name__)
+
+ASYMMETRIC = {
+    "RSA": ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512"),
+    "EC": ("ES256", "ES384", "ES512"),
+    "OKP": ("EdDSA",),
+}
+ALGORITHMS = tuple(alg for family in ASYMMETRIC.values() for alg in family)
+MAX_TOKEN_BYTES = 16 * 1024  # a JWT past this is refused unread (real ones are a few kilobytes)
+MAX_DOCUMENT_BYTES = 512 * 1024  # a discovery document or a JWKS past this is not read
+LEEWAY_S = 30  # clock skew forgiven on `exp` and `nbf`
+FETCH_TIMEOUT_S = 10.0
+REFETCH_BURST = 5  # JWKS fetches an unknown `kid` may cause at once …
+REFETCH_EVERY_S = 12.0  # … and one more per this many seconds after
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+class IdentityError(Exception):
+    """The issuer's documents could not be had, or are not what its configuration says."""
+
+
+class IssuerKeys:
+    """The issuer's signing keys by `kid`, from the JWKS its discovery document names."""
+
+    def __init__(
+        self, issuer: str, *, client: httpx.AsyncClient | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._issuer = issuer
+        self._client = client
+        self._clock = clock
+        self._keys: dict[str, dict[str, Any]] = {}
+        self._jwks_uri: str | None = None
+        self._lock = anyio.Lock()  # one fetch at a time; a waiter finds the keys it brought
+        self._allowance = float(REFETCH_BURST)
+        self._allowance_at = clock()
+
+    async def key(self, kid: str | None) -> dict[str, Any] | None:
+        """The JWK `kid` names (a token without one: the only key, if there is one), or None."""
+        found = self._find(kid)
+        if found is not None or not self._may_refetch():
+            return found
+        async with self._lock:
+            found = self._find(kid)
+            if found is None:
+                try:
+                    await self._fetch()
+                except (IdentityError, httpx.HTTPError) as exc:
+                    logger.warning("could not fetch the signing keys of issuer %s: %s", self._issuer, exc)
+                    return None
+                found = self._find(kid)
+        return found
+
+    def _find(self, kid: str | None) -> dict[str, Any] | None:
+        if kid is None:
+            return next(iter(self._keys.values())) if len(self._keys) == 1 else None
+        return self._keys.get(kid)
+
+    def _may_refetch(self) -> bool:
+        """Take one fetch from the allowance, if one is left (it refills one per `REFETCH_EVERY_S`)."""
+        now = self._clock()
+        self._allowance = min(REFETCH_BURST, self._allowance + (now - self._allowance_at) / REFETCH_EVERY_S)
+        self._allowance_at = now
+        if self._allowance < 1:
+            return False
+        self._allowance -= 1
+        return True
+
+    async def _fetch(self) -> None:
+        async with _client(self._client) as client:
+            if self._jwks_uri is None:
+                self._jwks_uri = await self._discover(client)
+            jwks = await _json(client, self._jwks_uri)
+        keys = jwks.get("keys")
+        if not isinstance(keys, list):
+            raise IdentityError(f"the JWKS at {self._jwks_uri} has no `keys` list")
+        usable = {}
+        for jwk in keys:
+            if isinstance(jwk, dict) and jwk.get("kty") in ASYMMETRIC and jwk.get("use", "sig") == "sig":
+                usable[str(jwk.get("kid", ""))] = jwk
+        self._keys = usable
+        logger.info("signing keys of issuer %s: %s", self._issuer, ", ".join(sorted(usable)) or "none")
+
+    async def _discover(self, client: httpx.AsyncClient) -> str:
+        """The `jwks_uri` of the issuer's RFC 8414 document, else of its OpenID one."""
+        problems = []
+        for url in discovery_urls(self._issuer):
+            try:
+                document = await _json(client, url)
+            except (IdentityError, httpx.HTTPError) as exc:
+                problems.append(f"{url}: {exc}")
+                continue
+            if _same_url(str(document.get("issuer", "")), self._issuer) is False:
+                raise IdentityError(
+                    f"{url} names issuer {document.get('issuer')!r}, not {self._issuer!r} — set auth.issuer"
+                    " to the issuer exactly as its tokens name it"
+                )
+            jwks_uri = document.get("jwks_uri")
+            if not isinstance(jwks_uri, str) or not secure_url(jwks_uri):
+                raise IdentityError(f"{url} names no https jwks_uri ({jwks_uri!r})")
+            return jwks_uri
+        raise IdentityError("no discovery document: " + "; ".join(problems))
+
+
+class JwtVerifier:
+    """The MCP SDK's `TokenVerifier` for the issuer's JWTs: an `AccessToken`, or None when refused."""
+
+    def __init__(self, config: AuthConfig, keys: IssuerKeys | None = None) -> None:
+        self._config = config
+        self._keys = keys or IssuerKeys(config.issuer)
+        slashless = config.audience.rstrip("/")
+        self._audiences = [slashless, slashless + "/"]  # one resource, whichever way a trailing slash is spelt
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        claims = await self.claims(token)
+        if isinstance(claims, str):
+            logger.info("bearer token refused: %s", claims)
+            return None
+        principal = principal_from_claims(claims, self._config.groups_claim)
+        return AccessToken(
+            token="",  # not kept: nothing after this point needs it, and nothing may forward it
+            client_id=principal.client_id or "",
+            scopes=list(principal.scopes),
+            expires_at=int(claims["exp"]) + LEEWAY_S,  # the SDK refuses past it: the same skew forgiven
+            resource=self._config.audience,
+            subject=principal.sub,
+            claims={"iss": principal.issuer, "groups": list(principal.groups)},
+        )
+
+    async def claims(self, token: str) -> dict[str, Any] | str:
+        """The token's claims once every check passed, or why it was refused (no secret in it)."""
+        if len(token) > MAX_TOKEN_BYTES:
+            return f"{len(token)} bytes, more than {MAX_TOKEN_BYTES}"
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.PyJWTError as exc:
+            return f"not a JWT ({exc})"
+        alg = header.get("alg")
+        if alg not in ALGORITHMS:
+            return f"alg {str(alg)[:20]!r} is not an asymmetric signature this proxy accepts"
+        kid = header.get("kid")
+        jwk = await self._keys.key(kid if isinstance(kid, str) else None)
+        if jwk is None:
+            return f"the issuer has no key {str(kid)[:64]!r}"
+        if jwk.get("alg", alg) != alg or alg not in ASYMMETRIC[jwk["kty"]]:
+            return f"alg {alg!r} does not match the key {str(kid)[:64]!r}"
+        try:
+            key = jwt.PyJWK(jwk, algorithm=alg)
+            claims: dict[str, Any] = jwt.decode(
+                token,
+                key,
+                algorithms=[alg],
+                audience=self._audiences,
+                issuer=[self._config.issuer.rstrip("/"), self._config.issuer.rstrip("/") + "/"],
+                leeway=LEEWAY_S,
+                options={"require": ["exp", "iss", "aud", "sub"]},
+            )
+        except jwt.PyJWTError as exc:
+            return str(exc)
+        if not isinstance(claims.get("sub"), str) or not claims["sub"]:
+            return "its `sub` is not a string"
+        return claims
+
+
+def principal_from_claims(claims: Mapping[str, Any], groups_claim: str) -> Principal:
+    """The principal a verified token's claims name; a claim of the wrong shape counts as absent."""
+    client = claims.get("client_id", claims.get("azp"))
+    scope = claims.get("scope", claims.get("scp", ""))
+    scopes = scope.split() if isinstance(scope, str) else [s for s in scope if isinstance(s, str)]
+    groups = claims.get(groups_claim, [])
+    groups = [groups] if isinstance(groups, str) else groups if isinstance(groups, list) else []
+    return Principal(
+        issuer=str(claims["iss"]),
+        sub=str(claims["sub"]),
+        client_id=client if isinstance(client, str) else None,
+        scopes=tuple(scopes),
+        groups=tuple(group for group in groups if isinstance(group, str)),
+    )
+
+
+def principal_of(request: object) -> Principal | None:
+    """The principal the bearer middleware authenticated for `request` (a Starlette request), if any.
+    Only the verified token counts: no header or `_meta` the client writes is read."""
+    scope = getattr(request, "scope", None)
+    user = scope.get("user") if isinstance(scope, Mapping) else None
+    if not isinstance(user, AuthenticatedUser):
+        return None
+    token = user.access_token
+    claims = token.claims or {}
+    groups = claims.get("groups")
+    return Principal(
+        issuer=str(claims.get("iss", "")),
+        sub=token.subject or "",
+        client_id=token.client_id or None,
+        scopes=tuple(token.scopes),
+        groups=tuple(groups) if isinstance(groups, list) else (),
+    )
+
+
+def auth_settings(config: AuthConfig) -> AuthSettings:
+    """The SDK's resource-server settings for `config`: the verifier checks the audience itself."""
+    return AuthSettings.model_validate(
+        {
+            "issuer_url": config.issuer,
+            "resource_server_url": config.audience,
+            "required_scopes": list(config.scopes) or None,
+            "validate_token_resource": False,
+        }
+    )
+
+
+def metadata_routes(config: AuthConfig) -> list[Route]:
+    """RFC 9728's root form, `/.well-known/oauth-protected-resource`, beside the path form the SDK serves."""
+    if urlsplit(config.audience).path.strip("/") == "":
+        return []  # the SDK's route is the root form already
+    settings = auth_settings(config)  # its URLs keep their spelling (no slash added to an empty path)
+    assert settings.resource_server_url is not None
+    routes = create_protected_resource_routes(
+        resource_url=settings.resource_server_url,
+        authorization_servers=[settings.issuer_url],
+        scopes_supported=settings.required_scopes,
+    )
+    root = "/.well-known/oauth-protected-resource"
+    return [Route(root, route.endpoint, methods=["GET", "OPTIONS"]) for route in routes]
+
+
+def discovery_urls(issuer: str) -> list[str]:
+    """Where the issuer's metadata is: RFC 8414's well-known URL (inserted before the path), then
+    OpenID Connect Discovery's (appended to it)."""
+    parts = urlsplit(issuer)
+    path = parts.path.rstrip("/")
+    origin = f"{parts.scheme}://{parts.netloc}"
+    return [
+        f"{origin}/.well-known/oauth-authorization-server{path}",
+        f"{origin}{path}/.well-known/openid-configuration",
+    ]
+
+
+def secure_url(url: str) -> bool:
+    """https, or http on loopback (a test's issuer)."""
+    parts = urlsplit(url)
+    loopback = parts.scheme == "http" and parts.hostname in _LOOPBACK
+    return bool(parts.hostname) and (parts.scheme == "https" or loopback)
+
+
+def _same_url(a: str, b: str) -> bool | None:
+    """Whether two issuer names match (a trailing slash aside); None when `a` is empty."""
+    return None if not a else a.rstrip("/") == b.rstrip("/")
+
+
+class _client:
+    """The client to fetch with: the one handed in, else one made (and closed) for the fetch."""
+
+    def __init__(self, given: httpx.AsyncClient | None) -> None:
+        self._given = given
+        self._made: httpx.AsyncClient | None = None
+
+    async def __aenter__(self) -> httpx.AsyncClient:
+        if self._given is not None:
+            return self._given
+        self._made = httpx.AsyncClient(timeout=FETCH_TIMEOUT_S, follow_redirects=False)
+        return self._made
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._made is not None:
+            await self._made.aclose()
+
+
+async def _json(client: httpx.AsyncClient, url: str) -> dict[str, Any]:
+    """A JSON object from `url`, read to at most `MAX_DOCUMENT_BYTES`."""
+    if not secure_url(url):
+        raise IdentityError(f"{url} is not https")
+    async with client.stream("GET", url, headers={"Accept": "application/json"}) as response:
+        if response.status_code != 200:
+            raise IdentityError(f"HTTP {response.status_code}")
+        body = b""
+        async for chunk in response.aiter_bytes():
+            body += chunk
+            if len(body) > MAX_DOCUMENT_BYTES:
+                raise IdentityError(f"more than {MAX_DOCUMENT_BYTES} bytes")
+    try:
+        data = json.loads(body)
+    except ValueError as exc:
+        raise IdentityError(f"not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise IdentityError("not a JSON object")
+    return data
+
+
+__all__ = [
+    "IdentityError",
+    "IssuerKeys",
+    "JwtVerifier",
+    "auth_settings",
+    "discovery_urls",
+    "metadata_routes",
+    "principal_from_claims",
+    "principal_of",
+]

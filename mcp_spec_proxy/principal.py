@@ -1,0 +1,37 @@
+"""Who asks: the principal an HTTP front authenticated, as a value every layer below may read.
+
+A `Principal` is made only from a token the front verified (`fronts/identity.py`): its issuer's
+signature, audience and expiry checked. Nothing a client writes about itself becomes one — not a
+header, not `_meta`. It rides on the client's session (`barrier.Session.principal`) and on each
+call to the gate, which names it on the call's audit lines (`audit_fields`). A front that
+authenticates nobody (stdio, the shared `--token-env` token) gives none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The subject of a verified access token, and the client that holds it."""
+
+    issuer: str
+    sub: str
+    client_id: str | None = None
+    scopes: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        """One string per principal (a subject is unique only within its issuer): what LEASH and
+        the session's owner check compare. The client is part of it: one person through two
+        clients is two principals, as the MCP SDK's session ownership counts them."""
+        return f"{self.issuer}#{self.sub}#{self.client_id or ''}"
+
+    def audit_fields(self) -> dict[str, str | None]:
+        """What an audit line says of it: the subject and the client, never the token."""
+        return {"sub": self.sub, "client_id": self.client_id}
+
+
+__all__ = ["Principal"]
