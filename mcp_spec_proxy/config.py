@@ -270,6 +270,33 @@ class CatalogConfig(_Strict):
     rank: Literal["auto", "hybrid", "words", "encoder"] = "auto"
 
 
+class RuleConfig(_Strict):
+    """One of `rules:` (`rules.py`): when its CEL `when` holds, the call meets `review`, or is refused
+    with `deny`'s message, or (`effect: write`) is held like a write. Compiled when the file loads."""
+
+    when: str
+    name: str | None = Field(default=None, min_length=1, max_length=80)  # what the audit calls it (else its number)
+    review: ReviewMode | None = None
+    deny: str | None = Field(default=None, min_length=1)
+    effect: Literal["write"] | None = None  # a read may be made a write; nothing makes a write a read
+
+    @field_validator("when")
+    @classmethod
+    def _compiles(cls, when: str) -> str:
+        from mcp_spec_proxy.rules import compile_rule  # CEL loads only for a file that has rules
+
+        compile_rule(when)  # its RuleError is a ValueError: a config error at this rule's line
+        return when
+
+    @model_validator(mode="after")
+    def _decides(self) -> RuleConfig:
+        if self.review is not None and self.deny is not None:
+            raise ValueError("a rule either chooses a reviewer (`review:`) or refuses (`deny:`) — keep one")
+        if self.review is None and self.deny is None and self.effect is None:
+            raise ValueError('a rule must say what it decides — add `review: MODE`, `deny: "why"` or `effect: write`')
+        return self
+
+
 MAX_DRAIN_S = 3600.0
 """The longest drain: a replica that may take longer to stop is one an orchestrator kills first."""
 
@@ -284,6 +311,7 @@ class ProxyConfig(_Strict):
     gateway: GatewayConfig = Field(default_factory=lambda: GatewayConfig())
     leash: LeashConfig | None = None
     catalog: CatalogConfig = Field(default_factory=lambda: CatalogConfig())
+    rules: list[RuleConfig] = Field(default_factory=list)  # first match wins (rules.py)
     telemetry: str | TelemetryConfig | None = None  # a path alone is the JSON lines file
     state_dir: str | None = None
     # Where state lives: `files` (the state directory; one process) or one Postgres for many replicas.
@@ -360,6 +388,9 @@ class ProxyConfig(_Strict):
             for pattern, rule in server.tools.overrides.items():
                 if rule.review is not None:
                     used[f"servers.{server_name}.tools.overrides.{pattern}.review"] = rule.review
+        for number, call_rule in enumerate(self.rules):
+            if call_rule.review is not None:
+                used[f"rules.{number}.review"] = call_rule.review
         return used
 
     @property
@@ -396,6 +427,7 @@ _SUGGESTIONS = tuple(
             CatalogConfig,
             RelayConfig,
             PostgresSettings,
+            RuleConfig,
         )
         for name in model.model_fields
     )

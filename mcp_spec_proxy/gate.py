@@ -104,6 +104,7 @@ from mcp_spec_proxy.results import (
 from mcp_spec_proxy.review import InputNeeded, Reviewer, ReviewFailed, ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review.kinds import ReviewerKind
 from mcp_spec_proxy.review.waiting import asks_a_person, waiting_note, with_heartbeat
+from mcp_spec_proxy.rules import Decision, Rules
 from mcp_spec_proxy.telemetry import Tracing
 from mcp_spec_proxy.trajectory import Step, observation_text
 
@@ -131,6 +132,7 @@ class GateCall:
     flagged: bool = False  # LEASH flagged it: a model verdict is due even if the strong model wrote it
     id: str = field(default_factory=new_call_id)
     key: str | None = None  # the client's idempotency key: at most one call of the session is forwarded with it
+    rule: Decision | None = None  # what `rules:` decided (`Policy.decide`); None: the gate decides it here
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,7 @@ class Gate(Reads, Policy):
         self._audit = audit
         self._leash = leash
         self._catalog = catalog  # to reread `tools accept` before refusing a held tool
+        self.rules = Rules(config.rules, config.review.default)
         self.drain = Drain()  # the calls in flight; on SIGTERM, no new ones (drain.py)
         self.tracing = tracing or Tracing(None)  # each call's spans, where traces are on (telemetry.py)
 
@@ -209,7 +212,8 @@ class Gate(Reads, Policy):
         decided: Callable[[Verdict], Awaitable[None]] | None,
     ) -> Outcome:
         tool = call.tool
-        reviewer, flagged = await self._reviewer(call, strong, verified)
+        decision = call.rule if call.rule is not None else self.decide(tool, call.arguments, None, call.session)[1]
+        reviewer, flagged = await self._reviewer(call, strong, verified, decision)
         if call.flagged and flagged is None:
             # The engine's shadow observer flagged it (its score is in telemetry): audited here like
             # the front's, whichever reviewer the call meets, so the trail has every escalation.
@@ -227,6 +231,10 @@ class Gate(Reads, Policy):
         }
         if call.replaces:
             common["replaces"] = call.replaces
+        if decision.rule is not None:  # the rule that decided it, and why it failed closed if it did
+            common["rule"] = decision.rule
+        if decision.failed is not None:
+            common["rule_failed"] = capped(decision.failed)
         if call.key is not None:
             common["key"] = digest(call.key)  # a digest: the key is the client's text
         await self._before(call, "held", **common, segment_length=len(call.request.segment))

@@ -34,6 +34,7 @@ from mcp_spec_proxy.errors import ShuttingDown
 from mcp_spec_proxy.logs import about_call
 from mcp_spec_proxy.provenance import from_backend
 from mcp_spec_proxy.results import CALL_FAILED, Author, Read, Report, WireResult, as_wire, capped, failed_result
+from mcp_spec_proxy.rules import Decision
 from mcp_spec_proxy.telemetry import Tracing
 from mcp_spec_proxy.trajectory import Step, observation_text
 
@@ -57,12 +58,14 @@ class Reads:
         author: Author = "client",
         report: Report | None = None,
         call: str | None = None,
+        rule: Decision | None = None,
     ) -> Read[WireResult]:
         """Forward a read at once, its result as wire JSON; its audit line is buffered and written
-        with the next commit. A `CallFailed` comes back as the read's `error`, with the step that
-        observed it (a new step: the one handed in is not changed)."""
+        with the next commit, naming the rule of `rules:` that matched it (`rule`). A `CallFailed`
+        comes back as the read's `error`, with the step that observed it (a new step: the one
+        handed in is not changed)."""
         with self.admitted(session, tool.name, call), about_call(call, session), self.tracing.call(call, tool, author):
-            self._note_read(session, tool, arguments, author, call)
+            self._note_read(session, tool, arguments, author, call, rule)
             started = time.perf_counter()
             result: WireResult
             try:
@@ -92,7 +95,13 @@ class Reads:
             yield
 
     def _note_read(
-        self, session: str, tool: CatalogTool, arguments: dict[str, Any], author: Author, call: str | None
+        self,
+        session: str,
+        tool: CatalogTool,
+        arguments: dict[str, Any],
+        author: Author,
+        call: str | None,
+        rule: Decision | None = None,
     ) -> None:
         assert tool.effect == "read", f"{tool.name} is a write: it must be held"
         self._audit.note(
@@ -104,6 +113,7 @@ class Reads:
             arguments_digest=digest(arguments),
             author=author,
             why=tool.why,
+            **(rule.audit() if rule is not None else {}),
         )
 
     async def get_prompt(self, session: str, server: str, name: str, arguments: dict[str, str] | None) -> Any:

@@ -61,6 +61,8 @@ class AuditCall(TypedDict):
     reviewer: str
     replaces: NotRequired[str]  # the call id of the rejected call this one stands in for
     key: NotRequired[str]  # a digest of the client's idempotency key, never the key
+    rule: NotRequired[int | str]  # the rule of `rules:` that decided the call: its name, else its number
+    rule_failed: NotRequired[str]  # why the rules failed closed for it
 
 
 CallFailed = MCPError | BackendError
