@@ -7,7 +7,9 @@ Runs whichever of `common-expression-language` (module `cel`), `cel-expr-python`
 (`cel_expr_python`) and `cel-python` (`celpy`) the running Python can import — install all three
 in one scratch environment beside the proxy to compare them (only `cel-expr-python` is a
 dependency of the proxy). Timings are interleaved in rotating blocks, median per operation over
-the rounds, and the ratio is to the fastest library in the same run.
+the rounds, and the ratio is to the fastest library in the same run. Where the proxy itself imports
+(its own environment), it also times `Rules.decide` for one call under CONFIG.md's five example
+rules, the cost a call pays at the gate.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def libraries() -> list[Library]:
             value = program.eval(data=data)
             return f"error value: {value.value()}" if value.type() == t.ERROR else value.value()
 
-        found.append(Library("cel-expr-python", "cel_expr_python", env.compile, evaluate))
+        found.append(Library("cel-expr-python", "cel_expr_python.cel", env.compile, evaluate))
     except ImportError:
         pass
     try:
@@ -143,6 +145,41 @@ def compiled(lib: Library, expression: str) -> str:
     return "accepted"
 
 
+def decide_us(rounds: int, n: int) -> tuple[float, float] | None:
+    """Median µs of `Rules.decide` for a call no rule matches (all five tried) and one the first decides."""
+    try:
+        import mcp_types as types
+
+        from mcp_spec_proxy.catalog import CatalogTool
+        from mcp_spec_proxy.config import ProxyConfig
+        from mcp_spec_proxy.rules import Rules
+    except ImportError:
+        return None
+    rules = [
+        {"when": 'tool == "fs__write_file" && args.path.startsWith("/srv/notes/")', "review": "allow"},
+        {"when": 'server == "bank" && args.amount > 100', "review": "human"},
+        {"when": '"admins" in principal.groups', "review": "strong"},
+        {"when": 'tool == "git__git_push"', "deny": "pushes go through CI"},
+        {"when": 'tool == "db__query" && !args.sql.startsWith("SELECT")', "effect": "write"},
+    ]
+    config = ProxyConfig.model_validate({"rules": rules})
+    compiled = Rules(config.rules, "human")
+    hints = types.ToolAnnotations(read_only_hint=False)
+    definition = types.Tool(name="write_file", input_schema={"type": "object"}, annotations=hints)
+    tool = CatalogTool("fs__write_file", "fs", "write_file", definition, "write", "default", "", None, None, "", False)
+    cases = ({"path": "/srv/other/a.md", "content": "x" * 200}, {"path": "/srv/notes/a.md", "content": "x" * 200})
+    medians: list[float] = []
+    for args in cases:
+        runs: list[float] = []
+        for _ in range(rounds):
+            started = time.perf_counter()
+            for _ in range(n):
+                compiled.decide(tool, args, None, "s1")
+            runs.append((time.perf_counter() - started) / n * 1e6)
+        medians.append(statistics.median(runs))
+    return medians[0], medians[1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rounds", type=int, default=7)
@@ -166,6 +203,10 @@ def main() -> None:
         print(f"| {label} | " + " | ".join(outcome(lib, expression, args) for lib in found) + " |")
     for label, expression in BROKEN:
         print(f"| compile: {label} | " + " | ".join(compiled(lib, expression) for lib in found) + " |")
+    decided = decide_us(options.rounds, options.n)
+    if decided is not None:
+        none, first = decided
+        print(f"\nRules.decide, 5 rules: {none:.1f} µs when none matches, {first:.1f} µs when the first does")
 
 
 if __name__ == "__main__":

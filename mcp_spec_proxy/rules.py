@@ -28,12 +28,11 @@ own reviewer. Strictest is `deny`, then a person (`human`, `console`), `strong`,
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-from cel_expr_python import cel
 
 from mcp_spec_proxy.config import ReviewMode
 
@@ -41,16 +40,19 @@ if TYPE_CHECKING:
     from mcp_spec_proxy.catalog import CatalogTool
     from mcp_spec_proxy.config import RuleConfig
 
-_T = cel.Type
-_VARIABLES = {
-    "tool": _T.STRING,
-    "server": _T.STRING,
-    "session": _T.STRING,
-    "args": _T.Map(_T.STRING, _T.DYN),
-    "annotations": _T.Map(_T.STRING, _T.DYN),
-    "principal": _T.Map(_T.STRING, _T.DYN),
-}
-_ENV = cel.NewEnv(variables=_VARIABLES)
+
+@functools.cache
+def _cel() -> tuple[Any, Any]:
+    """The CEL module and the environment every rule compiles in: loaded with the first rule, so a
+    proxy without `rules:` never loads the CEL runtime."""
+    from cel_expr_python import cel
+
+    t = cel.Type
+    variables = {"tool": t.STRING, "server": t.STRING, "session": t.STRING}
+    variables |= {name: t.Map(t.STRING, t.DYN) for name in ("args", "annotations", "principal")}
+    return cel, cel.NewEnv(variables=variables)
+
+
 STRICTNESS: tuple[ReviewMode, ...] = ("allow", "leash", "strong_then_human", "strong", "console", "human", "deny")
 """Review modes from the most lenient to the strictest: a rule that fails picks the last it could."""
 
@@ -61,12 +63,13 @@ class RuleError(ValueError):
 
 def compile_rule(when: str) -> Any:
     """`when` compiled and type-checked (a `cel.Expression`), or `RuleError` saying what is wrong."""
+    cel, env = _cel()
     try:
-        expression = _ENV.compile(when)
+        expression = env.compile(when)
     except RuntimeError as exc:
         raise RuleError(_one_line(str(exc))) from None
     returns = expression.return_type()
-    if returns != _T.BOOL and returns != _T.DYN:
+    if returns != cel.Type.BOOL and returns != cel.Type.DYN:
         raise RuleError(
             f"`when` gives a {returns.name().lower()}, not true or false"
             ' — write a condition, e.g. tool == "fs__write_file" && args.path.startsWith("/notes/")'
@@ -166,10 +169,12 @@ class Rules:
         if _not_finite(arguments):
             why = "its arguments hold NaN or an infinity, which no rule compares faithfully"
             return self._closed(tool, list(self._rules), None, why)
+        # One activation for every rule: CEL converts a value when a rule first reads it, once per call.
+        activation = _cel()[1].Activation(data=variables)
         failed: list[_Rule] = []
         first_error = ""
         for rule in self._rules:
-            matched, error = _evaluate(rule.expression, variables)
+            matched, error = _evaluate(rule.expression, activation)
             if error is not None:
                 failed.append(rule)
                 first_error = first_error or f"rule {rule.label}: {error}"
@@ -201,13 +206,13 @@ def _denied(rule: _Rule) -> str | None:
     return None if rule.deny is None else f"denied by rule {rule.label}: {rule.deny}"
 
 
-def _evaluate(expression: Any, variables: Mapping[str, Any]) -> tuple[bool, str | None]:
+def _evaluate(expression: Any, activation: Any) -> tuple[bool, str | None]:
     """Whether the rule matched, or why it could not say (a CEL error value, or data CEL refused)."""
     try:
-        value = expression.eval(data=variables)
+        value = expression.eval(activation)
     except (RuntimeError, ValueError, TypeError) as exc:  # data CEL cannot take (a lone surrogate, ...)
         return False, f"its arguments cannot be evaluated ({type(exc).__name__}: {str(exc)[:200]})"
-    if value.type() == _T.ERROR:
+    if value.type() == _cel()[0].Type.ERROR:
         return False, str(value.value())[:300]
     result = value.value()
     if not isinstance(result, bool):
