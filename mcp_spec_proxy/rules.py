@@ -221,12 +221,16 @@ def _evaluate(expression: Any, activation: Any) -> tuple[bool, str | None]:
 
 
 def _not_finite(value: Any) -> bool:
-    if isinstance(value, float):
-        return not math.isfinite(value)
-    if isinstance(value, Mapping):
-        return any(_not_finite(item) for item in value.values())
-    if isinstance(value, list | tuple):
-        return any(_not_finite(item) for item in value)
+    """Whether NaN or an infinity is anywhere in `value`: walked with a stack, so depth costs no recursion."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return True
+        if isinstance(item, Mapping):
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
     return False
 
 

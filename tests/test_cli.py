@@ -120,6 +120,15 @@ def test_check_names_file_line_key_path_and_suggestion_for_an_unknown_key(tmp_pa
     assert result.stdout == ""
 
 
+def test_check_names_file_and_line_of_a_rule_that_does_not_compile_in_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "servers.yaml"
+    config.write_text("servers: {}\nrules:\n  - review: allow\n    when: 'tool > 3'\n")
+    result = run_proxy("--config", str(config), "check")
+    assert result.returncode == 1 and result.stdout == ""
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"Error: {config}:4: rules.0.when: `when` is not valid CEL: column 6: found no matching")
+
+
 def test_check_names_a_missing_environment_variable_and_the_fix(tmp_path: Path) -> None:
     variable = "MCP_SPEC_PROXY_TEST_UNSET_TOKEN"
     config = tmp_path / "servers.yaml"

@@ -84,6 +84,14 @@ def test_nan_or_infinity_in_the_arguments_fails_every_rule_closed(amount: float)
     assert decision.rule == 1 and decision.failed is not None and "NaN" in decision.failed
 
 
+def test_nan_deep_in_the_arguments_is_found_however_deep() -> None:
+    deep: Any = math.nan
+    for _ in range(5_000):
+        deep = {"next": [deep]}
+    decision = rules(default="allow").decide(tool("x__y"), {"deep": deep}, None, "s1")
+    assert decision.failed is not None and decision.deny is not None
+
+
 def test_text_that_is_not_unicode_fails_closed() -> None:
     decision = decide("fs__write_file", {"path": "/srv/notes/\ud800"})  # a lone surrogate, as JSON may carry
     # Rule 1 would allow it; it cannot say: the stricter of it and the tool's own reviewer (deny here).
