@@ -11,7 +11,7 @@ replacement and the repair turn — and the gate applies one policy to all of th
 One call id joins a call's lines, with its `author` (client, weak, strong, replacement, repair)
 and its `reviewer`; the front chooses it for a client's call and hands it back in the result's
 `_meta` (`CALL_META`), so a client and an operator name the same call. The effective reviewer
-is the tool's override or `review.default`, then:
+is a matching rule's (`rules:`, which the audit lines name), else the tool's override or `review.default`, then:
 
 * `deny` never runs, and a person's mode (`human`, `console`) always asks, whoever authored the call;
 * a call the strong model authored (strong-led steps, a replacement, a repair) counts as

@@ -1,8 +1,10 @@
 """The gate's policy: which reviewer a call meets, resolved once per call.
 
-The effective reviewer is the tool's override or `review.default` (`mode`), then (`gate.py`
-states the whole promise): a held tool runs for no one until `tools accept`; `deny` never runs
-and a person's own mode always asks; a call the strong model wrote counts as reviewed by it
+The effective reviewer is the reviewer of the first of `rules:` that matches the call (`decide`,
+`rules.py`: a rule may also refuse it, or make a read a write), else the tool's override or
+`review.default` (`mode`), then (`gate.py` states the whole promise): a held tool runs for no one
+until `tools accept`; `deny` never runs and a person's own mode always asks; a call the strong
+model wrote counts as reviewed by it
 under a mode a model decides first; the engine's drafted segment meets its own strong verifier
 (and then the user, for a `human` tool); an operator's baseline runs its steps unreviewed; and
 `allow` forwards unless LEASH's shadow observer flags the call, which then goes to the strong
