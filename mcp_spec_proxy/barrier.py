@@ -59,6 +59,7 @@ from mcp_spec_proxy.results import (
 )
 from mcp_spec_proxy.review import ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review.strong import ProposedStep, Repairer, check_step
+from mcp_spec_proxy.rules import Decision
 from mcp_spec_proxy.store.sessions import LocalSessions, SessionStore
 from mcp_spec_proxy.telemetry import Telemetry
 from mcp_spec_proxy.trajectory import History, Segment, Step
@@ -80,7 +81,7 @@ class Session:
     # Who the client is, where a front authenticated it (`principal.key`): LEASH records it with each label.
     client: str | None = None
     # The principal that opened the session, where the HTTP front authenticates (`auth:`); the
-    # audit names it on each call. Only a verified token makes one (`principal.py`).
+    # audit names it on each call and `rules:` read it. Only a verified token makes one (`principal.py`).
     principal: Principal | None = None
 
 
@@ -136,27 +137,28 @@ class Barrier:
         call: str | None,
         key: str | None,
     ) -> types.CallToolResult:
-        prepared = await self._prepare(name, arguments)  # ToolNotFound is a protocol error, raised to the front
+        prepared = await self._prepare(session, name, arguments)  # ToolNotFound: a protocol error, raised to the front
         if isinstance(prepared, types.CallToolResult):
             return prepared
-        tool, forwarded, intent = prepared
+        tool, forwarded, intent, rule = prepared
         if tool.effect == "read":  # the SDK's handler wants the model; the pipeline builds none
-            return as_model(await self._read(session, tool, forwarded, report, call))
+            return as_model(await self._read(session, tool, forwarded, report, call, rule))
         waited = session.writes.locked()
         async with session.writes:
             if waited:
                 # The catalog may have changed while the earlier write was decided (a rug pull
                 # makes the tool held): this call meets the tool as it is now, held like a write.
-                prepared = await self._prepare(name, arguments)
+                prepared = await self._prepare(session, name, arguments)
                 if isinstance(prepared, types.CallToolResult):
                     return prepared
-                tool, forwarded, intent = prepared
-            return await self._hold(session, tool, forwarded, intent, user, report, call, key)
+                tool, forwarded, intent, rule = prepared
+            return await self._hold(session, tool, forwarded, intent, user, report, call, key, rule)
 
     async def _prepare(
-        self, name: str, arguments: dict[str, Any]
-    ) -> tuple[CatalogTool, dict[str, Any], str | None] | types.CallToolResult:
-        """The tool, the arguments its backend gets and the stated intent; or why the call is refused."""
+        self, session: Session, name: str, arguments: dict[str, Any]
+    ) -> tuple[CatalogTool, dict[str, Any], str | None, Decision] | types.CallToolResult:
+        """The tool as this call meets it (`rules:` may make a read a write), the arguments its
+        backend gets, the stated intent and what the rules decided; or why the call is refused."""
         tool = self._catalog.lookup(name)
         if tool.reason in HELD_REASONS:
             # `tools accept` may have run since: reread only for tools under suspicion (a small file,
@@ -168,12 +170,16 @@ class Barrier:
         except InvalidArguments as exc:
             return error_result(str(exc))
         forwarded, intent = strip_intent(tool, arguments)
-        return tool, forwarded, intent
+        tool, rule = self.gate.decide(tool, forwarded, session.principal, session.id)
+        return tool, forwarded, intent, rule
 
     def read_tool(self, name: str) -> CatalogTool | None:
         """The tool, if `name` is one the catalog holds as a read right now; None for a write, a
         tool whose definition is held, an unknown name. Those take `call`, which holds, re-checks
-        or refuses them; only a tool returned here may go to `read_json`."""
+        or refuses them; only a tool returned here may go to `read_json`. Where a rule may make a
+        read a write (`effect: write`, `deny:`), no read is one before its arguments are read."""
+        if self.gate.rules.make_writes:
+            return None
         try:
             tool = self._catalog.lookup(name)
         except ToolNotFound:
@@ -195,16 +201,23 @@ class Barrier:
         except InvalidArguments as exc:
             return as_wire(error_result(str(exc)))
         forwarded, _ = strip_intent(tool, arguments)
-        return await self._read(session, tool, forwarded, None, call)
+        _, rule = self.gate.decide(tool, forwarded, session.principal, session.id)  # no rule here makes a write
+        return await self._read(session, tool, forwarded, None, call, rule)
 
     async def _read(
-        self, session: Session, tool: CatalogTool, arguments: dict[str, Any], report: Report | None, call: str | None
+        self,
+        session: Session,
+        tool: CatalogTool,
+        arguments: dict[str, Any],
+        report: Report | None,
+        call: str | None,
+        rule: Decision | None = None,
     ) -> WireResult:
         """The one read of a client's call, whichever door it came by: through the gate, its step
         as it ran kept in the session's history (the store's) whether it got a result or its `CallFailed`."""
         step = Step(tool.name, arguments, "read")
         ran = await self.gate.read(
-            session.id, tool, arguments, step, "client", report, call, principal=session.principal
+            session.id, tool, arguments, step, "client", report, call, rule, principal=session.principal
         )
         await self._sessions.read(session.id, session.history, ran.step)
         if ran.error is not None:  # the backend's error, or the proxy's own: the read still happened
@@ -221,6 +234,7 @@ class Barrier:
         report: Report | None,
         call_id: str | None = None,
         key: str | None = None,
+        rule: Decision | None = None,
     ) -> types.CallToolResult:
         held = Step(tool.name, arguments, "write", intent=intent)
         segment = await self._sessions.hold(session.id, session.history, held)
@@ -235,6 +249,7 @@ class Barrier:
             id=call_id or new_call_id(),
             key=key,
             principal=session.principal,
+            rule=rule,
         )
         try:
             outcome = await self.gate.write(call, user, report, step=held)
@@ -324,24 +339,26 @@ class Barrier:
         verdict = rejected.verdict
         original = segment.held.tool
         arguments, intent = strip_intent(step.tool, step.arguments)
-        executed = Step(step.tool.name, arguments, step.tool.effect, intent=intent)
+        # The substitute meets `rules:` as its own call would: a rule may make it a write, or refuse it.
+        substitute, rule = self.gate.decide(step.tool, arguments, session.principal, session.id)
+        executed = Step(substitute.name, arguments, substitute.effect, intent=intent)
         # The accepted prefix was judged (and labelled) with the rejected call, and commits with
         # whatever happens next: the substitute's reviewer reads it as committed history.
         prefix = segment.steps[: verdict.accepted_steps]
         history = History(session.history.commit_every, [*session.history.committed, *prefix])
-        request = ReviewRequest(session.id, step.tool, arguments, intent, Segment((executed,)), history)
+        request = ReviewRequest(session.id, substitute, arguments, intent, Segment((executed,)), history)
         author: Author = "replacement" if step.source == "replacement" else "repair"
-        if step.tool.effect == "read":
+        if substitute.effect == "read":
             # The client called another tool: its failure is told in words (the read's error result).
             ran = await self.gate.read(
-                session.id, step.tool, arguments, executed, author, report, principal=session.principal
+                session.id, substitute, arguments, executed, author, report, rule=rule, principal=session.principal
             )
             inner, executed = as_model(ran.result), ran.step
         else:
             # In the rejected call's place: it claims that call's idempotency key.
             call = GateCall(
                 session.id,
-                step.tool,
+                substitute,
                 arguments,
                 author,
                 request,
@@ -349,6 +366,7 @@ class Barrier:
                 replaces=rejected.call,
                 key=rejected.key,
                 principal=session.principal,
+                rule=rule,
             )
             outcome = await self.gate.write(call, user, report, step=executed)
             if outcome.result is None:

@@ -97,10 +97,8 @@ class ServerConfig(_Strict):
     # `auto`: 2026-07-28 whenever the server offers it. Measured with the conformance suite:
     # `legacy` passes every scenario `auto` does, and more (docs/BENCHMARKS.md, Conformance).
     protocol: Literal["auto", "legacy"] = "legacy"
-    # `per_session`: each handshake-era client session of the HTTP front gets a backend session of
-    # its own (its roots, capabilities and server-side state); `shared`: one for every client.
-    # Unset: per_session for a URL backend, shared for a stdio one (a process per session costs a
-    # process; see docs/BACKENDS.md).
+    # `per_session`: each handshake-era client session of the HTTP front gets a backend session of its own;
+    # `shared`: one for every client. Unset: per_session for a URL backend, shared for stdio (BACKENDS.md).
     isolation: Literal["shared", "per_session"] | None = None
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
     relay: RelayConfig = Field(default_factory=RelayConfig)
@@ -270,9 +268,6 @@ class CatalogConfig(_Strict):
     rank: Literal["auto", "hybrid", "words", "encoder"] = "auto"
 
 
-_LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
 class AuthConfig(_Strict):
     """`auth:`: the HTTP front as an OAuth 2.1 resource server (`fronts/identity.py`)."""
 
@@ -287,9 +282,35 @@ class AuthConfig(_Strict):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
             raise ValueError(f"{url!r} is not an https URL without query or fragment, such as https://id.example.com/")
-        if parts.scheme == "http" and parts.hostname not in _LOOPBACK:
+        if parts.scheme == "http" and parts.hostname not in ("127.0.0.1", "localhost", "::1"):
             raise ValueError(f"{url!r} must use https (http only on loopback: 127.0.0.1, localhost, [::1])")
         return url
+
+
+class RuleConfig(_Strict):
+    """One of `rules:` (`rules.py`): when its CEL `when` holds, `review`, `deny` or `effect: write` decide."""
+
+    when: str
+    name: str | None = Field(default=None, min_length=1, max_length=80)  # what the audit calls it (else its number)
+    review: ReviewMode | None = None
+    deny: str | None = Field(default=None, min_length=1)
+    effect: Literal["write"] | None = None  # a read may be made a write; nothing makes a write a read
+
+    @field_validator("when")
+    @classmethod
+    def _compiles(cls, when: str) -> str:
+        from mcp_spec_proxy.rules import compile_rule  # CEL loads only for a file that has rules
+
+        compile_rule(when)  # its RuleError is a ValueError: a config error at this rule's line
+        return when
+
+    @model_validator(mode="after")
+    def _decides(self) -> RuleConfig:
+        if self.review is not None and self.deny is not None:
+            raise ValueError("a rule either chooses a reviewer (`review:`) or refuses (`deny:`) — keep one")
+        if self.review is None and self.deny is None and self.effect is None:
+            raise ValueError('a rule must say what it decides — add `review: MODE`, `deny: "why"` or `effect: write`')
+        return self
 
 
 MAX_DRAIN_S = 3600.0
@@ -307,6 +328,7 @@ class ProxyConfig(_Strict):
     leash: LeashConfig | None = None
     auth: AuthConfig | None = None  # who asks at the HTTP front: an OAuth resource server
     catalog: CatalogConfig = Field(default_factory=lambda: CatalogConfig())
+    rules: list[RuleConfig] = Field(default_factory=list)  # first match wins (rules.py)
     telemetry: str | TelemetryConfig | None = None  # a path alone is the JSON lines file
     state_dir: str | None = None
     # Where state lives: `files` (the state directory; one process) or one Postgres for many replicas.
@@ -383,6 +405,9 @@ class ProxyConfig(_Strict):
             for pattern, rule in server.tools.overrides.items():
                 if rule.review is not None:
                     used[f"servers.{server_name}.tools.overrides.{pattern}.review"] = rule.review
+        for number, call_rule in enumerate(self.rules):
+            if call_rule.review is not None:
+                used[f"rules.{number}.review"] = call_rule.review
         return used
 
     @property
@@ -420,6 +445,7 @@ _SUGGESTIONS = tuple(
             RelayConfig,
             PostgresSettings,
             AuthConfig,
+            RuleConfig,
         )
         for name in model.model_fields
     )

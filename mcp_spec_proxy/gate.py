@@ -11,7 +11,7 @@ replacement and the repair turn — and the gate applies one policy to all of th
 One call id joins a call's lines, with its `author` (client, weak, strong, replacement, repair)
 and its `reviewer`; the front chooses it for a client's call and hands it back in the result's
 `_meta` (`CALL_META`), so a client and an operator name the same call. The effective reviewer
-is the tool's override or `review.default`, then:
+is a matching rule's (`rules:`, which the audit lines name), else the tool's override or `review.default`, then:
 
 * `deny` never runs, and a person's mode (`human`, `console`) always asks, whoever authored the call;
 * a call the strong model authored (strong-led steps, a replacement, a repair) counts as
@@ -105,6 +105,7 @@ from mcp_spec_proxy.results import (
 from mcp_spec_proxy.review import InputNeeded, Reviewer, ReviewFailed, ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review.kinds import ReviewerKind
 from mcp_spec_proxy.review.waiting import asks_a_person, waiting_note, with_heartbeat
+from mcp_spec_proxy.rules import Decision, Rules
 from mcp_spec_proxy.telemetry import Tracing
 from mcp_spec_proxy.trajectory import Step, observation_text
 
@@ -133,6 +134,7 @@ class GateCall:
     id: str = field(default_factory=new_call_id)
     key: str | None = None  # the client's idempotency key: at most one call of the session is forwarded with it
     principal: Principal | None = None  # who asks, where the front authenticated them: on its audit lines
+    rule: Decision | None = None  # what `rules:` decided (`Policy.decide`); None: the gate decides it here
 
 
 @dataclass(frozen=True)
@@ -170,6 +172,7 @@ class Gate(Reads, Policy):
         self._audit = audit
         self._leash = leash
         self._catalog = catalog  # to reread `tools accept` before refusing a held tool
+        self.rules = Rules(config.rules, config.review.default)
         self.drain = Drain()  # the calls in flight; on SIGTERM, no new ones (drain.py)
         self.tracing = tracing or Tracing(None)  # each call's spans, where traces are on (telemetry.py)
 
@@ -211,7 +214,8 @@ class Gate(Reads, Policy):
         decided: Callable[[Verdict], Awaitable[None]] | None,
     ) -> Outcome:
         tool = call.tool
-        reviewer, flagged = await self._reviewer(call, strong, verified)
+        decision = call.rule if call.rule is not None else self.decide(tool, call.arguments, None, call.session)[1]
+        reviewer, flagged = await self._reviewer(call, strong, verified, decision)
         if call.flagged and flagged is None:
             # The engine's shadow observer flagged it (its score is in telemetry): audited here like
             # the front's, whichever reviewer the call meets, so the trail has every escalation.
@@ -229,6 +233,10 @@ class Gate(Reads, Policy):
         }
         if call.replaces:
             common["replaces"] = call.replaces
+        if decision.rule is not None:  # the rule that decided it, and why it failed closed if it did
+            common["rule"] = decision.rule
+        if decision.failed is not None:
+            common["rule_failed"] = capped(decision.failed)
         if call.key is not None:
             common["key"] = digest(call.key)  # a digest: the key is the client's text
         if call.principal is not None:

@@ -1,8 +1,10 @@
 """The gate's policy: which reviewer a call meets, resolved once per call.
 
-The effective reviewer is the tool's override or `review.default` (`mode`), then (`gate.py`
-states the whole promise): a held tool runs for no one until `tools accept`; `deny` never runs
-and a person's own mode always asks; a call the strong model wrote counts as reviewed by it
+The effective reviewer is the reviewer of the first of `rules:` that matches the call (`decide`,
+`rules.py`: a rule may also refuse it, or make a read a write), else the tool's override or
+`review.default` (`mode`), then (`gate.py` states the whole promise): a held tool runs for no one
+until `tools accept`; `deny` never runs and a person's own mode always asks; a call the strong
+model wrote counts as reviewed by it
 under a mode a model decides first; the engine's drafted segment meets its own strong verifier
 (and then the user, for a `human` tool); an operator's baseline runs its steps unreviewed; and
 `allow` forwards unless LEASH's shadow observer flags the call, which then goes to the strong
@@ -11,6 +13,7 @@ model (or the user) with its evidence.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +22,9 @@ from mcp_spec_proxy.config import ProxyConfig, ReviewMode
 from mcp_spec_proxy.errors import ToolNotFound
 from mcp_spec_proxy.review import Reviewer, ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review.kinds import BASELINES, Chain, ReviewerKind
+from mcp_spec_proxy.review.policy import DenyReviewer
 from mcp_spec_proxy.review.waiting import Both
+from mcp_spec_proxy.rules import NO_RULE, Decision, Rules
 
 if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section opens it
     from mcp_spec_proxy.gate import GateCall
@@ -36,10 +41,22 @@ class Policy:
     _reviewers: Mapping[ReviewMode, Reviewer]
     _leash: Leash | None
     _catalog: Catalog | None
+    rules: Rules
 
     def mode(self, tool: CatalogTool) -> ReviewMode:
         """The tool's configured reviewer: its override, else `review.default`."""
         return tool.review or self._config.review.default
+
+    def decide(
+        self, tool: CatalogTool, arguments: Mapping[str, Any], principal: object | None, session: str
+    ) -> tuple[CatalogTool, Decision]:
+        """The config's `rules:` for this call (`rules.py`): the tool as the call meets it (a read
+        a rule makes a write is a write) and the decision, which the call's `GateCall.rule` carries."""
+        decision = self.rules.decide(tool, arguments, principal, session) if self.rules else NO_RULE
+        if decision.write and tool.effect == "read":
+            made = f"rule {decision.rule} makes this call a write"
+            tool = dataclasses.replace(tool, effect="write", why=f"{made} ({tool.why})" if tool.why else made)
+        return tool, decision
 
     async def _still_held(self, tool: CatalogTool) -> bool:
         """`tools accept` may have run since (in another process): the store is reread first."""
@@ -52,17 +69,20 @@ class Policy:
             return True
 
     async def _reviewer(
-        self, call: GateCall, strong: Reviewer | None, verified: bool
+        self, call: GateCall, strong: Reviewer | None, verified: bool, decision: Decision = NO_RULE
     ) -> tuple[Reviewer, dict[str, Any] | None]:
-        """The reviewer this call meets, and LEASH's evidence when its shadow observer escalated."""
+        """The reviewer this call meets, and LEASH's evidence when its shadow observer escalated;
+        `decision` is what the config's `rules:` decided for it (a rule's reviewer replaces the tool's)."""
         tool = call.tool
         if is_held(tool) and await self._still_held(tool):
             # Whoever wrote the call (the client, a replacement, a repair, the engine): a tool whose
             # definition changed, or that is new, runs for no one until the operator accepts it.
             return _HeldTool(tool), None
+        if decision.deny is not None:
+            return DenyReviewer(decision.deny), None  # whoever wrote the call: nothing runs
         loop = strong is not None and verified and call.author not in STRONG_AUTHORS
         # A read is held only when LEASH flags it: then it is the strong verifier's to judge.
-        mode = self.mode(tool) if tool.effect == "write" else "strong"
+        mode = (decision.review or self.mode(tool)) if tool.effect == "write" else "strong"
         if mode == "strong" and strong is None and "strong" not in self._reviewers:
             mode = "human"
         kind = ReviewerKind.of_mode(mode)

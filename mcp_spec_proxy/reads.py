@@ -35,6 +35,7 @@ from mcp_spec_proxy.logs import about_call
 from mcp_spec_proxy.principal import Principal
 from mcp_spec_proxy.provenance import from_backend
 from mcp_spec_proxy.results import CALL_FAILED, Author, Read, Report, WireResult, as_wire, capped, failed_result
+from mcp_spec_proxy.rules import Decision
 from mcp_spec_proxy.telemetry import Tracing
 from mcp_spec_proxy.trajectory import Step, observation_text
 
@@ -58,14 +59,15 @@ class Reads:
         author: Author = "client",
         report: Report | None = None,
         call: str | None = None,
+        rule: Decision | None = None,
         principal: Principal | None = None,
     ) -> Read[WireResult]:
-        """Forward a read at once, its result as wire JSON; its audit line (naming `principal`, who
-        asks, where the front knows) is buffered and written with the next commit. A `CallFailed`
-        comes back as the read's `error`, with the step that observed it (a new step: the one
-        handed in is not changed)."""
+        """Forward a read at once, its result as wire JSON; its audit line (naming the rule of `rules:`
+        that matched it and `principal`, who asks, where the front knows) is buffered and written with
+        the next commit. A `CallFailed` comes back as the read's `error`, with the step that observed
+        it (a new step: the one handed in is not changed)."""
         with self.admitted(session, tool.name, call), about_call(call, session), self.tracing.call(call, tool, author):
-            self._note_read(session, tool, arguments, author, call, principal)
+            self._note_read(session, tool, arguments, author, call, rule, principal)
             started = time.perf_counter()
             result: WireResult
             try:
@@ -101,7 +103,8 @@ class Reads:
         arguments: dict[str, Any],
         author: Author,
         call: str | None,
-        principal: Principal | None,
+        rule: Decision | None = None,
+        principal: Principal | None = None,
     ) -> None:
         assert tool.effect == "read", f"{tool.name} is a write: it must be held"
         self._audit.note(
@@ -114,6 +117,7 @@ class Reads:
             author=author,
             why=tool.why,
             **({"principal": principal.audit_fields()} if principal is not None else {}),
+            **(rule.audit() if rule is not None else {}),
         )
 
     async def get_prompt(self, session: str, server: str, name: str, arguments: dict[str, str] | None) -> Any:

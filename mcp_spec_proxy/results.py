@@ -62,6 +62,8 @@ class AuditCall(TypedDict):
     replaces: NotRequired[str]  # the call id of the rejected call this one stands in for
     key: NotRequired[str]  # a digest of the client's idempotency key, never the key
     principal: NotRequired[dict[str, str | None]]  # who asks (`Principal.audit_fields`), where the front knows
+    rule: NotRequired[int | str]  # the rule of `rules:` that decided the call: its name, else its number
+    rule_failed: NotRequired[str]  # why the rules failed closed for it
 
 
 CallFailed = MCPError | BackendError

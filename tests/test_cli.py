@@ -1,4 +1,4 @@
-"""The `mcp-spec-proxy` console script as a user runs it: `check`, `tools`, `tools accept` and serving errors.
+"""The `mcp-spec-proxy` console script as a user runs it: `check`, `tools`, `tools accept`, `explain`, serving errors.
 
 Every test runs the installed command in a subprocess with its config and --state-dir under tmp_path.
 """
@@ -118,6 +118,15 @@ def test_check_names_file_line_key_path_and_suggestion_for_an_unknown_key(tmp_pa
     assert result.returncode == 1
     assert f"Error: {config}:4: servers.toy.timout: unknown key — did you mean `timeout`?" in result.stderr
     assert result.stdout == ""
+
+
+def test_check_names_file_and_line_of_a_rule_that_does_not_compile_in_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "servers.yaml"
+    config.write_text("servers: {}\nrules:\n  - review: allow\n    when: 'tool > 3'\n")
+    result = run_proxy("--config", str(config), "check")
+    assert result.returncode == 1 and result.stdout == ""
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"Error: {config}:4: rules.0.when: `when` is not valid CEL: column 6: found no matching")
 
 
 def test_check_names_a_missing_environment_variable_and_the_fix(tmp_path: Path) -> None:
@@ -296,3 +305,48 @@ def test_tools_refuses_a_review_mode_it_cannot_build_with_a_plain_message(tmp_pa
     config = write_config(tmp_path, {"toy": toy(tmp_path / "rec")}, review={"default": "strong"})
     result = run_proxy("--config", str(config), "--state-dir", str(tmp_path / "state"), "tools")
     assert_refuses_review_mode_strong(result, config)
+
+
+# -- explain -----------------------------------------------------------------------------------
+
+EXPLAIN_RULES = [
+    {"when": 'tool == "toy__record" && args.value.startsWith("${NOTES}/")', "review": "allow"},
+    {"name": "big-amounts", "when": "has(args.amount) && args.amount > 100", "review": "human"},
+    {"when": '"admins" in principal.groups', "deny": "admins write by hand"},
+]
+
+
+def explain(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    config = write_config(tmp_path, {"toy": toy(tmp_path / "rec")}, review={"default": "deny"}, rules=EXPLAIN_RULES)
+    state = str(tmp_path / "state")
+    return run_proxy("explain", "--config", str(config), "--state-dir", state, *args, env={**os.environ, "NOTES": "/n"})
+
+
+def test_explain_names_the_rule_and_the_reviewer_a_call_would_meet(tmp_path: Path) -> None:
+    notes = explain(tmp_path, "toy__record", "--args", '{"value": "/n/a.md"}')
+    assert notes.returncode == 0, notes.stderr
+    assert notes.stdout.splitlines()[1:] == [
+        'rule: 1 — when: tool == "toy__record" && args.value.startsWith("/n/")',
+        "reviewer: allow",
+    ]
+    large = explain(tmp_path, "toy__record", "--args", '{"value": "x", "amount": 250}')
+    assert large.stdout.splitlines()[1:] == [
+        "rule: big-amounts — when: has(args.amount) && args.amount > 100",
+        "reviewer: human",
+    ]
+    admin = explain(tmp_path, "toy__record", "--args", '{"value": "x"}', "--principal", '{"groups": ["admins"]}')
+    assert admin.stdout.splitlines()[-1] == "reviewer: deny — denied by rule 3: admins write by hand"
+    nobody = explain(tmp_path, "toy__record", "--args", '{"value": "x"}')
+    assert nobody.stdout.splitlines()[1:] == ["rule: none matched — the tool's own reviewer decides", "reviewer: deny"]
+    failed = explain(tmp_path, "toy__record", "--args", '{"value": "x", "amount": "250"}')
+    assert "failed closed: rule big-amounts: " in failed.stdout and failed.stdout.endswith("reviewer: deny\n")
+    assert (tmp_path / "rec").exists() is False  # nothing ran
+
+
+def test_explain_refuses_what_is_not_a_call_in_one_line(tmp_path: Path) -> None:
+    unknown = explain(tmp_path, "toy__nope")
+    assert unknown.returncode == 1 and unknown.stderr.strip().splitlines() == [
+        "Error: 'toy__nope' is not a tool the proxy lists — run `mcp-spec-proxy tools` for the names"
+    ]
+    broken = explain(tmp_path, "toy__record", "--args", "[1")
+    assert broken.returncode == 2 and "Invalid value for --args: not JSON" in broken.stderr

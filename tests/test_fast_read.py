@@ -32,6 +32,7 @@ from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.principal import Principal
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
 from mcp_spec_proxy.results import Author, Read, Report
+from mcp_spec_proxy.rules import Decision
 from mcp_spec_proxy.testing import Respond, ScriptedModelServer
 from mcp_spec_proxy.trajectory import Step
 from tests.harness import ERAS, PROXY_COMMAND, Proxied, call_error, proxied, recorded, spawned, text_of, toy
@@ -75,11 +76,12 @@ async def spied(p: Proxied) -> AsyncIterator[dict[str, list[str]]]:
         author: Author = "client",
         report: Report | None = None,
         call: str | None = None,
+        rule: Decision | None = None,
         principal: Principal | None = None,
     ) -> Read[WireResult]:
         if not lean.get():
             seen["model"].append(tool.name)
-        return await model(session, tool, arguments, step, author, report, call, principal=principal)
+        return await model(session, tool, arguments, step, author, report, call, rule, principal=principal)
 
     barrier.read_json = read_json  # type: ignore[method-assign]
     gate.read = read  # type: ignore[method-assign]
@@ -95,6 +97,23 @@ async def test_read_takes_the_fast_path_and_is_audited(tmp_path: Path, mode: str
     assert seen == {"fast": ["toy__echo"], "model": []}
     reads = [e for e in audit_events(tmp_path / "state") if e["event"] == "read"]
     assert [(e["tool"], e["author"]) for e in reads] == [("toy__echo", "client")]
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_a_rule_that_may_make_a_read_a_write_keeps_reads_off_the_fast_path(tmp_path: Path, mode: str) -> None:
+    rules = [
+        {"when": 'args.text == "hi"', "name": "greeting", "review": "human"},
+        {"when": 'args.text.startsWith("DROP")', "effect": "write"},
+    ]
+    cfg = {**config(tmp_path / "rec"), "rules": rules}
+    async with proxied(cfg, tmp_path / "state", mode=mode) as p, spied(p) as seen:
+        held = await p.client.call_tool("toy__echo", {"text": "DROP it"})
+        read = await p.client.call_tool("toy__echo", {"text": "hi"})
+    assert held.is_error and "Blocked at the write barrier" in text_of(held) and text_of(read) == "hi"
+    assert seen == {"fast": [], "model": ["toy__echo"]}  # the read took the SDK's path, where rules run first
+    events = audit_events(tmp_path / "state")
+    told = [(e["event"], e.get("rule")) for e in events]
+    assert told == [("held", 2), ("verdict", 2), ("blocked", None), ("read", "greeting")]
 
 
 @pytest.mark.parametrize("mode", ERAS)

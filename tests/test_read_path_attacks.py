@@ -25,6 +25,7 @@ from mcp_spec_proxy.backends.raw import WireResult
 from mcp_spec_proxy.catalog import CatalogTool
 from mcp_spec_proxy.principal import Principal
 from mcp_spec_proxy.results import Author, Read, Report
+from mcp_spec_proxy.rules import Decision
 from mcp_spec_proxy.trajectory import Step
 from tests.harness import ERAS, PROXY_COMMAND, proxied, recorded, spawned, text_of, toy, verdict
 
@@ -252,10 +253,11 @@ async def test_a_read_claimed_before_a_rug_pull_does_not_run_after_it(tmp_path: 
             author: Author = "client",
             report: Report | None = None,
             call: str | None = None,
+            rule: Decision | None = None,
             principal: Principal | None = None,
         ) -> Read[WireResult]:
             forwarded.append(tool.name)
-            return await fast(session, tool, arguments, step, author, report, call, principal)
+            return await fast(session, tool, arguments, step, author, report, call, rule, principal=principal)
 
         p.proxy.gate.read = read  # type: ignore[method-assign]
         result = await barrier.read_json(barrier.new_session(), tool, {"text": "late"})

@@ -92,8 +92,10 @@ class RunState:
             return None
 
     def step_for(self, proposal: ProposedStep) -> Step:
+        """The proposed call as a step; its effect is the call's, which a rule of `rules:` may make a write."""
         arguments, _ = strip_intent(proposal.tool, proposal.arguments)
-        return Step(proposal.tool.name, arguments, proposal.tool.effect)
+        tool, _ = self.engine.gate.decide(proposal.tool, arguments, None, self.result.task_id)
+        return Step(tool.name, arguments, tool.effect)
 
     # -- execution, audit, telemetry ---------------------------------------------------------
 
@@ -144,13 +146,14 @@ class RunState:
     async def execute(self, step: Step, author: Author, prefix: list[Step]) -> Step:
         """Run a step now, through the gate (a read at once, a write under its tool's policy): the
         step as it ran, or with its refusal as its observation, so the model that made it sees why."""
-        tool = self.source.lookup(step.tool)
+        tool, rule = self.engine.gate.decide(self.source.lookup(step.tool), step.arguments, None, self.result.task_id)
         if tool.effect == "read":
             if tool.server == CLIENT:
                 result = await self.run_client(tool, step.arguments, None)
                 return step.observed(str(getattr(result.content[0], "text", "")), is_error=bool(result.is_error))
             # A failed read's step observed the failure: the model reads it there.
-            return (await self.engine.gate.read(self.result.task_id, tool, step.arguments, step, author, None)).step
+            read = await self.engine.gate.read(self.result.task_id, tool, step.arguments, step, author, None, rule=rule)
+            return read.step
         segment = Segment((*prefix, step))
         request = ReviewRequest(
             self.result.task_id, tool, step.arguments, None, segment, self.history.before(), self.task

@@ -54,12 +54,7 @@ def build_reviewers(
 
         untrusted = {name for name, server in config.servers.items() if not server.trust_annotations}
         reviewers["leash"] = LeashReviewer(leash, reviewers.get("strong", human), untrusted_servers=untrusted)
-    used: dict[str, str] = {"review.default": config.review.default}
-    for server_name, server in config.servers.items():
-        for pattern, rule in server.tools.overrides.items():
-            if rule.review is not None:
-                used[f"servers.{server_name}.tools.overrides.{pattern}.review"] = rule.review
-    for key, mode in used.items():
+    for key, mode in config.review_modes().items():
         if mode in reviewers:
             continue
         if mode == "leash":

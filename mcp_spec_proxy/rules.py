@@ -1,0 +1,266 @@
+"""The operator's `rules:` in servers.yaml: CEL expressions that decide, per call, which reviewer
+it meets (or that it is refused, or that a read is a write). The approval console's per-session
+"allow calls like this" rules are another thing: `review/rules.py`.
+
+Each rule's `when` is CEL (the CEL C++ runtime, `cel-expr-python`), compiled and type-checked
+when the config loads: a syntax or type error is a config error at the rule's line. At run time
+each call is one evaluation over these variables, and nothing else:
+
+    tool        the tool's public name (`fs__write_file`)
+    server      its server's name
+    args        the arguments its backend gets (`intent` already stripped), as JSON values
+    annotations the tool's annotations as its backend listed them (`readOnlyHint`, ...)
+    principal   `sub`, `client_id`, `scopes`, `groups` — empty text and lists when nobody is identified
+    session     the client session's id
+
+The first rule whose `when` is true decides; with none, the tool's own reviewer does, as without
+rules. A rule's `effect: write` may make a read a write (it then meets the write barrier), and a
+`deny:` makes any call a write that its rule refuses; nothing makes a write a read.
+
+A rule that cannot be evaluated for a call (a key the call lacks, a value of the wrong type, a
+number CEL cannot hold, text that is not Unicode) fails closed, and so does every call whose
+arguments hold NaN or an infinity (every comparison with NaN is false: `args.amount > 100` would
+quietly not match). Failing closed means the strictest outcome among the rules that could have
+matched: the failed rules, the first later rule that matches, and — when none does — the tool's
+own reviewer. Strictest is `deny`, then a person (`human`, `console`), `strong`,
+`strong_then_human`, `leash`, `allow`; any of them making the call a write makes it one.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from mcp_spec_proxy.config import ReviewMode
+
+if TYPE_CHECKING:
+    from mcp_spec_proxy.catalog import CatalogTool
+    from mcp_spec_proxy.config import RuleConfig
+
+
+@functools.cache
+def _cel() -> tuple[Any, Any]:
+    """The CEL module and the environment every rule compiles in: loaded with the first rule, so a
+    proxy without `rules:` never loads the CEL runtime."""
+    from cel_expr_python import cel
+
+    t = cel.Type
+    variables = {"tool": t.STRING, "server": t.STRING, "session": t.STRING}
+    variables |= {name: t.Map(t.STRING, t.DYN) for name in ("args", "annotations", "principal")}
+    return cel, cel.NewEnv(variables=variables)
+
+
+STRICTNESS: tuple[ReviewMode, ...] = ("allow", "leash", "strong_then_human", "strong", "console", "human", "deny")
+"""Review modes from the most lenient to the strictest: a rule that fails picks the last it could."""
+
+
+class RuleError(ValueError):
+    """A rule's `when` that does not compile: one line, where in the expression and what to change."""
+
+
+def compile_rule(when: str) -> Any:
+    """`when` compiled and type-checked (a `cel.Expression`), or `RuleError` saying what is wrong."""
+    cel, env = _cel()
+    try:
+        expression = env.compile(when)
+    except RuntimeError as exc:
+        raise RuleError(_one_line(str(exc))) from None
+    returns = expression.return_type()
+    if returns != cel.Type.BOOL and returns != cel.Type.DYN:
+        raise RuleError(
+            f"`when` gives a {returns.name().lower()}, not true or false"
+            ' — write a condition, e.g. tool == "fs__write_file" && args.path.startsWith("/notes/")'
+        )
+    return expression
+
+
+def _one_line(message: str) -> str:
+    """The CEL checker's first error as one line: `column N: what` — the fix."""
+    text = message.removeprefix("INVALID_ARGUMENT: ").splitlines()[0]
+    text = text.removeprefix("ERROR: <input>:")
+    line, _, rest = text.partition(":")
+    column, _, what = rest.partition(":")
+    if line.isdigit() and column.isdigit():
+        text = f"column {column}: {what.strip()}" if line == "1" else f"line {line}, column {column}: {what.strip()}"
+    hint = (
+        "the variables are tool, server, args, annotations, principal and session"
+        if "undeclared reference" in text
+        else 'write CEL, e.g. server == "bank" && args.amount > 100'
+    )
+    return f"`when` is not valid CEL: {text} — {hint}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the rules decided for one call.
+
+    `rule` names the rule that decided (its `name:`, else its number from 1), None when none
+    matched; `review` the reviewer it chose (None: the tool's own); `deny` its refusal; `write`
+    whether the call is a write by a rule; `failed` why the rules failed closed, if they did."""
+
+    rule: int | str | None = None
+    review: ReviewMode | None = None
+    deny: str | None = None
+    write: bool = False
+    failed: str | None = None
+
+    def audit(self) -> dict[str, Any]:
+        """The fields the call's audit lines carry: the rule that decided it, and why it failed closed."""
+        fields: dict[str, Any] = {} if self.rule is None else {"rule": self.rule}
+        if self.failed is not None:
+            fields["rule_failed"] = self.failed
+        return fields
+
+
+NO_RULE = Decision()
+
+
+@dataclass(frozen=True)
+class _Rule:
+    label: int | str
+    expression: Any  # cel.Expression
+    review: ReviewMode | None
+    deny: str | None
+    write: bool
+
+
+class Rules:
+    """The config's `rules:`, compiled once; `decide` evaluates them for one call."""
+
+    def __init__(self, rules: Sequence[RuleConfig], default: ReviewMode) -> None:
+        self._default = default
+        self._rules = tuple(
+            _Rule(
+                rule.name or number,
+                compile_rule(rule.when),
+                rule.review,
+                rule.deny,
+                rule.effect == "write" or rule.deny is not None,
+            )
+            for number, rule in enumerate(rules, 1)
+        )
+
+    @property
+    def make_writes(self) -> bool:
+        """Whether some rule may make a read a write (`effect: write`, `deny:`): then no read is
+        known to be one before its arguments are read."""
+        return any(rule.write for rule in self._rules)
+
+    def __bool__(self) -> bool:
+        return bool(self._rules)
+
+    def decide(
+        self, tool: CatalogTool, arguments: Mapping[str, Any], principal: object | None, session: str
+    ) -> Decision:
+        """The first rule that matches this call decides; see the module docstring for failures."""
+        if not self._rules:
+            return NO_RULE
+        variables = {
+            "tool": tool.name,
+            "server": tool.server,
+            "session": session,
+            "args": dict(arguments),
+            "annotations": _annotations(tool),
+            "principal": principal_variables(principal),
+        }
+        if _not_finite(arguments):
+            why = "its arguments hold NaN or an infinity, which no rule compares faithfully"
+            return self._closed(tool, list(self._rules), None, why)
+        # One activation for every rule: CEL converts a value when a rule first reads it, once per call.
+        activation = _cel()[1].Activation(data=variables)
+        failed: list[_Rule] = []
+        first_error = ""
+        for rule in self._rules:
+            matched, error = _evaluate(rule.expression, activation)
+            if error is not None:
+                failed.append(rule)
+                first_error = first_error or f"rule {rule.label}: {error}"
+            elif matched and not failed:
+                return Decision(rule.label, rule.review, _denied(rule), rule.write)
+            elif matched:
+                return self._closed(tool, failed, rule, first_error)
+        if failed:
+            return self._closed(tool, failed, None, first_error)
+        return NO_RULE
+
+    def _closed(self, tool: CatalogTool, could: list[_Rule], matched: _Rule | None, why: str) -> Decision:
+        """The strictest outcome among rules that could have decided (and the tool's own reviewer
+        when no later rule matched)."""
+        candidates = [*could, *([matched] if matched is not None else [])]
+        write = any(rule.write for rule in candidates)
+        label = could[0].label
+        denying = next((rule for rule in candidates if rule.deny is not None), None)
+        if denying is not None:
+            return Decision(label, None, f"{why}; failing closed, {_denied(denying)}", True, why)
+        modes = [rule.review or tool.review or self._default for rule in candidates]
+        if matched is None:
+            modes.append(tool.review or self._default)
+        review = max(modes, key=STRICTNESS.index)
+        return Decision(label, review, None, write, why)
+
+
+def _denied(rule: _Rule) -> str | None:
+    return None if rule.deny is None else f"denied by rule {rule.label}: {rule.deny}"
+
+
+def _evaluate(expression: Any, activation: Any) -> tuple[bool, str | None]:
+    """Whether the rule matched, or why it could not say (a CEL error value, or data CEL refused)."""
+    try:
+        value = expression.eval(activation)
+    except (RuntimeError, ValueError, TypeError) as exc:  # data CEL cannot take (a lone surrogate, ...)
+        return False, f"its arguments cannot be evaluated ({type(exc).__name__}: {str(exc)[:200]})"
+    if value.type() == _cel()[0].Type.ERROR:
+        return False, str(value.value())[:300]
+    result = value.value()
+    if not isinstance(result, bool):
+        return False, f"`when` gave {str(result)[:100]!r}, not true or false"
+    return result, None
+
+
+def _not_finite(value: Any) -> bool:
+    """Whether NaN or an infinity is anywhere in `value`: walked with a stack, so depth costs no recursion."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return True
+        if isinstance(item, Mapping):
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
+    return False
+
+
+def _annotations(tool: CatalogTool) -> dict[str, Any]:
+    annotations = tool.definition.annotations
+    return {} if annotations is None else annotations.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def principal_variables(principal: object | None) -> dict[str, Any]:
+    """`principal` as rules see it: a mapping or an object with `sub`, `client_id`, `scopes`,
+    `groups`; whatever is absent is empty text or an empty list."""
+
+    def field(name: str) -> Any:
+        if isinstance(principal, Mapping):
+            return principal.get(name)
+        return getattr(principal, name, None)
+
+    def text(name: str) -> str:
+        value = field(name)
+        return value if isinstance(value, str) else ""
+
+    def texts(name: str) -> list[str]:
+        value = field(name)
+        if isinstance(value, str):
+            return value.split()  # OAuth's `scope` is one space-separated string
+        if not isinstance(value, list | tuple | set | frozenset):
+            return []
+        return [item for item in value if isinstance(item, str)]
+
+    return {"sub": text("sub"), "client_id": text("client_id"), "scopes": texts("scopes"), "groups": texts("groups")}
+
+
+__all__ = ["NO_RULE", "STRICTNESS", "Decision", "RuleError", "Rules", "compile_rule", "principal_variables"]
