@@ -1,0 +1,56 @@
+"""Side doors found in review: what a client sends reaching a backend it was not meant for, and
+what one request's context leaves behind for another call."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from mcp.server import Server, ServerRequestContext
+
+from tests.harness import proxied, text_of
+
+pytestmark = pytest.mark.anyio
+
+OBJECT: dict[str, Any] = {"type": "object"}
+
+
+def answers_server(seen: list[Any]) -> Server[Any]:
+    """Lists one write tool, `note`, and records the inputResponses each call brought."""
+
+    async def list_tools(
+        ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[types.Tool(name="note", input_schema=OBJECT)])
+
+    async def call_tool(
+        ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        responses = params.input_responses
+        seen.append(sorted(responses) if responses else None)
+        return types.CallToolResult(content=[types.TextContent(type="text", text="noted")])
+
+    return Server("answers", on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+async def _approve(context: Any, params: Any) -> types.ElicitResult:
+    return types.ElicitResult(action="accept", content={"approve": True})
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the user's answer to the proxy's own approval question is forwarded to the backend as inputResponses",
+)
+async def test_the_users_approval_answer_never_reaches_the_backend(tmp_path: Path) -> None:
+    seen: list[Any] = []
+    config = {"servers": {"rec": {"command": "unused"}}, "review": {"default": "human"}}
+    with anyio.fail_after(60):
+        async with proxied(
+            config, tmp_path, mode="2026-07-28", elicitation=_approve, in_process={"rec": answers_server(seen)}
+        ) as p:
+            result = await p.client.call_tool("rec__note", {})
+    assert text_of(result) == "noted", text_of(result)
+    assert seen == [None]  # the backend asked nothing; the approval was the proxy's question
