@@ -11,7 +11,8 @@ import mcp_types as types
 import pytest
 from mcp.server import Server, ServerRequestContext
 
-from tests.harness import proxied, text_of
+from mcp_spec_proxy.testing import ChatRequest, Respond, ScriptedModelServer
+from tests.harness import proxied, segment_length, text_of, verdict
 
 pytestmark = pytest.mark.anyio
 
@@ -54,3 +55,34 @@ async def test_the_users_approval_answer_never_reaches_the_backend(tmp_path: Pat
             result = await p.client.call_tool("rec__note", {})
     assert text_of(result) == "noted", text_of(result)
     assert seen == [None]  # the backend asked nothing; the approval was the proxy's question
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="CLIENT_ANSWERS is cleared only by a forward: a rejected call's replacement carries its inputResponses",
+)
+async def test_a_replacement_never_carries_the_rejected_calls_input_responses(tmp_path: Path) -> None:
+    seen_a: list[Any] = []
+    seen_b: list[Any] = []
+    reviews: list[int] = []
+
+    def review(request: ChatRequest) -> str:
+        reviews.append(1)
+        if len(reviews) == 1:  # the client's call: rejected, with a call of another server's tool instead
+            return verdict(segment_length(request) - 1, "wrong server", {"tool": "b__note", "arguments": {}})
+        return verdict(segment_length(request), "fine")
+
+    async with ScriptedModelServer(Respond(review)) as model:
+        config = {
+            "servers": {"a": {"command": "unused"}, "b": {"command": "unused"}},
+            "models": {"strong": {"base_url": model.base_url, "model": "strong", "max_retries": 0}},
+            "review": {"default": "strong", "on_reject": "replace"},
+        }
+        servers = {"a": answers_server(seen_a), "b": answers_server(seen_b)}
+        with anyio.fail_after(60):
+            async with proxied(config, tmp_path, mode="2026-07-28", in_process=servers) as p:
+                answer = types.ElicitResult(action="accept", content={"pin": "1234"})
+                result = await p.client.call_tool("a__note", {}, input_responses={"confirm": answer})
+    assert "replaced it with b__note" in text_of(result), text_of(result)
+    assert seen_a == []
+    assert seen_b == [None]  # the client's answers were for a__note, which never ran
