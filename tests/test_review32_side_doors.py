@@ -9,10 +9,14 @@ from typing import Any
 import anyio
 import mcp_types as types
 import pytest
+from mcp import Client
 from mcp.server import Server, ServerRequestContext
+from mcp.shared.exceptions import MCPError
 
+from mcp_spec_proxy.backends import session_legs
 from mcp_spec_proxy.testing import ChatRequest, Respond, ScriptedModelServer
-from tests.harness import proxied, segment_length, text_of, verdict
+from tests.harness import proxied, segment_length, text_of, toy, verdict
+from tests.test_session_legs import front_over
 
 pytestmark = pytest.mark.anyio
 
@@ -86,3 +90,38 @@ async def test_a_replacement_never_carries_the_rejected_calls_input_responses(tm
     assert "replaced it with b__note" in text_of(result), text_of(result)
     assert seen_a == []
     assert seen_b == [None]  # the client's answers were for a__note, which never ran
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="past MAX_LEGS the least recently used leg is closed even while its client's call is in flight there",
+)
+async def test_another_clients_new_sessions_never_close_a_backend_session_with_a_call_in_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(session_legs, "MAX_LEGS", 1)  # 256 in production: the same with 256 sessions opened
+    outcome: list[str] = []
+    with anyio.fail_after(90):
+        async with front_over(toy(tmp_path / "rec", isolation="per_session"), tmp_path / "state") as (proxy, front):
+            legs = proxy.backends.get("remote").sessions
+            assert legs is not None
+            async with Client(front, mode="legacy") as victim, anyio.create_task_group() as tg:
+
+                async def victims_call() -> None:
+                    try:
+                        result = await victim.call_tool("remote__hang", {})
+                        outcome.append(text_of(result))
+                    except MCPError as exc:
+                        outcome.append(exc.error.message)
+
+                tg.start_soon(victims_call)
+                while legs.open < 1:  # noqa: ASYNC110 (a count the proxy keeps)
+                    await anyio.sleep(0.05)
+                await anyio.sleep(0.5)  # the victim's call is in flight on its own backend session
+                async with Client(front, mode="legacy") as flooder:
+                    await flooder.call_tool("remote__echo", {"text": "mine"})
+                with anyio.move_on_after(3):
+                    while not outcome:  # noqa: ASYNC110
+                        await anyio.sleep(0.05)
+                tg.cancel_scope.cancel()
+    assert outcome == [], outcome  # the victim's call was still waiting on its backend
