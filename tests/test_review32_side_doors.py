@@ -16,7 +16,8 @@ from mcp.shared.exceptions import MCPError
 from mcp_spec_proxy.backends import session_legs
 from mcp_spec_proxy.testing import ChatRequest, Respond, ScriptedModelServer
 from tests.harness import proxied, segment_length, text_of, toy, verdict
-from tests.test_session_legs import front_over
+from tests.test_remote_backends import everything_over
+from tests.test_session_legs import front_over, roots_of
 
 pytestmark = pytest.mark.anyio
 
@@ -191,3 +192,20 @@ async def test_a_list_change_on_one_clients_own_backend_session_is_not_announced
                 await anyio.sleep(0.5)
     # Directly, B's own backend session announced nothing: only A's did.
     assert heard["b"] == [], heard
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="2026-07-28 clients of a handshake-only URL backend share one backend session, which keeps one client's roots",
+)
+async def test_two_modern_clients_of_a_handshake_only_backend_each_see_their_own_roots(tmp_path: Path) -> None:
+    with anyio.fail_after(90):
+        async with everything_over("streamableHttp") as url, front_over({"url": url}, tmp_path) as (_, front):
+            async with (
+                Client(front, mode="2026-07-28", list_roots_callback=roots_of("file:///work/alpha")) as alpha,
+                Client(front, mode="2026-07-28", list_roots_callback=roots_of("file:///work/beta")) as beta,
+            ):
+                seen_by_alpha = text_of(await alpha.call_tool("remote__get-roots-list", {}))
+                seen_by_beta = text_of(await beta.call_tool("remote__get-roots-list", {}))
+    assert "file:///work/alpha" in seen_by_alpha, seen_by_alpha
+    assert "alpha" not in seen_by_beta, seen_by_beta  # directly, B's server never heard of A's roots
