@@ -209,3 +209,23 @@ async def test_two_modern_clients_of_a_handshake_only_backend_each_see_their_own
                 seen_by_beta = text_of(await beta.call_tool("remote__get-roots-list", {}))
     assert "file:///work/alpha" in seen_by_alpha, seen_by_alpha
     assert "alpha" not in seen_by_beta, seen_by_beta  # directly, B's server never heard of A's roots
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a backend session counts as unused from the start of its last request: a call longer than IDLE_S is cut",
+)
+async def test_a_backend_session_with_a_call_in_flight_is_never_closed_as_unused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(session_legs, "IDLE_S", 1.0)  # 600 s in production: the same for a call of 11 minutes
+    with anyio.fail_after(90):
+        async with front_over(toy(tmp_path / "rec", isolation="per_session", timeout=4), tmp_path / "state") as (
+            _,
+            front,
+        ):
+            async with Client(front, mode="legacy") as client:
+                with pytest.raises(MCPError) as raised:
+                    await client.call_tool("remote__hang", {})
+    # The proxy's own clock ends the call (its `timeout`), not the backend session closing under it.
+    assert "did not answer" in raised.value.error.message, raised.value.error.message
