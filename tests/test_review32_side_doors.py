@@ -179,34 +179,35 @@ async def test_a_list_change_on_one_clients_own_backend_session_is_not_announced
         return messages
 
     with anyio.fail_after(90):
-        async with front_over(toy(tmp_path / "rec", isolation="per_session"), tmp_path / "state") as (_, front):
-            async with (
-                Client(front, mode="legacy", message_handler=hearing("a")) as a,
-                Client(front, mode="legacy", message_handler=hearing("b")) as b,
-            ):
-                await b.call_tool("remote__echo", {"text": "b is here"})
-                assert text_of(await a.call_tool("remote__flood", {"count": 1})) == "flooded"
-                with anyio.move_on_after(3):
-                    while not heard["a"]:  # noqa: ASYNC110 (the client's message handler records it)
-                        await anyio.sleep(0.05)
-                await anyio.sleep(0.5)
+        async with (
+            front_over(toy(tmp_path / "rec", isolation="per_session"), tmp_path / "state") as (_, front),
+            Client(front, mode="legacy", message_handler=hearing("a")) as a,
+            Client(front, mode="legacy", message_handler=hearing("b")) as b,
+        ):
+            await b.call_tool("remote__echo", {"text": "b is here"})
+            assert text_of(await a.call_tool("remote__flood", {"count": 1})) == "flooded"
+            with anyio.move_on_after(3):
+                while not heard["a"]:  # noqa: ASYNC110 (the client's message handler records it)
+                    await anyio.sleep(0.05)
+            await anyio.sleep(0.5)
     # Directly, B's own backend session announced nothing: only A's did.
     assert heard["b"] == [], heard
 
 
 @pytest.mark.xfail(
     strict=True,
-    reason="2026-07-28 clients of a handshake-only URL backend share one backend session, which keeps one client's roots",
+    reason="2026-07-28 clients of a handshake-only URL backend share one backend session, which keeps one's roots",
 )
 async def test_two_modern_clients_of_a_handshake_only_backend_each_see_their_own_roots(tmp_path: Path) -> None:
     with anyio.fail_after(90):
-        async with everything_over("streamableHttp") as url, front_over({"url": url}, tmp_path) as (_, front):
-            async with (
-                Client(front, mode="2026-07-28", list_roots_callback=roots_of("file:///work/alpha")) as alpha,
-                Client(front, mode="2026-07-28", list_roots_callback=roots_of("file:///work/beta")) as beta,
-            ):
-                seen_by_alpha = text_of(await alpha.call_tool("remote__get-roots-list", {}))
-                seen_by_beta = text_of(await beta.call_tool("remote__get-roots-list", {}))
+        async with (
+            everything_over("streamableHttp") as url,
+            front_over({"url": url}, tmp_path) as (_, front),
+            Client(front, mode="2026-07-28", list_roots_callback=roots_of("file:///work/alpha")) as alpha,
+            Client(front, mode="2026-07-28", list_roots_callback=roots_of("file:///work/beta")) as beta,
+        ):
+            seen_by_alpha = text_of(await alpha.call_tool("remote__get-roots-list", {}))
+            seen_by_beta = text_of(await beta.call_tool("remote__get-roots-list", {}))
     assert "file:///work/alpha" in seen_by_alpha, seen_by_alpha
     assert "alpha" not in seen_by_beta, seen_by_beta  # directly, B's server never heard of A's roots
 
@@ -220,13 +221,12 @@ async def test_a_backend_session_with_a_call_in_flight_is_never_closed_as_unused
 ) -> None:
     monkeypatch.setattr(session_legs, "IDLE_S", 1.0)  # 600 s in production: the same for a call of 11 minutes
     with anyio.fail_after(90):
-        async with front_over(toy(tmp_path / "rec", isolation="per_session", timeout=4), tmp_path / "state") as (
-            _,
-            front,
+        async with (
+            front_over(toy(tmp_path / "rec", isolation="per_session", timeout=4), tmp_path / "state") as (_, front),
+            Client(front, mode="legacy") as client,
         ):
-            async with Client(front, mode="legacy") as client:
-                with pytest.raises(MCPError) as raised:
-                    await client.call_tool("remote__hang", {})
+            with pytest.raises(MCPError) as raised:
+                await client.call_tool("remote__hang", {})
     # The proxy's own clock ends the call (its `timeout`), not the backend session closing under it.
     assert "did not answer" in raised.value.error.message, raised.value.error.message
 
