@@ -38,7 +38,8 @@ from typing import Any
 import anyio
 import mcp_types as types
 
-from mcp_spec_proxy.catalog import HELD_REASONS, Catalog, CatalogTool, strip_intent
+from mcp_spec_proxy.catalog import Catalog, CatalogTool, strip_intent
+from mcp_spec_proxy.classification import HELD_REASONS
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.errors import InvalidArguments, ToolNotFound
 from mcp_spec_proxy.gate import Gate, GateCall, Outcome

@@ -5,42 +5,31 @@ longer than `max_name_length`, does not split back into its own server and tool,
 hash suffix (`-<6 hex>`) is cut and given a short stable hash of its identity instead. A public
 name is a function of the configured servers and its own server and tool only, never of which
 other tools exist or of listing order, and no two servers can ever produce the same one (see
-`public_name`); two tools of one server whose hashed names collide are both left out.
+`public_name`); two tools of one server whose hashed names collide are both left out. A server
+under `namespace: false` keeps its tools' own names, save one that another server's tool also has
+(that one is prefixed while both are listed).
 Annotations, titles, output schemas and `_meta` pass through unchanged; only the name (and, for
 writes, the optional `intent` argument) differ from what the backend listed.
 
-Classification, first rule that speaks wins:
-  1. a definition that changed since it was first seen  → write, until `tools accept NAME`
-  2. a tool that appeared after its server's first
-     listing (list_changed, a reconnect)                → write, until `tools accept NAME`
-  3. a config override with `hold: true`                → write
-  4. a config override with `read_only: true|false`     → read / write
-  5. `readOnlyHint: true` from an untrusted server      → write
-  6. `readOnlyHint: true` with `destructiveHint: true`  → write (the annotations contradict)
-  7. `readOnlyHint: true` and `openWorldHint: true`
-     under `hold_open_world` (server, else top level)   → write (reason `hold`)
-  8. `readOnlyHint: true` from a trusted server         → read
-  9. anything else (unannotated, `readOnlyHint: false`) → write
-
-Arguments are checked before anything is reviewed or forwarded (`tool_arguments.py`); public
-names are made in `tool_names.py`.
+Classification (read or write, and why) is `classification.py`'s. Arguments are checked before
+anything is reviewed or forwarded (`tool_arguments.py`); public names are made in `tool_names.py`.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import json
 import logging
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import mcp_types as types
 
 from mcp_spec_proxy.backends.era import Era, seen_by_client
-from mcp_spec_proxy.config import OnReject, ProxyConfig, ReviewMode, ServerConfig, ToolOverride
+from mcp_spec_proxy.classification import HELD_REASONS, Reason, classify, included
+from mcp_spec_proxy.config import OnReject, ProxyConfig, ReviewMode
 from mcp_spec_proxy.errors import ToolNotFound
 from mcp_spec_proxy.fingerprints import FingerprintStore, Status, fingerprint
 from mcp_spec_proxy.tool_arguments import check_arguments
@@ -60,9 +49,6 @@ INTENT_SCHEMA: dict[str, Any] = {
     "description": "What the user asked for and why this call serves it.",
 }
 
-Reason = Literal["changed-definition", "new-tool", "hold", "override", "annotation", "default"]
-HELD_REASONS = ("changed-definition", "new-tool")
-"""Why a tool is held (rules 1 and 2): it runs for no one, by no author, until `tools accept`."""
 _Named = TypeVar("_Named")
 
 
@@ -100,55 +86,6 @@ class CatalogEntry:
     server: str
     original: str
     era: Era | None = None  # listed on this era's backend leg only
-
-
-def _override(server: ServerConfig, tool: str) -> tuple[str, ToolOverride] | None:
-    for pattern, rule in server.tools.overrides.items():
-        if fnmatch.fnmatchcase(tool, pattern):
-            return pattern, rule
-    return None
-
-
-def included(server: ServerConfig, tool: str) -> bool:
-    tools = server.tools
-    return any(fnmatch.fnmatchcase(tool, p) for p in tools.include) and not any(
-        fnmatch.fnmatchcase(tool, p) for p in tools.exclude
-    )
-
-
-def classify(
-    server: ServerConfig, tool: types.Tool, *, status: Status = "accepted", hold_open_world: bool = False
-) -> tuple[Effect, Reason, str, ToolOverride | None]:
-    """The effect of one tool, the rule that decided it and why (the module docstring's list).
-
-    `status` is the fingerprint store's word on its definition; `hold_open_world` the setting in
-    force for its server (the server's own, else the top-level one).
-    """
-    matched = _override(server, tool.name)
-    rule = matched[1] if matched else None
-    if status == "changed":
-        return "write", "changed-definition", "definition changed since first seen; accept it with `tools accept`", rule
-    if status == "new":
-        why = "tool appeared after its server's first listing; accept it with `tools accept`"
-        return "write", "new-tool", why, rule
-    if matched and rule and rule.hold:
-        return "write", "hold", f"override {matched[0]!r}: hold", rule
-    if matched and rule and rule.read_only is not None:
-        effect: Effect = "read" if rule.read_only else "write"
-        return effect, "override", f"override {matched[0]!r}: read_only: {str(rule.read_only).lower()}", rule
-    annotations = tool.annotations
-    hint = annotations.read_only_hint if annotations else None
-    if hint is True and not server.trust_annotations:
-        return "write", "default", "readOnlyHint ignored: trust_annotations is false", rule
-    if hint is True and annotations and annotations.destructive_hint is True:
-        return "write", "annotation", "readOnlyHint: true contradicts destructiveHint: true; held as a write", rule
-    if hint is True and hold_open_world and annotations and annotations.open_world_hint:
-        return "write", "hold", "readOnlyHint: true but openWorldHint: true, and hold_open_world is true", rule
-    if hint is True:
-        return "read", "annotation", "readOnlyHint: true", rule
-    if hint is False:
-        return "write", "annotation", "readOnlyHint: false", rule
-    return "write", "default", "no readOnlyHint: unannotated tools are writes", rule
 
 
 class ToolSource(Protocol):
@@ -363,8 +300,9 @@ class Catalog:
     def _included(self, server: str, tool: str) -> bool:
         return included(self._config.servers[server], tool)
 
-    def _public_name(self, server: str, tool: str) -> str:
-        namespaced = self._config.servers[server].namespace
+    def _public_name(self, server: str, tool: str, namespaced: bool | None = None) -> str:
+        """`namespaced`: True to prefix it whatever the server's `namespace`; None: as configured."""
+        namespaced = namespaced or self._config.servers[server].namespace
         return public_name(server, tool, self._separator, self._limit, self._config.servers, namespaced=namespaced)
 
     def _rebuild(self, printed: Mapping[int, str] | None = None) -> None:
@@ -373,6 +311,10 @@ class Catalog:
         printed = printed or {}
         named: list[tuple[str, CatalogTool]] = []
         built: dict[tuple[str, str], tuple[types.Tool, Status, CatalogTool]] = {}
+        owners: dict[str, set[str]] = {}  # by a tool's own name: the servers that list one so named
+        for server, listing in self._listings.items():
+            for tool in listing:
+                owners.setdefault(tool.name, set()).add(server)
         for server, listing in sorted(self._listings.items()):
             for tool in listing:
                 key = (server, tool.name)
@@ -387,10 +329,15 @@ class Catalog:
                     continue
                 status = self._fingerprints.status(f"{server}/{tool.name}", print_)
                 era = self._only.get(server, {}).get(tool.name)
-                if cached is not None and cached[0] is tool and cached[1] == status and cached[2].era == era:
+                # An unprefixed server's tool keeps its own name only while no other server has a
+                # tool of that name: else an App's call by that name could reach the wrong server.
+                shared = len(owners.get(tool.name, ())) > 1
+                name = self._public_name(server, tool.name, namespaced=shared or None)
+                fresh = cached is None or cached[0] is not tool or cached[1] != status
+                if not fresh and cached is not None and cached[2].era == era and cached[2].name == name:
                     entry = cached[2]
                 else:
-                    entry = self._entry(server, tool, print_, status, era)
+                    entry = self._entry(server, tool, print_, status, era, name)
                 built[key] = (tool, status, entry)
                 named.append((entry.name, entry))
         self._built = built
@@ -400,11 +347,12 @@ class Catalog:
             self._by_original.setdefault(listed.original, []).append(listed)
         self._validators = {}
 
-    def _entry(self, server: str, tool: types.Tool, print_: str, status: Status, era: Era | None) -> CatalogTool:
+    def _entry(
+        self, server: str, tool: types.Tool, print_: str, status: Status, era: Era | None, name: str
+    ) -> CatalogTool:
         config = self._config.servers[server]
         hold_open_world = config.hold_open_world if config.hold_open_world is not None else self._config.hold_open_world
         effect, reason, why, rule = classify(config, tool, status=status, hold_open_world=hold_open_world)
-        name = self._public_name(server, tool.name)
         wants_intent = (
             effect == "write"
             and self._config.review.intent

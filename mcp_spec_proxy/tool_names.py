@@ -12,6 +12,8 @@ import re
 from collections.abc import Collection
 
 _ILLEGAL = re.compile(r"[^A-Za-z0-9_.-]")
+RESERVED_NAMES = frozenset({"delegate", "report_outcome", "search_tools", "call_tool"})
+"""The proxy's own tools' names (fronts/own_tools.py, fronts/catalog_search.py): never a backend's."""
 _HASHED = re.compile(r"-[0-9a-f]{6}\Z")
 
 
@@ -21,9 +23,10 @@ def public_name(
     """`<server><sep><tool>`, legal characters only, at most `limit` long.
 
     A server configured with `namespace: false` keeps its tools' own names where they are legal,
-    fit, do not end like a hash suffix and do not start like any configured server's namespaced
-    names (`<server><sep>`): such a server can never take a name that lies in another's
-    namespace. Any other of its names is made as a namespaced server's would be.
+    fit, do not end like a hash suffix, are not one of the proxy's own tools' names and do not start
+    like any configured server's namespaced names (`<server><sep>`): such a server can never take a
+    name that lies in another's namespace. Any other of its names is made as a namespaced server's
+    would be, and so is one another server's tool also has as its own name (the catalog decides that).
 
     The plain name is kept only when it is legal, fits, splits back at its first separator into
     this very server and tool (`a_` + `x` and `a` + `_x` both spell `a___x`) and does not end
@@ -40,6 +43,7 @@ def public_name(
         len(tool) <= limit
         and not _ILLEGAL.search(tool)
         and not _HASHED.search(tool)
+        and tool not in RESERVED_NAMES
         and not any(tool.startswith(f"{other}{separator}") for other in (*servers, server))
     ):
         return tool
@@ -66,4 +70,4 @@ def _with_suffix(name: str, identity: str, limit: int) -> str:
     return f"{name[: limit - 7]}-{suffix}"
 
 
-__all__ = ["public_name"]
+__all__ = ["RESERVED_NAMES", "public_name"]

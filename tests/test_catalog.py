@@ -15,9 +15,9 @@ from mcp_spec_proxy.catalog import (
     INTENT_SCHEMA,
     Catalog,
     CatalogTool,
-    included,
     strip_intent,
 )
+from mcp_spec_proxy.classification import included
 from mcp_spec_proxy.config import ProxyConfig
 from mcp_spec_proxy.errors import InvalidArguments, StateError, ToolNotFound
 from mcp_spec_proxy.fingerprints import FingerprintStore, fingerprint, write_atomic

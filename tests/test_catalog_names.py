@@ -65,13 +65,29 @@ def test_an_own_name_two_servers_share_names_both_in_the_error() -> None:
         catalog.lookup("status")
 
 
-def test_two_unprefixed_servers_listing_one_name_serve_it_from_neither() -> None:
+def test_two_unprefixed_servers_listing_one_name_list_it_each_under_its_prefix() -> None:
     catalog = Catalog(
         config({"a": {"command": "npx", "namespace": False}, "b": {"command": "npx", "namespace": False}}),
         FingerprintStore(None),
     )
     catalog.set_tools("a", [tool("ping", read_only=True)])
     catalog.set_tools("b", [tool("ping", read_only=True)])
-    assert catalog.tools() == []
-    with pytest.raises(ToolNotFound):
+    assert sorted(t.name for t in catalog.tools()) == ["a__ping", "b__ping"]
+    with pytest.raises(ToolNotFound, match="call a__ping or b__ping"):
         catalog.lookup("ping")
+    catalog.set_tools("b", None)  # one left: it has its own name again
+    assert [t.name for t in catalog.tools()] == ["ping"]
+
+
+def test_an_unprefixed_tool_never_takes_the_proxys_own_tools_names() -> None:
+    catalog = two_servers()
+    catalog.set_tools("app", [tool(name, read_only=True) for name in ("delegate", "search_tools", "call_tool")])
+    assert sorted(t.name for t in catalog.tools()) == ["app__call_tool", "app__delegate", "app__search_tools"]
+
+
+def test_the_reserved_names_are_the_proxys_own_tools() -> None:
+    from mcp_spec_proxy.fronts.catalog_search import CALL, SEARCH
+    from mcp_spec_proxy.fronts.own_tools import DELEGATE, REPORT_OUTCOME
+    from mcp_spec_proxy.tool_names import RESERVED_NAMES
+
+    assert {CALL, SEARCH, DELEGATE, REPORT_OUTCOME} == RESERVED_NAMES

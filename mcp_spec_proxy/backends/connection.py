@@ -102,7 +102,7 @@ class Backend(Requests):
         self._no_handshake = False  # it refused `initialize`: reached in the 2026-07-28 era from then on
         self.relay = Relay(name, config.relay.kinds())  # its requests to the client, to the calling client
         # Each client session's own backend session (`isolation: per_session`, URL backends' default).
-        self.sessions = SessionLegs(name, config, in_process, self._on_message) if config.per_session else None
+        self.sessions = SessionLegs(name, config, in_process, lambda: self._wake.set()) if config.per_session else None
         self._client: Client | None = None
         self._raw: RawCalls | None = None  # the fast path's channel while a stdio connection is up
         self._transport: WatchedTransport | None = None  # the current connection's, when not in-process

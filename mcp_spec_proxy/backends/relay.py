@@ -66,11 +66,12 @@ class ClientLink(Protocol):
 CALLER: contextvars.ContextVar[ClientLink | None] = contextvars.ContextVar("mcp_spec_proxy.caller", default=None)
 """The link of the call the current task serves; set by the front for the whole call."""
 
-CLIENT_ANSWERS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+CLIENT_ANSWERS: contextvars.ContextVar[tuple[str, str, dict[str, Any]] | None] = contextvars.ContextVar(
     "mcp_spec_proxy.client_answers", default=None
 )
 """The `inputResponses` a 2026-07-28 client sent with a fresh call (no request_state of the
-proxy's): they go to the backend with the call's first forward, as they would directly."""
+proxy's), none of them addressed to the proxy, with the server and tool they were sent to: they go
+with that tool's first forward to that server, as they would directly, and with nothing else."""
 
 
 def admits(capabilities: types.ClientCapabilities | None, kind: Kind, params: dict[str, Any] | None = None) -> bool:
@@ -155,6 +156,11 @@ class Relay:
         finally:
             _CURRENT.reset(token)
             self._in_flight.remove(entry)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a request is in flight on the session this relay serves."""
+        return bool(self._in_flight)
 
     @property
     def kinds(self) -> frozenset[Kind]:

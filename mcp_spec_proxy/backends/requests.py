@@ -154,8 +154,15 @@ class Requests:
         deadline = self._deadline()
         client = await self._live(what, deadline, tool)
         route = request_logs.get()
-        answers = CLIENT_ANSWERS.get() if client.protocol_version in MODERN_PROTOCOL_VERSIONS else None
-        CLIENT_ANSWERS.set(None)  # the call's first forward only, never a substitute's
+        pending = CLIENT_ANSWERS.get()
+        answers = None
+        if (
+            pending is not None
+            and pending[:2] == (self.name, tool)
+            and client.protocol_version in MODERN_PROTOCOL_VERSIONS
+        ):
+            answers = pending[2]
+            CLIENT_ANSWERS.set(None)  # the call's first forward only
         try:
             # The proxy's clock, not the SDK's: the SDK reports its own timeout with the code a
             # backend may send too (-32001), and only a timeout measured here is the proxy's to name.
@@ -190,7 +197,9 @@ class Requests:
         deadline = self._deadline()
         client = await self._live(what, deadline, tool)
         raw = self._raw if client is self._client else None  # the raw channel is the first leg's pipes
-        sdk = progress is not None or request_logs.get() is not None or CLIENT_ANSWERS.get() is not None
+        pending = CLIENT_ANSWERS.get()
+        answering = pending is not None and pending[:2] == (self.name, tool)
+        sdk = progress is not None or request_logs.get() is not None or answering
         if raw is None or not raw.open or sdk:
             called = await self.call_tool(tool, arguments, progress)
             return cast(WireResult, called.model_dump(by_alias=True, mode="json", exclude_none=True))

@@ -32,10 +32,11 @@ import anyio
 import anyio.abc
 import mcp_types as types
 from mcp.client.client import Client
-from mcp.client.session import IncomingMessage, MessageHandlerFnT
+from mcp.client.session import IncomingMessage
 
-from mcp_spec_proxy.backends.notices import LogMessage, Notice
-from mcp_spec_proxy.backends.relay import ClientLink, Kind, Relay, as_declared
+from mcp_spec_proxy.backends.era import CLIENT_ERA
+from mcp_spec_proxy.backends.notices import LogMessage, Notice, request_logs
+from mcp_spec_proxy.backends.relay import CALLER, CLIENT_ANSWERS, ClientLink, Kind, Relay, as_declared
 from mcp_spec_proxy.backends.transports import WatchedTransport, open_transport
 from mcp_spec_proxy.config import ServerConfig
 from mcp_spec_proxy.errors import BackendUnavailable
@@ -47,6 +48,8 @@ MAX_LEGS = 256
 """Backend sessions of one server at once; past it the least recently used is closed."""
 IDLE_S = 600.0
 """A backend session unused this long is closed (its client's next request opens another)."""
+BUSY_CHECK_S = 1.0
+"""How often a session whose client has gone, with a call still in flight, looks again."""
 
 
 @dataclass(eq=False)
@@ -58,6 +61,7 @@ class SessionRef:
     ended: anyio.Event = field(default_factory=anyio.Event)
     link: ClientLink | None = None  # its client, for what a backend asks outside any call
     hear: Callable[[Notice], Awaitable[None]] | None = None  # its client alone, for what its sessions log
+    ephemeral: bool = False  # one request's (a 2026-07-28 request that named no session)
 
 
 CLIENT_SESSION: contextvars.ContextVar[SessionRef | None] = contextvars.ContextVar(
@@ -106,12 +110,12 @@ class SessionLegs:
         name: str,
         config: ServerConfig,
         in_process: Any,
-        on_message: MessageHandlerFnT,
+        on_change: Callable[[], None],
     ) -> None:
         self._name = name
         self._config = config
         self._in_process = in_process
-        self._on_message = on_message
+        self._on_change = on_change  # a list change one of them announced: the shared listing is refreshed
         self._legs: OrderedDict[str, _Leg] = OrderedDict()
         self._host: anyio.abc.TaskGroup | None = None
         self.opened = 0  # backend sessions opened so far (the tests count them)
@@ -158,9 +162,13 @@ class SessionLegs:
         if leg is None or leg.done.is_set():
             relay = Relay(self._name, self._config.relay.kinds() & declared_kinds(ref.capabilities), ref.link)
             leg = self._legs[ref.id] = _Leg(ref, relay)
-            while len(self._legs) > MAX_LEGS:
-                _, oldest = self._legs.popitem(last=False)
-                oldest.done.set()
+            if len(self._legs) > MAX_LEGS and not self._evict():
+                del self._legs[ref.id]
+                raise BackendUnavailable(
+                    self._name,
+                    f"has {MAX_LEGS} client sessions' own sessions open, each with a call in flight;"
+                    " nothing was sent — try again when one ends",
+                )
             host.start_soon(self._run, leg, name=f"backend:{self._name}:session")
         self._legs.move_to_end(ref.id)
         leg.used = anyio.current_time()
@@ -171,7 +179,19 @@ class SessionLegs:
             raise BackendUnavailable(self._name, f"could not open a session for this client ({why}); nothing was sent")
         return leg.client
 
+    def _evict(self) -> bool:
+        """Close the least recently used session with no call in flight; False when every one has one."""
+        for key, leg in self._legs.items():
+            if leg.client is not None and not leg.relay.busy:
+                del self._legs[key]
+                leg.done.set()
+                return True
+        return False
+
     async def _run(self, leg: _Leg) -> None:
+        # The task outlives the request that opened it: none of that request's context is its.
+        for var in (CALLER, CLIENT_ANSWERS, CLIENT_ERA, CLIENT_SESSION, request_logs):
+            var.set(None)
         try:
             with anyio.CancelScope(deadline=anyio.current_time() + self._config.startup_timeout) as startup:
                 async with AsyncExitStack() as stack:
@@ -208,24 +228,39 @@ class SessionLegs:
         if isinstance(message, types.LoggingMessageNotification):
             if leg.ref.hear is not None:
                 await leg.ref.hear(LogMessage(self._name, message.params))
-        elif not isinstance(message, types.ResourceUpdatedNotification):
-            await self._on_message(message)
+        elif isinstance(message, _LIST_CHANGES):
+            self._on_change()  # refreshed, and announced to clients only if the shared listing changed
 
     @staticmethod
     async def _until_closed(leg: _Leg) -> None:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_set_when, leg.ref.ended, leg.done)
-            while not leg.done.is_set():
-                with anyio.move_on_after(max(0.0, leg.used + IDLE_S - anyio.current_time())):
-                    await leg.done.wait()
-                if anyio.current_time() - leg.used >= IDLE_S:
-                    break
-            tg.cancel_scope.cancel()
+        """Until its client's session ends, it is evicted, or it goes unused for `IDLE_S` (a call
+        in flight on it is use: it is never closed under one as unused)."""
+        while not leg.done.is_set():
+            ended = leg.ref.ended.is_set()
+            wait = BUSY_CHECK_S if ended else max(0.0, leg.used + IDLE_S - anyio.current_time())
+            with anyio.move_on_after(wait):
+                await (leg.done.wait() if ended else _first_of(leg.done, leg.ref.ended))
+            if leg.relay.busy:
+                leg.used = anyio.current_time()
+            elif leg.ref.ended.is_set() or anyio.current_time() - leg.used >= IDLE_S:
+                break
 
 
-async def _set_when(event: anyio.Event, then: anyio.Event) -> None:
+async def _first_of(*events: anyio.Event) -> None:
+    async with anyio.create_task_group() as tg:
+        for event in events:
+            tg.start_soon(_cancel_when, event, tg.cancel_scope)
+
+
+async def _cancel_when(event: anyio.Event, scope: anyio.CancelScope) -> None:
     await event.wait()
-    then.set()
+    scope.cancel()
 
+
+_LIST_CHANGES = (
+    types.ToolListChangedNotification,
+    types.PromptListChangedNotification,
+    types.ResourceListChangedNotification,
+)
 
 __all__ = ["CLIENT_SESSION", "IDLE_S", "MAX_LEGS", "SessionLegs", "SessionRef", "declared_kinds", "serving"]

@@ -78,7 +78,7 @@ def explain(ctx: click.Context, tool: str, arguments: str, principal: str | None
 
 def describe(config: ProxyConfig, tool: CatalogTool, decision: Decision, refused: str | None) -> list[str]:
     """What `explain` prints: the tool, the rule and the reviewer, one line each."""
-    from mcp_spec_proxy.catalog import HELD_REASONS
+    from mcp_spec_proxy.classification import HELD_REASONS
 
     lines = [f"tool: {tool.name} ({tool.effect}; {tool.reason}: {tool.why})"]
     if decision.rule is None:

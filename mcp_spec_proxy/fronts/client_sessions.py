@@ -2,8 +2,10 @@
 what it declared, how to ask it something outside any call, and when it ends.
 
 A handshake-era HTTP client session gets a `SessionRef` on its first request after the handshake,
-kept in its connection's state and ended with it; its backend sessions are its own. The stdio
-front's one client and the 2026-07-28 era have none: they use the backends' shared sessions. A
+kept in its connection's state and ended with it; its backend sessions are its own. A 2026-07-28
+client gets one per named session, or per request (`ClientSessions`): it is used only where such a
+client reaches a backend in the handshake era. The stdio front's one client has none: the backends'
+shared sessions are its own. A
 client's `notifications/roots/list_changed` is passed to its own backend sessions, or, for the
 stdio front's one client, to the shared handshake-era ones (which then ask it for its roots).
 """
@@ -11,6 +13,8 @@ stdio front's one client, to the shared handshake-era ones (which then ask it fo
 from __future__ import annotations
 
 import logging
+import secrets
+from collections import OrderedDict
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +24,9 @@ from mcp.server.context import ServerRequestContext
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from mcp_spec_proxy.backends.session_legs import SessionRef
+from mcp_spec_proxy.catalog import digest
+from mcp_spec_proxy.fronts.identity import principal_of
+from mcp_spec_proxy.fronts.named_sessions import MAX_NAMED_SESSIONS, session_name
 from mcp_spec_proxy.fronts.relay import connection_link
 from mcp_spec_proxy.sdk import server_connection
 
@@ -31,11 +38,37 @@ logger = logging.getLogger(__name__)
 _SESSION_REF = "mcp-spec-proxy/session-ref"
 
 
+class ClientSessions:
+    """The front's 2026-07-28 client sessions as the backends see them, by session name (and principal).
+
+    A 2026-07-28 client reaches a backend that speaks only the handshake era on a handshake-era
+    session, which keeps state per session: it gets one of its own, as a handshake-era client
+    does. A named session's is kept while the name is (the least recently used forgotten past
+    `MAX_NAMED_SESSIONS`); a request that names none is a session of its own, whose backend
+    session ends with the request (and any call it left suspended)."""
+
+    def __init__(self) -> None:
+        self._named: OrderedDict[str, SessionRef] = OrderedDict()
+
+    def modern(self, ctx: ServerRequestContext[Any, Any]) -> SessionRef:
+        capabilities = ctx.session.client_capabilities
+        name = session_name(ctx.request, ctx.meta, principal_of(ctx.request))
+        if name is None:
+            return SessionRef(f"request-{secrets.token_hex(8)}", capabilities, ephemeral=True)
+        ref = self._named.pop(name, None) or SessionRef(f"named-{digest(name)[:16]}", capabilities)
+        self._named[name] = ref
+        while len(self._named) > MAX_NAMED_SESSIONS:
+            self._named.popitem(last=False)[1].ended.set()
+        return ref
+
+
 def session_ref(front: McpFront, ctx: ServerRequestContext[Any, Any]) -> SessionRef | None:
-    """The handshake-era HTTP client session a request belongs to (made once per session, ended
-    with it); None for the stdio front's one client and the 2026-07-28 era."""
-    if front.stdio_session is not None or ctx.protocol_version in MODERN_PROTOCOL_VERSIONS or ctx.request_id is None:
+    """The HTTP client session a request belongs to, as the backends see it (made once per
+    session, ended with it); None for the stdio front's one client."""
+    if front.stdio_session is not None or ctx.request_id is None:
         return None
+    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        return front.client_sessions.modern(ctx)
     connection = server_connection(ctx)
     if connection.session_id is None or not connection.initialize_accepted:
         return None
@@ -64,8 +97,9 @@ def adopt_stdio(front: McpFront) -> None:
         backend.relay.fallback = link
 
 
-def install(front: McpFront) -> None:
-    """Pass each client's `notifications/roots/list_changed` to the backend sessions that serve it."""
+def install(front: McpFront) -> ClientSessions:
+    """Pass each client's `notifications/roots/list_changed` to the backend sessions that serve it;
+    the front's 2026-07-28 sessions as the backends see them."""
 
     async def roots_changed(ctx: ServerRequestContext[Any, Any], params: types.NotificationParams) -> None:
         ref = server_connection(ctx).state.get(_SESSION_REF)
@@ -80,6 +114,7 @@ def install(front: McpFront) -> None:
             await anyio.lowlevel.checkpoint()
 
     front.server.add_notification_handler("notifications/roots/list_changed", types.NotificationParams, roots_changed)
+    return ClientSessions()
 
 
-__all__ = ["adopt_stdio", "install", "session_ref"]
+__all__ = ["ClientSessions", "adopt_stdio", "install", "session_ref"]

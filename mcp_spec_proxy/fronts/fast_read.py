@@ -108,8 +108,13 @@ class FastRead:
 
     async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         # The client's era (its listing, its era's backend legs) and its session (its own backend sessions).
-        with speaking(ctx.protocol_version), serving(session_ref(self._front, ctx)):
-            return await self._serve(ctx, call_next)
+        ref = session_ref(self._front, ctx)
+        try:
+            with speaking(ctx.protocol_version), serving(ref):
+                return await self._serve(ctx, call_next)
+        finally:
+            if ref is not None and ref.ephemeral:
+                ref.ended.set()  # a request that named no session was its own session
 
     async def _serve(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         if ctx.method == "tools/call":

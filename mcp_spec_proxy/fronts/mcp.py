@@ -51,7 +51,7 @@ from mcp_spec_proxy.backends.notices import request_logs
 from mcp_spec_proxy.backends.relay import CALLER
 from mcp_spec_proxy.barrier import Report, Session
 from mcp_spec_proxy.catalog import digest
-from mcp_spec_proxy.errors import BackendError, CallReplayed, ProxyError, ShuttingDown, StateError
+from mcp_spec_proxy.errors import BackendError, CallReplayed, ProxyError, ShuttingDown, StateError, ToolNotFound
 from mcp_spec_proxy.fronts import client_sessions, fast_read
 from mcp_spec_proxy.fronts.approvals import Approvals, UserChannel
 from mcp_spec_proxy.fronts.identity import principal_of
@@ -178,7 +178,7 @@ class McpFront:
         self.server.add_request_handler("logging/setLevel", types.SetLevelRequestParams, self._set_level)
         self.server.live = self
         self.fast_read = fast_read.install(self)  # reads skip the SDK's handler machinery (fast_read.py)
-        client_sessions.install(self)  # a client's roots changes reach the backend sessions serving it
+        self.client_sessions = client_sessions.install(self)  # its client sessions as the backends see them
 
     # -- sessions and notifications ----------------------------------------------------------
 
@@ -322,12 +322,22 @@ class McpFront:
         which a retry carrying the suspended call's `request_state` resumes."""
         if self.suspensions.owns(params.request_state):  # the answer a suspended call waits for
             return await self.suspensions.resume(params.request_state, binding, params.input_responses)
-        run = answering(params.input_responses, run)  # a fresh call's own answers reach its backend
+        run = answering(self._answered(params), params.input_responses, run)  # a fresh call's answers: its tool
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             capabilities = ctx.session.client_capabilities
             return await self.suspensions.call(session, capabilities, binding, run, self.audit_relay(session.id))
         with self.calling(session, ctx):
             return await run()
+
+    def _answered(self, params: object) -> tuple[str, str] | None:
+        """The backend tool (server, its own name) a call's own answers are for; None: not a tool's."""
+        if not isinstance(params, types.CallToolRequestParams):
+            return None
+        try:
+            tool = self.proxy.catalog.lookup(params.name)
+        except ToolNotFound:
+            return None
+        return tool.server, tool.original
 
     def _binding(self, ctx: Ctx, session: Session, what: str, arguments: Any) -> tuple[str, str, str]:
         """What a `request_state` is bound to: the session (none for a 2026-07-28 request that names

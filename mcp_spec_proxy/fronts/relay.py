@@ -56,6 +56,7 @@ STATE_PREFIX = "relay."
 MAX_WAITING = 1024  # questions before clients at once (2026-07-28: suspended calls, the oldest given up)
 MAX_WAITING_PER_SESSION = 64  # of one session (all unnamed 2026-07-28 requests are one here)
 BATCH_CHECKPOINTS = 3  # turns given to a backend's other questions of the same round
+PROXY_KEY_PREFIX = "mcp-spec-proxy/"  # the proxy's own keys: its approvals, its relayed questions
 RELAY_KEY_PREFIX = "mcp-spec-proxy/relay/"  # the keys of relayed questions, apart from the gate's own
 
 Audit = Callable[[str, str], Awaitable[None]]
@@ -279,14 +280,16 @@ class _SuspendingLink:
 Run = Callable[[], Awaitable[Any]]
 
 
-def answering(answers: dict[str, Any] | None, run: Run) -> Run:
+def answering(target: tuple[str, str] | None, answers: dict[str, Any] | None, run: Run) -> Run:
     """`run`, with the answers a fresh call carried (`inputResponses`, and no request_state of the
-    proxy's) going to the backend with the call, as they would directly (`CLIENT_ANSWERS`)."""
-    if not answers:
+    proxy's) going with it to the backend tool it names (`target`: server, tool), as they would
+    directly (`CLIENT_ANSWERS`). Answers under the proxy's own keys (an approval) never go."""
+    kept = {key: value for key, value in (answers or {}).items() if not key.startswith(PROXY_KEY_PREFIX)}
+    if not kept or target is None:
         return run
 
     async def answered() -> Any:
-        token = CLIENT_ANSWERS.set(dict(answers))
+        token = CLIENT_ANSWERS.set((*target, kept))
         try:
             return await run()
         finally:
