@@ -34,6 +34,8 @@ from mcp_spec_proxy.sdk import restamp_capabilities
 
 logger = logging.getLogger(__name__)
 
+REOPEN_START_S = 1.0
+REOPEN_MAX_S = 60.0
 LIST_OF: dict[type, str] = {ToolsListChanged: "tools", PromptsListChanged: "prompts", ResourcesListChanged: "resources"}
 """The list each listen-stream event says changed."""
 
@@ -61,9 +63,19 @@ class OtherEra:
         self.listing: Listing | None = None
 
     async def run(self, first: Client, settled: anyio.Event, republish: Callable[[], Awaitable[None]]) -> None:
-        """Open and keep the session in the era `first` does not speak; `settled` once it is up or
-        will not be; `republish` when what it lists comes or goes."""
+        """Open and keep the session in the era `first` does not speak, opened again (after a
+        growing pause) when one that was up ends; `settled` once the first attempt is up or will
+        not be; `republish` when what it lists comes or goes."""
+        pause = REOPEN_START_S
+        while await self._once(first, settled, republish):
+            logger.info("backend %r: its other era's session ended; opening it again in %.0fs", self._name, pause)
+            await anyio.sleep(pause)
+            pause = min(pause * 2, REOPEN_MAX_S)
+
+    async def _once(self, first: Client, settled: anyio.Event, republish: Callable[[], Awaitable[None]]) -> bool:
+        """One session in the other era; True when it was up and has ended."""
         mode = "legacy" if first.protocol_version in MODERN_PROTOCOL_VERSIONS else "auto"
+        was_up = False
         try:
             # The deadline lives on a scope around the whole session (lifted once it is up),
             # because the client's own task groups nest inside it.
@@ -79,12 +91,13 @@ class OtherEra:
                     restamp_capabilities(other, as_declared)
                     if era_of(other.protocol_version) == era_of(first.protocol_version):
                         logger.debug("backend %r speaks one era (%s)", self._name, first.protocol_version)
-                        return
+                        return False
                     self.listing = await list_all(other)
                     startup.deadline = math.inf
                     self.client, self.transport = other, transport
                     logger.info("backend %r: a %s session beside the first", self._name, other.protocol_version)
                     settled.set()
+                    was_up = True
                     try:
                         await republish()
                         await self._serve(other, transport)
@@ -98,6 +111,7 @@ class OtherEra:
             logger.info("backend %r: no %s session (%s); the first serves every client", self._name, mode, exc)
         finally:
             settled.set()
+        return was_up
 
     async def relist(self) -> None:
         """List again (its server announced a change)."""
