@@ -45,10 +45,13 @@ from typing import Any, TextIO
 
 import anyio
 import anyio.abc
+import httpx2
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
 
 from bench.measure import machine_line, percentile
+from tests.oauth import authorization_server
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -74,8 +77,12 @@ PROXIES = (
     "ours-asyncio",
     "ours-before",
     "ours-before-http",
+    "ours-guarded",
+    "ours-guarded-http",
 )
 BLOCK = 10
+GUARD_RULES = 10
+"""`--guarded`: ten rules every read is checked against (none matches it: each costs its evaluation)."""
 TARGET_RATIO = 1.0
 STARTUP_S = 60.0
 
@@ -120,6 +127,8 @@ class Row:
             ("ours", "ours-asyncio"),
             ("ours", "ours-before"),
             ("ours-http", "ours-before-http"),
+            ("ours-guarded", "ours"),
+            ("ours-guarded-http", "ours-http"),
         ]
         return [(a, b, self.ratio(a, b)) for a, b in pairs if a in self.samples and b in self.samples]
 
@@ -159,7 +168,9 @@ def backends(args: argparse.Namespace, tmp: Path) -> list[Backend]:
     ]
 
 
-def spawn_argv(target: str, backend: Backend, tmp: Path, port: int | None = None) -> list[str]:
+def spawn_argv(
+    target: str, backend: Backend, tmp: Path, port: int | None = None, issuer: str | None = None
+) -> list[str]:
     http = ["--http", str(port)] if port is not None else []
     if target == "direct":
         return backend.argv
@@ -167,7 +178,7 @@ def spawn_argv(target: str, backend: Backend, tmp: Path, port: int | None = None
         return [sys.executable, str(REPO / "bench" / "bare_proxy.py"), *http, "--", *backend.argv]
     if target.startswith("fastmcp"):
         return [str(FASTMCP_PYTHON), str(REPO / "bench" / "fastmcp_proxy.py"), *http, "--", *backend.argv]
-    config = tmp / f"{backend.name}.yaml"
+    config = tmp / f"{backend.name}-{target}.yaml"
     lines = [
         "servers:",
         f"  {backend.name}:",
@@ -176,6 +187,8 @@ def spawn_argv(target: str, backend: Backend, tmp: Path, port: int | None = None
         "review:",
         "  default: deny",
     ]
+    if target.startswith("ours-guarded"):
+        lines += guard_lines(f"http://127.0.0.1:{port}/mcp" if port is not None and issuer else None, issuer)
     config.write_text("\n".join(lines) + "\n")
     state = tmp / f"state-{backend.name}-{target}"
     serve = ["--http", f"127.0.0.1:{port}"] if port is not None else []
@@ -183,6 +196,21 @@ def spawn_argv(target: str, backend: Backend, tmp: Path, port: int | None = None
     if target == "ours-asyncio":
         command = [sys.executable, str(REPO / "bench" / "no_uvloop.py")]
     return [*command, "--config", str(config), "--state-dir", str(state), *serve]
+
+
+def guard_lines(audience: str | None, issuer: str | None) -> list[str]:
+    """Ten rules (each a comparison over the tool, its arguments and the principal that a read does
+    not meet) and, over HTTP, `auth:` against `issuer`."""
+    lines = ["rules:"]
+    for n in range(GUARD_RULES):
+        lines += [
+            f'  - when: \'tool == "never__{n}" || (server == "bank" && args.amount > {n * 100}) ||'
+            f' "admins-{n}" in principal.groups\'',
+            "    review: human",
+        ]
+    if audience is not None and issuer is not None:
+        lines += ["auth:", f"  issuer: {_yaml(issuer)}", f"  audience: {_yaml(audience)}", "  scopes: [mcp]"]
+    return lines
 
 
 def free_port() -> int:
@@ -231,24 +259,44 @@ def spawn_env(target: str, baseline: Path | None) -> dict[str, str] | None:
 
 
 async def measure(
-    row: Row, tmp: Path, errlog: TextIO, calls: int, warmup: int, block_size: int, baseline: Path | None = None
+    row: Row,
+    tmp: Path,
+    errlog: TextIO,
+    calls: int,
+    warmup: int,
+    block_size: int,
+    baseline: Path | None = None,
+    guarded: bool = False,
 ) -> None:
     backend = row.backend
     async with AsyncExitStack() as stack:
+        wants_auth = guarded and "ours-guarded-http" in row.targets
+        auth = await stack.enter_async_context(authorization_server()) if wants_auth else None
         clients: dict[str, Callable[[], Any]] = {}
         for target in row.targets:
             # A backend that does not speak the client's era is reached directly the only way it can be.
             mode = row.era if target != "direct" or row.era in backend.eras else "legacy"
             if target.endswith("-http"):
                 port = free_port()
-                argv = spawn_argv(target, backend, tmp, port)
+                issuer = auth.issuer if auth is not None and target == "ours-guarded-http" else None
+                argv = spawn_argv(target, backend, tmp, port, issuer)
                 env = spawn_env(target, baseline)
                 process = await anyio.open_process(
                     argv, stdin=subprocess.DEVNULL, stdout=errlog, stderr=errlog, env=env
                 )
                 stack.push_async_callback(_stop, process)
                 await wait_for_port(port, process)
-                client = await stack.enter_async_context(Client(f"http://127.0.0.1:{port}/mcp", mode=mode))
+                url = f"http://127.0.0.1:{port}/mcp"
+                if auth is not None and issuer is not None:  # a real token from a real authorization server
+                    token = await auth.mint(aud=url, sub="bench", scope="mcp", groups=["staff"])
+                    http = await stack.enter_async_context(
+                        httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"})
+                    )
+                    client = await stack.enter_async_context(
+                        Client(streamable_http_client(url, http_client=http), mode=mode)
+                    )
+                else:
+                    client = await stack.enter_async_context(Client(url, mode=mode))
             else:
                 argv = spawn_argv(target, backend, tmp)
                 params = StdioServerParameters(command=argv[0], args=argv[1:], env=spawn_env(target, baseline))
@@ -367,6 +415,12 @@ def main() -> int:
     parser.add_argument(
         "--baseline", type=Path, help="also measure ours from DIR/mcp_spec_proxy (ours-before): before and after"
     )
+    parser.add_argument(
+        "--guarded",
+        action="store_true",
+        help=f"also measure ours with {GUARD_RULES} rules (ours-guarded) and, over HTTP, auth: against a real"
+        " authorization server (npm oauth2-mock-server, as the tests install it)",
+    )
     args = parser.parse_args()
     if args.calls < 2:
         parser.error("--calls must be at least 2")
@@ -385,6 +439,8 @@ def main() -> int:
         if not (args.baseline / "mcp_spec_proxy" / "__init__.py").exists():
             parser.error(f"--baseline {args.baseline}: no mcp_spec_proxy package there")
         targets += ["ours-before"] + ([] if args.no_http else ["ours-before-http"])
+    if args.guarded:
+        targets += ["ours-guarded"] + ([] if args.no_http else ["ours-guarded-http"])
     machine = machine_line()
     load_before = load_average()
     started = time.perf_counter()
@@ -394,7 +450,7 @@ def main() -> int:
         with open(tmp / "stderr.log", "w") as errlog:
             for row in rows:
                 print(f"measuring {row.backend.name}, era {row.era} ...", file=sys.stderr, flush=True)
-                anyio.run(measure, row, tmp, errlog, args.calls, args.warmup, args.block, args.baseline)
+                anyio.run(measure, row, tmp, errlog, args.calls, args.warmup, args.block, args.baseline, args.guarded)
     elapsed = time.perf_counter() - started
     return report(rows, args, machine, (load_before, load_average()), elapsed)
 
