@@ -9,18 +9,7 @@ other tools exist or of listing order, and no two servers can ever produce the s
 Annotations, titles, output schemas and `_meta` pass through unchanged; only the name (and, for
 writes, the optional `intent` argument) differ from what the backend listed.
 
-Classification, first rule that speaks wins:
-  1. a definition that changed since it was first seen  → write, until `tools accept NAME`
-  2. a tool that appeared after its server's first
-     listing (list_changed, a reconnect)                → write, until `tools accept NAME`
-  3. a config override with `hold: true`                → write
-  4. a config override with `read_only: true|false`     → read / write
-  5. `readOnlyHint: true` from an untrusted server      → write
-  6. `readOnlyHint: true` with `destructiveHint: true`  → write (the annotations contradict)
-  7. `readOnlyHint: true` and `openWorldHint: true`
-     under `hold_open_world` (server, else top level)   → write (reason `hold`)
-  8. `readOnlyHint: true` from a trusted server         → read
-  9. anything else (unannotated, `readOnlyHint: false`) → write
+Each tool's effect (read or write) is decided by `classification.py`.
 
 Arguments are checked before anything is reviewed or forwarded (`tool_arguments.py`); public
 names are made in `tool_names.py`.
@@ -28,19 +17,21 @@ names are made in `tool_names.py`.
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import json
 import logging
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import mcp_types as types
 
+from mcp_spec_proxy.access import shown
 from mcp_spec_proxy.backends.era import Era, seen_by_client
-from mcp_spec_proxy.config import OnReject, ProxyConfig, ReviewMode, ServerConfig, ToolOverride
+from mcp_spec_proxy.classification import Reason, classify
+from mcp_spec_proxy.classification import included as included  # where callers have always found it
+from mcp_spec_proxy.config import OnReject, ProxyConfig, ReviewMode
 from mcp_spec_proxy.errors import ToolNotFound
 from mcp_spec_proxy.fingerprints import FingerprintStore, Status, fingerprint
 from mcp_spec_proxy.tool_arguments import check_arguments
@@ -60,7 +51,6 @@ INTENT_SCHEMA: dict[str, Any] = {
     "description": "What the user asked for and why this call serves it.",
 }
 
-Reason = Literal["changed-definition", "new-tool", "hold", "override", "annotation", "default"]
 HELD_REASONS = ("changed-definition", "new-tool")
 """Why a tool is held (rules 1 and 2): it runs for no one, by no author, until `tools accept`."""
 _Named = TypeVar("_Named")
@@ -100,55 +90,6 @@ class CatalogEntry:
     server: str
     original: str
     era: Era | None = None  # listed on this era's backend leg only
-
-
-def _override(server: ServerConfig, tool: str) -> tuple[str, ToolOverride] | None:
-    for pattern, rule in server.tools.overrides.items():
-        if fnmatch.fnmatchcase(tool, pattern):
-            return pattern, rule
-    return None
-
-
-def included(server: ServerConfig, tool: str) -> bool:
-    tools = server.tools
-    return any(fnmatch.fnmatchcase(tool, p) for p in tools.include) and not any(
-        fnmatch.fnmatchcase(tool, p) for p in tools.exclude
-    )
-
-
-def classify(
-    server: ServerConfig, tool: types.Tool, *, status: Status = "accepted", hold_open_world: bool = False
-) -> tuple[Effect, Reason, str, ToolOverride | None]:
-    """The effect of one tool, the rule that decided it and why (the module docstring's list).
-
-    `status` is the fingerprint store's word on its definition; `hold_open_world` the setting in
-    force for its server (the server's own, else the top-level one).
-    """
-    matched = _override(server, tool.name)
-    rule = matched[1] if matched else None
-    if status == "changed":
-        return "write", "changed-definition", "definition changed since first seen; accept it with `tools accept`", rule
-    if status == "new":
-        why = "tool appeared after its server's first listing; accept it with `tools accept`"
-        return "write", "new-tool", why, rule
-    if matched and rule and rule.hold:
-        return "write", "hold", f"override {matched[0]!r}: hold", rule
-    if matched and rule and rule.read_only is not None:
-        effect: Effect = "read" if rule.read_only else "write"
-        return effect, "override", f"override {matched[0]!r}: read_only: {str(rule.read_only).lower()}", rule
-    annotations = tool.annotations
-    hint = annotations.read_only_hint if annotations else None
-    if hint is True and not server.trust_annotations:
-        return "write", "default", "readOnlyHint ignored: trust_annotations is false", rule
-    if hint is True and annotations and annotations.destructive_hint is True:
-        return "write", "annotation", "readOnlyHint: true contradicts destructiveHint: true; held as a write", rule
-    if hint is True and hold_open_world and annotations and annotations.open_world_hint:
-        return "write", "hold", "readOnlyHint: true but openWorldHint: true, and hold_open_world is true", rule
-    if hint is True:
-        return "read", "annotation", "readOnlyHint: true", rule
-    if hint is False:
-        return "write", "annotation", "readOnlyHint: false", rule
-    return "write", "default", "no readOnlyHint: unannotated tools are writes", rule
 
 
 class ToolSource(Protocol):
@@ -262,8 +203,9 @@ class Catalog:
     # -- queries -----------------------------------------------------------------------------
 
     def tools(self) -> list[CatalogTool]:
-        """The tools the current client's era is shown (every tool where no client is asking)."""
-        return [tool for tool in self._tools.values() if seen_by_client(tool.era)]
+        """The tools the current client is shown, by its era and its principal's `access:` (every
+        tool where no client is asking)."""
+        return [tool for tool in self._tools.values() if _seen(tool)]
 
     def servers(self) -> list[str]:
         return sorted(self._listings)
@@ -272,9 +214,9 @@ class Catalog:
         """The tool listed as `name`, else the one whose own name (its server's) it is, as an MCP App's
         page calls them; a listed name always wins, and an own name two servers share names neither."""
         tool = self._tools.get(name)
-        if tool is not None and seen_by_client(tool.era):
-            return tool
-        owners = [t for t in self._by_original.get(name, ()) if seen_by_client(t.era)] if tool is None else []
+        if tool is not None and _seen(tool):
+            return tool  # a tool hidden from this client is unknown to it: the same error as none
+        owners = [t for t in self._by_original.get(name, ()) if _seen(t)] if tool is None else []
         if len(owners) == 1:
             return owners[0]
         if owners:
@@ -291,12 +233,12 @@ class Catalog:
         return [
             (entry, by_key[(entry.server, entry.original)])
             for entry in self._prompts.values()
-            if seen_by_client(entry.era)
+            if seen_by_client(entry.era) and shown(entry.server)
         ]
 
     def prompt(self, name: str) -> CatalogEntry:
         entry = self._prompts.get(name)
-        if entry is None or not seen_by_client(entry.era):
+        if entry is None or not seen_by_client(entry.era) or not shown(entry.server):
             raise ToolNotFound(f"unknown prompt {name!r}")
         return entry
 
@@ -306,17 +248,24 @@ class Catalog:
             (server, r)
             for server, listing in sorted(self._resource_listings.items())
             for r in listing
-            if self._resources.get(str(r.uri)) == server
+            if self._resources.get(str(r.uri)) == server and shown(server)
         ]
 
     def resource_templates(self) -> list[tuple[str, types.ResourceTemplate]]:
-        return [(server, t) for server, listing in sorted(self._templates.items()) for t in listing]
+        return [(server, t) for server, listing in sorted(self._templates.items()) if shown(server) for t in listing]
 
     def labelled(self, server: str, name: str) -> str:
         """A resource's name as listed: headed by its server's, unless that server keeps its own names."""
         return f"{server}{self._separator}{name}" if self._config.servers[server].namespace else name
 
     def resource_owner(self, uri: str) -> str:
+        """The backend that serves `uri` (`_owner`); a server hidden from the client serves it none."""
+        server = self._owner(uri)
+        if not shown(server):
+            raise ToolNotFound(f"no backend serves resource {uri!r}", data={"uri": uri})
+        return server
+
+    def _owner(self, uri: str) -> str:
         """The backend that serves `uri`: the one server that listed it, else the one server one of
         whose templates matches it whole.
 
@@ -342,7 +291,7 @@ class Catalog:
 
     def template_owner(self, uri_template: str) -> str:
         """The backend that listed this resource template (for completions); refused when two did."""
-        servers = sorted({server for server, template in self._template_patterns if template == uri_template})
+        servers = sorted({s for s, template in self._template_patterns if template == uri_template and shown(s)})
         if len(servers) > 1:
             owners = " and ".join(servers)
             raise ToolNotFound(f"resource template {uri_template!r} is listed by {owners}; it is refused for both")
@@ -424,6 +373,11 @@ class Catalog:
             wants_intent=wants_intent,
             era=era,
         )
+
+
+def _seen(tool: CatalogTool) -> bool:
+    """Whether the client asking now sees `tool`: its era lists it, and `access:` shows it to its principal."""
+    return seen_by_client(tool.era) and shown(tool.server, tool.name)
 
 
 def _distinct(

@@ -36,6 +36,7 @@ from mcp_types import CLIENT_CAPABILITIES_META_KEY, LOG_LEVEL_META_KEY, methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
+from mcp_spec_proxy.access import viewing
 from mcp_spec_proxy.backends.era import speaking
 from mcp_spec_proxy.backends.raw import WireResult, plain
 from mcp_spec_proxy.backends.session_legs import serving
@@ -108,7 +109,12 @@ class FastRead:
 
     async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         # The client's era (its listing, its era's backend legs) and its session (its own backend sessions).
-        with speaking(ctx.protocol_version), serving(session_ref(self._front, ctx)):
+        # And what its principal may see (`access.py`): every request, whatever its method.
+        with (
+            speaking(ctx.protocol_version),
+            viewing(self._front.view_of(ctx.request)),
+            serving(session_ref(self._front, ctx)),
+        ):
             return await self._serve(ctx, call_next)
 
     async def _serve(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:

@@ -38,6 +38,7 @@ from mcp.shared.inbound import InboundLadderRejection, classify_inbound_request
 from mcp.shared.message import SessionMessage
 from mcp_types import INTERNAL_ERROR, INVALID_REQUEST, PARSE_ERROR, RequestId
 
+from mcp_spec_proxy.access import viewing
 from mcp_spec_proxy.backends.era import speaking
 from mcp_spec_proxy.barrier import Session
 from mcp_spec_proxy.drain import Answering
@@ -126,7 +127,7 @@ class _LeanReads:
             if isinstance(route, InboundLadderRejection):
                 return False
             version = route.protocol_version
-        with speaking(version):
+        with speaking(version), viewing(self._fast.front.view_of(None)):  # stdio identifies nobody
             read = self._fast.claim(params, version, initialized=True)
         if read is None:
             return False
@@ -167,7 +168,11 @@ class _LeanReads:
         try:
             with scope:
                 try:
-                    with speaking(read.version), self._fast.front.calling(self._session, None):
+                    with (
+                        speaking(read.version),
+                        viewing(self._fast.front.view_of(None)),
+                        self._fast.front.calling(self._session, None),
+                    ):
                         result = await self._fast.run(read, self._session)
                     answer = {"jsonrpc": "2.0", "id": request_id, "result": result}
                 except MCPError as exc:  # the backend's own error as it sent it, or the proxy's own

@@ -1,0 +1,123 @@
+"""Identity and rules end to end: two principals through the HTTP front, their tokens minted by a
+real authorization server (oauth2-mock-server, `tests/oauth.py`), see different tools (`access:`)
+and meet different reviewers (`rules:`), and the audit names each. The backends are the toy's
+ledgers (`record` appends to a file): what a ledger lacks did not run."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from mcp_spec_proxy.audit import read_audit
+from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.fronts.asgi import host_names
+from mcp_spec_proxy.fronts.http import serve_http
+from mcp_spec_proxy.fronts.mcp import McpFront
+from mcp_spec_proxy.fronts.probes import Door
+from mcp_spec_proxy.proxy import StatePaths, running_proxy
+from tests.harness import ERAS, call_error, recorded, toy, toy_twins
+from tests.oauth import AuthServer, authorization_server
+
+pytestmark = pytest.mark.anyio
+
+ACCESS = [{"when": 'server == "bank" && !("finance" in principal.groups)', "hide": True}]
+RULES = [
+    {"name": "admins", "when": '"admins" in principal.groups', "review": "allow"},
+    {"name": "others", "when": "true", "deny": "only admins change the ledgers"},
+]
+
+
+@dataclass
+class Front:
+    url: str
+    tmp: Path
+    auth: AuthServer
+
+    async def token(self, sub: str, *groups: str) -> str:
+        claims: dict[str, Any] = {"sub": sub, "client_id": f"cli-{sub}", "aud": self.url, "scope": "mcp"}
+        claims["groups"] = list(groups)
+        return await self.auth.mint(**claims)
+
+    def audit(self, event: str) -> list[dict[str, Any]]:
+        """The audit lines of `event` (read once the proxy has stopped)."""
+        return [line for line in read_audit(self.tmp / "state" / "audit.jsonl") if line["event"] == event]
+
+
+@asynccontextmanager
+async def front(tmp_path: Path) -> AsyncIterator[Front]:
+    """The HTTP front under `auth:`, `access:` and `rules:`, over two toys: `toy` and `bank`."""
+    async with authorization_server() as auth, anyio.create_task_group() as tg:
+        with anyio.fail_after(60):
+            door = Door(token=None, hosts=host_names("127.0.0.1"))
+            port = await tg.start(door.serve, "127.0.0.1", 0)
+            url = f"http://127.0.0.1:{port}/mcp"
+            raw = {
+                "servers": {"toy": toy(tmp_path / "toy"), "bank": toy(tmp_path / "bank")},
+                "review": {"default": "human", "intent": False},
+                "auth": {"issuer": auth.issuer, "audience": url, "scopes": ["mcp"]},
+                "access": ACCESS,
+                "rules": RULES,
+            }
+            config = ProxyConfig.model_validate(raw)
+            async with running_proxy(config, StatePaths(tmp_path / "state"), in_process=toy_twins(raw)) as proxy:
+                mcp = McpFront(proxy)
+                await tg.start(functools.partial(serve_http, mcp, "127.0.0.1", port, door=door))
+                yield Front(url, tmp_path, auth)
+                tg.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def client(url: str, token: str, mode: str) -> AsyncIterator[Client]:
+    async with (
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as http,
+        Client(streamable_http_client(url, http_client=http), mode=mode) as session,
+    ):
+        yield session
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_two_principals_see_different_tools_meet_different_reviewers_and_are_named_in_the_audit(
+    tmp_path: Path, mode: str
+) -> None:
+    async with front(tmp_path) as f:
+        ann, bob = await f.token("ann", "finance", "admins"), await f.token("bob", "eng")
+        async with client(f.url, ann, mode) as as_ann:
+            ann_sees = {tool.name for tool in (await as_ann.list_tools()).tools}
+            ann_pays = await as_ann.call_tool("bank__record", {"value": "ann pays"})
+            ann_notes = await as_ann.call_tool("toy__record", {"value": "ann notes"})
+        async with client(f.url, bob, mode) as as_bob:
+            bob_sees = {tool.name for tool in (await as_bob.list_tools()).tools}
+            bob_pays = await call_error(as_bob, "bank__record", {"value": "bob pays"})
+            nothing = await call_error(as_bob, "nosuch__record", {"value": "bob pays"})
+            bob_notes = await as_bob.call_tool("toy__record", {"value": "bob notes"})
+            bob_reads = await call_error(as_bob, "bank__echo", {"text": "balance?"})
+
+    # access: the bank is ann's (finance) alone; to bob it does not exist.
+    assert {"bank__record", "bank__echo", "toy__record"} <= ann_sees
+    assert "toy__record" in bob_sees and not any(name.startswith("bank__") for name in bob_sees)
+    for refused, name in ((bob_pays, "bank__record"), (bob_reads, "bank__echo")):
+        assert refused.code == nothing.code
+        assert refused.message.replace(name, "X") == nothing.message.replace("nosuch__record", "X")
+    # rules: ann (admins) is allowed; bob meets the deny rule; his call of the hidden tool never got that far.
+    assert not ann_pays.is_error and not ann_notes.is_error and bob_notes.is_error
+    assert "only admins change the ledgers" in str(bob_notes.content)
+    assert recorded(tmp_path / "bank") == ['{"value": "ann pays"}']
+    assert recorded(tmp_path / "toy") == ['{"value": "ann notes"}']
+    verdicts = [(v["principal"]["sub"], v["tool"], v.get("rule"), v["accepted"]) for v in f.audit("verdict")]
+    assert verdicts == [
+        ("ann", "bank__record", "admins", True),
+        ("ann", "toy__record", "admins", True),
+        ("bob", "toy__record", "others", False),
+    ]
+    assert {line["principal"]["client_id"] for line in f.audit("held")} == {"cli-ann", "cli-bob"}
+    assert not any(line["tool"].startswith("bank__") and line["principal"]["sub"] == "bob" for line in f.audit("held"))
