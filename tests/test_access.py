@@ -7,22 +7,27 @@ through the HTTP front and a real authorization server, are `test_access_identit
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
+import openai
 import pytest
 from mcp.shared.exceptions import MCPError
 
 from mcp_spec_proxy.access import Access, shown, viewing
 from mcp_spec_proxy.config import ProxyConfig, load_config, parse_config_text
 from mcp_spec_proxy.errors import ConfigError
+from mcp_spec_proxy.fronts.gateway import Gateway, serve_gateway
 from mcp_spec_proxy.principal import Principal
+from mcp_spec_proxy.proxy import StatePaths, running_proxy
 from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
 from tests.fixtures import feature_server
-from tests.harness import ERAS, Proxied, call_error, proxied, recorded, text_of, toy
+from tests.harness import ERAS, Proxied, call_error, proxied, recorded, spawned, text_of, toy, toy_twins
 
 pytestmark = pytest.mark.anyio
 
@@ -188,3 +193,45 @@ async def test_delegate_offers_its_models_only_the_tools_the_principal_sees_and_
     assert offered and all("toy__echo" in names and not any(n.startswith("bank__") for n in names) for names in offered)
     assert recorded(tmp_path / "bank") == []
     assert "[error]" in text_of(ran) and heard and "unknown tool 'bank__record'" in heard[0], heard
+
+
+async def test_the_stdio_front_whose_reads_skip_the_sdk_hides_the_same_tools(tmp_path: Path) -> None:
+    """stdio takes a read off the wire before the SDK parses it (`stdio._LeanReads`): that door
+    meets the empty principal's view too."""
+    servers = {"toy": toy(tmp_path / "toy"), "bank": toy(tmp_path / "bank")}
+    async with spawned({"servers": servers, "review": {"default": "allow"}, "access": ACCESS}, tmp_path) as client:
+        listed = {tool.name for tool in (await client.list_tools()).tools}
+        read = await call_error(client, "bank__echo", {"text": "hi"})
+        written = await call_error(client, "bank__record", {"value": "v"})
+        unknown = await call_error(client, "nosuch__echo", {"text": "hi"})
+        echoed = await client.call_tool("toy__echo", {"text": "hi"})
+    assert "toy__echo" in listed and not any(name.startswith("bank__") for name in listed)
+    for error, name in ((read, "bank__echo"), (written, "bank__record")):
+        expected = (unknown.code, unknown.message.replace("nosuch__echo", "X"))
+        assert (error.code, error.message.replace(name, "X")) == expected
+    assert text_of(echoed) == "hi" and recorded(tmp_path / "bank") == []
+
+
+async def test_the_gateway_offers_its_models_only_what_the_empty_principal_sees(tmp_path: Path) -> None:
+    offered: list[set[str]] = []
+
+    def answer(request: ChatRequest) -> Reply | str:
+        offered.append({tool["function"]["name"] for tool in request.tools})
+        if any(message["role"] == "tool" for message in request.messages):
+            return "Done."
+        return Reply(tool_calls=[ToolCall("bank__record", {"value": "from the gateway"})])
+
+    async with ScriptedModelServer(Respond(answer)) as model:
+        strong = {"base_url": model.base_url, "max_retries": 0, "model": "strong-model"}
+        raw = config(tmp_path, models={"strong": strong})
+        parsed, state, twins = ProxyConfig.model_validate(raw), StatePaths(tmp_path / "state"), toy_twins(raw)
+        with anyio.fail_after(60):
+            async with running_proxy(parsed, state, in_process=twins) as proxy, anyio.create_task_group() as tg:
+                port = await tg.start(functools.partial(serve_gateway, Gateway(proxy), "127.0.0.1", 0))
+                async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-") as client:
+                    await client.chat.completions.create(
+                        model="strong-only", messages=[{"role": "user", "content": "Record a value at the bank."}]
+                    )
+                tg.cancel_scope.cancel()
+    assert offered and all("toy__echo" in names and not any(n.startswith("bank__") for n in names) for names in offered)
+    assert recorded(tmp_path / "bank") == []

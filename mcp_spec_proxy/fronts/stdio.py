@@ -58,7 +58,9 @@ async def serve_stdio(front: McpFront, answering: Answering | None = None) -> No
     the client's requests from the line that brings one to the write of its answer (a stop waits
     for those: the result of a call that ran reaches its client)."""
     front.stdio_session = session = front.proxy.barrier.new_session()
-    with claimed_stdio() as (wire_in, wire_out):
+    # The one client is nobody identified: every task of this front sees that view (`access.py`),
+    # whatever door it came by; each request sets it again, the same.
+    with viewing(front.view_of(None)), claimed_stdio() as (wire_in, wire_out):
         async with _open_wire(wire_in, wire_out) as wire, front.suspensions.hosting():
             read_writer, read = anyio.create_memory_object_stream[SessionMessage | Exception](0)
             write, write_reader = anyio.create_memory_object_stream[SessionMessage | bytes](0)
