@@ -25,6 +25,7 @@ from mcp_spec_proxy.fronts.http import serve_http
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.fronts.probes import Door
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
+from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
 from tests.harness import ERAS, call_error, recorded, toy, toy_twins
 from tests.oauth import AuthServer, authorization_server
 
@@ -54,7 +55,7 @@ class Front:
 
 
 @asynccontextmanager
-async def front(tmp_path: Path) -> AsyncIterator[Front]:
+async def front(tmp_path: Path, models: dict[str, Any] | None = None) -> AsyncIterator[Front]:
     """The HTTP front under `auth:`, `access:` and `rules:`, over two toys: `toy` and `bank`."""
     async with authorization_server() as auth, anyio.create_task_group() as tg:
         with anyio.fail_after(60):
@@ -67,6 +68,7 @@ async def front(tmp_path: Path) -> AsyncIterator[Front]:
                 "auth": {"issuer": auth.issuer, "audience": url, "scopes": ["mcp"]},
                 "access": ACCESS,
                 "rules": RULES,
+                "models": models or {},
             }
             config = ProxyConfig.model_validate(raw)
             async with running_proxy(config, StatePaths(tmp_path / "state"), in_process=toy_twins(raw)) as proxy:
@@ -121,3 +123,29 @@ async def test_two_principals_see_different_tools_meet_different_reviewers_and_a
     ]
     assert {line["principal"]["client_id"] for line in f.audit("held")} == {"cli-ann", "cli-bob"}
     assert not any(line["tool"].startswith("bank__") and line["principal"]["sub"] == "bob" for line in f.audit("held"))
+
+
+async def test_delegate_runs_its_steps_as_its_caller_under_access_and_rules(tmp_path: Path) -> None:
+    """The engine's steps are its caller's: they see the caller's tools, meet `rules:` as the
+    caller's calls and their audit lines name the caller."""
+    offered: dict[str, set[str]] = {}
+
+    def answer(request: ChatRequest) -> Reply | str:
+        task = str(request.messages[-1]["content"]) if request.messages[-1]["role"] == "user" else ""
+        if not task:
+            return "Done."
+        who, tool = task.split()[0], task.split()[-1]
+        offered[who] = {t["function"]["name"] for t in request.tools}
+        return Reply(tool_calls=[ToolCall(tool, {"value": f"{who} via delegate"})])
+
+    async with ScriptedModelServer(Respond(answer)) as model:
+        strong = {"base_url": model.base_url, "max_retries": 0, "model": "strong-model"}
+        async with front(tmp_path, {"strong": strong}) as f:
+            ann, bob = await f.token("ann", "finance", "admins"), await f.token("bob", "eng")
+            for name, token, tool in (("ann", ann, "bank__record"), ("bob", bob, "toy__record")):
+                async with client(f.url, token, "legacy") as session:
+                    await session.call_tool("delegate", {"task": f"{name} asks: call {tool}"})
+    assert "bank__record" in offered["ann"] and not any(n.startswith("bank__") for n in offered["bob"])
+    assert recorded(tmp_path / "bank") == ['{"value": "ann via delegate"}'] and recorded(tmp_path / "toy") == []
+    verdicts = [(v["principal"]["sub"], v["tool"], v.get("rule"), v["accepted"]) for v in f.audit("verdict")]
+    assert verdicts == [("ann", "bank__record", "admins", True), ("bob", "toy__record", "others", False)]
