@@ -68,10 +68,10 @@ class _Rule:
 class View:
     """What one principal sees: each server and tool decided once, when first asked."""
 
-    def __init__(self, rules: tuple[_Rule, ...], principal: Principal | None) -> None:
+    def __init__(self, rules: tuple[_Rule, ...], principal: object | None) -> None:
         self._rules = rules
-        self._principal = principal_variables(principal)
-        self._who = principal.sub if principal is not None else "(nobody identified)"
+        self._principal = principal_variables(principal)  # a `Principal`, or `explain`'s mapping
+        self._who = self._principal["sub"] or "(nobody identified)"
         self._decided: dict[tuple[str, str], bool] = {}
 
     def shows(self, server: str, tool: str = "") -> bool:
@@ -110,6 +110,11 @@ class Access:
 
     def __bool__(self) -> bool:
         return bool(self._rules)
+
+    def sees(self, principal: object | None, server: str, tool: str = "") -> bool:
+        """One question outside any request (`explain`): whether `principal` (a `Principal` or a
+        mapping of its fields) sees `tool` of `server`."""
+        return View(self._rules, principal).shows(server, tool)
 
     def view(self, principal: Principal | None) -> View | None:
         """`principal`'s view (None: no rules, everything is seen). Views are kept, a bounded number."""
