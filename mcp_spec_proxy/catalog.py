@@ -277,14 +277,13 @@ class Catalog:
         if uri in self._resources:
             return self._resources[uri]
         if uri in self._shared_resources:
-            owners = " and ".join(sorted(self._shared_resources[uri]))
-            raise ToolNotFound(f"resource {uri!r} is listed by {owners}; it is refused for both", data={"uri": uri})
+            listers = sorted(self._shared_resources[uri])
+            why = f"resource {uri!r} is listed by {' and '.join(listers)}; it is refused for both"
+            raise _refused(uri, listers, why)
         servers = sorted({server for (server, _), pattern in self._template_patterns.items() if pattern.fullmatch(uri)})
         if len(servers) > 1:
-            owners = " and ".join(servers)
-            raise ToolNotFound(
-                f"resource {uri!r} matches resource templates of {owners}; it is refused for both", data={"uri": uri}
-            )
+            why = f"resource {uri!r} matches resource templates of {' and '.join(servers)}; it is refused for both"
+            raise _refused(uri, servers, why)
         if not servers:
             raise ToolNotFound(f"no backend serves resource {uri!r}", data={"uri": uri})
         return servers[0]
@@ -373,6 +372,13 @@ class Catalog:
             wants_intent=wants_intent,
             era=era,
         )
+
+
+def _refused(uri: str, servers: list[str], why: str) -> ToolNotFound:
+    """The refusal of a resource several servers claim: naming them only to a client that sees them all."""
+    if not all(shown(server) for server in servers):
+        why = f"no backend serves resource {uri!r}"  # a server hidden from this client is not named to it
+    return ToolNotFound(why, data={"uri": uri})
 
 
 def _seen(tool: CatalogTool) -> bool:

@@ -235,3 +235,18 @@ async def test_the_gateway_offers_its_models_only_what_the_empty_principal_sees(
                 tg.cancel_scope.cancel()
     assert offered and all("toy__echo" in names and not any(n.startswith("bank__") for n in names) for names in offered)
     assert recorded(tmp_path / "bank") == []
+
+
+async def test_a_resource_a_hidden_and_a_seen_server_both_list_is_refused_without_naming_the_hidden_one(
+    tmp_path: Path,
+) -> None:
+    raw = {**config(tmp_path), "servers": {"bank": {"command": "unused"}, "notes": {"command": "unused"}}}
+    servers = {"bank": feature_server.build(), "notes": feature_server.build()}
+    async with proxied(raw, tmp_path / "state", in_process=servers) as p:
+        with pytest.raises(MCPError) as listed:
+            await p.client.read_resource(feature_server.TODAY)
+        with pytest.raises(MCPError) as templated:
+            await p.client.read_resource("feature://notes/monday")
+    for refused in (listed, templated):
+        message = refused.value.error.message
+        assert "bank" not in message and "no backend serves resource" in message, message
