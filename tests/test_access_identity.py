@@ -17,6 +17,7 @@ import httpx2
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.server.lowlevel import Server
 
 from mcp_spec_proxy.audit import read_audit
 from mcp_spec_proxy.config import ProxyConfig
@@ -26,12 +27,13 @@ from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.fronts.probes import Door
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
 from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
+from tests.fixtures import feature_server
 from tests.harness import ERAS, call_error, recorded, toy, toy_twins
 from tests.oauth import AuthServer, authorization_server
 
 pytestmark = pytest.mark.anyio
 
-ACCESS = [{"when": 'server == "bank" && !("finance" in principal.groups)', "hide": True}]
+ACCESS = [{"when": '(server == "bank" || server == "feat") && !("finance" in principal.groups)', "hide": True}]
 RULES = [
     {"name": "admins", "when": '"admins" in principal.groups', "review": "allow"},
     {"name": "others", "when": "true", "deny": "only admins change the ledgers"},
@@ -56,14 +58,15 @@ class Front:
 
 @asynccontextmanager
 async def front(tmp_path: Path, models: dict[str, Any] | None = None) -> AsyncIterator[Front]:
-    """The HTTP front under `auth:`, `access:` and `rules:`, over two toys: `toy` and `bank`."""
+    """The HTTP front under `auth:`, `access:` and `rules:`, over two toys (`toy` and `bank`) and a
+    server with instructions, prompts and resources (`feat`)."""
     async with authorization_server() as auth, anyio.create_task_group() as tg:
         with anyio.fail_after(60):
             door = Door(token=None, hosts=host_names("127.0.0.1"))
             port = await tg.start(door.serve, "127.0.0.1", 0)
             url = f"http://127.0.0.1:{port}/mcp"
             raw = {
-                "servers": {"toy": toy(tmp_path / "toy"), "bank": toy(tmp_path / "bank")},
+                "servers": {"toy": toy(tmp_path / "toy"), "bank": toy(tmp_path / "bank"), "feat": {"command": "-"}},
                 "review": {"default": "human", "intent": False},
                 "auth": {"issuer": auth.issuer, "audience": url, "scopes": ["mcp"]},
                 "access": ACCESS,
@@ -71,11 +74,15 @@ async def front(tmp_path: Path, models: dict[str, Any] | None = None) -> AsyncIt
                 "models": models or {},
             }
             config = ProxyConfig.model_validate(raw)
-            async with running_proxy(config, StatePaths(tmp_path / "state"), in_process=toy_twins(raw)) as proxy:
+            async with running_proxy(config, StatePaths(tmp_path / "state"), in_process=servers(raw)) as proxy:
                 mcp = McpFront(proxy)
                 await tg.start(functools.partial(serve_http, mcp, "127.0.0.1", port, door=door))
                 yield Front(url, tmp_path, auth)
                 tg.cancel_scope.cancel()
+
+
+def servers(raw: dict[str, Any]) -> dict[str, Server[Any]]:
+    return {**toy_twins(raw), "feat": feature_server.build()}
 
 
 @asynccontextmanager
@@ -149,3 +156,18 @@ async def test_delegate_runs_its_steps_as_its_caller_under_access_and_rules(tmp_
     assert recorded(tmp_path / "bank") == ['{"value": "ann via delegate"}'] and recorded(tmp_path / "toy") == []
     verdicts = [(v["principal"]["sub"], v["tool"], v.get("rule"), v["accepted"]) for v in f.audit("verdict")]
     assert verdicts == [("ann", "bank__record", "admins", True), ("bob", "toy__record", "others", False)]
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])  # auto: the 2026-07-28 era, discovered
+async def test_a_hidden_servers_instructions_prompts_and_resources_are_its_principals_alone(
+    tmp_path: Path, mode: str
+) -> None:
+    async with front(tmp_path) as f:
+        seen: dict[str, tuple[bool, list[str], int]] = {}
+        for name, token in (("ann", await f.token("ann", "finance")), ("bob", await f.token("bob", "eng"))):
+            async with client(f.url, token, mode) as session:
+                told = feature_server.INSTRUCTIONS in (session.instructions or "")
+                prompts = [prompt.name for prompt in (await session.list_prompts()).prompts]
+                seen[name] = (told, prompts, len((await session.list_resources()).resources))
+    assert seen["ann"][0] and "feat__greet" in seen["ann"][1] and seen["ann"][2] > 0
+    assert seen["bob"] == (False, [], 0)
