@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import mcp_types as types
 
+from mcp_spec_proxy.access import shown
 from mcp_spec_proxy.backends.era import Era, seen_by_client
 from mcp_spec_proxy.classification import HELD_REASONS, Reason, classify, included
 from mcp_spec_proxy.config import OnReject, ProxyConfig, ReviewMode
@@ -199,8 +200,9 @@ class Catalog:
     # -- queries -----------------------------------------------------------------------------
 
     def tools(self) -> list[CatalogTool]:
-        """The tools the current client's era is shown (every tool where no client is asking)."""
-        return [tool for tool in self._tools.values() if seen_by_client(tool.era)]
+        """The tools the current client is shown, by its era and its principal's `access:` (every
+        tool where no client is asking)."""
+        return [tool for tool in self._tools.values() if _seen(tool)]
 
     def servers(self) -> list[str]:
         return sorted(self._listings)
@@ -209,9 +211,9 @@ class Catalog:
         """The tool listed as `name`, else the one whose own name (its server's) it is, as an MCP App's
         page calls them; a listed name always wins, and an own name two servers share names neither."""
         tool = self._tools.get(name)
-        if tool is not None and seen_by_client(tool.era):
-            return tool
-        owners = [t for t in self._by_original.get(name, ()) if seen_by_client(t.era)] if tool is None else []
+        if tool is not None and _seen(tool):
+            return tool  # a tool hidden from this client is unknown to it: the same error as none
+        owners = [t for t in self._by_original.get(name, ()) if _seen(t)] if tool is None else []
         if len(owners) == 1:
             return owners[0]
         if owners:
@@ -228,12 +230,12 @@ class Catalog:
         return [
             (entry, by_key[(entry.server, entry.original)])
             for entry in self._prompts.values()
-            if seen_by_client(entry.era)
+            if seen_by_client(entry.era) and shown(entry.server)
         ]
 
     def prompt(self, name: str) -> CatalogEntry:
         entry = self._prompts.get(name)
-        if entry is None or not seen_by_client(entry.era):
+        if entry is None or not seen_by_client(entry.era) or not shown(entry.server):
             raise ToolNotFound(f"unknown prompt {name!r}")
         return entry
 
@@ -243,17 +245,24 @@ class Catalog:
             (server, r)
             for server, listing in sorted(self._resource_listings.items())
             for r in listing
-            if self._resources.get(str(r.uri)) == server
+            if self._resources.get(str(r.uri)) == server and shown(server)
         ]
 
     def resource_templates(self) -> list[tuple[str, types.ResourceTemplate]]:
-        return [(server, t) for server, listing in sorted(self._templates.items()) for t in listing]
+        return [(server, t) for server, listing in sorted(self._templates.items()) if shown(server) for t in listing]
 
     def labelled(self, server: str, name: str) -> str:
         """A resource's name as listed: headed by its server's, unless that server keeps its own names."""
         return f"{server}{self._separator}{name}" if self._config.servers[server].namespace else name
 
     def resource_owner(self, uri: str) -> str:
+        """The backend that serves `uri` (`_owner`); a server hidden from the client serves it none."""
+        server = self._owner(uri)
+        if not shown(server):
+            raise ToolNotFound(f"no backend serves resource {uri!r}", data={"uri": uri})
+        return server
+
+    def _owner(self, uri: str) -> str:
         """The backend that serves `uri`: the one server that listed it, else the one server one of
         whose templates matches it whole.
 
@@ -265,21 +274,20 @@ class Catalog:
         if uri in self._resources:
             return self._resources[uri]
         if uri in self._shared_resources:
-            owners = " and ".join(sorted(self._shared_resources[uri]))
-            raise ToolNotFound(f"resource {uri!r} is listed by {owners}; it is refused for both", data={"uri": uri})
+            listers = sorted(self._shared_resources[uri])
+            why = f"resource {uri!r} is listed by {' and '.join(listers)}; it is refused for both"
+            raise _refused(uri, listers, why)
         servers = sorted({server for (server, _), pattern in self._template_patterns.items() if pattern.fullmatch(uri)})
         if len(servers) > 1:
-            owners = " and ".join(servers)
-            raise ToolNotFound(
-                f"resource {uri!r} matches resource templates of {owners}; it is refused for both", data={"uri": uri}
-            )
+            why = f"resource {uri!r} matches resource templates of {' and '.join(servers)}; it is refused for both"
+            raise _refused(uri, servers, why)
         if not servers:
             raise ToolNotFound(f"no backend serves resource {uri!r}", data={"uri": uri})
         return servers[0]
 
     def template_owner(self, uri_template: str) -> str:
         """The backend that listed this resource template (for completions); refused when two did."""
-        servers = sorted({server for server, template in self._template_patterns if template == uri_template})
+        servers = sorted({s for s, template in self._template_patterns if template == uri_template and shown(s)})
         if len(servers) > 1:
             owners = " and ".join(servers)
             raise ToolNotFound(f"resource template {uri_template!r} is listed by {owners}; it is refused for both")
@@ -372,6 +380,18 @@ class Catalog:
             wants_intent=wants_intent,
             era=era,
         )
+
+
+def _refused(uri: str, servers: list[str], why: str) -> ToolNotFound:
+    """The refusal of a resource several servers claim: naming them only to a client that sees them all."""
+    if not all(shown(server) for server in servers):
+        why = f"no backend serves resource {uri!r}"  # a server hidden from this client is not named to it
+    return ToolNotFound(why, data={"uri": uri})
+
+
+def _seen(tool: CatalogTool) -> bool:
+    """Whether the client asking now sees `tool`: its era lists it, and `access:` shows it to its principal."""
+    return seen_by_client(tool.era) and shown(tool.server, tool.name)
 
 
 def _distinct(

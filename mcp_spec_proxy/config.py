@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from mcp_spec_proxy.config_file import Lines, Loc, every_problem, expand, fields_of, parse, validation_problems
+from mcp_spec_proxy.config_identity import AccessRule, AuthConfig
 from mcp_spec_proxy.errors import ConfigError, ConfigProblem
 from mcp_spec_proxy.models import ModelConfig
 
@@ -268,25 +269,6 @@ class CatalogConfig(_Strict):
     rank: Literal["auto", "hybrid", "words", "encoder"] = "auto"
 
 
-class AuthConfig(_Strict):
-    """`auth:`: the HTTP front as an OAuth 2.1 resource server (`fronts/identity.py`)."""
-
-    issuer: str  # as its tokens' `iss` names it; its RFC 8414 / OpenID discovery document names the JWKS
-    audience: str  # this proxy's canonical URL (RFC 8707): a token must name it in `aud`
-    scopes: list[str] = Field(default_factory=list)  # every token must carry all of them (else 403)
-    groups_claim: str = Field(default="groups", min_length=1)  # the claim listing the principal's groups
-
-    @field_validator("issuer", "audience")
-    @classmethod
-    def _https(cls, url: str) -> str:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
-            raise ValueError(f"{url!r} is not an https URL without query or fragment, such as https://id.example.com/")
-        if parts.scheme == "http" and parts.hostname not in ("127.0.0.1", "localhost", "::1"):
-            raise ValueError(f"{url!r} must use https (http only on loopback: 127.0.0.1, localhost, [::1])")
-        return url
-
-
 class RuleConfig(_Strict):
     """One of `rules:` (`rules.py`): when its CEL `when` holds, `review`, `deny` or `effect: write` decide."""
 
@@ -329,6 +311,7 @@ class ProxyConfig(_Strict):
     auth: AuthConfig | None = None  # who asks at the HTTP front: an OAuth resource server
     catalog: CatalogConfig = Field(default_factory=lambda: CatalogConfig())
     rules: list[RuleConfig] = Field(default_factory=list)  # first match wins (rules.py)
+    access: list[AccessRule] = Field(default_factory=list)  # what each principal sees (access.py)
     telemetry: str | TelemetryConfig | None = None  # a path alone is the JSON lines file
     state_dir: str | None = None
     # Where state lives: `files` (the state directory; one process) or one Postgres for many replicas.
@@ -446,6 +429,7 @@ _SUGGESTIONS = tuple(
             PostgresSettings,
             AuthConfig,
             RuleConfig,
+            AccessRule,
         )
         for name in model.model_fields
     )

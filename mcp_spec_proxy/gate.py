@@ -214,7 +214,9 @@ class Gate(Reads, Policy):
         decided: Callable[[Verdict], Awaitable[None]] | None,
     ) -> Outcome:
         tool = call.tool
-        decision = call.rule if call.rule is not None else self.decide(tool, call.arguments, None, call.session)[1]
+        decision = call.rule
+        if decision is None:
+            decision = self.decide(tool, call.arguments, call.principal, call.session)[1]
         reviewer, flagged = await self._reviewer(call, strong, verified, decision)
         if call.flagged and flagged is None:
             # The engine's shadow observer flagged it (its score is in telemetry): audited here like

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from mcp.server.lowlevel import Server
 
+from mcp_spec_proxy.access import Access
 from mcp_spec_proxy.audit import AuditSink
 from mcp_spec_proxy.backends import BackendPool, Listing, Notice, OnNotice
 from mcp_spec_proxy.barrier import Barrier
@@ -69,6 +70,7 @@ class Proxy:
     console: ConsoleQueue | None = None  # the held writes the approval console front shows
     notices: list[OnNotice] = field(default_factory=list)  # told each backend's log message and resource update
     metrics: Metrics = field(default_factory=Metrics)  # what `/metrics` shows (metrics.py)
+    access: Access = field(default_factory=lambda: Access(()))  # what each principal sees (access.py)
 
     async def changed(self, what: str) -> None:
         for listener in list(self.listeners):
@@ -286,6 +288,7 @@ async def _running(
             watch=watch,
         )
     proxy = Proxy(config, catalog, backends, barrier, gate, audit, events, store, engine, leash, metrics=metrics)
+    proxy.access = Access(config.access)
     proxy.console = console_queue(reviewers)
     async with anyio.create_task_group() as tg:
         await tg.start(store.run)

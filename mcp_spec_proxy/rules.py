@@ -41,16 +41,22 @@ if TYPE_CHECKING:
     from mcp_spec_proxy.config import RuleConfig
 
 
+RULE_VARIABLES: tuple[str, ...] = ("tool", "server", "args", "annotations", "principal", "session")
+"""What a rule of `rules:` reads (the module docstring says what each holds)."""
+RULE_EXAMPLE = 'server == "bank" && args.amount > 100'
+
+_TEXTS = frozenset({"tool", "server", "session"})  # the others are maps of JSON values
+
+
 @functools.cache
-def _cel() -> tuple[Any, Any]:
-    """The CEL module and the environment every rule compiles in: loaded with the first rule, so a
-    proxy without `rules:` never loads the CEL runtime."""
+def _cel(variables: tuple[str, ...] = RULE_VARIABLES) -> tuple[Any, Any]:
+    """The CEL module and the environment a rule over `variables` compiles in: loaded with the
+    first rule, so a proxy without `rules:` (or `access:`, `access.py`) never loads the CEL runtime."""
     from cel_expr_python import cel
 
     t = cel.Type
-    variables = {"tool": t.STRING, "server": t.STRING, "session": t.STRING}
-    variables |= {name: t.Map(t.STRING, t.DYN) for name in ("args", "annotations", "principal")}
-    return cel, cel.NewEnv(variables=variables)
+    declared = {name: t.STRING if name in _TEXTS else t.Map(t.STRING, t.DYN) for name in variables}
+    return cel, cel.NewEnv(variables=declared)
 
 
 STRICTNESS: tuple[ReviewMode, ...] = ("allow", "leash", "strong_then_human", "strong", "console", "human", "deny")
@@ -61,23 +67,27 @@ class RuleError(ValueError):
     """A rule's `when` that does not compile: one line, where in the expression and what to change."""
 
 
-def compile_rule(when: str) -> Any:
-    """`when` compiled and type-checked (a `cel.Expression`), or `RuleError` saying what is wrong."""
-    cel, env = _cel()
+def compile_rule(when: str, variables: tuple[str, ...] = RULE_VARIABLES, example: str = RULE_EXAMPLE) -> Any:
+    """`when` compiled and type-checked over `variables` (a `cel.Expression`), or `RuleError`
+    saying what is wrong; `example` is the condition its message offers."""
+    cel, env = _cel(variables)
     try:
         expression = env.compile(when)
     except RuntimeError as exc:
-        raise RuleError(_one_line(str(exc))) from None
+        raise RuleError(_one_line(str(exc), variables, example)) from None
     returns = expression.return_type()
     if returns != cel.Type.BOOL and returns != cel.Type.DYN:
-        raise RuleError(
-            f"`when` gives a {returns.name().lower()}, not true or false"
-            ' — write a condition, e.g. tool == "fs__write_file" && args.path.startsWith("/notes/")'
-        )
+        what = f"`when` gives a {returns.name().lower()}, not true or false"
+        raise RuleError(f"{what} — write a condition, e.g. {example}")
     return expression
 
 
-def _one_line(message: str) -> str:
+def activation(data: Mapping[str, Any], variables: tuple[str, ...] = RULE_VARIABLES) -> Any:
+    """One evaluation's values (a `cel.Activation`): CEL converts a value when a rule first reads it."""
+    return _cel(variables)[1].Activation(data=dict(data))
+
+
+def _one_line(message: str, variables: tuple[str, ...], example: str) -> str:
     """The CEL checker's first error as one line: `column N: what` — the fix."""
     text = message.removeprefix("INVALID_ARGUMENT: ").splitlines()[0]
     text = text.removeprefix("ERROR: <input>:")
@@ -85,11 +95,8 @@ def _one_line(message: str) -> str:
     column, _, what = rest.partition(":")
     if line.isdigit() and column.isdigit():
         text = f"column {column}: {what.strip()}" if line == "1" else f"line {line}, column {column}: {what.strip()}"
-    hint = (
-        "the variables are tool, server, args, annotations, principal and session"
-        if "undeclared reference" in text
-        else 'write CEL, e.g. server == "bank" && args.amount > 100'
-    )
+    names = ", ".join(variables[:-1]) + f" and {variables[-1]}"
+    hint = f"the variables are {names}" if "undeclared reference" in text else f"write CEL, e.g. {example}"
     return f"`when` is not valid CEL: {text} — {hint}"
 
 
@@ -170,11 +177,11 @@ class Rules:
             why = "its arguments hold NaN or an infinity, which no rule compares faithfully"
             return self._closed(tool, list(self._rules), None, why)
         # One activation for every rule: CEL converts a value when a rule first reads it, once per call.
-        activation = _cel()[1].Activation(data=variables)
+        values = activation(variables)
         failed: list[_Rule] = []
         first_error = ""
         for rule in self._rules:
-            matched, error = _evaluate(rule.expression, activation)
+            matched, error = evaluate(rule.expression, values)
             if error is not None:
                 failed.append(rule)
                 first_error = first_error or f"rule {rule.label}: {error}"
@@ -206,10 +213,10 @@ def _denied(rule: _Rule) -> str | None:
     return None if rule.deny is None else f"denied by rule {rule.label}: {rule.deny}"
 
 
-def _evaluate(expression: Any, activation: Any) -> tuple[bool, str | None]:
+def evaluate(expression: Any, values: Any) -> tuple[bool, str | None]:
     """Whether the rule matched, or why it could not say (a CEL error value, or data CEL refused)."""
     try:
-        value = expression.eval(activation)
+        value = expression.eval(values)
     except (RuntimeError, ValueError, TypeError) as exc:  # data CEL cannot take (a lone surrogate, ...)
         return False, f"its arguments cannot be evaluated ({type(exc).__name__}: {str(exc)[:200]})"
     if value.type() == _cel()[0].Type.ERROR:
@@ -263,4 +270,15 @@ def principal_variables(principal: object | None) -> dict[str, Any]:
     return {"sub": text("sub"), "client_id": text("client_id"), "scopes": texts("scopes"), "groups": texts("groups")}
 
 
-__all__ = ["NO_RULE", "STRICTNESS", "Decision", "RuleError", "Rules", "compile_rule", "principal_variables"]
+__all__ = [
+    "NO_RULE",
+    "RULE_VARIABLES",
+    "STRICTNESS",
+    "Decision",
+    "RuleError",
+    "Rules",
+    "activation",
+    "compile_rule",
+    "evaluate",
+    "principal_variables",
+]

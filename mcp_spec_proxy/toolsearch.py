@@ -46,6 +46,7 @@ import anyio
 import numpy as np
 
 from mcp_spec_proxy import lookalikes
+from mcp_spec_proxy.access import VIEW, shown, viewing
 from mcp_spec_proxy.catalog import CatalogTool, is_held
 from mcp_spec_proxy.leash.encoders import Encoder, LeashError
 from mcp_spec_proxy.toolwords import OFF_CUE, Bm25F, cue, expand, words
@@ -162,6 +163,13 @@ def bounded(hits: Sequence[Hit], limit: int) -> list[Hit]:
     return chosen + spilled[: limit - len(chosen)]
 
 
+def _only(scores: np.ndarray, seen_by: list[bool] | None) -> np.ndarray:
+    """`scores` with those of tools the client does not see (`seen_by`, None: it sees all) at 0: no hit."""
+    if seen_by is None:
+        return scores
+    return np.where(np.fromiter(seen_by, bool, len(seen_by)), scores, 0.0)
+
+
 class ToolIndex:
     """Ranks the callable tools of a tool list (the live catalog) for a request in words.
 
@@ -205,21 +213,25 @@ class ToolIndex:
         a trusted tool's place (`group=False`: each its own hit). One server fills at most
         `share(limit)` hits while other servers' tools match (`bounded`)."""
         async with self._lock:
-            await self._refresh()
+            # The index holds every tool, whoever asks; a search ranks only those its client sees
+            # (`access.py`), so clients who see different tools do not rebuild it for each other.
+            with viewing(None):
+                await self._refresh()
             listed, bm25, matrix = self._listed, self._bm25, self._matrix
             group_of, members = self._group, self._members
-        if not listed:
+        seen_by = None if VIEW.get() is None else [shown(tool.server, tool.name) for tool in listed]
+        if not listed or (seen_by is not None and not any(seen_by)):
             return []
         depth = max(limit, FUSE_DEPTH)
         semantic: list[int] = []
         if matrix is not None:
             vector = await self._encode_query(query)
             if vector is not None:
-                semantic = top(matrix @ vector, depth)
+                semantic = top(_only(matrix @ vector, seen_by), depth)
         if semantic and self._rank == "encoder":
             ranking = semantic
         else:  # words, hybrid, or an encoder that cannot answer now: the words rank
-            lexical = top(self._words(query, listed, bm25), depth)
+            lexical = top(_only(self._words(query, listed, bm25), seen_by), depth)
             fused = bool(semantic and lexical) and self._rank == "hybrid"
             ranking = top(fuse([lexical, semantic], len(listed)), depth) if fused else lexical or semantic
         if not group:
@@ -229,7 +241,7 @@ class ToolIndex:
             first = group_of[index]
             if first not in seen:  # the set ranks where its best-scoring member does
                 seen.add(first)
-                own, *others = members[first]
+                own, *others = [i for i in members[first] if seen_by is None or seen_by[i]]
                 hits.append(Hit(listed[own], tuple(listed[i] for i in others)))
         return bounded(hits, limit)
 

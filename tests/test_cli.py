@@ -343,6 +343,22 @@ def test_explain_names_the_rule_and_the_reviewer_a_call_would_meet(tmp_path: Pat
     assert (tmp_path / "rec").exists() is False  # nothing ran
 
 
+def test_explain_says_when_access_hides_the_tool_from_the_principal(tmp_path: Path) -> None:
+    access = [{"when": 'server == "toy" && !("finance" in principal.groups)', "hide": True}]
+    config = write_config(tmp_path, {"toy": toy(tmp_path / "rec")}, review={"default": "allow"}, access=access)
+    command = ["explain", "--config", str(config), "--state-dir", str(tmp_path / "state"), "toy__record"]
+    hidden, seen = (
+        run_proxy(*command, "--args", '{"value": "v"}', *who)
+        for who in ((), ("--principal", '{"sub": "ann", "groups": ["finance"]}'))
+    )
+    assert hidden.returncode == 0, hidden.stderr
+    assert hidden.stdout.splitlines() == [
+        "tool: toy__record",
+        "access: hidden from this principal by `access:` — to them it is an unknown tool; nothing runs",
+    ]
+    assert seen.stdout.splitlines()[-1] == "reviewer: allow"
+
+
 def test_explain_refuses_what_is_not_a_call_in_one_line(tmp_path: Path) -> None:
     unknown = explain(tmp_path, "toy__nope")
     assert unknown.returncode == 1 and unknown.stderr.strip().splitlines() == [

@@ -23,7 +23,7 @@ from mcp_spec_proxy.errors import StateError
 from mcp_spec_proxy.store import Ticket, open_store
 from mcp_spec_proxy.store.migrations import LATEST, LEASH, LOCK_NAMESPACE, MIGRATIONS
 from mcp_spec_proxy.store.pg_fingerprints import PgFingerprints
-from mcp_spec_proxy.store.postgres import SWEEP, PgStore, migrate_database
+from mcp_spec_proxy.store.postgres import SWEEP, PgStore, migrate_database, read_audit_once
 from mcp_spec_proxy.trajectory import History, Step
 from tests.harness import PROXY_COMMAND
 from tests.pg import DSN_ENV, rows
@@ -94,6 +94,27 @@ def test_the_audit_command_reads_the_files_store(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stderr
     assert [json.loads(line) for line in run.stdout.splitlines()] == [lines[1]]
+
+
+def test_the_audit_command_keeps_one_principals_lines_before_it_takes_the_tail(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    ann, bob = {"sub": "ann", "client_id": "c"}, {"sub": "bob", "client_id": "c"}
+    lines = [
+        {"ts": 1.0, "event": "held", "session": "s1", "principal": ann},
+        {"ts": 2.0, "event": "backend", "server": "toy"},  # names nobody
+        {"ts": 3.0, "event": "verdict", "session": "s1", "principal": ann},
+        {"ts": 4.0, "event": "held", "session": "s2", "principal": bob},
+    ]
+    (state / "audit.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    config = tmp_path / "servers.yaml"
+    config.write_text(yaml.safe_dump({"servers": {}}))
+    command = [PROXY_COMMAND, "audit", "--config", str(config), "--state-dir", str(state), "--principal", "ann"]
+    runs = [subprocess.run(c, capture_output=True, text=True, timeout=60) for c in (command, [*command, "--tail", "1"])]
+    every, last = runs
+    assert every.returncode == 0 and last.returncode == 0, every.stderr + last.stderr
+    assert [json.loads(line) for line in every.stdout.splitlines()] == [lines[0], lines[2]]
+    assert [json.loads(line) for line in last.stdout.splitlines()] == [lines[2]]
 
 
 # -- the Postgres store ---------------------------------------------------------------------------
@@ -223,6 +244,16 @@ async def test_hostile_text_reaches_the_audit_table_intact_enough(pg_dsn: str) -
         await store.audit.record("verdict", call="c1", session="s", reason="nul \x00 and lone \ud800 surrogate")
         found = await store.read_audit("s")
     assert found[0]["reason"].startswith("nul ") and "surrogate" in found[0]["reason"]
+
+
+async def test_the_audit_rows_of_one_principal_are_read_before_the_tail(pg_dsn: str) -> None:
+    config = ProxyConfig.model_validate({"store": {"postgres": {"dsn_env": DSN_ENV}}})
+    async with open_store(config, None, {DSN_ENV: pg_dsn}) as store:
+        await store.audit.record("held", call="c1", session="s", principal={"sub": "ann", "client_id": None})
+        await store.audit.record("held", call="c2", session="s", principal={"sub": "bob", "client_id": None})
+        await store.audit.record("backend", server="toy")
+    found = await read_audit_once(pg_dsn, 10, None, 1, "ann")
+    assert [(row["call"], row["principal"]["sub"]) for row in found] == [("c1", "ann")]
 
 
 async def test_a_call_marked_abandoned_takes_no_verdict(pg_dsn: str) -> None:

@@ -1,5 +1,6 @@
 """`mcp-spec-proxy explain TOOL --args JSON [--principal JSON]`: which rule of `rules:` a call
-would meet, and which reviewer — without running it.
+would meet, and which reviewer — without running it; or that `access:` hides the tool from that
+principal (to them it does not exist).
 
 The backends are reached (as `tools` reaches them) so the tool is the one the proxy lists: its
 server, its annotations, its effect and its own reviewer are what a real call meets.
@@ -49,7 +50,7 @@ def explain(ctx: click.Context, tool: str, arguments: str, principal: str | None
     who = _json_object("--principal", principal) if principal is not None else None
     built = setup(ctx)
 
-    async def find() -> tuple[CatalogTool, Decision, str | None] | None:
+    async def find() -> tuple[CatalogTool, Decision, str | None] | str | None:
         from mcp_spec_proxy.catalog import strip_intent
         from mcp_spec_proxy.errors import InvalidArguments, ToolNotFound
 
@@ -59,6 +60,8 @@ def explain(ctx: click.Context, tool: str, arguments: str, principal: str | None
                 listed = proxy.catalog.lookup(tool)
             except ToolNotFound:
                 return None  # told outside the proxy's task group, which would wrap an exception
+            if not proxy.access.sees(who, listed.server, listed.name):
+                return listed.name
             try:
                 proxy.catalog.validate(listed, args)
                 refused = None
@@ -71,6 +74,10 @@ def explain(ctx: click.Context, tool: str, arguments: str, principal: str | None
     found = run_loop(find)
     if found is None:
         raise click.ClickException(f"{tool!r} is not a tool the proxy lists — run `mcp-spec-proxy tools` for the names")
+    if isinstance(found, str):
+        click.echo(f"tool: {found}")
+        click.echo("access: hidden from this principal by `access:` — to them it is an unknown tool; nothing runs")
+        return
     met, decision, refused = found
     for line in describe(built.config, met, decision, refused):
         click.echo(line)

@@ -95,8 +95,9 @@ def store_migrate(ctx: click.Context, to: int | None) -> None:
 @file_options
 @click.option("--session", help="Only the rows of this session.")
 @click.option("--tail", type=click.IntRange(min=1), help="Only the last N rows.")
+@click.option("--principal", metavar="SUB", help="Only the rows of this principal's calls (its token's `sub`).")
 @click.pass_context
-def audit(ctx: click.Context, session: str | None, tail: int | None) -> None:
+def audit(ctx: click.Context, session: str | None, tail: int | None, principal: str | None) -> None:
     """Print the audit trail as JSON lines, oldest first (from the files or from Postgres)."""
     from mcp_spec_proxy.store import FileStore, StatePaths
 
@@ -105,11 +106,18 @@ def audit(ctx: click.Context, session: str | None, tail: int | None) -> None:
 
     async def rows() -> list[dict[str, Any]]:
         if dsn is None or config.store == "files":
-            return await FileStore(StatePaths(state_dir_of(ctx.obj["state_dir"], config))).read_audit(session)
+            lines = await FileStore(StatePaths(state_dir_of(ctx.obj["state_dir"], config))).read_audit(session)
+            return lines if principal is None else [line for line in lines if _sub(line) == principal]
         timeout = config.store.postgres.timeout
-        found: list[dict[str, Any]] = await _postgres(ctx).read_audit_once(dsn, timeout, session, tail)
+        found: list[dict[str, Any]] = await _postgres(ctx).read_audit_once(dsn, timeout, session, tail, principal)
         return found
 
     found = run_loop(rows)
     for row in found[-tail:] if tail else found:
         click.echo(json.dumps(row, ensure_ascii=False, default=str))
+
+
+def _sub(line: dict[str, Any]) -> object:
+    """The subject an audit line names (`principal.sub`), if it names one."""
+    named = line.get("principal")
+    return named.get("sub") if isinstance(named, dict) else None

@@ -32,6 +32,7 @@ from mcp_spec_proxy.engine.result import MODES, Mode, RunResult
 from mcp_spec_proxy.errors import InvalidArguments
 from mcp_spec_proxy.gate import Gate
 from mcp_spec_proxy.models import ChatModel
+from mcp_spec_proxy.principal import Principal
 from mcp_spec_proxy.review import UserChannel
 from mcp_spec_proxy.review.strong import Repairer, StrongReviewer, Unreadable
 from mcp_spec_proxy.telemetry import Telemetry
@@ -77,13 +78,16 @@ class Engine:
         observe: Observer | None = None,
         user: UserChannel | None = None,
         baseline: bool = False,
+        principal: Principal | None = None,
     ) -> RunResult:
         """Run one task: a request in words, or a conversation (chat messages) whose last turn asks.
 
         `tools` replaces the catalog for this run (the gateway's view with the client's own tools);
         `client` executes the tools whose server is the client; `observe` hears of every model
         call and verdict as it happens; `user` is the person a `human` tool asks (else its
-        fallback decides); `baseline` marks an operator's baseline run (see the module docstring).
+        fallback decides); `baseline` marks an operator's baseline run (see the module docstring);
+        `principal` is who asked for the run (`delegate`'s caller): its steps meet `rules:` as theirs,
+        and their audit lines name them.
         """
         if mode != "strong-only" and self.weak is None:
             raise InvalidArguments(f"mode {mode!r} needs a weak model: configure models.weak")
@@ -101,6 +105,7 @@ class Engine:
             observe=observe,
             user=user,
             baseline=baseline,
+            principal=principal,
         )
 
 

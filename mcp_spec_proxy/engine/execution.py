@@ -23,6 +23,7 @@ from mcp_spec_proxy.engine.result import Mode, RunResult, Status
 from mcp_spec_proxy.errors import ToolNotFound
 from mcp_spec_proxy.gate import GateCall
 from mcp_spec_proxy.models import ModelCall
+from mcp_spec_proxy.principal import Principal
 from mcp_spec_proxy.prompts import openai_tool
 from mcp_spec_proxy.results import Author, Report, blocked_result, capped, text_result
 from mcp_spec_proxy.review import ReviewRequest, UserChannel, Verdict
@@ -71,6 +72,7 @@ class RunState:
         self.observe: Observer | None = None
         self.user: UserChannel = NoUser()
         self.baseline: str | None = None
+        self.principal: Principal | None = None  # who asked for the run: rules read it, the audit names it
         self.watch: Watch | None = None
         self.strong_led = False
         self.history = History(commit_every=None)  # the engine decides its commit points (`History.commit`)
@@ -94,7 +96,7 @@ class RunState:
     def step_for(self, proposal: ProposedStep) -> Step:
         """The proposed call as a step; its effect is the call's, which a rule of `rules:` may make a write."""
         arguments, _ = strip_intent(proposal.tool, proposal.arguments)
-        tool, _ = self.engine.gate.decide(proposal.tool, arguments, None, self.result.task_id)
+        tool, _ = self.engine.gate.decide(proposal.tool, arguments, self.principal, self.result.task_id)
         return Step(tool.name, arguments, tool.effect)
 
     # -- execution, audit, telemetry ---------------------------------------------------------
@@ -112,7 +114,14 @@ class RunState:
         """A call through the gate, verified as its tool's policy asks, and its step as it ran
         (observed), or None when it did not run."""
         call = GateCall(
-            self.result.task_id, tool, step.arguments, author, request, baseline=self.baseline, flagged=flagged
+            self.result.task_id,
+            tool,
+            step.arguments,
+            author,
+            request,
+            baseline=self.baseline,
+            flagged=flagged,
+            principal=self.principal,
         )
         executor = self.run_client if tool.server == CLIENT else None
         if executor is not None and self.client is None:
@@ -146,13 +155,16 @@ class RunState:
     async def execute(self, step: Step, author: Author, prefix: list[Step]) -> Step:
         """Run a step now, through the gate (a read at once, a write under its tool's policy): the
         step as it ran, or with its refusal as its observation, so the model that made it sees why."""
-        tool, rule = self.engine.gate.decide(self.source.lookup(step.tool), step.arguments, None, self.result.task_id)
+        looked_up = self.source.lookup(step.tool)
+        tool, rule = self.engine.gate.decide(looked_up, step.arguments, self.principal, self.result.task_id)
         if tool.effect == "read":
             if tool.server == CLIENT:
                 result = await self.run_client(tool, step.arguments, None)
                 return step.observed(str(getattr(result.content[0], "text", "")), is_error=bool(result.is_error))
             # A failed read's step observed the failure: the model reads it there.
-            read = await self.engine.gate.read(self.result.task_id, tool, step.arguments, step, author, None, rule=rule)
+            read = await self.engine.gate.read(
+                self.result.task_id, tool, step.arguments, step, author, None, rule=rule, principal=self.principal
+            )
             return read.step
         segment = Segment((*prefix, step))
         request = ReviewRequest(

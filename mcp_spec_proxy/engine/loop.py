@@ -38,6 +38,7 @@ from mcp_spec_proxy.engine.execution import RunState, Stop
 from mcp_spec_proxy.engine.hooks import AskNow, ClientExecutor, NoUser, Observer, Progress
 from mcp_spec_proxy.engine.result import Mode, RunResult
 from mcp_spec_proxy.models import ChatModel, Completion, ModelError
+from mcp_spec_proxy.principal import Principal
 from mcp_spec_proxy.prompts import FINAL_ANSWER, agent_messages
 from mcp_spec_proxy.results import Author
 from mcp_spec_proxy.review import ReviewFailed, ReviewRequest, UserChannel, Verdict
@@ -60,6 +61,7 @@ async def run_task(
     observe: Observer | None,
     user: UserChannel | None,
     baseline: bool,
+    principal: Principal | None = None,
 ) -> RunResult:
     """Run one task to its end under `limits` (`Engine.run` has checked the mode's models), record
     its summary to telemetry and return it; how it ended is the result's status, never an exception."""
@@ -67,6 +69,7 @@ async def run_task(
     run.observe = observe
     run.user = AskNow(user) if user is not None else NoUser()
     run.baseline = mode if baseline and mode in ("weak-only", "strong-only") else None
+    run.principal = principal
     started = time.perf_counter()
     with anyio.move_on_after(limits.max_wall_s) as deadline:
         try:

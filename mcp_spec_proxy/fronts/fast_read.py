@@ -36,6 +36,7 @@ from mcp_types import CLIENT_CAPABILITIES_META_KEY, LOG_LEVEL_META_KEY, methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
+from mcp_spec_proxy.access import viewing
 from mcp_spec_proxy.backends.era import speaking
 from mcp_spec_proxy.backends.raw import WireResult, plain
 from mcp_spec_proxy.backends.session_legs import serving
@@ -108,9 +109,10 @@ class FastRead:
 
     async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         # The client's era (its listing, its era's backend legs) and its session (its own backend sessions).
+        # And what its principal may see (`access.py`): every request, whatever its method.
         ref = session_ref(self._front, ctx)
         try:
-            with speaking(ctx.protocol_version), serving(ref):
+            with speaking(ctx.protocol_version), viewing(self._front.view_of(ctx.request)), serving(ref):
                 return await self._serve(ctx, call_next)
         finally:
             if ref is not None and ref.ephemeral:

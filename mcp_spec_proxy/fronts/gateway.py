@@ -51,6 +51,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
+from mcp_spec_proxy.access import viewing
 from mcp_spec_proxy.catalog import CLIENT, Catalog, CatalogTool
 from mcp_spec_proxy.engine import MODES, Engine, Mode
 from mcp_spec_proxy.errors import ProxyError, ShuttingDown, ToolNotFound
@@ -266,6 +267,12 @@ class Gateway:
         return action
 
     def _start(self, session: GatewaySession, mode: Mode, tools: list[dict[str, Any]]) -> None:
+        # The gateway identifies nobody: its clients see what `access:` shows the empty principal,
+        # and the run's task inherits that view (`access.py`).
+        with viewing(self.proxy.access.view(None) if self.proxy.access else None):
+            self._start_run(session, mode, tools)
+
+    def _start_run(self, session: GatewaySession, mode: Mode, tools: list[dict[str, Any]]) -> None:
         assert self._tg is not None
         gateway = self.proxy.config.gateway
         view = ClientToolView(self.proxy.catalog if gateway.backend_tools else None, tools, gateway.client_read_only)

@@ -47,6 +47,7 @@ from mcp.shared.message import SessionMessage
 from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, ServerEvent, ToolsListChanged
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from mcp_spec_proxy.access import View, shown
 from mcp_spec_proxy.backends.notices import request_logs
 from mcp_spec_proxy.backends.relay import CALLER
 from mcp_spec_proxy.barrier import Report, Session
@@ -188,10 +189,16 @@ class McpFront:
         parts = [own or ""]
         for backend in self.proxy.backends.connected():
             text = (backend.instructions or "").strip()
-            if text:
+            # A server hidden from this client is not named to it, where its initialize has a view.
+            if text and shown(backend.name):
                 names = f"{backend.name}{sep}<tool>" if backend.config.namespace else "their own names"
                 parts.append(f"Instructions of server {backend.name!r} (its tools are {names}):\n{text}")
         return "\n\n".join(part for part in parts if part)
+
+    def view_of(self, request: object) -> View | None:
+        """The view (`access.py`) of the principal `request` comes from: the verified token's, else
+        nobody identified (stdio, a front without `auth:`)."""
+        return self.proxy.access.view(principal_of(request)) if self.proxy.access else None
 
     def subscribable(self) -> bool:
         return any(backend.subscribable for backend in self.proxy.backends.connected())

@@ -22,6 +22,7 @@ import mcp_types as types
 from mcp_spec_proxy.barrier import Report, Session, error_result
 from mcp_spec_proxy.engine import MODES, Engine, Mode
 from mcp_spec_proxy.errors import ProxyError
+from mcp_spec_proxy.principal import Principal
 from mcp_spec_proxy.proxy import Proxy
 from mcp_spec_proxy.review import UserChannel
 
@@ -115,7 +116,7 @@ class OwnTools:
         user: UserChannel,
     ) -> types.CallToolResult:
         if name == DELEGATE:
-            return await self._delegate(arguments, report, user)
+            return await self._delegate(arguments, report, user, session().principal)
         return await self._report_outcome(arguments, session)
 
     def _leash(self) -> Leash | None:
@@ -125,9 +126,10 @@ class OwnTools:
         return self.proxy.leash if open_ else None
 
     async def _delegate(
-        self, arguments: dict[str, Any], report: Report | None, user: UserChannel
+        self, arguments: dict[str, Any], report: Report | None, user: UserChannel, principal: Principal | None
     ) -> types.CallToolResult:
-        """Run a whole task with the SpecAgent engine; progress per step, cancellation honoured."""
+        """Run a whole task with the SpecAgent engine; progress per step, cancellation honoured. Its
+        steps are `principal`'s: they meet `rules:` as theirs and their audit lines name them."""
         engine = self.proxy.engine
         assert engine is not None
         task, mode, max_steps = arguments.get("task"), arguments.get("mode", self.modes[0]), arguments.get("max_steps")
@@ -146,7 +148,9 @@ class OwnTools:
                 await report(float(count), None, message)
 
         try:
-            result = await engine.run(task, mode, progress=progress, max_steps=max_steps, user=user)
+            result = await engine.run(
+                task, mode, progress=progress, max_steps=max_steps, user=user, principal=principal
+            )
         except ProxyError as exc:
             return error_result(str(exc))
         text = result.answer or f"(no answer: {result.status}{': ' + result.error if result.error else ''})"

@@ -38,6 +38,7 @@ from mcp.shared.inbound import InboundLadderRejection, classify_inbound_request
 from mcp.shared.message import SessionMessage
 from mcp_types import INTERNAL_ERROR, INVALID_REQUEST, PARSE_ERROR, RequestId
 
+from mcp_spec_proxy.access import viewing
 from mcp_spec_proxy.backends.era import speaking
 from mcp_spec_proxy.barrier import Session
 from mcp_spec_proxy.drain import Answering
@@ -57,7 +58,9 @@ async def serve_stdio(front: McpFront, answering: Answering | None = None) -> No
     the client's requests from the line that brings one to the write of its answer (a stop waits
     for those: the result of a call that ran reaches its client)."""
     front.stdio_session = session = front.proxy.barrier.new_session()
-    with claimed_stdio() as (wire_in, wire_out):
+    # The one client is nobody identified: every task of this front sees that view (`access.py`),
+    # whatever door it came by; each request sets it again, the same.
+    with viewing(front.view_of(None)), claimed_stdio() as (wire_in, wire_out):
         async with _open_wire(wire_in, wire_out) as wire, front.suspensions.hosting():
             read_writer, read = anyio.create_memory_object_stream[SessionMessage | Exception](0)
             write, write_reader = anyio.create_memory_object_stream[SessionMessage | bytes](0)
@@ -126,7 +129,7 @@ class _LeanReads:
             if isinstance(route, InboundLadderRejection):
                 return False
             version = route.protocol_version
-        with speaking(version):
+        with speaking(version), viewing(self._fast.front.view_of(None)):  # stdio identifies nobody
             read = self._fast.claim(params, version, initialized=True)
         if read is None:
             return False
@@ -167,7 +170,11 @@ class _LeanReads:
         try:
             with scope:
                 try:
-                    with speaking(read.version), self._fast.front.calling(self._session, None):
+                    with (
+                        speaking(read.version),
+                        viewing(self._fast.front.view_of(None)),
+                        self._fast.front.calling(self._session, None),
+                    ):
                         result = await self._fast.run(read, self._session)
                     answer = {"jsonrpc": "2.0", "id": request_id, "result": result}
                 except MCPError as exc:  # the backend's own error as it sent it, or the proxy's own

@@ -177,11 +177,21 @@ class PgAudit:
 
 
 async def read_rows(
-    pool: AsyncConnectionPool[Any], *, session: str | None = None, tail: int | None = None
+    pool: AsyncConnectionPool[Any],
+    *,
+    session: str | None = None,
+    tail: int | None = None,
+    principal: str | None = None,
 ) -> list[dict[str, Any]]:
-    """The audit rows in order (the last `tail` of them), as the file's lines read: `{"ts", "event", **fields}`."""
-    args: list[Any] = [session] if session else []
-    where = "WHERE session = %s" if session else ""
+    """The audit rows in order (the last `tail` of them), as the file's lines read: `{"ts", "event", **fields}`;
+    `principal`: only the rows that name that subject (`principal.sub`)."""
+    conditions: list[str] = []
+    args: list[Any] = []
+    if session:
+        conditions, args = [*conditions, "session = %s"], [*args, session]
+    if principal is not None:
+        conditions, args = [*conditions, "data->'principal'->>'sub' = %s"], [*args, principal]
+    where = f"WHERE {' AND '.join(conditions)}" if conditions else ""
     limit = ""
     if tail is not None:
         limit, args = "LIMIT %s", [*args, tail]

@@ -308,13 +308,14 @@ async def _register(
 
 
 async def read_audit_once(
-    dsn: str, limit_s: float, session: str | None = None, tail: int | None = None
+    dsn: str, limit_s: float, session: str | None = None, tail: int | None = None, principal: str | None = None
 ) -> list[dict[str, Any]]:
-    """`mcp-spec-proxy audit`: the audit rows in order (the last `tail`), from one short connection."""
+    """`mcp-spec-proxy audit`: the audit rows in order (the last `tail`; `principal`: of that subject's
+    calls alone), from one short connection."""
     try:
         async with (
             AsyncConnectionPool(dsn, min_size=1, max_size=1, timeout=limit_s, kwargs={"autocommit": True}) as pool,
         ):
-            return await read_rows(pool, session=session, tail=tail)
+            return await read_rows(pool, session=session, tail=tail, principal=principal)
     except DB_ERRORS as exc:
         raise StateError(f"cannot read the audit trail from Postgres: {problem(exc)}") from None

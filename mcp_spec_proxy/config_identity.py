@@ -1,0 +1,56 @@
+"""Who asks and what they may see: the `auth:` and `access:` sections of servers.yaml.
+
+`config.py` holds the whole file's model and validates these with it; the rules that decide a
+call's reviewer (`rules:`) stay there, beside the review modes they name. An `access:` rule's
+`when` is CEL over `principal`, `server` and `tool`, compiled when the file loads (`access.py`
+evaluates it), so a rule that does not compile is a config error at its line.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class AuthConfig(BaseModel):
+    """`auth:`: the HTTP front as an OAuth 2.1 resource server (`fronts/identity.py`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    issuer: str  # as its tokens' `iss` names it; its RFC 8414 / OpenID discovery document names the JWKS
+    audience: str  # this proxy's canonical URL (RFC 8707): a token must name it in `aud`
+    scopes: list[str] = Field(default_factory=list)  # every token must carry all of them (else 403)
+    groups_claim: str = Field(default="groups", min_length=1)  # the claim listing the principal's groups
+
+    @field_validator("issuer", "audience")
+    @classmethod
+    def _https(cls, url: str) -> str:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+            raise ValueError(f"{url!r} is not an https URL without query or fragment, such as https://id.example.com/")
+        if parts.scheme == "http" and parts.hostname not in ("127.0.0.1", "localhost", "::1"):
+            raise ValueError(f"{url!r} must use https (http only on loopback: 127.0.0.1, localhost, [::1])")
+        return url
+
+
+class AccessRule(BaseModel):
+    """One of `access:` (`access.py`): when its CEL `when` holds for a principal and a tool (or a
+    server's prompts and resources), `hide` says whether that principal sees it. First match wins."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    when: str
+    hide: bool  # true: the principal does not see it; false: it does (an exception before a broader rule)
+    name: str | None = Field(default=None, min_length=1, max_length=80)  # what the log calls it (else its number)
+
+    @field_validator("when")
+    @classmethod
+    def _compiles(cls, when: str) -> str:
+        from mcp_spec_proxy.access import compile_access  # CEL loads only for a file that has access rules
+
+        compile_access(when)  # its RuleError is a ValueError: a config error at this rule's line
+        return when
+
+
+__all__ = ["AccessRule", "AuthConfig"]
