@@ -112,7 +112,10 @@ def inspector_cli() -> BackendCommand:
 
     Use ``-e KEY=VALUE`` for the target's env (see :func:`inspector_argv`).
     """
-    return BackendCommand(node22(), [_need(_INSPECTOR_CLI, "MCP Inspector CLI")], {})
+    # The real path: the CLI runs only when argv[1] is its own file, and a symlinked .backends/
+    # (a checkout sharing another's) would make it exit 0 having done nothing.
+    entry = Path(_need(_INSPECTOR_CLI, "MCP Inspector CLI")).resolve()
+    return BackendCommand(node22(), [str(entry)], {})
 
 
 def inspector_argv(target: BackendCommand, *options: str) -> list[str]:
