@@ -1,13 +1,17 @@
 """Real clients against the HTTP front under `auth:`, each as a user would run it, against the
 real authorization server (oauth2-mock-server, `tests/oauth.py`): the MCP Inspector CLI with a
-bearer token on its command line, and the MCP SDK's `OAuthClientProvider` by the authorization
-code flow with PKCE (the server's /authorize redirects back at once: it has no login page, its
-user is `johndoe`). The backend is the toy's ledger: a write that reached it is on the ledger.
+bearer token on its command line; npm mcp-remote, which logs in by itself through the person's
+browser and bridges the front to stdio; and the MCP SDK's `OAuthClientProvider`. The last two
+use the authorization code flow with PKCE (the server's /authorize redirects back at once: it
+has no login page, its user is `johndoe`). The backend is the toy's ledger: a write that
+reached it is on the ledger.
 """
 
 from __future__ import annotations
 
 import json
+import socket
+import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -16,13 +20,14 @@ import anyio
 import httpx
 import httpx2
 import pytest
-from mcp import Client
+from mcp import Client, StdioServerParameters
 from mcp.client.auth import OAuthClientProvider
+from mcp.client.stdio import get_default_environment, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
 
-from tests.backends import inspector_cli
-from tests.harness import recorded, text_of
+from tests.backends import REPO, inspector_cli, mcp_remote
+from tests.harness import ERAS, recorded, text_of
 from tests.oauth import authorization_server
 from tests.test_identity import Front, alice, protected
 
@@ -135,4 +140,42 @@ async def test_the_sdks_oauth_client_logs_in_by_authorization_code_with_pkce_and
     assert len(redirected) == 1 and redirected[0].startswith(callback + "?")
     assert text_of(echoed) == "hi" and not written.is_error
     assert recorded(front.ledger) == ['{"value": "by johndoe"}']
+    assert front.principals("read") == [JOHNDOE] and front.principals("held") == [JOHNDOE]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_mcp_remote_logs_in_through_the_browser_and_bridges_the_front_to_stdio(tmp_path: Path, mode: str) -> None:
+    """mcp-remote meets the front's 401, finds the issuer through the resource metadata, opens the
+    person's browser (`$BROWSER`: `tests/fixtures/browser.py`, which follows /authorize's redirect
+    to mcp-remote's loopback callback), redeems the code with PKCE for a token bound to this
+    proxy, and serves the front to an MCP client on stdio; the audit names the person."""
+    visited = tmp_path / "browser.log"
+    browser = tmp_path / "browser"
+    browser.write_text(f'#!/bin/sh\nexec {sys.executable} {REPO / "tests/fixtures/browser.py"} "$1" 2>>{visited}\n')
+    browser.chmod(0o755)
+    client = json.dumps({"client_id": "desk"})  # pre-registered: the server offers no registration
+    callback_port = free_port()
+    async with authorization_server() as auth, protected(tmp_path, auth.issuer) as front:
+        bridge = mcp_remote(front.url, str(callback_port), "--host", "127.0.0.1", "--static-oauth-client-info", client)
+        # the SDK's default environment: no DISPLAY or desktop session, so `$BROWSER` is what opens
+        env = {**get_default_environment(), "BROWSER": str(browser), "MCP_REMOTE_CONFIG_DIR": str(tmp_path / "auth")}
+        with (tmp_path / "mcp-remote.log").open("w") as log, anyio.fail_after(60):
+            parameters = StdioServerParameters(command=bridge.command, args=bridge.args, env=env)
+            async with Client(stdio_client(parameters, errlog=log), mode=mode) as mcp:
+                listed = {tool.name for tool in (await mcp.list_tools()).tools}
+                echoed = await mcp.call_tool("toy__echo", {"text": "hi"})
+                written = await mcp.call_tool("toy__record", {"value": "through mcp-remote"})
+    assert [line.split("?")[0] for line in visited.read_text().splitlines()] == [
+        f"200 http://127.0.0.1:{callback_port}/oauth/callback"
+    ]
+    assert {"toy__echo", "toy__record"} <= listed
+    assert text_of(echoed) == "hi" and not written.is_error
+    assert recorded(front.ledger) == ['{"value": "through mcp-remote"}']
     assert front.principals("read") == [JOHNDOE] and front.principals("held") == [JOHNDOE]
