@@ -25,6 +25,7 @@ from mcp.client.auth import OAuthClientProvider
 from mcp.client.stdio import get_default_environment, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
+from pydantic import AnyUrl
 
 from tests.backends import REPO, inspector_cli, mcp_remote
 from tests.harness import ERAS, recorded, text_of
@@ -125,8 +126,11 @@ async def test_the_sdks_oauth_client_logs_in_by_authorization_code_with_pkce_and
         query = parse_qs(urlsplit(redirected[-1]).query)
         return AuthorizationCodeResult(code=query["code"][0], state=query["state"][0])
 
-    metadata = OAuthClientMetadata(redirect_uris=[callback], token_endpoint_auth_method="none", client_name="desk")  # type: ignore[list-item]  # pydantic parses the str as AnyUrl
-    client = OAuthClientInformationFull(client_id="desk", redirect_uris=[callback], token_endpoint_auth_method="none")  # type: ignore[list-item]  # as above
+    redirect_uris = [AnyUrl(callback)]
+    metadata = OAuthClientMetadata(redirect_uris=redirect_uris, token_endpoint_auth_method="none", client_name="desk")
+    client = OAuthClientInformationFull(
+        client_id="desk", redirect_uris=redirect_uris, token_endpoint_auth_method="none"
+    )
     async with authorization_server() as auth, protected(tmp_path, auth.issuer) as front:
         provider = OAuthClientProvider(
             front.url, metadata, Memory(client), redirect_handler=follow, callback_handler=callback_handler
