@@ -198,7 +198,7 @@ class Gate(Reads, Policy):
         `decided` hears the verdict once it is audited, before anything runs (a client's tool may
         run only at the client's next request, and the verdict belongs to this one).
         """
-        spans = self.tracing.call(call.id, call.tool, call.author)
+        spans = self.tracing.call(call.id, call.tool, call.author, call.principal)
         with self.admitted(call.session, call.tool.name, call.id), about_call(call.id, call.session), spans:
             return await self._write(call, user, report, strong, verified, executor, step, decided)
 
@@ -214,6 +214,7 @@ class Gate(Reads, Policy):
         decided: Callable[[Verdict], Awaitable[None]] | None,
     ) -> Outcome:
         tool = call.tool
+        call = dataclasses.replace(call, request=_named(call))
         decision = call.rule
         if decision is None:
             decision = self.decide(tool, call.arguments, call.principal, call.session)[1]
@@ -250,7 +251,7 @@ class Gate(Reads, Policy):
         started = time.perf_counter()
         settled = False  # its terminal line (`blocked`) is written: a cancel after it abandons nothing
         try:
-            request = dataclasses.replace(call.request, call=call.id)
+            request = call.request
             with self.drain.holding() as hold, self.tracing.review(reviewer.by) as review:
                 verdict = review.decided(await self._review(reviewer, request, user, report))
             if hold.cancelled_caught:  # the drain's grace ran out while it was held
@@ -460,6 +461,15 @@ class Gate(Reads, Policy):
 
 
 _ON_ERROR = ReviewerKind.ON_ERROR.chain  # a verdict the gate gave for a reviewer that gave none
+
+
+def _named(call: GateCall) -> ReviewRequest:
+    """The request its reviewer reads, named by the call's id and by who asks: the approval console
+    shows the principal, and LEASH labels and distrusts by the client — the session's, else the
+    principal's key (a substitute's request, `delegate`'s steps), so one principal's sessions are one client."""
+    request, principal = call.request, call.principal
+    client = request.client or (principal.key if principal is not None else None)
+    return dataclasses.replace(request, call=call.id, principal=principal, client=client)
 
 
 def _observe(step: Step, result: types.CallToolResult, started: float) -> Step:

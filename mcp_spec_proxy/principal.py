@@ -3,8 +3,10 @@
 A `Principal` is made only from a token the front verified (`fronts/identity.py`): its issuer's
 signature, audience and expiry checked. Nothing a client writes about itself becomes one — not a
 header, not `_meta`. It rides on the client's session (`barrier.Session.principal`) and on each
-call to the gate, which names it on the call's audit lines (`audit_fields`). A front that
-authenticates nobody (stdio, the shared `--token-env` token) gives none.
+call to the gate, which names it on the call's audit lines (`audit_fields`: prompts, resources and
+completions too), on the approval console's card, and by its subject alone on the call's spans;
+LEASH counts its labels by `key`. A front that authenticates nobody (stdio, the shared
+`--token-env` token) gives none.
 """
 
 from __future__ import annotations

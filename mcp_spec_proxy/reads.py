@@ -66,7 +66,8 @@ class Reads:
         that matched it and `principal`, who asks, where the front knows) is buffered and written with
         the next commit. A `CallFailed` comes back as the read's `error`, with the step that observed
         it (a new step: the one handed in is not changed)."""
-        with self.admitted(session, tool.name, call), about_call(call, session), self.tracing.call(call, tool, author):
+        spans = self.tracing.call(call, tool, author, principal)
+        with self.admitted(session, tool.name, call), about_call(call, session), spans:
             self._note_read(session, tool, arguments, author, call, rule, principal)
             started = time.perf_counter()
             result: WireResult
@@ -116,28 +117,39 @@ class Reads:
             arguments_digest=digest(arguments),
             author=author,
             why=tool.why,
-            **({"principal": principal.audit_fields()} if principal is not None else {}),
+            **_who(principal),
             **(rule.audit() if rule is not None else {}),
         )
 
-    async def get_prompt(self, session: str, server: str, name: str, arguments: dict[str, str] | None) -> Any:
-        """A backend's prompt, audited like a read (a backend may do work to render it)."""
+    async def get_prompt(
+        self,
+        session: str,
+        server: str,
+        name: str,
+        arguments: dict[str, str] | None,
+        principal: Principal | None = None,
+    ) -> Any:
+        """A backend's prompt, audited like a read (a backend may do work to render it), naming
+        `principal`, who asks, where the front knows — as resources and completions do."""
         with self.admitted(session, f"prompt {name!r}", server=server, prompt=name):  # in flight for the drain
-            self._audit.note("prompt", session=session, server=server, prompt=name, arguments_digest=digest(arguments))
+            audited = {"prompt": name, "arguments_digest": digest(arguments), **_who(principal)}
+            self._audit.note("prompt", session=session, server=server, **audited)
             return from_backend(await self._backends.get(server).get_prompt(name, arguments))
 
-    async def read_resource(self, session: str, server: str, uri: str) -> Any:
+    async def read_resource(self, session: str, server: str, uri: str, principal: Principal | None = None) -> Any:
         """A backend's resource, audited like a read."""
         with self.admitted(session, f"the read of {capped(uri, 500)}", server=server, uri=capped(uri, 500)):
-            self._audit.note("resource", session=session, server=server, uri=capped(uri, 500))
+            self._audit.note("resource", session=session, server=server, uri=capped(uri, 500), **_who(principal))
             return from_backend(await self._backends.get(server).read_resource(uri))
 
-    async def complete(self, session: str, server: str, params: types.CompleteRequestParams) -> types.CompleteResult:
+    async def complete(
+        self, session: str, server: str, params: types.CompleteRequestParams, principal: Principal | None = None
+    ) -> types.CompleteResult:
         """A backend's completion of a prompt's or template's argument, audited like a read; a
         server that declares no `completions` has none to offer (an empty completion)."""
         ref = capped(_ref_name(params.ref), 500)
         with self.admitted(session, f"the completion of {ref}", server=server, ref=ref):
-            self._audit.note("completion", session=session, server=server, ref=ref)
+            self._audit.note("completion", session=session, server=server, ref=ref, **_who(principal))
             backend = self._backends.get(server)
             caps = backend.capabilities
             if caps is not None and caps.completions is None:
@@ -173,6 +185,11 @@ def _observe_wire(step: Step, result: WireResult, started: float) -> Step:
     content = result.get("content") or []
     text = observation_text([block for block in content if isinstance(block, dict)])
     return step.observed(text, is_error=bool(result.get("isError")), duration_s=time.perf_counter() - started)
+
+
+def _who(principal: Principal | None) -> dict[str, Any]:
+    """What an audit line says of who asks: the principal's audit fields, where the front knows them."""
+    return {"principal": principal.audit_fields()} if principal is not None else {}
 
 
 def _ref_name(ref: types.PromptReference | types.ResourceTemplateReference) -> str:

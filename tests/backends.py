@@ -112,7 +112,10 @@ def inspector_cli() -> BackendCommand:
 
     Use ``-e KEY=VALUE`` for the target's env (see :func:`inspector_argv`).
     """
-    return BackendCommand(node22(), [_need(_INSPECTOR_CLI, "MCP Inspector CLI")], {})
+    # The real path: the CLI runs only when argv[1] is its own file, and a symlinked .backends/
+    # (a checkout sharing another's) would make it exit 0 having done nothing.
+    entry = Path(_need(_INSPECTOR_CLI, "MCP Inspector CLI")).resolve()
+    return BackendCommand(node22(), [str(entry)], {})
 
 
 def inspector_argv(target: BackendCommand, *options: str) -> list[str]:
@@ -143,3 +146,14 @@ def authorization_server() -> BackendCommand:
     client credentials) driven headless by ``tests/fixtures/oauth_server.mjs``; ``tests/oauth.py`` runs it."""
     driver = REPO / "tests" / "fixtures" / "oauth_server.mjs"
     return BackendCommand(node22(), [str(driver), _need(_OAUTH_MOCK, "oauth2-mock-server")], {})
+
+
+_MCP_REMOTE = BACKENDS / "clients" / "node_modules" / "mcp-remote" / "dist" / "proxy.js"
+
+
+def mcp_remote(url: str, *options: str) -> BackendCommand:
+    """npm mcp-remote (on Node 22): a stdio MCP server that bridges to the MCP server at ``url``,
+    logging in by OAuth when it answers 401 (it opens ``$BROWSER`` at the authorization URL and
+    listens for the redirect on a loopback callback port). Its logins live in
+    ``$MCP_REMOTE_CONFIG_DIR`` (default ``~/.mcp-auth``)."""
+    return BackendCommand(node22(), [_need(_MCP_REMOTE, "mcp-remote"), url, *options], {})

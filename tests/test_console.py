@@ -66,6 +66,7 @@ async def test_a_person_approves_a_held_write_in_the_browser(tmp_path: Path) -> 
         assert "buy milk" in await card.inner_text()
         assert "the user asked to note milk" in await card.locator("section.claim").inner_text()
         assert "toy__echo" in await card.locator("section.reads").inner_text()  # the read that led here
+        assert await card.locator(".principal").count() == 0  # no `auth:`: nobody to name as who asked
         assert values(world) == []  # shown, not run
         await card.get_by_role("button", name="Approve: let it run").click()
         result = await call.wait()

@@ -8,17 +8,21 @@ The attacks on the token itself are in `test_identity_attacks.py`.
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import anyio
 import httpx
 import httpx2
+import jwt
 import pytest
 import yaml
+from cryptography.hazmat.primitives.asymmetric import rsa
 from mcp import Client
 from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
 from mcp.client.streamable_http import streamable_http_client
@@ -27,10 +31,18 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mcp_spec_proxy.audit import read_audit
 from mcp_spec_proxy.config import ProxyConfig, parse_config_text
+from mcp_spec_proxy.config_identity import AuthConfig
 from mcp_spec_proxy.errors import ConfigError
+from mcp_spec_proxy.fronts import identity
 from mcp_spec_proxy.fronts.asgi import host_names, serve_asgi
 from mcp_spec_proxy.fronts.http import serve_http
-from mcp_spec_proxy.fronts.identity import REFETCH_BURST, REFETCH_EVERY_S, IssuerKeys, principal_from_claims
+from mcp_spec_proxy.fronts.identity import (
+    REFETCH_BURST,
+    REFETCH_EVERY_S,
+    IssuerKeys,
+    JwtVerifier,
+    principal_from_claims,
+)
 from mcp_spec_proxy.fronts.mcp import SESSION_HEADER, McpFront
 from mcp_spec_proxy.fronts.probes import Door
 from mcp_spec_proxy.principal import Principal
@@ -332,3 +344,43 @@ def test_the_principal_is_read_from_the_claims_each_issuer_spells_its_own_way() 
         "https://id.example.com", "u2", "c", ("mcp",), ("a", "b")
     )
     assert principal_from_claims({"iss": "i", "sub": "s"}, "groups") == Principal("i", "s")
+
+
+async def test_a_verified_token_is_trusted_only_until_it_expires_and_while_its_key_is_published(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The verifier checks a token's signature once (clients send the same token with every request),
+    then answers from what it verified — never past the token's `exp`, never once the issuer no
+    longer publishes the key that verified it."""
+    private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    public = jwt.algorithms.RSAAlgorithm.to_jwk(private.public_key(), as_dict=True)
+    published: list[dict[str, Any]] = [{**public, "kid": "k1", "alg": "RS256", "use": "sig"}]
+
+    def issuer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/.well-known/oauth-authorization-server":
+            return httpx.Response(
+                200, json={"issuer": "https://id.example.com", "jwks_uri": "https://id.example.com/k"}
+            )
+        return httpx.Response(200, json={"keys": [dict(key) for key in published]})
+
+    now = [time.time()]
+    monkeypatch.setattr(identity, "LEEWAY_S", 0)  # expiry as it is: the test waits out a 2 s token
+    config = AuthConfig(issuer="https://id.example.com", audience="https://proxy.example.com/mcp")
+    expires = int(now[0]) + 2
+    claims = {"iss": "https://id.example.com", "aud": config.audience, "sub": "ann", "exp": expires}
+    token = jwt.encode(claims, private, algorithm="RS256", headers={"kid": "k1"})
+    async with httpx.AsyncClient(transport=httpx.MockTransport(issuer)) as client:
+        keys = IssuerKeys(config.issuer, client=client, clock=lambda: now[0])
+        verifier = JwtVerifier(config, keys)
+        with patch("mcp_spec_proxy.fronts.identity.jwt.decode", wraps=jwt.decode) as decode:
+            assert (await verifier.verify_token(token)) is not None
+            assert (await verifier.verify_token(token)) is not None
+            assert decode.call_count == 1  # the second request costs no signature check
+            await anyio.sleep(max(0.0, expires + 1 - time.time()))  # past its exp
+            assert await verifier.verify_token(token) is None
+        fresh = jwt.encode({**claims, "exp": int(time.time()) + 60}, private, algorithm="RS256", headers={"kid": "k1"})
+        assert await verifier.verify_token(fresh) is not None
+        published.clear()  # the issuer withdraws the key; an unknown kid refetches the JWKS
+        now[0] += REFETCH_EVERY_S * (REFETCH_BURST + 1)  # the JWKS may be fetched again
+        await keys.key("not-there")
+        assert await verifier.verify_token(fresh) is None  # its key is gone: nothing cached speaks for it

@@ -153,6 +153,11 @@ def judged_by(session: str, reviewer: str = "strong", client: str | None = None,
     return Provenance("verdict", reviewer, "proxy", session, client, at)
 
 
+def by_clients(*clients: str, at: float | None = None) -> list[Provenance]:
+    """Judgements on the calls of sessions a, b, c..., each session's client the one given."""
+    return [judged_by(session, client=client, at=at) for session, client in zip("abcdef", clients, strict=False)]
+
+
 @pytest.mark.parametrize(
     ("case", "why"),
     [
@@ -161,6 +166,9 @@ def judged_by(session: str, reviewer: str = "strong", client: str | None = None,
         ("two other sessions", "2 independent session(s)"),
         ("the calling client's recent", "the calling client's recent"),
         ("the calling client's, long ago", None),
+        ("one other client's three sessions", "1 independent session(s)"),
+        ("two other clients' three sessions", "2 independent session(s)"),
+        ("three other clients' sessions", None),
         ("outcomes the agent reported", "reported by the agent"),
         ("LEASH's own verdicts", "source verdict (leash)"),
         ("rows from before provenance", "unknown provenance"),
@@ -183,7 +191,12 @@ async def test_review_leash_accepts_only_on_labels_from_sources_it_trusts(
         "the calling session's own": [judged_by("s")] * 3,
         "two other sessions": [judged_by("a"), judged_by("b"), judged_by("b")],
         "the calling client's recent": [judged_by(x, client="mallory") for x in "abc"],
-        "the calling client's, long ago": [judged_by(x, client="mallory", at=long_ago) for x in "abc"],
+        # A witness of its own among two others: were it left out, two would be too few.
+        "the calling client's, long ago": by_clients("mallory", "x", "y", at=long_ago),
+        # Under `auth:` a client is a principal: its sessions are one witness (the sybil gap closed).
+        "one other client's three sessions": by_clients("eve", "eve", "eve"),
+        "two other clients' three sessions": by_clients("eve", "ivy", "eve"),
+        "three other clients' sessions": by_clients("eve", "ivy", "ann"),
         "outcomes the agent reported": [Provenance("outcome", None, "agent", x) for x in "abc"],
         "LEASH's own verdicts": [judged_by(x, reviewer="leash") for x in "abc"],
         "rows from before provenance": [UNKNOWN] * 3,

@@ -5,6 +5,7 @@ asks the user, and the audit line of each relayed request."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -55,6 +56,19 @@ async def fifo(path: Path, text: str | None = None) -> str:
     return text
 
 
+def release_if_waited(path: Path) -> None:
+    """Let a held write go, if it still waits: a write cancelled before it opened the pipe never
+    will, and a blocking write would wait for it for ever (seen under load)."""
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # nobody has the pipe open for reading
+            return
+        raise
+    with os.fdopen(descriptor, "w") as pipe:
+        pipe.write("go")
+
+
 async def test_a_question_while_another_clients_call_is_in_flight_asks_neither_client(tmp_path: Path) -> None:
     """Client A's completion makes a handshake-era backend ask for sampling while B's write is in
     flight on it: that request names no call, so neither A's user nor B's is shown it."""
@@ -100,7 +114,7 @@ async def test_a_write_its_client_cancels_is_cancelled_at_the_backend(tmp_path: 
                 await fifo(tmp_path / "entered")
                 tg.cancel_scope.cancel()  # the client gives up on its write while the backend runs it
             how = text_of(await client.call_tool("p__how_did_held_write_end", {}))
-            await fifo(tmp_path / "release", "go")
+            release_if_waited(tmp_path / "release")
     assert how == "cancelled"
     assert not (tmp_path / "ledger").exists()
 
@@ -213,7 +227,7 @@ async def test_a_client_that_leaves_mid_call_frees_the_backend_for_the_next_clie
             async with Client(url, mode="legacy", elicitation_callback=user) as b:
                 how = text_of(await b.call_tool("p__how_did_held_write_end", {}))
                 asked = await b.call_tool("p__ask_user", {})
-            await fifo(tmp_path / "release", "go")
+            release_if_waited(tmp_path / "release")
     assert how == "cancelled"
     assert not asked.is_error, asked
     assert not (tmp_path / "ledger").exists()

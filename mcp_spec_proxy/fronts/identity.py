@@ -26,9 +26,11 @@ forwarded: backends are reached with the proxy's own connections and headers.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -56,6 +58,7 @@ ALGORITHMS = tuple(alg for family in ASYMMETRIC.values() for alg in family)
 MAX_TOKEN_BYTES = 16 * 1024  # a JWT past this is refused unread (real ones are a few kilobytes)
 MAX_DOCUMENT_BYTES = 512 * 1024  # a discovery document or a JWKS past this is not read
 LEEWAY_S = 30  # clock skew forgiven on `exp` and `nbf`
+VERIFIED_TOKENS = 4096  # tokens whose signature was checked, kept (by digest) until they expire
 FETCH_TIMEOUT_S = 10.0
 REFETCH_BURST = 5  # JWKS fetches an unknown `kid` may cause at once …
 REFETCH_EVERY_S = 12.0  # … and one more per this many seconds after
@@ -156,6 +159,11 @@ class JwtVerifier:
         self._keys = keys or IssuerKeys(config.issuer)
         slashless = config.audience.rstrip("/")
         self._audiences = [slashless, slashless + "/"]  # one resource, whichever way a trailing slash is spelt
+        # A client sends the same token with every request: its signature is checked once, and its
+        # claims kept (by the token's digest, with the key that verified it) until it expires; a
+        # key the issuer no longer publishes verifies nothing from the cache.
+        self._verified: OrderedDict[str, tuple[dict[str, Any], dict[str, Any]]] = OrderedDict()
+        self._keyed: dict[tuple[str, str | None], tuple[dict[str, Any], jwt.PyJWK]] = {}  # (alg, kid): its key
 
     async def verify_token(self, token: str) -> AccessToken | None:
         claims = await self.claims(token)
@@ -190,8 +198,18 @@ class JwtVerifier:
             return f"the issuer has no key {str(kid)[:64]!r}"
         if jwk.get("alg", alg) != alg or alg not in ASYMMETRIC[jwk["kty"]]:
             return f"alg {alg!r} does not match the key {str(kid)[:64]!r}"
+        digest = hashlib.sha256(token.encode()).hexdigest()
+        known = self._verified.get(digest)
+        if known is not None and known[1] is jwk and time.time() < known[0]["exp"] + LEEWAY_S:
+            self._verified.move_to_end(digest)
+            return known[0]
         try:
-            key = jwt.PyJWK(jwk, algorithm=alg)
+            made = self._keyed.get((alg, kid if isinstance(kid, str) else None))
+            if made is not None and made[0] is jwk:  # the very key the issuer publishes now
+                key = made[1]
+            else:
+                key = jwt.PyJWK(jwk, algorithm=alg)
+                self._keyed[(alg, kid if isinstance(kid, str) else None)] = (jwk, key)
             claims: dict[str, Any] = jwt.decode(
                 token,
                 key,
@@ -205,6 +223,10 @@ class JwtVerifier:
             return str(exc)
         if not isinstance(claims.get("sub"), str) or not claims["sub"]:
             return "its `sub` is not a string"
+        if isinstance(claims.get("exp"), int | float):
+            self._verified[digest] = (claims, jwk)
+            while len(self._verified) > VERIFIED_TOKENS:
+                self._verified.popitem(last=False)
         return claims
 
 

@@ -391,7 +391,7 @@ class McpFront:
 
             async def run() -> types.GetPromptResult:
                 got: types.GetPromptResult = await self.proxy.gate.get_prompt(
-                    session.id, entry.server, entry.original, params.arguments
+                    session.id, entry.server, entry.original, params.arguments, session.principal
                 )
                 return got
 
@@ -427,7 +427,9 @@ class McpFront:
             session = self.session_for(ctx)
 
             async def run() -> types.ReadResourceResult:
-                read: types.ReadResourceResult = await self.proxy.gate.read_resource(session.id, owner, params.uri)
+                read: types.ReadResourceResult = await self.proxy.gate.read_resource(
+                    session.id, owner, params.uri, session.principal
+                )
                 return read
 
             binding = self._binding(ctx, session, f"resources/read {params.uri}", None)
@@ -465,7 +467,8 @@ class McpFront:
                 server = self.proxy.catalog.template_owner(ref.uri)
             session = self.session_for(ctx)
             with self.calling(session, ctx):  # a server may ask its client's model for completions
-                return await self.proxy.gate.complete(session.id, server, params.model_copy(update={"ref": ref}))
+                asked = params.model_copy(update={"ref": ref})
+                return await self.proxy.gate.complete(session.id, server, asked, session.principal)
         except (ProxyError, MCPError) as exc:
             raise wire_error(exc) from exc
 

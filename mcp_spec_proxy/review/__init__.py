@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from mcp_spec_proxy.catalog import CatalogTool
 from mcp_spec_proxy.errors import ProxyError
 from mcp_spec_proxy.models import ModelCall
+from mcp_spec_proxy.principal import Principal
 from mcp_spec_proxy.review.kinds import Chain, ReviewerKind
 from mcp_spec_proxy.trajectory import History, Segment
 
@@ -61,6 +62,7 @@ class ReviewRequest:
     task: str = ""  # the user's request, when the proxy drives the agent (engine)
     call: str = ""  # the gate's call id (set by the gate): the approval console binds its decision to it
     client: str | None = None  # the session's client identity, where a front authenticated one (LEASH provenance)
+    principal: Principal | None = None  # who asks (set by the gate): the approval console shows it
 
 
 class InputNeeded(Exception):

@@ -36,6 +36,7 @@ import anyio
 
 from mcp_spec_proxy.catalog import INTENT_ARGUMENT, CatalogTool, digest
 from mcp_spec_proxy.errors import InvalidArguments, ProxyError
+from mcp_spec_proxy.principal import Principal
 from mcp_spec_proxy.review import ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review.kinds import ReviewerKind
 from mcp_spec_proxy.review.rules import Rule, pattern_refusal, pattern_refusal_for, visible
@@ -77,6 +78,7 @@ class Pending:
     context: str  # what a model reviewer said before it came here (strong_then_human)
     leash: dict[str, Any] | None  # LEASH's score and nearest neighbours, when LEASH is on
     expires: float  # time.monotonic()
+    principal: Principal | None = None  # who asks, where the front authenticated them: the card names them
     held_at: float = field(default_factory=time.time)
     id: str = field(default_factory=lambda: secrets.token_urlsafe(16))
     digest: str = ""
@@ -239,6 +241,7 @@ class ConsoleReviewer:
             context,
             score,
             time.monotonic() + self.queue.timeout,
+            request.principal,
         )
         try:
             self.queue.hold(item)

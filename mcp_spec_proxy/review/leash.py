@@ -36,7 +36,8 @@ class LeashReviewer:
       counting only the labels the operator trusts for it (`trusted`: a success from the calling
       session, from its client's recent calls, or from a source outside `leash.accept_from` is no
       evidence; a failure always is), with the successes from at least `leash.accept_min_sessions`
-      independent sessions, and the nearest of them not a failure.
+      independent sessions (the sessions of one identified client — under `auth:`, one principal —
+      count as one), and the nearest of them not a failure.
 
     Either way the verdict carries the score and the nearest neighbours, and the audit log records them.
     """
@@ -120,7 +121,8 @@ class LeashReviewer:
         witnesses = len({witness(n) for n in score.neighbours if n.label == "success"})
         if witnesses < leash.config.accept_min_sessions:
             return (
-                f"its accepting neighbours come from {witnesses} independent session(s), fewer than"
+                f"its accepting neighbours come from {witnesses} independent session(s) (an identified"
+                " client's sessions count as one), fewer than"
                 f" leash.accept_min_sessions {leash.config.accept_min_sessions}"
             )
         if score.value > threshold:
@@ -183,8 +185,12 @@ def distrust(neighbour: Neighbour, request: ReviewRequest, config: LeashConfig, 
 
 
 def witness(neighbour: Neighbour) -> str:
-    """Who vouches for a label: its session, or the row itself when the operator (or nobody) stored it."""
+    """Who vouches for a label: its client where a front authenticated one (under `auth:` the
+    principal's key, so one principal's many sessions are one witness), else its session; the row
+    itself when the operator (or nobody) stored it."""
     origin = neighbour.provenance
     if origin.reporter in ("operator", "unknown") or origin.session is None:
         return f"row:{neighbour.id}"
+    if origin.client is not None:
+        return f"client:{origin.client}"
     return f"session:{origin.session}"

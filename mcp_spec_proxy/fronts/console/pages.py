@@ -75,8 +75,8 @@ def card(item: Pending) -> str:
         f' data-digest="{escape(item.digest)}" data-left="{item.seconds_left():.0f}">',
         f"<h2>The agent wants to run <code>{shown(tool.name)}</code></h2>",
         f'<p class="meta">Tool “{shown(title)}” of the server <b>{shown(tool.server)}</b>, held at {held}'
-        f' in session <code>{shown(item.session)}</code>. If nobody decides within <span class="left">'
-        f"{item.seconds_left():.0f}</span> seconds it is refused.</p>",
+        f" in session <code>{shown(item.session)}</code>{asked_by(item)}. If nobody decides within"
+        f' <span class="left">{item.seconds_left():.0f}</span> seconds it is refused.</p>',
     ]
     if description:
         parts.append(f'<p class="tool-description">What the tool says it does: {folded(description)}</p>')
@@ -98,6 +98,15 @@ def card(item: Pending) -> str:
     parts.append(decision_form(item))
     parts.append("</article>")
     return "".join(parts)
+
+
+def asked_by(item: Pending) -> str:
+    """Who asked, where the front authenticated them (`auth:`): the token's subject and client."""
+    principal = item.principal
+    if principal is None:
+        return ""
+    client = f" (client <code>{shown(principal.client_id)}</code>)" if principal.client_id else ""
+    return f', <span class="principal">asked by <b>{shown(principal.sub)}</b>{client}</span>'
 
 
 def arguments_table(arguments: dict[str, Any]) -> str:
