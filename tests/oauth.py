@@ -24,6 +24,7 @@ import httpx
 import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
+from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 
 from tests import backends
 
@@ -64,6 +65,26 @@ class AuthServer:
         key = jwt.PyJWK(jwks["keys"][0]).key
         pem: bytes = key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
         return pem
+
+
+class TokenMemory:
+    """The SDK's OAuth token storage, in memory; `client`: a client registered beforehand."""
+
+    def __init__(self, client: OAuthClientInformationFull | None = None) -> None:
+        self.tokens: OAuthToken | None = None
+        self.client = client
+
+    async def get_tokens(self) -> OAuthToken | None:
+        return self.tokens
+
+    async def set_tokens(self, tokens: OAuthToken) -> None:
+        self.tokens = tokens
+
+    async def get_client_info(self) -> OAuthClientInformationFull | None:
+        return self.client
+
+    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
+        self.client = client_info
 
 
 @asynccontextmanager

@@ -26,7 +26,6 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from mcp import Client
 from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mcp_spec_proxy.audit import read_audit
@@ -49,7 +48,7 @@ from mcp_spec_proxy.principal import Principal
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
 from tests.fixtures import toy_server
 from tests.harness import ERAS, PROXY_COMMAND, proxy_env, recorded, request_meta, text_of, toy, toy_twins
-from tests.oauth import AuthServer, authorization_server
+from tests.oauth import AuthServer, TokenMemory, authorization_server
 
 pytestmark = pytest.mark.anyio
 
@@ -185,27 +184,10 @@ async def test_the_sdks_oauth_client_gets_its_token_by_client_credentials_and_is
     """The MCP SDK's `ClientCredentialsOAuthProvider` follows the 401 to the resource metadata, the
     issuer's metadata and its token endpoint (RFC 8707 `resource`: this proxy), then calls."""
 
-    class Memory:
-        def __init__(self) -> None:
-            self.tokens: OAuthToken | None = None
-            self.client: OAuthClientInformationFull | None = None
-
-        async def get_tokens(self) -> OAuthToken | None:
-            return self.tokens
-
-        async def set_tokens(self, tokens: OAuthToken) -> None:
-            self.tokens = tokens
-
-        async def get_client_info(self) -> OAuthClientInformationFull | None:
-            return self.client
-
-        async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
-            self.client = client_info
-
     async with authorization_server() as auth, protected(tmp_path, auth.issuer) as front:
         provider = ClientCredentialsOAuthProvider(
             server_url=front.url,
-            storage=Memory(),
+            storage=TokenMemory(),
             client_id="robot",
             client_secret="s",
             scope="mcp",

@@ -24,12 +24,12 @@ from mcp import Client, StdioServerParameters
 from mcp.client.auth import OAuthClientProvider
 from mcp.client.stdio import get_default_environment, stdio_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
+from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata
 from pydantic import AnyUrl
 
 from tests.backends import REPO, inspector_cli, mcp_remote
 from tests.harness import ERAS, recorded, text_of
-from tests.oauth import authorization_server
+from tests.oauth import TokenMemory, authorization_server
 from tests.test_identity import Front, alice, protected
 
 pytestmark = pytest.mark.anyio
@@ -87,27 +87,6 @@ async def test_the_inspector_cli_without_a_token_is_refused_with_401_and_runs_no
     assert recorded(front.ledger) == []
 
 
-class Memory:
-    """The SDK's token storage, in memory, holding a pre-registered public client (the server
-    offers no dynamic registration)."""
-
-    def __init__(self, client: OAuthClientInformationFull) -> None:
-        self.tokens: OAuthToken | None = None
-        self.client: OAuthClientInformationFull | None = client
-
-    async def get_tokens(self) -> OAuthToken | None:
-        return self.tokens
-
-    async def set_tokens(self, tokens: OAuthToken) -> None:
-        self.tokens = tokens
-
-    async def get_client_info(self) -> OAuthClientInformationFull | None:
-        return self.client
-
-    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
-        self.client = client_info
-
-
 async def test_the_sdks_oauth_client_logs_in_by_authorization_code_with_pkce_and_is_served(tmp_path: Path) -> None:
     """`OAuthClientProvider` follows the 401 to the resource metadata and the issuer, sends the
     person to /authorize (here a handler that GETs the URL as a browser would and reads the
@@ -133,7 +112,7 @@ async def test_the_sdks_oauth_client_logs_in_by_authorization_code_with_pkce_and
     )
     async with authorization_server() as auth, protected(tmp_path, auth.issuer) as front:
         provider = OAuthClientProvider(
-            front.url, metadata, Memory(client), redirect_handler=follow, callback_handler=callback_handler
+            front.url, metadata, TokenMemory(client), redirect_handler=follow, callback_handler=callback_handler
         )
         async with (
             httpx2.AsyncClient(auth=provider) as http,
