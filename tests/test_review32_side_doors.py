@@ -180,12 +180,12 @@ async def test_two_modern_clients_of_a_handshake_only_backend_each_see_their_own
         async with (
             everything_over("streamableHttp") as url,
             front_over({"url": url}, tmp_path) as (_, front),
-            Client(front, mode="2026-07-28", list_roots_callback=roots_of("file:///work/alpha")) as alpha,
-            Client(front, mode="2026-07-28", list_roots_callback=roots_of("file:///work/beta")) as beta,
+            Client(front, mode="2026-07-28", list_roots_callback=roots_of("file:///projects/alpha")) as alpha,
+            Client(front, mode="2026-07-28", list_roots_callback=roots_of("file:///projects/beta")) as beta,
         ):
             seen_by_alpha = text_of(await alpha.call_tool("remote__get-roots-list", {}))
             seen_by_beta = text_of(await beta.call_tool("remote__get-roots-list", {}))
-    assert "file:///work/alpha" in seen_by_alpha, seen_by_alpha
+    assert "file:///projects/alpha" in seen_by_alpha, seen_by_alpha
     assert "alpha" not in seen_by_beta, seen_by_beta  # directly, B's server never heard of A's roots
 
 

@@ -52,8 +52,8 @@ async def test_two_clients_with_different_roots_each_see_their_own(tmp_path: Pat
     with anyio.fail_after(90):
         async with everything_over("streamableHttp") as url, front_over({"url": url}, tmp_path) as (proxy, front):
             async with (
-                Client(front, mode="legacy", list_roots_callback=roots_of("file:///work/alpha")) as alpha,
-                Client(front, mode="legacy", list_roots_callback=roots_of("file:///work/beta")) as beta,
+                Client(front, mode="legacy", list_roots_callback=roots_of("file:///projects/alpha")) as alpha,
+                Client(front, mode="legacy", list_roots_callback=roots_of("file:///projects/beta")) as beta,
             ):
                 seen_by_alpha = text_of(await alpha.call_tool("remote__get-roots-list", {}))
                 seen_by_beta = text_of(await beta.call_tool("remote__get-roots-list", {}))
@@ -65,9 +65,9 @@ async def test_two_clients_with_different_roots_each_see_their_own(tmp_path: Pat
             with anyio.fail_after(10):
                 while legs.open:  # noqa: ASYNC110 (a count the proxy keeps; no event marks it)
                     await anyio.sleep(0.05)  # each client's session ended: its backend session closes with it
-    assert "file:///work/alpha" in seen_by_alpha and "beta" not in seen_by_alpha
-    assert "file:///work/beta" in seen_by_beta and "alpha" not in seen_by_beta
-    assert "file:///work/alpha" in again
+    assert "file:///projects/alpha" in seen_by_alpha and "beta" not in seen_by_alpha
+    assert "file:///projects/beta" in seen_by_beta and "alpha" not in seen_by_beta
+    assert "file:///projects/alpha" in again
 
 
 async def test_a_client_that_declared_no_roots_is_not_asked_for_them(tmp_path: Path) -> None:
@@ -89,7 +89,7 @@ async def test_isolation_shared_keeps_one_backend_session_for_every_client(tmp_p
         async with (
             everything_over("streamableHttp") as url,
             front_over({"url": url, "isolation": "shared"}, tmp_path) as (proxy, front),
-            Client(front, mode="legacy", list_roots_callback=roots_of("file:///work/alpha")) as alpha,
+            Client(front, mode="legacy", list_roots_callback=roots_of("file:///projects/alpha")) as alpha,
         ):
             await alpha.call_tool("remote__get-roots-list", {})
             assert proxy.backends.get("remote").sessions is None
@@ -131,7 +131,7 @@ async def until_seen(client: Client, tool: str, text: str) -> str:
 async def test_a_clients_roots_change_reaches_its_own_backend_session_and_its_logs_reach_it_alone(
     tmp_path: Path,
 ) -> None:
-    roots = ["file:///work/alpha"]
+    roots = ["file:///projects/alpha"]
     heard: dict[str, list[str]] = {"alpha": [], "beta": []}
     updated = anyio.Event()
 
@@ -158,21 +158,21 @@ async def test_a_clients_roots_change_reaches_its_own_backend_session_and_its_lo
             debug = types.SetLevelRequest(params=types.SetLevelRequestParams(level="debug"))
             await alpha.session.send_request(debug, types.EmptyResult)
             await beta.session.send_request(debug, types.EmptyResult)
-            await until_seen(alpha, "remote__get-roots-list", "file:///work/alpha")
+            await until_seen(alpha, "remote__get-roots-list", "file:///projects/alpha")
             await until_seen(beta, "remote__get-roots-list", "file:///b")
             updated = anyio.Event()
             beta_before = len(heard["beta"])
-            roots[:] = ["file:///work/gamma"]
+            roots[:] = ["file:///projects/gamma"]
             await alpha.session.send_notification(types.RootsListChangedNotification())
             # The backend asks its session's client again, outside any call, and says so in a log line.
             await updated.wait()
             seen = text_of(await alpha.call_tool("remote__get-roots-list", {}))
-    assert "file:///work/gamma" in seen and "alpha" not in seen
+    assert "file:///projects/gamma" in seen and "alpha" not in seen
     assert heard["beta"][beta_before:] == []  # A's backend session's log line is A's alone
 
 
 async def test_the_stdio_fronts_one_client_is_asked_for_its_roots_outside_any_call(tmp_path: Path) -> None:
-    roots = ["file:///work/alpha"]
+    roots = ["file:///projects/alpha"]
     updates: list[str] = []
     updated = anyio.Event()
 
@@ -185,11 +185,11 @@ async def test_the_stdio_fronts_one_client_is_asked_for_its_roots_outside_any_ca
     async with spawned(config, tmp_path, list_roots=changing_roots(roots), messages=messages) as client:
         debug = types.SetLevelRequest(params=types.SetLevelRequestParams(level="debug"))
         await client.session.send_request(debug, types.EmptyResult)
-        await until_seen(client, "remote__get-roots-list", "file:///work/alpha")
+        await until_seen(client, "remote__get-roots-list", "file:///projects/alpha")
         updated = anyio.Event()
-        roots[:] = ["file:///work/gamma"]
+        roots[:] = ["file:///projects/gamma"]
         await client.session.send_notification(types.RootsListChangedNotification())
         with anyio.fail_after(20):
             await updated.wait()  # the backend asked, outside any call, and was answered
         seen = text_of(await client.call_tool("remote__get-roots-list", {}))
-    assert "file:///work/gamma" in seen and "alpha" not in seen
+    assert "file:///projects/gamma" in seen and "alpha" not in seen
