@@ -125,6 +125,11 @@ class Requests:
             return False
         return any(t.name == tool for t in listing.tools)
 
+    def _answers_for(self, tool: str) -> dict[str, Any] | None:
+        """The answers the calling client sent with its call of this very tool (`CLIENT_ANSWERS`)."""
+        pending = CLIENT_ANSWERS.get()
+        return pending[2] if pending is not None and pending[:2] == (self.name, tool) else None
+
     def _transport_of(self, client: Client) -> WatchedTransport | None:
         if client is self._client:
             return self._transport
@@ -154,14 +159,8 @@ class Requests:
         deadline = self._deadline()
         client = await self._live(what, deadline, tool)
         route = request_logs.get()
-        pending = CLIENT_ANSWERS.get()
-        answers = None
-        if (
-            pending is not None
-            and pending[:2] == (self.name, tool)
-            and client.protocol_version in MODERN_PROTOCOL_VERSIONS
-        ):
-            answers = pending[2]
+        answers = self._answers_for(tool) if client.protocol_version in MODERN_PROTOCOL_VERSIONS else None
+        if answers is not None:
             CLIENT_ANSWERS.set(None)  # the call's first forward only
         try:
             # The proxy's clock, not the SDK's: the SDK reports its own timeout with the code a
@@ -197,8 +196,7 @@ class Requests:
         deadline = self._deadline()
         client = await self._live(what, deadline, tool)
         raw = self._raw if client is self._client else None  # the raw channel is the first leg's pipes
-        pending = CLIENT_ANSWERS.get()
-        answering = pending is not None and pending[:2] == (self.name, tool)
+        answering = self._answers_for(tool) is not None
         sdk = progress is not None or request_logs.get() is not None or answering
         if raw is None or not raw.open or sdk:
             called = await self.call_tool(tool, arguments, progress)

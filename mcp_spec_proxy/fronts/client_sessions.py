@@ -47,7 +47,8 @@ class ClientSessions:
     `MAX_NAMED_SESSIONS`); a request that names none is a session of its own, whose backend
     session ends with the request (and any call it left suspended)."""
 
-    def __init__(self) -> None:
+    def __init__(self, needed: bool) -> None:
+        self.needed = needed  # some backend keeps a session per client session: else none is made
         self._named: OrderedDict[str, SessionRef] = OrderedDict()
 
     def modern(self, ctx: ServerRequestContext[Any, Any]) -> SessionRef:
@@ -65,7 +66,7 @@ class ClientSessions:
 def session_ref(front: McpFront, ctx: ServerRequestContext[Any, Any]) -> SessionRef | None:
     """The HTTP client session a request belongs to, as the backends see it (made once per
     session, ended with it); None for the stdio front's one client."""
-    if front.stdio_session is not None or ctx.request_id is None:
+    if not front.client_sessions.needed or front.stdio_session is not None or ctx.request_id is None:
         return None
     if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
         return front.client_sessions.modern(ctx)
@@ -114,7 +115,7 @@ def install(front: McpFront) -> ClientSessions:
             await anyio.lowlevel.checkpoint()
 
     front.server.add_notification_handler("notifications/roots/list_changed", types.NotificationParams, roots_changed)
-    return ClientSessions()
+    return ClientSessions(any(backend.sessions is not None for backend in front.proxy.backends.backends.values()))
 
 
 __all__ = ["ClientSessions", "adopt_stdio", "install", "session_ref"]
