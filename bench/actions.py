@@ -28,8 +28,8 @@ import anyio
 import jsonschema
 
 from bench.measure import local_model, machine_line
+from mcp_spec_proxy.config.providers import Actions
 from mcp_spec_proxy.models import ChatModel, ModelConfig, ModelError
-from mcp_spec_proxy.providers import Actions
 
 REPO = Path(__file__).resolve().parent.parent
 PATH = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}

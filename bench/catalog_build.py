@@ -5,7 +5,7 @@
 At start-up each backend's listing enters the catalog when it connects, and the catalog is
 rebuilt each time. This lists `--servers` synthetic servers of `--tools` tools each (half
 read-only, each with a one-property schema) into a fresh `Catalog`, one after another, and prints
-the process CPU time it took, median of 3. With `--against REV`, `mcp_spec_proxy/catalog.py` as
+the process CPU time it took, median of 3. With `--against REV`, `mcp_spec_proxy/tools/catalog.py` as
 of that git revision is loaded beside today's and timed in the same run, in rotation.
 """
 
@@ -23,9 +23,9 @@ from types import ModuleType
 
 import mcp_types as types
 
-import mcp_spec_proxy.catalog as today
-from mcp_spec_proxy.config import ProxyConfig
-from mcp_spec_proxy.fingerprints import FingerprintStore
+import mcp_spec_proxy.tools.catalog as today
+from mcp_spec_proxy.config.schema import ProxyConfig
+from mcp_spec_proxy.tools.fingerprints import FingerprintStore
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -58,7 +58,7 @@ def build_seconds(module: ModuleType, config: ProxyConfig, lists: dict[str, list
 
 def catalog_at(revision: str, folder: Path) -> ModuleType:
     source = subprocess.run(
-        ["git", "-C", str(REPO), "show", f"{revision}:mcp_spec_proxy/catalog.py"],
+        ["git", "-C", str(REPO), "show", f"{revision}:mcp_spec_proxy/tools/catalog.py"],
         check=True,
         capture_output=True,
         text=True,
@@ -77,7 +77,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--servers", type=int, default=50)
     parser.add_argument("--tools", type=int, default=100, help="tools per server")
-    parser.add_argument("--against", metavar="REV", help="also time catalog.py as of this git revision")
+    parser.add_argument("--against", metavar="REV", help="also time tools/catalog.py as of this git revision")
     args = parser.parse_args()
     config = ProxyConfig.model_validate({"servers": {f"s{i}": {"command": "x"} for i in range(args.servers)}})
     lists = listings(args.servers, args.tools)

@@ -150,9 +150,9 @@ def decide_us(rounds: int, n: int) -> tuple[float, float] | None:
     try:
         import mcp_types as types
 
-        from mcp_spec_proxy.catalog import CatalogTool
-        from mcp_spec_proxy.config import ProxyConfig
-        from mcp_spec_proxy.rules import Rules
+        from mcp_spec_proxy.calls.rules import Rules
+        from mcp_spec_proxy.config.schema import ProxyConfig
+        from mcp_spec_proxy.tools.catalog import CatalogTool
     except ImportError:
         return None
     rules = [

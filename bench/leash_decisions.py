@@ -53,7 +53,7 @@ from bench.tau2_retail.db import data_dir, fresh_db, load_db
 from bench.tau2_retail.params import load as load_params
 from bench.tau2_retail.scoring import Task, instruction, load_train_tasks
 from bench.tau2_retail.tools import ToolError, error_text, render
-from mcp_spec_proxy.config import EmbeddingEndpoint, LeashConfig
+from mcp_spec_proxy.config.schema import EmbeddingEndpoint, LeashConfig
 from mcp_spec_proxy.leash.bank import Bank, Label
 from mcp_spec_proxy.leash.encoders import EmbeddingEncoder
 from mcp_spec_proxy.leash.layers import Leash, Score

@@ -58,13 +58,13 @@ import mcp_types as types
 import numpy as np
 
 from bench.measure import machine_line
-from mcp_spec_proxy.catalog import INTENT_ARGUMENT, Catalog, CatalogTool
-from mcp_spec_proxy.config import ProxyConfig
-from mcp_spec_proxy.fingerprints import FingerprintStore
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.fronts.catalog_search import CALL_TOOL, results_text, search_tool
 from mcp_spec_proxy.leash.encoders import EmbeddingEncoder, Encoder, HashingEncoder, StepView
-from mcp_spec_proxy.toolsearch import SEARCH_HASH_DIM, Hit, Rank, ToolIndex, top
-from mcp_spec_proxy.toolwords import Bm25
+from mcp_spec_proxy.tools.catalog import INTENT_ARGUMENT, Catalog, CatalogTool
+from mcp_spec_proxy.tools.fingerprints import FingerprintStore
+from mcp_spec_proxy.tools.search import SEARCH_HASH_DIM, Hit, Rank, ToolIndex, top
+from mcp_spec_proxy.tools.words import Bm25
 
 HERE = Path(__file__).resolve().parent
 SERVERS_FILE = HERE / "retrieval_servers.json"

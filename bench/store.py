@@ -47,7 +47,7 @@ from mcp.server import Server
 
 from bench.leash import Clustered
 from bench.measure import machine_line, percentile
-from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.leash.bank import Bank
 from mcp_spec_proxy.leash.encoders import EncoderInfo

@@ -37,13 +37,13 @@ from bench.measure import local_model, machine_line
 from bench.tau2_retail import Db, ToolError, call_tool, data_dir, fresh_db, load_db
 from bench.tau2_retail.server import definitions
 from bench.tau2_retail.tools import error_text, render
-from mcp_spec_proxy.catalog import Catalog
-from mcp_spec_proxy.config import ProxyConfig
-from mcp_spec_proxy.fingerprints import FingerprintStore
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.models import ChatModel, ModelConfig
 from mcp_spec_proxy.review import ReviewRequest, Verdict
 from mcp_spec_proxy.review.kinds import ReviewerKind
 from mcp_spec_proxy.review.strong import StrongReviewer
+from mcp_spec_proxy.tools.catalog import Catalog
+from mcp_spec_proxy.tools.fingerprints import FingerprintStore
 from mcp_spec_proxy.trajectory import History, Segment, Step
 
 REPO = Path(__file__).resolve().parent.parent

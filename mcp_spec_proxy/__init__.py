@@ -10,7 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from mcp_spec_proxy.config import ProxyConfig, load_config
+    from mcp_spec_proxy.config.schema import ProxyConfig, load_config
     from mcp_spec_proxy.errors import ConfigError, ProxyError
     from mcp_spec_proxy.review import Reviewer, ReviewRequest, Verdict
 
@@ -18,12 +18,12 @@ __version__ = "0.1.0"
 
 _HOMES = {
     "ConfigError": "mcp_spec_proxy.errors",
-    "ProxyConfig": "mcp_spec_proxy.config",
+    "ProxyConfig": "mcp_spec_proxy.config.schema",
     "ProxyError": "mcp_spec_proxy.errors",
     "ReviewRequest": "mcp_spec_proxy.review",
     "Reviewer": "mcp_spec_proxy.review",
     "Verdict": "mcp_spec_proxy.review",
-    "load_config": "mcp_spec_proxy.config",
+    "load_config": "mcp_spec_proxy.config.schema",
 }
 
 

@@ -40,7 +40,7 @@ codes reaches the client with -32603 and its code under `data["mcp-spec-proxy/ba
 (docs/SECURITY.md).
 
 `fronts/wire.py` (`wire_error`) is the one place these become JSON-RPC errors; everywhere else
-catches the specific class it can handle. (No SDK import here: `commands.py` raises these before
+catches the specific class it can handle. (No SDK import here: `config/commands.py` raises these before
 the SDK is loaded.)
 """
 

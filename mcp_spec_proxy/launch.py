@@ -22,7 +22,7 @@ import signal
 import sys
 from pathlib import Path
 
-from mcp_spec_proxy.options import serving_files, state_dir_of
+from mcp_spec_proxy.config.options import serving_files, state_dir_of
 from mcp_spec_proxy.prespawn import Prespawned
 
 
@@ -31,7 +31,7 @@ def start_backends(argv: list[str], early: Prespawned) -> None:
     files = serving_files(argv)
     if files is None:
         return
-    from mcp_spec_proxy.config import load_config
+    from mcp_spec_proxy.config.schema import load_config
     from mcp_spec_proxy.errors import ProxyError
 
     config_path, state_option = files

@@ -3,7 +3,7 @@
 Any server that speaks `/v1/chat/completions` (OpenAI, vLLM, SGLang, llama.cpp, Ollama, LM
 Studio …) is reached through the official `openai` client. What a request carries — how thinking
 is switched, native tools or JSON actions, where hidden states come from — is the model's
-provider profile (`mcp_spec_proxy.providers`, where `ModelConfig` lives). With `actions: json`
+provider profile (`mcp_spec_proxy.config.providers`, where `ModelConfig` lives). With `actions: json`
 the tools become a JSON-schema `response_format` and the reply is parsed back into the same
 `tool_calls`/content shape (`mcp_spec_proxy.actions`), so callers never see the difference. A
 JSON action cut off at max_tokens, or one that does not parse, is `Completion.action_error` (the
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from mcp_spec_proxy.actions import ToolCall, action_format, action_messages, parse_action, shorten
+from mcp_spec_proxy.config.providers import PROVIDERS, Actions, HiddenStates, ModelConfig, Provider, detect_provider
 from mcp_spec_proxy.errors import ProxyError
-from mcp_spec_proxy.providers import PROVIDERS, Actions, HiddenStates, ModelConfig, Provider, detect_provider
 from mcp_spec_proxy.trajectory import Representation
 from mcp_spec_proxy.wire_types import ResponseFormat
 

@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mcp_spec_proxy.commands import default_environment, resolve_command
+from mcp_spec_proxy.config.commands import default_environment, resolve_command
 from mcp_spec_proxy.errors import BackendError
-from mcp_spec_proxy.stderr_log import StderrLog
+from mcp_spec_proxy.observe.stderr_log import StderrLog
 
 if TYPE_CHECKING:
-    from mcp_spec_proxy.config import ProxyConfig
+    from mcp_spec_proxy.config.schema import ProxyConfig
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class Prespawned:
             path = log_dir / f"{name}.log"  # the file the backend pool appends the server's stderr to
             env = default_environment() | server.env
             key = SpawnKey.of(name, command, server.args, env, server.cwd, str(path))
-            log = StderrLog(path)  # capped and rotated as the pool's own (`stderr_log.py`)
+            log = StderrLog(path)  # capped and rotated as the pool's own (`observe/stderr_log.py`)
             self.logs.append(log)
             try:
                 process = subprocess.Popen(

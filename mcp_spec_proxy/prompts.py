@@ -21,9 +21,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from mcp_spec_proxy.catalog import INTENT_ARGUMENT, CatalogTool, ToolSource
 from mcp_spec_proxy.errors import ToolNotFound
-from mcp_spec_proxy.lookalikes import lookalikes
+from mcp_spec_proxy.tools.catalog import INTENT_ARGUMENT, CatalogTool, ToolSource
+from mcp_spec_proxy.tools.lookalikes import lookalikes
 from mcp_spec_proxy.trajectory import Segment, Step
 from mcp_spec_proxy.wire_types import BlockEntry, StepJson, ToolDefinition, ToolJson, Whose
 

@@ -26,24 +26,24 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from mcp.server.lowlevel import Server
 
-from mcp_spec_proxy.access import Access
-from mcp_spec_proxy.audit import AuditSink
 from mcp_spec_proxy.backends import BackendPool, Listing, Notice, OnNotice
-from mcp_spec_proxy.barrier import Barrier
-from mcp_spec_proxy.catalog import Catalog
-from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.calls.access import Access
+from mcp_spec_proxy.calls.audit import AuditSink
+from mcp_spec_proxy.calls.gate import Gate
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.engine import Engine
 from mcp_spec_proxy.errors import ConfigError
-from mcp_spec_proxy.fingerprints import FingerprintStore
-from mcp_spec_proxy.gate import Gate
-from mcp_spec_proxy.metrics import MeteredAudit, Metrics
 from mcp_spec_proxy.models import ChatModel
+from mcp_spec_proxy.observe.metrics import MeteredAudit, Metrics
+from mcp_spec_proxy.observe.telemetry import Telemetry, Tracing, open_tracing, otel_missing
 from mcp_spec_proxy.prespawn import Prespawned
 from mcp_spec_proxy.review.build import build_reviewers, console_queue
 from mcp_spec_proxy.review.console import ConsoleQueue
+from mcp_spec_proxy.sessions.barrier import Barrier
 from mcp_spec_proxy.store import StatePaths as StatePaths  # where commands and tests have always found it
 from mcp_spec_proxy.store import Store, open_store, postgres_dsn
-from mcp_spec_proxy.telemetry import Telemetry, Tracing, open_tracing, otel_missing
+from mcp_spec_proxy.tools.catalog import Catalog
+from mcp_spec_proxy.tools.fingerprints import FingerprintStore
 
 if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section opens it
     from mcp_spec_proxy.leash.layers import Leash
@@ -69,8 +69,8 @@ class Proxy:
     listeners: list[ChangeListener] = field(default_factory=list)
     console: ConsoleQueue | None = None  # the held writes the approval console front shows
     notices: list[OnNotice] = field(default_factory=list)  # told each backend's log message and resource update
-    metrics: Metrics = field(default_factory=Metrics)  # what `/metrics` shows (metrics.py)
-    access: Access = field(default_factory=lambda: Access(()))  # what each principal sees (access.py)
+    metrics: Metrics = field(default_factory=Metrics)  # what `/metrics` shows (observe/metrics.py)
+    access: Access = field(default_factory=lambda: Access(()))  # what each principal sees (calls/access.py)
 
     async def changed(self, what: str) -> None:
         for listener in list(self.listeners):

@@ -23,7 +23,7 @@ from mcp import Client
 from mcp.server import Server
 from playwright.async_api import async_playwright
 
-from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.fronts.console import Console, serve_console
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.proxy import StatePaths, running_proxy

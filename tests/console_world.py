@@ -83,7 +83,7 @@ def calling(
 @asynccontextmanager
 async def another_session(world: World) -> AsyncIterator[Client]:
     """A second client of the same proxy, in a session of its own: one session's writes wait their
-    turn (`barrier.py`), so calls waiting on the console side by side come from two sessions."""
+    turn (`sessions/barrier.py`), so calls waiting on the console side by side come from two sessions."""
     async with Client(McpFront(world.p.proxy).server) as client:
         yield client
 

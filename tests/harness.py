@@ -29,7 +29,7 @@ from mcp.server import Server
 
 import mcp_spec_proxy
 from mcp_spec_proxy import prompts
-from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.proxy import Proxy, StatePaths, running_proxy
 from tests.backends import BackendCommand

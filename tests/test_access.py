@@ -19,8 +19,8 @@ import openai
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from mcp_spec_proxy.access import Access, shown, viewing
-from mcp_spec_proxy.config import ProxyConfig, load_config, parse_config_text
+from mcp_spec_proxy.calls.access import Access, shown, viewing
+from mcp_spec_proxy.config.schema import ProxyConfig, load_config, parse_config_text
 from mcp_spec_proxy.errors import ConfigError
 from mcp_spec_proxy.fronts.gateway import Gateway, serve_gateway
 from mcp_spec_proxy.principal import Principal

@@ -11,7 +11,7 @@ import mcp_types as types
 import pytest
 from mcp import MCPError
 
-from mcp_spec_proxy.audit import read_audit
+from mcp_spec_proxy.calls.audit import read_audit
 from mcp_spec_proxy.errors import BACKEND_TIMEOUT
 from tests.harness import ERAS, approve, call_error, proxied, recorded, text_of, toy
 

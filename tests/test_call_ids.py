@@ -20,13 +20,13 @@ import pytest
 from mcp import Client, MCPError
 from mcp.client.session import ElicitationFnT
 
-from mcp_spec_proxy.audit import AuditLog, AuditSink, read_audit
-from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.calls.audit import AuditLog, AuditSink, read_audit
+from mcp_spec_proxy.calls.results import AUDIT_META, CALL_META, FIRST_META
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.errors import CALL_REPLAYED, StateError
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.fronts.replays import KEY_META, Replays
 from mcp_spec_proxy.proxy import Proxy, StatePaths, running_proxy
-from mcp_spec_proxy.results import AUDIT_META, CALL_META, FIRST_META
 from tests.harness import ERAS, approve, recorded, request_meta, text_of, toy, toy_twins
 
 pytestmark = pytest.mark.anyio

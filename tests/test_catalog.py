@@ -10,18 +10,18 @@ from typing import Any
 import mcp_types as types
 import pytest
 
-from mcp_spec_proxy.catalog import (
+from mcp_spec_proxy.config.schema import ProxyConfig
+from mcp_spec_proxy.errors import InvalidArguments, StateError, ToolNotFound
+from mcp_spec_proxy.tools.catalog import (
     INTENT_ARGUMENT,
     INTENT_SCHEMA,
     Catalog,
     CatalogTool,
     strip_intent,
 )
-from mcp_spec_proxy.classification import included
-from mcp_spec_proxy.config import ProxyConfig
-from mcp_spec_proxy.errors import InvalidArguments, StateError, ToolNotFound
-from mcp_spec_proxy.fingerprints import FingerprintStore, fingerprint, write_atomic
-from mcp_spec_proxy.tool_names import public_name
+from mcp_spec_proxy.tools.classification import included
+from mcp_spec_proxy.tools.fingerprints import FingerprintStore, fingerprint, write_atomic
+from mcp_spec_proxy.tools.names import public_name
 
 OBJECT: dict[str, Any] = {"type": "object"}
 
@@ -184,7 +184,7 @@ def test_backend_gone_removes_its_tools() -> None:
 @pytest.mark.anyio
 async def test_a_listing_costs_its_own_tools_and_a_changed_status_reclassifies(monkeypatch: pytest.MonkeyPatch) -> None:
     """Start-up lists backends one after another: each listing must not redo every other's tools."""
-    import mcp_spec_proxy.catalog as catalog_module
+    import mcp_spec_proxy.tools.catalog as catalog_module
 
     fingerprinted: list[str] = []
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from mcp_spec_proxy.catalog import Catalog
 from mcp_spec_proxy.errors import ToolNotFound
-from mcp_spec_proxy.fingerprints import FingerprintStore
+from mcp_spec_proxy.tools.catalog import Catalog
+from mcp_spec_proxy.tools.fingerprints import FingerprintStore
 from tests.test_catalog import config, tool
 
 
@@ -88,6 +88,6 @@ def test_an_unprefixed_tool_never_takes_the_proxys_own_tools_names() -> None:
 def test_the_reserved_names_are_the_proxys_own_tools() -> None:
     from mcp_spec_proxy.fronts.catalog_search import CALL, SEARCH
     from mcp_spec_proxy.fronts.own_tools import DELEGATE, REPORT_OUTCOME
-    from mcp_spec_proxy.tool_names import RESERVED_NAMES
+    from mcp_spec_proxy.tools.names import RESERVED_NAMES
 
     assert {CALL, SEARCH, DELEGATE, REPORT_OUTCOME} == RESERVED_NAMES

@@ -19,13 +19,13 @@ import mcp_types as types
 import pytest
 import yaml
 
-from mcp_spec_proxy.audit import read_audit
-from mcp_spec_proxy.catalog import Catalog
-from mcp_spec_proxy.config import ProxyConfig, parse_config_text
+from mcp_spec_proxy.calls.audit import read_audit
+from mcp_spec_proxy.config.schema import ProxyConfig, parse_config_text
 from mcp_spec_proxy.errors import ConfigError, InvalidArguments
-from mcp_spec_proxy.fingerprints import FingerprintStore
 from mcp_spec_proxy.fronts.gateway import ClientToolView
-from mcp_spec_proxy.tool_names import public_name
+from mcp_spec_proxy.tools.catalog import Catalog
+from mcp_spec_proxy.tools.fingerprints import FingerprintStore
+from mcp_spec_proxy.tools.names import public_name
 from tests.harness import PROXY_COMMAND, proxied, text_of, toy
 
 HOSTILE = Path(__file__).parent / "fixtures" / "hostile_server.py"

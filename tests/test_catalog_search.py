@@ -15,15 +15,15 @@ import anyio
 import mcp_types as types
 import pytest
 
-from mcp_spec_proxy.audit import read_audit
-from mcp_spec_proxy.catalog import INTENT_ARGUMENT, INTENT_SCHEMA, Catalog
-from mcp_spec_proxy.config import ProxyConfig
-from mcp_spec_proxy.fingerprints import FingerprintStore
+from mcp_spec_proxy.calls.audit import read_audit
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.fronts import catalog_search
 from mcp_spec_proxy.leash.encoders import EncoderError, EncoderInfo, StepView
-from mcp_spec_proxy.lookalikes import preference
 from mcp_spec_proxy.testing import Reply, Respond, ScriptedModelServer
-from mcp_spec_proxy.toolsearch import ToolIndex
+from mcp_spec_proxy.tools.catalog import INTENT_ARGUMENT, INTENT_SCHEMA, Catalog
+from mcp_spec_proxy.tools.fingerprints import FingerprintStore
+from mcp_spec_proxy.tools.lookalikes import preference
+from mcp_spec_proxy.tools.search import ToolIndex
 from tests.harness import ERAS, approve, proxied, recorded, spawned, text_of, toy
 
 pytestmark = pytest.mark.anyio

@@ -16,7 +16,7 @@ from typing import Any
 import mcp_types as types
 import yaml
 
-from mcp_spec_proxy.fingerprints import FingerprintStore, fingerprint
+from mcp_spec_proxy.tools.fingerprints import FingerprintStore, fingerprint
 from tests.fixtures import toy_server
 from tests.harness import PROXY_COMMAND, TOY, toy
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from mcp_spec_proxy.config import ProxyConfig, ServerConfig, load_config, parse_config_text
+from mcp_spec_proxy.config.schema import ProxyConfig, ServerConfig, load_config, parse_config_text
 from mcp_spec_proxy.errors import ConfigError
 
 FULL_YAML = """\

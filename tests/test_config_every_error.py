@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mcp_spec_proxy.config import parse_config_text
+from mcp_spec_proxy.config.schema import parse_config_text
 from mcp_spec_proxy.errors import ConfigError
 from tests.harness import PROXY_COMMAND
 

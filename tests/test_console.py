@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 import pytest
 
-from mcp_spec_proxy.audit import read_audit
+from mcp_spec_proxy.calls.audit import read_audit
 from mcp_spec_proxy.review.console import Decision
 from tests.console_world import World, calling, console_world
 from tests.harness import recorded, text_of

@@ -33,11 +33,11 @@ from mcp.server import Server
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from mcp.shared.subscriptions import ToolsListChanged
 
-from mcp_spec_proxy.audit import read_audit
-from mcp_spec_proxy.catalog import digest
+from mcp_spec_proxy.calls.audit import read_audit
 from mcp_spec_proxy.fronts.console import Console, serve_console
 from mcp_spec_proxy.review.console import Decision, Pending
 from mcp_spec_proxy.testing import Respond, ScriptedModelServer
+from mcp_spec_proxy.tools.catalog import digest
 from tests.console_world import Call, World, another_session, calling, console_world
 from tests.harness import proxied, recorded, request_meta, segment_length, text_of, toy, verdict
 

@@ -17,12 +17,12 @@ import httpx
 import mcp_types as types
 import pytest
 
-from mcp_spec_proxy.audit import read_audit
-from mcp_spec_proxy.catalog import CatalogTool
+from mcp_spec_proxy.calls.audit import read_audit
 from mcp_spec_proxy.fronts.console.pages import card
 from mcp_spec_proxy.review import ReviewRequest
 from mcp_spec_proxy.review.console import ConsoleQueue, ConsoleReviewer, Decision
 from mcp_spec_proxy.review.policy import HumanReviewer
+from mcp_spec_proxy.tools.catalog import CatalogTool
 from mcp_spec_proxy.trajectory import History, Segment, Step
 from tests.console_world import World, another_session, calling, console_world
 from tests.harness import ERAS, proxied, recorded, text_of, toy

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mcp_spec_proxy.config import load_config
+from mcp_spec_proxy.config.schema import load_config
 from mcp_spec_proxy.errors import ConfigError
 
 

@@ -19,16 +19,16 @@ import mcp_types as types
 import pytest
 from mcp import MCPError
 
-from mcp_spec_proxy.audit import AuditLog, read_audit
 from mcp_spec_proxy.backends import BackendPool
-from mcp_spec_proxy.catalog import CatalogTool
-from mcp_spec_proxy.config import ProxyConfig
-from mcp_spec_proxy.drain import SHUT_DOWN
+from mcp_spec_proxy.calls.audit import AuditLog, read_audit
+from mcp_spec_proxy.calls.drain import SHUT_DOWN
+from mcp_spec_proxy.calls.gate import Gate, GateCall
+from mcp_spec_proxy.calls.results import text_result
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.errors import SHUTTING_DOWN
-from mcp_spec_proxy.gate import Gate, GateCall
-from mcp_spec_proxy.results import text_result
 from mcp_spec_proxy.review import ReviewerKind, ReviewRequest, Verdict
 from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
+from mcp_spec_proxy.tools.catalog import CatalogTool
 from mcp_spec_proxy.trajectory import History, Segment, Step
 from tests.harness import approve, proxied, recorded, toy, verdict
 from tests.ops_world import until

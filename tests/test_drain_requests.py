@@ -20,9 +20,9 @@ import pytest
 from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
 
-from mcp_spec_proxy.audit import read_audit
-from mcp_spec_proxy.config import ProxyConfig
-from mcp_spec_proxy.drain import SHUTTING_DOWN_REASON
+from mcp_spec_proxy.calls.audit import read_audit
+from mcp_spec_proxy.calls.drain import SHUTTING_DOWN_REASON
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.errors import SHUTTING_DOWN
 from mcp_spec_proxy.fronts.http import serve_http
 from mcp_spec_proxy.fronts.mcp import McpFront

@@ -24,8 +24,8 @@ from mcp import Client, StdioServerParameters
 from mcp.client.stdio import get_default_environment, stdio_client
 
 from mcp_spec_proxy import launch
-from mcp_spec_proxy.commands import default_environment
-from mcp_spec_proxy.options import serving_files
+from mcp_spec_proxy.config.commands import default_environment
+from mcp_spec_proxy.config.options import serving_files
 from mcp_spec_proxy.prespawn import Prespawned, SpawnKey
 from tests.harness import PROXY_COMMAND, TOY, recorded, text_of
 
@@ -133,7 +133,7 @@ def test_backends_never_adopted_are_stopped_when_the_proxy_exits(tmp_path: Path)
 def test_a_config_whose_backend_changed_is_not_adopted(tmp_path: Path) -> None:
     """The key is every spawn parameter: a process spawned with other arguments is refused and stopped."""
     config = write_config(tmp_path, {"toy": counted(tmp_path / "pids", toy_exec(), tmp_path / "ledger")})
-    from mcp_spec_proxy.config import load_config
+    from mcp_spec_proxy.config.schema import load_config
 
     loaded = load_config(config, {})
     log_dir = tmp_path / "logs"
@@ -151,7 +151,7 @@ def test_a_config_whose_backend_changed_is_not_adopted(tmp_path: Path) -> None:
 
 def test_each_launch_owns_its_early_processes(tmp_path: Path) -> None:
     # No registry outlives its object: what one launch spawned, another never sees nor adopts.
-    from mcp_spec_proxy.config import load_config
+    from mcp_spec_proxy.config.schema import load_config
 
     config = load_config(write_config(tmp_path, {"toy": counted(tmp_path / "pids", toy_exec(), tmp_path / "l")}), {})
     first, second = Prespawned(), Prespawned()
@@ -226,7 +226,7 @@ def test_the_launcher_parses_argv_with_the_serving_commands_own_options() -> Non
     import click
 
     from mcp_spec_proxy.cli import main
-    from mcp_spec_proxy.options import serving_options
+    from mcp_spec_proxy.config.options import serving_options
 
     probe = click.command(add_help_option=False)(serving_options(lambda **options: None))
 

@@ -26,8 +26,8 @@ import pytest
 from mcp import Client, MCPError, StdioServerParameters
 from mcp_types import ErrorData
 
+from mcp_spec_proxy.calls.results import CALL_META
 from mcp_spec_proxy.errors import BACKEND_CLOSED, BACKEND_TIMEOUT
-from mcp_spec_proxy.results import CALL_META
 from tests.harness import ERAS, call_error, spawned, toy
 
 pytestmark = pytest.mark.anyio

@@ -21,19 +21,19 @@ import pytest
 import yaml
 from mcp import Client, MCPError
 
-from mcp_spec_proxy.audit import read_audit
 from mcp_spec_proxy.backends.raw import Answer, RawCalls, WireResult, tool_result
-from mcp_spec_proxy.barrier import Session
-from mcp_spec_proxy.catalog import CatalogTool
-from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.calls.audit import read_audit
+from mcp_spec_proxy.calls.results import Author, Read, Report
+from mcp_spec_proxy.calls.rules import Decision
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.errors import RESULT_TOO_LARGE
 from mcp_spec_proxy.fronts.http import serve_http
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.principal import Principal
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
-from mcp_spec_proxy.results import Author, Read, Report
-from mcp_spec_proxy.rules import Decision
+from mcp_spec_proxy.sessions.barrier import Session
 from mcp_spec_proxy.testing import Respond, ScriptedModelServer
+from mcp_spec_proxy.tools.catalog import CatalogTool
 from mcp_spec_proxy.trajectory import Step
 from tests.harness import ERAS, PROXY_COMMAND, Proxied, call_error, proxied, recorded, spawned, text_of, toy
 

@@ -11,7 +11,7 @@ import anyio
 import mcp_types as types
 import pytest
 
-from mcp_spec_proxy.audit import read_audit
+from mcp_spec_proxy.calls.audit import read_audit
 from mcp_spec_proxy.errors import BACKEND_CLOSED, RESULT_TOO_LARGE
 from tests.harness import call_error, proxied, recorded, spawned, text_of, toy
 from tests.test_resilience import ToolChanges

@@ -33,7 +33,7 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from mcp_spec_proxy.backends import connection
-from mcp_spec_proxy.config import ProxyConfig, parse_config_text
+from mcp_spec_proxy.config.schema import ProxyConfig, parse_config_text
 from mcp_spec_proxy.errors import ConfigError
 from mcp_spec_proxy.fronts.asgi import BearerToken, serve_asgi
 from mcp_spec_proxy.fronts.gateway import Gateway, serve_gateway
@@ -650,7 +650,7 @@ HEAVY: tuple[str, ...] = (
     "faiss",
     "httpx",
 )
-HEAVY += ("mcp_spec_proxy.config", "mcp_spec_proxy.proxy", "mcp_spec_proxy.engine", "mcp_spec_proxy.gate")
+HEAVY += ("mcp_spec_proxy.config.schema", "mcp_spec_proxy.proxy", "mcp_spec_proxy.engine", "mcp_spec_proxy.calls.gate")
 
 
 def _every_command_line() -> list[list[str]]:

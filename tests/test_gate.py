@@ -15,13 +15,13 @@ import anyio
 import mcp_types as types
 import pytest
 
-from mcp_spec_proxy.audit import AuditLog, read_audit
 from mcp_spec_proxy.backends import BackendPool
-from mcp_spec_proxy.catalog import CatalogTool
-from mcp_spec_proxy.config import ProxyConfig
-from mcp_spec_proxy.gate import Gate, GateCall
+from mcp_spec_proxy.calls.audit import AuditLog, read_audit
+from mcp_spec_proxy.calls.gate import Gate, GateCall
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.review import InputNeeded, ReviewerKind, ReviewRequest, Verdict
 from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
+from mcp_spec_proxy.tools.catalog import CatalogTool
 from mcp_spec_proxy.trajectory import History, Segment, Step
 from tests.harness import approve, call_error, proxied, recorded, segment_length, spawned, text_of, toy, verdict
 
@@ -331,7 +331,7 @@ async def test_http_2026_era_session_is_the_one_the_client_names(tmp_path: Path,
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
 
-    from mcp_spec_proxy.config import ProxyConfig
+    from mcp_spec_proxy.config.schema import ProxyConfig
     from mcp_spec_proxy.fronts.http import serve_http
     from mcp_spec_proxy.fronts.mcp import SESSION_HEADER, McpFront
     from mcp_spec_proxy.proxy import StatePaths, running_proxy

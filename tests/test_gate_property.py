@@ -22,7 +22,7 @@ import anyio
 import httpx
 import pytest
 
-from mcp_spec_proxy.audit import read_audit
+from mcp_spec_proxy.calls.audit import read_audit
 from mcp_spec_proxy.engine.result import Mode
 from mcp_spec_proxy.fronts.gateway import Gateway, serve_gateway
 from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall

@@ -15,7 +15,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionFunctionToolParam, ChatCompletionMessageFunctionToolCall
 
-from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.fronts.gateway import Gateway, serve_gateway
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
 from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall

@@ -19,8 +19,8 @@ import anyio
 import httpx
 import pytest
 
-from mcp_spec_proxy.audit import read_audit
-from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.calls.audit import read_audit
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.fronts.gateway import Gateway, serve_gateway
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
 from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall

@@ -11,8 +11,8 @@ import anyio
 import mcp_types as types
 import pytest
 
-from mcp_spec_proxy.fingerprints import FingerprintStore
 from mcp_spec_proxy.testing import ChatRequest, Respond, ScriptedModelServer
+from mcp_spec_proxy.tools.fingerprints import FingerprintStore
 from tests.harness import proxied, recorded, segment_length, text_of, toy, verdict
 
 pytestmark = pytest.mark.anyio

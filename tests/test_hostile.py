@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from mcp_spec_proxy.audit import read_audit
+from mcp_spec_proxy.calls.audit import read_audit
 from mcp_spec_proxy.testing import ChatRequest, Respond, ScriptedModelServer
 from tests.harness import proxied, text_of
 

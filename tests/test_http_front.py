@@ -16,7 +16,7 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.fronts import http as http_front
 from mcp_spec_proxy.fronts.http import ResumableEvents, serve_http
 from mcp_spec_proxy.fronts.mcp import McpFront

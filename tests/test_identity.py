@@ -28,9 +28,9 @@ from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuth
 from mcp.client.streamable_http import streamable_http_client
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from mcp_spec_proxy.audit import read_audit
-from mcp_spec_proxy.config import ProxyConfig, parse_config_text
-from mcp_spec_proxy.config_identity import AuthConfig
+from mcp_spec_proxy.calls.audit import read_audit
+from mcp_spec_proxy.config.identity import AuthConfig
+from mcp_spec_proxy.config.schema import ProxyConfig, parse_config_text
 from mcp_spec_proxy.errors import ConfigError
 from mcp_spec_proxy.fronts import identity
 from mcp_spec_proxy.fronts.asgi import host_names, serve_asgi

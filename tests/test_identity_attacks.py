@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from mcp_spec_proxy.config_identity import AuthConfig
+from mcp_spec_proxy.config.identity import AuthConfig
 from mcp_spec_proxy.fronts.identity import MAX_TOKEN_BYTES, REFETCH_BURST, JwtVerifier
 from tests.harness import recorded
 from tests.oauth import AuthServer, authorization_server, hmac_with_public_key, self_signed, unsigned

@@ -11,7 +11,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from mcp_spec_proxy.audit import AuditLog, read_audit
+from mcp_spec_proxy.calls.audit import AuditLog, read_audit
 from mcp_spec_proxy.errors import StateError
 
 pytestmark = pytest.mark.anyio

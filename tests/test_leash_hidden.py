@@ -15,8 +15,8 @@ import anyio
 import numpy as np
 import pytest
 
-from mcp_spec_proxy.audit import read_audit
-from mcp_spec_proxy.config import LeashConfig
+from mcp_spec_proxy.calls.audit import read_audit
+from mcp_spec_proxy.config.schema import LeashConfig
 from mcp_spec_proxy.engine.hooks import NoUser
 from mcp_spec_proxy.leash.bank import Bank, Neighbour
 from mcp_spec_proxy.leash.layers import Leash

@@ -13,8 +13,8 @@ import anyio
 import pytest
 from mcp import MCPError
 
-from mcp_spec_proxy.audit import read_audit
-from mcp_spec_proxy.config import LeashConfig
+from mcp_spec_proxy.calls.audit import read_audit
+from mcp_spec_proxy.config.schema import LeashConfig
 from mcp_spec_proxy.leash.layers import Leash
 from mcp_spec_proxy.leash.storage import Label
 from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall

@@ -19,13 +19,13 @@ import numpy as np
 import pytest
 
 from mcp_spec_proxy import prompts
-from mcp_spec_proxy.audit import read_audit
+from mcp_spec_proxy.calls.audit import read_audit
+from mcp_spec_proxy.calls.results import CALL_META
 from mcp_spec_proxy.leash.bank import Bank
 from mcp_spec_proxy.leash.calibrate import Calibration
 from mcp_spec_proxy.leash.encoders import EncoderInfo
 from mcp_spec_proxy.leash.provenance import UNKNOWN, Provenance
 from mcp_spec_proxy.leash.steps import view
-from mcp_spec_proxy.results import CALL_META
 from mcp_spec_proxy.review.leash import LeashReviewer
 from mcp_spec_proxy.testing import ChatRequest, Respond, ScriptedModelServer
 from mcp_spec_proxy.trajectory import Step

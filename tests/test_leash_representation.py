@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from mcp_spec_proxy.cli import main
-from mcp_spec_proxy.config import LeashConfig, load_config
+from mcp_spec_proxy.config.schema import LeashConfig, load_config
 from mcp_spec_proxy.leash.layers import Leash
 from mcp_spec_proxy.leash.watch import LeashWatch
 from mcp_spec_proxy.proxy import open_leash as proxy_leash

@@ -18,8 +18,7 @@ import numpy as np
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from mcp_spec_proxy.catalog import CatalogTool
-from mcp_spec_proxy.config import LeashConfig, parse_config_text
+from mcp_spec_proxy.config.schema import LeashConfig, parse_config_text
 from mcp_spec_proxy.errors import ConfigError
 from mcp_spec_proxy.leash.bank import Bank, BankError
 from mcp_spec_proxy.leash.calibrate import CALIBRATION, Calibration, accept_curve, pick_accept
@@ -36,6 +35,7 @@ from mcp_spec_proxy.leash.watch import LeashWatch
 from mcp_spec_proxy.review import ReviewerKind, ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review.leash import LeashReviewer
 from mcp_spec_proxy.testing import ChatRequest, Respond, ScriptedModelServer
+from mcp_spec_proxy.tools.catalog import CatalogTool
 from mcp_spec_proxy.trajectory import History, Segment, Step
 from tests.harness import PROXY_COMMAND, proxied, recorded, text_of, toy, verdict
 
@@ -258,7 +258,7 @@ async def test_a_bank_corrupted_on_disk_keeps_answering_from_memory_and_is_not_o
 LABELLER = """
 import json, sys
 import anyio
-from mcp_spec_proxy.config import LeashConfig
+from mcp_spec_proxy.config.schema import LeashConfig
 from mcp_spec_proxy.leash.encoders import StepView
 from mcp_spec_proxy.leash.layers import Leash
 from mcp_spec_proxy.trajectory import Step

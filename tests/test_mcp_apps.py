@@ -16,7 +16,7 @@ from typing import Any
 import mcp_types as types
 import pytest
 
-from mcp_spec_proxy.audit import read_audit
+from mcp_spec_proxy.calls.audit import read_audit
 from tests import backends
 from tests.harness import proxied, stdio
 

@@ -25,14 +25,14 @@ import pytest
 from mcp import Client, MCPError
 from mcp_types import SERVER_INFO_META_KEY
 
-from mcp_spec_proxy.audit import read_audit
-from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.calls.audit import read_audit
+from mcp_spec_proxy.calls.provenance import NOTICE_META
+from mcp_spec_proxy.calls.results import CALL_META
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.fronts.fast_read import FastRead
 from mcp_spec_proxy.fronts.http import serve_http
 from mcp_spec_proxy.fronts.mcp import McpFront
-from mcp_spec_proxy.provenance import NOTICE_META
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
-from mcp_spec_proxy.results import CALL_META
 from mcp_spec_proxy.trajectory import Step
 from tests.harness import ERAS, spawned
 

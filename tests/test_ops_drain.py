@@ -21,7 +21,7 @@ import pytest
 from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
 
-from mcp_spec_proxy.audit import read_audit
+from mcp_spec_proxy.calls.audit import read_audit
 from mcp_spec_proxy.errors import SHUTTING_DOWN
 from mcp_spec_proxy.fronts.console import CONSOLE_URL_FILE
 from tests.harness import recorded, text_of, toy

@@ -25,7 +25,7 @@ import httpx
 import pytest
 import yaml
 
-from mcp_spec_proxy.audit import read_audit
+from mcp_spec_proxy.calls.audit import read_audit
 from mcp_spec_proxy.errors import SHUTTING_DOWN
 from tests.harness import PROXY_COMMAND, recorded
 from tests.ops_world import until

@@ -13,8 +13,8 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from mcp_spec_proxy.audit import read_audit
-from mcp_spec_proxy.results import CALL_META
+from mcp_spec_proxy.calls.audit import read_audit
+from mcp_spec_proxy.calls.results import CALL_META
 from tests.harness import toy
 from tests.ops_world import SERVING, serving
 

@@ -17,13 +17,13 @@ import pytest
 from mcp import Client, MCPError
 from prometheus_client.parser import text_string_to_metric_families
 
-from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.fronts.http import serve_http
 from mcp_spec_proxy.fronts.mcp import McpFront
-from mcp_spec_proxy.metrics import Metrics
+from mcp_spec_proxy.observe.metrics import Metrics
+from mcp_spec_proxy.observe.telemetry import Telemetry
 from mcp_spec_proxy.proxy import Proxy, StatePaths, running_proxy
 from mcp_spec_proxy.review.console import Decision
-from mcp_spec_proxy.telemetry import Telemetry
 from tests.harness import recorded, toy, toy_twins
 
 pytestmark = pytest.mark.anyio

@@ -22,7 +22,7 @@ import pytest
 from mcp import MCPError
 from mcp_types import ErrorData, PromptReference
 
-from mcp_spec_proxy.results import CALL_META, FIRST_META
+from mcp_spec_proxy.calls.results import CALL_META, FIRST_META
 from tests.harness import ERAS, call_error, spawned
 
 pytestmark = pytest.mark.anyio

@@ -18,16 +18,16 @@ import anyio
 import mcp_types as types
 import pytest
 
-from mcp_spec_proxy.audit import read_audit
-from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.calls.audit import read_audit
+from mcp_spec_proxy.calls.results import CALL_META
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.fronts.asgi import host_names
 from mcp_spec_proxy.fronts.console import Console, serve_console
 from mcp_spec_proxy.fronts.http import serve_http
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.fronts.probes import Door
+from mcp_spec_proxy.observe.telemetry import SUBJECT
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
-from mcp_spec_proxy.results import CALL_META
-from mcp_spec_proxy.telemetry import SUBJECT
 from mcp_spec_proxy.testing import Respond, ScriptedModelServer
 from tests.fixtures import feature_server
 from tests.harness import ERAS, recorded, toy, toy_twins
@@ -240,7 +240,7 @@ async def test_two_principals_labels_count_as_two(tmp_path: Path) -> None:
 async def test_a_call_whose_request_names_no_client_is_shown_and_labelled_as_its_principals(tmp_path: Path) -> None:
     """The engine's steps (`delegate`) and a reviewer's substitute reach the gate with a request that
     names no client: the gate names it by the call's principal, on the console card and on LEASH's label."""
-    from mcp_spec_proxy.gate import GateCall
+    from mcp_spec_proxy.calls.gate import GateCall
     from mcp_spec_proxy.principal import Principal
     from mcp_spec_proxy.review import ReviewRequest
     from mcp_spec_proxy.review.console import Decision

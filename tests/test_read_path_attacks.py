@@ -20,12 +20,12 @@ import anyio
 import pytest
 from anyio.abc import Process
 
-from mcp_spec_proxy.audit import read_audit
 from mcp_spec_proxy.backends.raw import WireResult
-from mcp_spec_proxy.catalog import CatalogTool
+from mcp_spec_proxy.calls.audit import read_audit
+from mcp_spec_proxy.calls.results import Author, Read, Report
+from mcp_spec_proxy.calls.rules import Decision
 from mcp_spec_proxy.principal import Principal
-from mcp_spec_proxy.results import Author, Read, Report
-from mcp_spec_proxy.rules import Decision
+from mcp_spec_proxy.tools.catalog import CatalogTool
 from mcp_spec_proxy.trajectory import Step
 from tests.harness import ERAS, PROXY_COMMAND, proxied, recorded, spawned, text_of, toy, verdict
 
@@ -350,7 +350,7 @@ async def test_two_http_clients_reading_at_once_each_get_their_own_answers_and_h
     # (the reviewer of A's write sees A's reads, never B's).
     from mcp import Client
 
-    from mcp_spec_proxy.config import ProxyConfig
+    from mcp_spec_proxy.config.schema import ProxyConfig
     from mcp_spec_proxy.fronts.http import serve_http
     from mcp_spec_proxy.fronts.mcp import McpFront
     from mcp_spec_proxy.proxy import StatePaths, running_proxy
@@ -393,7 +393,7 @@ async def test_a_late_tools_lean_read_meets_the_same_checks_on_the_stdio_front(t
     # on the lean path once it arrives; until then a call is a clear error at once.
     import os
 
-    from mcp_spec_proxy.fingerprints import SERVERS
+    from mcp_spec_proxy.tools.fingerprints import SERVERS
 
     fifo = tmp_path / "start"
     os.mkfifo(fifo)

@@ -26,14 +26,14 @@ from mcp_types import SERVER_INFO_META_KEY
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from mcp_spec_proxy.backends.raw import WireResult
-from mcp_spec_proxy.barrier import Session
-from mcp_spec_proxy.catalog import CatalogTool
-from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.calls.provenance import NOTICE_META
+from mcp_spec_proxy.calls.results import CALL_META
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.fronts.fast_read import FastRead
 from mcp_spec_proxy.fronts.mcp import McpFront
-from mcp_spec_proxy.provenance import NOTICE_META
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
-from mcp_spec_proxy.results import CALL_META
+from mcp_spec_proxy.sessions.barrier import Session
+from mcp_spec_proxy.tools.catalog import CatalogTool
 from tests.harness import ERAS, spawned, toy
 
 pytestmark = pytest.mark.anyio

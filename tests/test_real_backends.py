@@ -15,9 +15,9 @@ import mcp_types as types
 import pytest
 from mcp import Client, StdioServerParameters
 
-from mcp_spec_proxy.audit import read_audit
 from mcp_spec_proxy.backends.relay import Relay
-from mcp_spec_proxy.config import RelayConfig
+from mcp_spec_proxy.calls.audit import read_audit
+from mcp_spec_proxy.config.schema import RelayConfig
 from tests import backends
 from tests.harness import ERAS, spawned, stdio, text_of
 

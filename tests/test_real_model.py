@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 import yaml
 
-from mcp_spec_proxy.audit import read_audit
-from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.calls.audit import read_audit
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.fronts.gateway import Gateway, serve_gateway
 from mcp_spec_proxy.leash import Bank, EmbeddingEncoder, StepView
 from mcp_spec_proxy.models import ChatModel, ModelConfig

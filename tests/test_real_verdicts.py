@@ -20,8 +20,8 @@ import jsonschema
 import pytest
 from mcp import Client
 
-from mcp_spec_proxy.audit import read_audit
-from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.calls.audit import read_audit
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.models import ChatModel, ModelConfig
 from mcp_spec_proxy.proxy import StatePaths, running_proxy

@@ -27,7 +27,7 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 from pydantic import FileUrl
 
-from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.fronts.http import serve_http
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.proxy import StatePaths, running_proxy

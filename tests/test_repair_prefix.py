@@ -19,16 +19,16 @@ import anyio
 import mcp_types as types
 import pytest
 
-from mcp_spec_proxy.catalog import Catalog
-from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.engine.hooks import NoUser
-from mcp_spec_proxy.fingerprints import FingerprintStore
 from mcp_spec_proxy.models import ChatModel, ModelCall, ModelConfig
 from mcp_spec_proxy.prompts import REPAIR_HEADING, is_repair_prompt, review_steps
 from mcp_spec_proxy.review import ReviewRequest, Verdict
 from mcp_spec_proxy.review.kinds import ReviewerKind
 from mcp_spec_proxy.review.strong import ProposedStep, Repairer, StrongReviewer
 from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
+from mcp_spec_proxy.tools.catalog import Catalog
+from mcp_spec_proxy.tools.fingerprints import FingerprintStore
 from mcp_spec_proxy.trajectory import History, Segment, Step
 from tests.harness import proxied, recorded, segment_length, text_of, toy, verdict
 from tests.real_model import MODEL_NAME

@@ -12,9 +12,9 @@ import mcp_types as types
 import pytest
 import yaml
 
-from mcp_spec_proxy.audit import read_audit
+from mcp_spec_proxy.calls.audit import read_audit
 from mcp_spec_proxy.errors import BACKEND_CLOSED
-from mcp_spec_proxy.fingerprints import FingerprintStore
+from mcp_spec_proxy.tools.fingerprints import FingerprintStore
 from tests.harness import ERAS, PROXY_COMMAND, call_error, proxied, spawned, text_of, toy
 
 pytestmark = pytest.mark.anyio

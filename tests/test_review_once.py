@@ -21,7 +21,7 @@ from mcp.server import Server
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from mcp.shared.subscriptions import ToolsListChanged
 
-from mcp_spec_proxy.config import LeashConfig
+from mcp_spec_proxy.config.schema import LeashConfig
 from mcp_spec_proxy.leash.layers import Leash
 from mcp_spec_proxy.prompts import review_steps
 from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall

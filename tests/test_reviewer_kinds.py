@@ -16,15 +16,15 @@ import anyio
 import mcp_types as types
 import pytest
 
-from mcp_spec_proxy.audit import AuditLog, read_audit
 from mcp_spec_proxy.backends import BackendPool
-from mcp_spec_proxy.catalog import CatalogTool
-from mcp_spec_proxy.config import ProxyConfig, ReviewMode
-from mcp_spec_proxy.gate import Gate, GateCall
+from mcp_spec_proxy.calls.audit import AuditLog, read_audit
+from mcp_spec_proxy.calls.gate import Gate, GateCall
+from mcp_spec_proxy.config.schema import ProxyConfig, ReviewMode
 from mcp_spec_proxy.review import Chain, Reviewer, ReviewerKind, ReviewFailed, ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review import kinds as kinds_module
 from mcp_spec_proxy.review.waiting import Both
 from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer
+from mcp_spec_proxy.tools.catalog import CatalogTool
 from mcp_spec_proxy.trajectory import History, Segment, Step
 from tests.console_world import calling, console_world
 from tests.harness import proxied, recorded, segment_length, toy, verdict

@@ -10,10 +10,10 @@ from typing import Any
 import mcp_types as types
 import pytest
 
-from mcp_spec_proxy.catalog import CatalogTool
-from mcp_spec_proxy.config import ProxyConfig, ReviewMode, load_config, parse_config_text
+from mcp_spec_proxy.calls.rules import Decision, Rules, principal_variables
+from mcp_spec_proxy.config.schema import ProxyConfig, ReviewMode, load_config, parse_config_text
 from mcp_spec_proxy.errors import ConfigError
-from mcp_spec_proxy.rules import Decision, Rules, principal_variables
+from mcp_spec_proxy.tools.catalog import CatalogTool
 
 RULES: list[dict[str, Any]] = [
     {"when": 'tool == "fs__write_file" && args.path.startsWith("/srv/notes/")', "review": "allow"},

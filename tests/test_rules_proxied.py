@@ -9,7 +9,7 @@ from typing import Any
 import mcp_types as types
 import pytest
 
-from mcp_spec_proxy.audit import read_audit
+from mcp_spec_proxy.calls.audit import read_audit
 from tests.harness import proxied, recorded, text_of, toy
 
 pytestmark = pytest.mark.anyio

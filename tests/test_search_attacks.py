@@ -15,11 +15,11 @@ from typing import Any
 import mcp_types as types
 import pytest
 
-from mcp_spec_proxy.audit import read_audit
-from mcp_spec_proxy.catalog import Catalog
-from mcp_spec_proxy.config import ProxyConfig
-from mcp_spec_proxy.fingerprints import FingerprintStore
-from mcp_spec_proxy.toolsearch import document
+from mcp_spec_proxy.calls.audit import read_audit
+from mcp_spec_proxy.config.schema import ProxyConfig
+from mcp_spec_proxy.tools.catalog import Catalog
+from mcp_spec_proxy.tools.fingerprints import FingerprintStore
+from mcp_spec_proxy.tools.search import document
 from tests.harness import ERAS, proxied, recorded, text_of, toy
 
 pytestmark = pytest.mark.anyio

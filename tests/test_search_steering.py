@@ -18,12 +18,12 @@ import mcp_types as types
 import pytest
 
 from mcp_spec_proxy import prompts
-from mcp_spec_proxy.catalog import Catalog
-from mcp_spec_proxy.config import ProxyConfig
-from mcp_spec_proxy.fingerprints import FingerprintStore
-from mcp_spec_proxy.lookalikes import preference
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.testing import ChatRequest, Respond, ScriptedModelServer
-from mcp_spec_proxy.toolsearch import ToolIndex, share
+from mcp_spec_proxy.tools.catalog import Catalog
+from mcp_spec_proxy.tools.fingerprints import FingerprintStore
+from mcp_spec_proxy.tools.lookalikes import preference
+from mcp_spec_proxy.tools.search import ToolIndex, share
 from tests.harness import proxied, segment_length, text_of, verdict
 
 pytestmark = pytest.mark.anyio

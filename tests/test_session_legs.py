@@ -20,7 +20,7 @@ from mcp import Client
 from mcp.client.session import ClientRequestContext
 from pydantic import FileUrl
 
-from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.fronts.http import serve_http
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.proxy import Proxy, StatePaths, running_proxy

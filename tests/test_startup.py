@@ -24,7 +24,7 @@ from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 from mcp_spec_proxy.backends import progress
-from mcp_spec_proxy.fingerprints import SERVERS
+from mcp_spec_proxy.tools.fingerprints import SERVERS
 from tests.harness import ERAS, proxied, text_of, toy
 from tests.test_cli import TOY_TOOLS, effects, parse_rows, run_proxy, toy_config
 from tests.test_resilience import ToolChanges

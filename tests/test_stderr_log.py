@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from mcp_spec_proxy.stderr_log import KEEP, MAX_BYTES
+from mcp_spec_proxy.observe.stderr_log import KEEP, MAX_BYTES
 from tests.harness import proxied, spawned, text_of
 
 pytestmark = pytest.mark.anyio

@@ -20,13 +20,13 @@ import anyio
 import mcp_types as types
 import pytest
 
-from mcp_spec_proxy.audit import AuditLog
 from mcp_spec_proxy.backends import BackendPool
-from mcp_spec_proxy.catalog import CatalogTool
-from mcp_spec_proxy.config import ProxyConfig
-from mcp_spec_proxy.gate import Gate, GateCall
+from mcp_spec_proxy.calls.audit import AuditLog
+from mcp_spec_proxy.calls.gate import Gate, GateCall
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.review import ReviewerKind, ReviewRequest, Verdict
 from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
+from mcp_spec_proxy.tools.catalog import CatalogTool
 from mcp_spec_proxy.trajectory import History, Segment, Step
 from tests.harness import Proxied, proxied, segment_length, toy, verdict
 

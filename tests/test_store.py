@@ -18,7 +18,7 @@ import psycopg
 import pytest
 import yaml
 
-from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.errors import StateError
 from mcp_spec_proxy.store import Ticket, open_store
 from mcp_spec_proxy.store.migrations import LATEST, LEASH, LOCK_NAMESPACE, MIGRATIONS
@@ -34,7 +34,7 @@ FILES_ONLY = """
 import sys, anyio
 from pathlib import Path
 from mcp import Client
-from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
 from tests.harness import toy, toy_twins

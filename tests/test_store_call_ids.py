@@ -13,9 +13,9 @@ import psycopg
 import pytest
 from mcp import MCPError
 
+from mcp_spec_proxy.calls.results import AUDIT_META, CALL_META, FIRST_META
 from mcp_spec_proxy.errors import CALL_REPLAYED
 from mcp_spec_proxy.fronts.replays import KEY_META
-from mcp_spec_proxy.results import AUDIT_META, CALL_META, FIRST_META
 from tests.harness import recorded, text_of, toy
 from tests.pg import replica, rows
 from tests.test_store_replicas import client

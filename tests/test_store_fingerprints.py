@@ -26,13 +26,13 @@ from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from mcp_spec_proxy.catalog import Catalog
-from mcp_spec_proxy.config import ProxyConfig
-from mcp_spec_proxy.fingerprints import fingerprint
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.fronts.mcp import SESSION_HEADER
 from mcp_spec_proxy.store import open_store
 from mcp_spec_proxy.store.pg_fingerprints import PgFingerprints
 from mcp_spec_proxy.store.postgres import PgStore
+from mcp_spec_proxy.tools.catalog import Catalog
+from mcp_spec_proxy.tools.fingerprints import fingerprint
 from tests.harness import PROXY_COMMAND, recorded, text_of, toy
 from tests.pg import DSN_ENV, database_down, database_name, replica, rows, until
 

@@ -32,7 +32,7 @@ from bench.tau2_retail.runner import bench_tau2_retail, cost_model_from, select_
 from bench.tau2_retail.settings import Endpoints, Settings
 from bench.tau2_retail.table import RunsDisagree, empty, read, render
 from bench.tau2_retail.user_sim import GUIDELINES, STOP
-from mcp_spec_proxy.config import load_config
+from mcp_spec_proxy.config.schema import load_config
 from mcp_spec_proxy.engine import Mode
 from mcp_spec_proxy.fronts.gateway import ClientToolView
 from mcp_spec_proxy.models import ModelConfig

@@ -47,7 +47,7 @@ from bench.tau2_retail.__main__ import main
 from bench.tau2_retail.db import DataNotFound, canonicalize
 from bench.tau2_retail.scoring import Replayed
 from bench.tau2_retail.server import write_state
-from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
 from tests.harness import proxied, text_of

@@ -31,13 +31,13 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from mcp_spec_proxy import proxy as proxy_module
-from mcp_spec_proxy.audit import read_audit
-from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.calls.audit import read_audit
+from mcp_spec_proxy.calls.results import CALL_META
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.errors import ConfigError
 from mcp_spec_proxy.fronts.mcp import McpFront
+from mcp_spec_proxy.observe.telemetry import CALL_ID, traces_endpoint, tracing_configured
 from mcp_spec_proxy.proxy import running_proxy, validate
-from mcp_spec_proxy.results import CALL_META
-from mcp_spec_proxy.telemetry import CALL_ID, traces_endpoint, tracing_configured
 from mcp_spec_proxy.testing import Respond, ScriptedModelServer
 from tests.harness import recorded, segment_length, spawned, text_of, toy, toy_twins, verdict
 from tests.ops_world import SERVING, serving, until
@@ -313,7 +313,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from mcp_spec_proxy.results import CALL_META
+from mcp_spec_proxy.calls.results import CALL_META
 from tests.harness import proxied, toy
 
 spans = InMemorySpanExporter()

@@ -9,11 +9,11 @@ from typing import Any
 import mcp_types as types
 import pytest
 
-from mcp_spec_proxy.catalog import Catalog
-from mcp_spec_proxy.config import ProxyConfig
-from mcp_spec_proxy.fingerprints import FingerprintStore
-from mcp_spec_proxy.toolsearch import ToolIndex
-from mcp_spec_proxy.toolwords import cue, expand, words
+from mcp_spec_proxy.config.schema import ProxyConfig
+from mcp_spec_proxy.tools.catalog import Catalog
+from mcp_spec_proxy.tools.fingerprints import FingerprintStore
+from mcp_spec_proxy.tools.search import ToolIndex
+from mcp_spec_proxy.tools.words import cue, expand, words
 
 pytestmark = pytest.mark.anyio
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from mcp_spec_proxy.audit import read_audit
+from mcp_spec_proxy.calls.audit import read_audit
 from mcp_spec_proxy.models import ChatModel
 from mcp_spec_proxy.review.verdict import parse_verdict
 from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mcp_spec_proxy.audit import read_audit
+from mcp_spec_proxy.calls.audit import read_audit
 from mcp_spec_proxy.prompts import review_steps
 from mcp_spec_proxy.review.verdict import REASON_MAX_CHARS, VALUE_MAX_CHARS, cut_off, parse_verdict, verdict_schema
 from mcp_spec_proxy.testing import ChatRequest, Respond, ScriptedModelServer

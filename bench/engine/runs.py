@@ -14,7 +14,7 @@ from bench.backends import filesystem_argv
 from bench.cost_model import Cost, CostModel
 from bench.engine.scripted import STRONG, WEAK, Scripted
 from bench.engine.tasks import Task, reset, succeeded, tasks, warmup_task
-from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.engine import Mode, RunResult
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
 from mcp_spec_proxy.testing import Respond, ScriptedModelServer

@@ -21,7 +21,7 @@ from bench.load.process import ProxyProcess, spawn_proxy, wait_ready
 from bench.load.report import report
 from bench.load.sessions import Level, run_level
 from bench.measure import machine_line
-from mcp_spec_proxy.audit import read_audit
+from mcp_spec_proxy.calls.audit import read_audit
 from mcp_spec_proxy.testing import Respond, ScriptedModelServer
 
 DEFAULT_LEVELS = "1,8,32,128"

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mcp_spec_proxy.catalog import digest
+from mcp_spec_proxy.tools.catalog import digest
 
 ERAS = ("legacy", "2026-07-28")
 WRITE_EVERY = 5  # every 5th call is a write: 20 %

@@ -17,7 +17,7 @@ from bench.tau2_retail.scoring import Task, gold_hash
 from bench.tau2_retail.settings import LEASH_MODE, Endpoints, Settings
 from bench.tau2_retail.task_run import Models, run_one
 from bench.tau2_retail.tokens import regex_count
-from mcp_spec_proxy.config import LeashConfig
+from mcp_spec_proxy.config.schema import LeashConfig
 from mcp_spec_proxy.engine import Mode
 from mcp_spec_proxy.leash.layers import Leash
 from mcp_spec_proxy.models import ChatModel, ModelConfig

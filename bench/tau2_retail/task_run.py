@@ -22,7 +22,7 @@ from bench.tau2_retail.scoring import Task, instruction, score_task
 from bench.tau2_retail.server import RetailServer, read_state
 from bench.tau2_retail.settings import LEASH_MODE, Endpoints, Settings
 from bench.tau2_retail.user_sim import Conversation, UserSimulator, converse
-from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.engine import AGENT_INSTRUCTIONS, Engine, Mode, RunResult
 from mcp_spec_proxy.leash.layers import Leash
 from mcp_spec_proxy.models import ChatModel, ModelConfig

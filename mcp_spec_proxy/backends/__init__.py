@@ -19,7 +19,7 @@ from mcp_spec_proxy.backends import progress
 from mcp_spec_proxy.backends.connection import Backend
 from mcp_spec_proxy.backends.listing import Listing, OnListing
 from mcp_spec_proxy.backends.notices import LogMessage, LogRoute, Notice, OnNotice, ResourceUpdate
-from mcp_spec_proxy.config import ServerConfig
+from mcp_spec_proxy.config.schema import ServerConfig
 from mcp_spec_proxy.errors import BackendUnavailable
 from mcp_spec_proxy.prespawn import Prespawned
 

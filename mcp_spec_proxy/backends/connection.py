@@ -59,13 +59,13 @@ from mcp_spec_proxy.backends.relay import Relay, as_declared
 from mcp_spec_proxy.backends.requests import Requests
 from mcp_spec_proxy.backends.session_legs import SessionLegs
 from mcp_spec_proxy.backends.transports import WatchedTransport, open_transport
-from mcp_spec_proxy.config import ServerConfig
+from mcp_spec_proxy.config.schema import ServerConfig
 from mcp_spec_proxy.errors import (
     BackendError,
 )
+from mcp_spec_proxy.observe.stderr_log import StderrLog, last_error_line
 from mcp_spec_proxy.prespawn import Prespawned
 from mcp_spec_proxy.sdk import restamp_capabilities
-from mcp_spec_proxy.stderr_log import StderrLog, last_error_line
 
 logger = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from mcp_spec_proxy.backends.era import era_of
 from mcp_spec_proxy.backends.listing import Listing, list_all
 from mcp_spec_proxy.backends.relay import Relay, as_declared
 from mcp_spec_proxy.backends.transports import WatchedTransport, open_transport
-from mcp_spec_proxy.config import ServerConfig
+from mcp_spec_proxy.config.schema import ServerConfig
 from mcp_spec_proxy.sdk import restamp_capabilities
 
 logger = logging.getLogger(__name__)

@@ -49,7 +49,7 @@ from mcp_spec_proxy.backends.raw import (
 from mcp_spec_proxy.backends.relay import CLIENT_ANSWERS, Relay
 from mcp_spec_proxy.backends.session_legs import CLIENT_SESSION, SessionLegs
 from mcp_spec_proxy.backends.transports import WatchedTransport
-from mcp_spec_proxy.config import ServerConfig
+from mcp_spec_proxy.config.schema import ServerConfig
 from mcp_spec_proxy.errors import BackendClosed, BackendError, BackendTimeout, BackendUnavailable, ResultTooLarge
 from mcp_spec_proxy.sdk import stamp_request
 from mcp_spec_proxy.wire_types import RpcRequest

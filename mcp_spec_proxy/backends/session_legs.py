@@ -38,7 +38,7 @@ from mcp_spec_proxy.backends.era import CLIENT_ERA
 from mcp_spec_proxy.backends.notices import LogMessage, Notice, request_logs
 from mcp_spec_proxy.backends.relay import CALLER, CLIENT_ANSWERS, ClientLink, Kind, Relay, as_declared
 from mcp_spec_proxy.backends.transports import WatchedTransport, open_transport
-from mcp_spec_proxy.config import ServerConfig
+from mcp_spec_proxy.config.schema import ServerConfig
 from mcp_spec_proxy.errors import BackendUnavailable
 from mcp_spec_proxy.sdk import restamp_capabilities
 

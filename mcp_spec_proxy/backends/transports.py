@@ -26,8 +26,8 @@ from mcp.shared.message import SessionMessage
 from mcp_spec_proxy.backends.http import GuardedClient
 from mcp_spec_proxy.backends.raw import RawCalls
 from mcp_spec_proxy.backends.stdio import bounded_stdio_client
-from mcp_spec_proxy.commands import resolve_command  # also used before the SDK loads: one place
-from mcp_spec_proxy.config import ServerConfig
+from mcp_spec_proxy.config.commands import resolve_command  # also used before the SDK loads: one place
+from mcp_spec_proxy.config.schema import ServerConfig
 from mcp_spec_proxy.prespawn import Prespawned
 from mcp_spec_proxy.sdk import MCP_HTTP_TIMEOUT, ReadStream, Transport, TransportStreams
 

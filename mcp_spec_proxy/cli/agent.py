@@ -103,7 +103,7 @@ def gateway(
     allow_host: tuple[str, ...],
 ) -> None:
     """Serve an OpenAI-compatible /v1/chat/completions backed by the SpecAgent engine."""
-    from mcp_spec_proxy.drain import SETTLE_S
+    from mcp_spec_proxy.calls.drain import SETTLE_S
     from mcp_spec_proxy.fronts.asgi import host_names
     from mcp_spec_proxy.fronts.gateway import Gateway, serve_gateway
     from mcp_spec_proxy.fronts.probes import Door

@@ -17,9 +17,9 @@ from mcp_spec_proxy.cli.serve import main
 from mcp_spec_proxy.cli.setup import file_options, run_loop, setup
 
 if TYPE_CHECKING:  # the catalog and the config's models load when the command runs, not for `--help`
-    from mcp_spec_proxy.catalog import CatalogTool
-    from mcp_spec_proxy.config import ProxyConfig
-    from mcp_spec_proxy.rules import Decision
+    from mcp_spec_proxy.calls.rules import Decision
+    from mcp_spec_proxy.config.schema import ProxyConfig
+    from mcp_spec_proxy.tools.catalog import CatalogTool
 
 
 def _json_object(option: str, text: str) -> dict[str, Any]:
@@ -51,8 +51,8 @@ def explain(ctx: click.Context, tool: str, arguments: str, principal: str | None
     built = setup(ctx)
 
     async def find() -> tuple[CatalogTool, Decision, str | None] | str | None:
-        from mcp_spec_proxy.catalog import strip_intent
         from mcp_spec_proxy.errors import InvalidArguments, ToolNotFound
+        from mcp_spec_proxy.tools.catalog import strip_intent
 
         async with built.running() as proxy:
             await proxy.backends.settled()
@@ -85,7 +85,7 @@ def explain(ctx: click.Context, tool: str, arguments: str, principal: str | None
 
 def describe(config: ProxyConfig, tool: CatalogTool, decision: Decision, refused: str | None) -> list[str]:
     """What `explain` prints: the tool, the rule and the reviewer, one line each."""
-    from mcp_spec_proxy.classification import HELD_REASONS
+    from mcp_spec_proxy.tools.classification import HELD_REASONS
 
     lines = [f"tool: {tool.name} ({tool.effect}; {tool.reason}: {tool.why})"]
     if decision.rule is None:

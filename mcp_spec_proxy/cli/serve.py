@@ -30,9 +30,9 @@ from mcp_spec_proxy.cli.setup import (
     stop_on_signal,
     token_from_env,
 )
-from mcp_spec_proxy.commands import resolve_command
+from mcp_spec_proxy.config.commands import resolve_command
+from mcp_spec_proxy.config.options import serving_options, state_dir_of
 from mcp_spec_proxy.errors import ProxyError
-from mcp_spec_proxy.options import serving_options, state_dir_of
 
 if TYPE_CHECKING:
     from mcp_spec_proxy.proxy import Proxy, StatePaths
@@ -79,7 +79,7 @@ def main(
         raise click.ClickException(f"--token-env: {built.source} has `auth:`, which replaces it — drop --token-env")
     if built.config.auth is not None and address is None:
         logger.info("`auth:` applies to the HTTP front (--http); on stdio the one local client is served as before")
-    from mcp_spec_proxy.drain import SETTLE_S, Answering
+    from mcp_spec_proxy.calls.drain import SETTLE_S, Answering
     from mcp_spec_proxy.fronts.asgi import host_names
     from mcp_spec_proxy.fronts.http import serve_http
     from mcp_spec_proxy.fronts.mcp import McpFront
@@ -209,7 +209,7 @@ def console_url(ctx: click.Context) -> None:
     if state_dir is None and (given - {None, ParameterSource.DEFAULT} or Path(config_path).is_file()):
         root = state_dir_of(None, load(config_path))
     else:
-        from mcp_spec_proxy.config import ProxyConfig
+        from mcp_spec_proxy.config.schema import ProxyConfig
 
         root = state_dir_of(state_dir, ProxyConfig())
     path = root / CONSOLE_URL_FILE

@@ -23,14 +23,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import click
 
-from mcp_spec_proxy import logs
+from mcp_spec_proxy.config.options import LOG_LEVELS, listen_problem
+from mcp_spec_proxy.config.options import state_dir_of as state_dir_of
 from mcp_spec_proxy.errors import ProxyError
-from mcp_spec_proxy.options import LOG_LEVELS, listen_problem
-from mcp_spec_proxy.options import state_dir_of as state_dir_of
+from mcp_spec_proxy.observe import logs
 from mcp_spec_proxy.prespawn import Prespawned
 
 if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section opens it
-    from mcp_spec_proxy.config import ProxyConfig
+    from mcp_spec_proxy.config.schema import ProxyConfig
     from mcp_spec_proxy.engine import Mode
     from mcp_spec_proxy.leash.layers import Leash
     from mcp_spec_proxy.proxy import Proxy, StatePaths
@@ -41,7 +41,7 @@ T = TypeVar("T")
 
 def load(path: str) -> ProxyConfig:
     """The config file at `path`, with the environment; a config error becomes a CLI error."""
-    from mcp_spec_proxy.config import load_config
+    from mcp_spec_proxy.config.schema import load_config
 
     try:
         return load_config(Path(path), os.environ)

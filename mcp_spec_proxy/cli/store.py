@@ -17,8 +17,8 @@ from mcp_spec_proxy.cli.setup import file_options, load, run_loop, state_dir_of
 from mcp_spec_proxy.errors import ConfigError
 
 if TYPE_CHECKING:  # the store and the config's models load when a command runs, not for `--help`
-    from mcp_spec_proxy.config import ProxyConfig
-    from mcp_spec_proxy.fingerprints import FingerprintStore
+    from mcp_spec_proxy.config.schema import ProxyConfig
+    from mcp_spec_proxy.tools.fingerprints import FingerprintStore
 
 
 def _dsn(ctx: click.Context, config: ProxyConfig) -> str | None:
@@ -41,8 +41,8 @@ def _postgres(ctx: click.Context) -> Any:
 
 def fingerprint_store(ctx: click.Context, config: ProxyConfig) -> FingerprintStore:
     """The configured fingerprint store (`tools accept` writes it; running replicas read it)."""
-    from mcp_spec_proxy.fingerprints import FingerprintStore
     from mcp_spec_proxy.store import StatePaths
+    from mcp_spec_proxy.tools.fingerprints import FingerprintStore
 
     dsn = _dsn(ctx, config)
     if dsn is None or config.store == "files":

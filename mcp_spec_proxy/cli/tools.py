@@ -14,8 +14,8 @@ from mcp_spec_proxy.cli.setup import file_options, load, run_loop, setup
 from mcp_spec_proxy.cli.store import fingerprint_store
 
 if TYPE_CHECKING:  # the catalog and the config's models load when a command runs, not for `--help`
-    from mcp_spec_proxy.config import ProxyConfig
-    from mcp_spec_proxy.fingerprints import FingerprintStore
+    from mcp_spec_proxy.config.schema import ProxyConfig
+    from mcp_spec_proxy.tools.fingerprints import FingerprintStore
 
 
 @main.group(invoke_without_command=True)
@@ -81,7 +81,7 @@ def _store_key(name: str, config: ProxyConfig, store: FingerprintStore) -> str:
     cannot be cut back into its tool, and `bank` + `__` + `_x` and `bank_` + `__` + `x` share a
     prefix, so only naming every known tool tells which one a name is.
     """
-    from mcp_spec_proxy.tool_names import public_name
+    from mcp_spec_proxy.tools.names import public_name
 
     if "/" in name:
         return name

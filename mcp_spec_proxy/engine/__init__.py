@@ -2,7 +2,7 @@
 
 The baselines are policies of the same loop: `weak-only` (the weak model authors every step)
 and `strong-only` (the strong model does). Every call the engine makes goes through the gate
-(`gate.py`), which applies each tool's own reviewer whatever the mode: `deny` never runs, `human`
+(`calls/gate.py`), which applies each tool's own reviewer whatever the mode: `deny` never runs, `human`
 asks (the delegating client's user, else the configured fallback), and a weak-authored write
 outside `spec` still meets the strong reviewer. Only an operator's own baseline run (`run`,
 benchmarks: `baseline=True`) lets a baseline's steps stand unreviewed where the tool's reviewer
@@ -23,19 +23,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from mcp_spec_proxy.catalog import Catalog, ToolSource
-from mcp_spec_proxy.config import SpeculationConfig
+from mcp_spec_proxy.calls.gate import Gate
+from mcp_spec_proxy.config.schema import SpeculationConfig
 from mcp_spec_proxy.engine.conversation import AGENT_INSTRUCTIONS
 from mcp_spec_proxy.engine.hooks import ClientExecutor, Observer, Progress, Watch
 from mcp_spec_proxy.engine.loop import run_task
 from mcp_spec_proxy.engine.result import MODES, Mode, RunResult
 from mcp_spec_proxy.errors import InvalidArguments
-from mcp_spec_proxy.gate import Gate
 from mcp_spec_proxy.models import ChatModel
+from mcp_spec_proxy.observe.telemetry import Telemetry
 from mcp_spec_proxy.principal import Principal
 from mcp_spec_proxy.review import UserChannel
 from mcp_spec_proxy.review.strong import Repairer, StrongReviewer, Unreadable
-from mcp_spec_proxy.telemetry import Telemetry
+from mcp_spec_proxy.tools.catalog import Catalog, ToolSource
 
 
 class Engine:

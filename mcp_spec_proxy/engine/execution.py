@@ -15,19 +15,19 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import mcp_types as types
 
-from mcp_spec_proxy.catalog import CLIENT, CatalogTool, ToolSource, is_held, strip_intent
-from mcp_spec_proxy.config import SpeculationConfig
+from mcp_spec_proxy.calls.gate import GateCall
+from mcp_spec_proxy.calls.results import Author, Report, blocked_result, capped, text_result
+from mcp_spec_proxy.config.schema import SpeculationConfig
 from mcp_spec_proxy.engine.conversation import conversation, user_request
 from mcp_spec_proxy.engine.hooks import ClientExecutor, NoUser, Observer, Progress, Watch
 from mcp_spec_proxy.engine.result import Mode, RunResult, Status
 from mcp_spec_proxy.errors import ToolNotFound
-from mcp_spec_proxy.gate import GateCall
 from mcp_spec_proxy.models import ModelCall
 from mcp_spec_proxy.principal import Principal
 from mcp_spec_proxy.prompts import openai_tool
-from mcp_spec_proxy.results import Author, Report, blocked_result, capped, text_result
 from mcp_spec_proxy.review import ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review.strong import ProposedStep, Repairer, StrongReviewer
+from mcp_spec_proxy.tools.catalog import CLIENT, CatalogTool, ToolSource, is_held, strip_intent
 from mcp_spec_proxy.trajectory import History, Segment, Step
 
 if TYPE_CHECKING:

@@ -32,17 +32,17 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from mcp_spec_proxy.actions import ToolCall
-from mcp_spec_proxy.catalog import ToolSource, digest
-from mcp_spec_proxy.config import SpeculationConfig
+from mcp_spec_proxy.calls.results import Author
+from mcp_spec_proxy.config.schema import SpeculationConfig
 from mcp_spec_proxy.engine.execution import RunState, Stop
 from mcp_spec_proxy.engine.hooks import AskNow, ClientExecutor, NoUser, Observer, Progress
 from mcp_spec_proxy.engine.result import Mode, RunResult
 from mcp_spec_proxy.models import ChatModel, Completion, ModelError
 from mcp_spec_proxy.principal import Principal
 from mcp_spec_proxy.prompts import FINAL_ANSWER, agent_messages
-from mcp_spec_proxy.results import Author
 from mcp_spec_proxy.review import ReviewFailed, ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review.strong import ProposedAnswer, ProposedStep, check_step
+from mcp_spec_proxy.tools.catalog import ToolSource, digest
 from mcp_spec_proxy.trajectory import DraftState, Segment, Step
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 
 Under `catalog: {mode: search}` a client lists two meta-tools (and the proxy's own tools) instead
 of every backend tool, so a catalog of thousands of tools costs it a search result, not the whole
-list. `search_tools` ranks the callable tools for a request in words (`toolsearch.py`) and answers
+list. `search_tools` ranks the callable tools for a request in words (`tools/search.py`) and answers
 each hit's public name, server, effect (read or write) and input schema as the client would have
 listed it (a write's schema with its `intent` argument). A hit with look-alikes on other servers
 (`lookalikes`) is the most trusted server's tool; it names the others, each with its server, and
@@ -28,13 +28,13 @@ from typing import Any
 
 import mcp_types as types
 
-from mcp_spec_proxy.barrier import error_result
-from mcp_spec_proxy.catalog import CatalogTool, is_held
 from mcp_spec_proxy.errors import ToolNotFound
 from mcp_spec_proxy.leash.encoders import Encoder, HashingEncoder
-from mcp_spec_proxy.lookalikes import preference
 from mcp_spec_proxy.proxy import Proxy
-from mcp_spec_proxy.toolsearch import SEARCH_HASH_DIM, Hit, ToolIndex
+from mcp_spec_proxy.sessions.barrier import error_result
+from mcp_spec_proxy.tools.catalog import CatalogTool, is_held
+from mcp_spec_proxy.tools.lookalikes import preference
+from mcp_spec_proxy.tools.search import SEARCH_HASH_DIM, Hit, ToolIndex
 
 SEARCH = "search_tools"
 CALL = "call_tool"

@@ -36,20 +36,20 @@ from mcp_types import CLIENT_CAPABILITIES_META_KEY, LOG_LEVEL_META_KEY, methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from mcp_spec_proxy.access import viewing
 from mcp_spec_proxy.backends.era import speaking
 from mcp_spec_proxy.backends.raw import WireResult, plain
 from mcp_spec_proxy.backends.session_legs import serving
-from mcp_spec_proxy.barrier import Session
-from mcp_spec_proxy.catalog import CatalogTool
+from mcp_spec_proxy.calls.access import viewing
+from mcp_spec_proxy.calls.results import CALL_FAILED, CALL_META, as_wire, error_result, new_call_id
 from mcp_spec_proxy.errors import ShuttingDown, ToolNotFound
 from mcp_spec_proxy.fronts.client_sessions import adopt_stdio, session_ref
 from mcp_spec_proxy.fronts.relay import declares_any
 from mcp_spec_proxy.fronts.replays import KEY_META
 from mcp_spec_proxy.fronts.wire import wire_error
-from mcp_spec_proxy.results import CALL_FAILED, CALL_META, as_wire, error_result, new_call_id
+from mcp_spec_proxy.observe.telemetry import tracing_configured
 from mcp_spec_proxy.sdk import server_connection
-from mcp_spec_proxy.telemetry import tracing_configured
+from mcp_spec_proxy.sessions.barrier import Session
+from mcp_spec_proxy.tools.catalog import CatalogTool
 
 if TYPE_CHECKING:
     from mcp_spec_proxy.fronts.mcp import McpFront
@@ -109,7 +109,7 @@ class FastRead:
 
     async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         # The client's era (its listing, its era's backend legs) and its session (its own backend sessions).
-        # And what its principal may see (`access.py`): every request, whatever its method.
+        # And what its principal may see (`calls/access.py`): every request, whatever its method.
         ref = session_ref(self._front, ctx)
         try:
             with speaking(ctx.protocol_version), viewing(self._front.view_of(ctx.request)), serving(ref):

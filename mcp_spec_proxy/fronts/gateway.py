@@ -51,8 +51,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from mcp_spec_proxy.access import viewing
-from mcp_spec_proxy.catalog import CLIENT, Catalog, CatalogTool
+from mcp_spec_proxy.calls.access import viewing
 from mcp_spec_proxy.engine import MODES, Engine, Mode
 from mcp_spec_proxy.errors import ProxyError, ShuttingDown, ToolNotFound
 from mcp_spec_proxy.fronts.asgi import BearerToken, HostGuard, host_names
@@ -67,9 +66,10 @@ from mcp_spec_proxy.fronts.gateway_sessions import (
     prefix_digests,
 )
 from mcp_spec_proxy.fronts.probes import Door
+from mcp_spec_proxy.observe.telemetry import Telemetry
 from mcp_spec_proxy.proxy import Proxy
-from mcp_spec_proxy.telemetry import Telemetry
-from mcp_spec_proxy.tool_arguments import check_arguments
+from mcp_spec_proxy.tools.arguments import check_arguments
+from mcp_spec_proxy.tools.catalog import CLIENT, Catalog, CatalogTool
 from mcp_spec_proxy.wire_types import AssistantMessage, ChatCompletion, Usage
 
 if TYPE_CHECKING:
@@ -268,7 +268,7 @@ class Gateway:
 
     def _start(self, session: GatewaySession, mode: Mode, tools: list[dict[str, Any]]) -> None:
         # The gateway identifies nobody: its clients see what `access:` shows the empty principal,
-        # and the run's task inherits that view (`access.py`).
+        # and the run's task inherits that view (`calls/access.py`).
         with viewing(self.proxy.access.view(None) if self.proxy.access else None):
             self._start_run(session, mode, tools)
 

@@ -31,7 +31,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mcp_spec_proxy.drain import Drain
+from mcp_spec_proxy.calls.drain import Drain
 from mcp_spec_proxy.errors import SHUTTING_DOWN
 from mcp_spec_proxy.fronts.asgi import BearerToken, host_names
 from mcp_spec_proxy.fronts.identity import JwtVerifier, auth_settings, metadata_routes

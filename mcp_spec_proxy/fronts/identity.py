@@ -44,7 +44,7 @@ from mcp.server.auth.routes import create_protected_resource_routes
 from mcp.server.auth.settings import AuthSettings
 from starlette.routing import Route
 
-from mcp_spec_proxy.config_identity import AuthConfig
+from mcp_spec_proxy.config.identity import AuthConfig
 from mcp_spec_proxy.principal import Principal
 
 logger = logging.getLogger(__name__)

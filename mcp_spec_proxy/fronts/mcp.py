@@ -47,26 +47,26 @@ from mcp.shared.message import SessionMessage
 from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, ServerEvent, ToolsListChanged
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from mcp_spec_proxy.access import View, shown
 from mcp_spec_proxy.backends.notices import request_logs
 from mcp_spec_proxy.backends.relay import CALLER
-from mcp_spec_proxy.barrier import Report, Session
-from mcp_spec_proxy.catalog import digest
+from mcp_spec_proxy.calls.access import View, shown
+from mcp_spec_proxy.calls.results import CALL_META, new_call_id
 from mcp_spec_proxy.errors import BackendError, CallReplayed, ProxyError, ShuttingDown, StateError, ToolNotFound
 from mcp_spec_proxy.fronts import client_sessions, fast_read
 from mcp_spec_proxy.fronts.approvals import Approvals, UserChannel
 from mcp_spec_proxy.fronts.identity import principal_of
-from mcp_spec_proxy.fronts.named_sessions import SESSION_HEADER as SESSION_HEADER  # where tests look for it
-from mcp_spec_proxy.fronts.named_sessions import NamedSessions, session_name
 from mcp_spec_proxy.fronts.notices import Notices
 from mcp_spec_proxy.fronts.own_tools import OwnTools
 from mcp_spec_proxy.fronts.relay import Asked, Suspensions, answering, connection_link, mute_link, request_link
 from mcp_spec_proxy.fronts.replays import Bound, Replays, Served, idempotency_key
 from mcp_spec_proxy.fronts.wire import wire_error
 from mcp_spec_proxy.proxy import Proxy
-from mcp_spec_proxy.results import CALL_META, new_call_id
 from mcp_spec_proxy.review import InputNeeded
 from mcp_spec_proxy.sdk import server_connection
+from mcp_spec_proxy.sessions.barrier import Report, Session
+from mcp_spec_proxy.sessions.named_sessions import SESSION_HEADER as SESSION_HEADER  # where tests look for it
+from mcp_spec_proxy.sessions.named_sessions import NamedSessions, session_name
+from mcp_spec_proxy.tools.catalog import digest
 
 if TYPE_CHECKING:
     from mcp_spec_proxy.fronts.catalog_search import CatalogSearch
@@ -196,7 +196,7 @@ class McpFront:
         return "\n\n".join(part for part in parts if part)
 
     def view_of(self, request: object) -> View | None:
-        """The view (`access.py`) of the principal `request` comes from: the verified token's, else
+        """The view (`calls/access.py`) of the principal `request` comes from: the verified token's, else
         nobody identified (stdio, a front without `auth:`)."""
         return self.proxy.access.view(principal_of(request)) if self.proxy.access else None
 

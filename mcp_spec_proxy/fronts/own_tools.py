@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 import mcp_types as types
 
-from mcp_spec_proxy.barrier import Report, Session, error_result
 from mcp_spec_proxy.engine import MODES, Engine, Mode
 from mcp_spec_proxy.errors import ProxyError
 from mcp_spec_proxy.principal import Principal
 from mcp_spec_proxy.proxy import Proxy
 from mcp_spec_proxy.review import UserChannel
+from mcp_spec_proxy.sessions.barrier import Report, Session, error_result
 
 if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section opens it
     from mcp_spec_proxy.leash.layers import Leash

@@ -10,7 +10,7 @@ before the proxy is running, and the front's own app is mounted on it once the p
                    answers), every enabled backend is connected, the store answers with its
                    schema current, and the replica is not draining (SIGTERM); else 503
                    {"status": "not ready", "reasons": [...]}.
-    GET /metrics   the Prometheus text of the proxy's metrics (`metrics.py`).
+    GET /metrics   the Prometheus text of the proxy's metrics (`observe/metrics.py`).
 
 The two probes answer ahead of the token and the Host check: a kubelet or a load balancer sends
 neither (it reaches the pod by its address). They say nothing else: their reasons are counts and
@@ -34,7 +34,7 @@ import anyio.abc
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from mcp_spec_proxy.drain import Answering
+from mcp_spec_proxy.calls.drain import Answering
 from mcp_spec_proxy.fronts.asgi import BearerToken, HostGuard, serve_asgi
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ class Door:
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         proxy = self.readiness.proxy
         body = proxy.metrics.render() if proxy is not None else b""
-        from mcp_spec_proxy.metrics import CONTENT_TYPE
+        from mcp_spec_proxy.observe.metrics import CONTENT_TYPE
 
         await Response(body, media_type=CONTENT_TYPE, headers=_NO_STORE)(scope, receive, send)
 

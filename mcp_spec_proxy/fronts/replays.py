@@ -18,7 +18,7 @@ the same call again with the same key in the request's `_meta` (`KEY_META`). Wit
 This memory is one process's, and bounded (`MAX_KEYED`): only results are kept (an
 `input_required` is a step of the same call, so its retry runs; an error is not kept). What
 holds beyond it — on another replica, after a restart, past the bound, after a JSON-RPC error —
-is the gate's: a write is forwarded only if its key is still free in its session (`gate.py`),
+is the gate's: a write is forwarded only if its key is still free in its session (`calls/gate.py`),
 so a replay the memory missed is refused there, never forwarded twice.
 """
 
@@ -32,8 +32,8 @@ import mcp_types as types
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
-from mcp_spec_proxy.catalog import Catalog, digest, strip_intent
 from mcp_spec_proxy.errors import CallReplayed, ToolNotFound
+from mcp_spec_proxy.tools.catalog import Catalog, digest, strip_intent
 
 KEY_META = "mcp-spec-proxy/idempotency-key"
 """The `_meta` key of a `tools/call` request that carries the client's idempotency key."""

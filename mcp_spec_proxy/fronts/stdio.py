@@ -38,13 +38,13 @@ from mcp.shared.inbound import InboundLadderRejection, classify_inbound_request
 from mcp.shared.message import SessionMessage
 from mcp_types import INTERNAL_ERROR, INVALID_REQUEST, PARSE_ERROR, RequestId
 
-from mcp_spec_proxy.access import viewing
 from mcp_spec_proxy.backends.era import speaking
-from mcp_spec_proxy.barrier import Session
-from mcp_spec_proxy.drain import Answering
+from mcp_spec_proxy.calls.access import viewing
+from mcp_spec_proxy.calls.drain import Answering
 from mcp_spec_proxy.fronts.fast_read import FastRead, Read
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.sdk import claimed_stdio
+from mcp_spec_proxy.sessions.barrier import Session
 from mcp_spec_proxy.wire_types import RpcError, RpcResponse
 
 logger = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ async def serve_stdio(front: McpFront, answering: Answering | None = None) -> No
     the client's requests from the line that brings one to the write of its answer (a stop waits
     for those: the result of a call that ran reaches its client)."""
     front.stdio_session = session = front.proxy.barrier.new_session()
-    # The one client is nobody identified: every task of this front sees that view (`access.py`),
+    # The one client is nobody identified: every task of this front sees that view (`calls/access.py`),
     # whatever door it came by; each request sets it again, the same.
     with viewing(front.view_of(None)), claimed_stdio() as (wire_in, wire_out):
         async with _open_wire(wire_in, wire_out) as wire, front.suspensions.hosting():

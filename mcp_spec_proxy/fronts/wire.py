@@ -19,9 +19,9 @@ from __future__ import annotations
 from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
 
+from mcp_spec_proxy.calls.provenance import backend_error
+from mcp_spec_proxy.calls.results import CALL_META, FIRST_META
 from mcp_spec_proxy.errors import BackendError, CallReplayed, ProxyError, ShuttingDown, ToolNotFound
-from mcp_spec_proxy.provenance import backend_error
-from mcp_spec_proxy.results import CALL_META, FIRST_META
 from mcp_spec_proxy.wire_types import CallErrorData
 
 

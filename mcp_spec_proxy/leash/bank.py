@@ -3,7 +3,7 @@
 A bank answers "what are the k nearest past tasks (or steps), and did they succeed or fail?" (how
 the neighbours become a decision is `layers.py`'s business). Vectors are L2-normalised, so inner
 product is cosine similarity. Each vector has an id (its position, 0, 1, 2...), a label (`success` /
-`failure`), a source (`verdict`, `outcome`, `import`), a JSON metadata object and a provenance (`provenance.py`:
+`failure`), a source (`verdict`, `outcome`, `import`), a JSON metadata object and a provenance (`calls/provenance.py`:
 who labelled it, in which session, when), which `review: leash` reads before it trusts a label.
 
 Index. Up to `approximate_after` vectors the index is exact (`IndexIDMap2(IndexFlatIP)`); once the

@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from mcp_spec_proxy.fingerprints import write_atomic
 from mcp_spec_proxy.leash.encoders import EncoderInfo, LeashError
+from mcp_spec_proxy.tools.fingerprints import write_atomic
 
 CALIBRATION = "calibration.json"
 """The calibration record's file name, in the bank directory (`leash.bank_dir`)."""

@@ -13,7 +13,7 @@ nearest neighbours into decisions:
 A score needs `min_neighbours` labelled neighbours; with fewer there is no opinion and the
 ordinary path runs. Labels come for free: every verdict labels its segment (the accepted prefix
 succeeded, the first rejected step failed), and `report_outcome` labels a whole task. Each label
-carries its provenance (`provenance.py`), and one session stores at most
+carries its provenance (`calls/provenance.py`), and one session stores at most
 `leash.labels_per_session_hour` labels in each bank per hour: the rest are dropped, logged once.
 
 LEASH advises; it never breaks the call it advises on. Every method the barrier, the gate and the
@@ -39,7 +39,7 @@ from typing import Any
 import anyio
 import numpy as np
 
-from mcp_spec_proxy.config import LeashConfig
+from mcp_spec_proxy.config.schema import LeashConfig
 from mcp_spec_proxy.leash.advisory import Guard, advisory, no, nothing, uncalibrated, zero
 from mcp_spec_proxy.leash.bank import Bank, Label, Neighbour
 from mcp_spec_proxy.leash.calibrate import Calibration, flags
@@ -51,7 +51,7 @@ from mcp_spec_proxy.leash.encoders import (
 )
 from mcp_spec_proxy.leash.provenance import Provenance
 from mcp_spec_proxy.leash.steps import Row, drafted_rows, view
-from mcp_spec_proxy.telemetry import Telemetry
+from mcp_spec_proxy.observe.telemetry import Telemetry
 from mcp_spec_proxy.trajectory import Step
 
 logger = logging.getLogger(__name__)

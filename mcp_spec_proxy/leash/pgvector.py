@@ -10,7 +10,7 @@ each replica: a label written on one replica is a neighbour on every other at it
 with no cache to keep in sync, at the latency and recall `bench/store.py` measures
 (docs/BENCHMARKS.md).
 
-Each row's provenance (`provenance.py`) is its `provenance` column (schema step 4); a row an
+Each row's provenance (`calls/provenance.py`) is its `provenance` column (schema step 4); a row an
 older replica wrote has none and reads as `UNKNOWN`.
 
 The layers call these methods from worker threads (`aadd`, `asearch`), so this module speaks to

@@ -6,7 +6,7 @@ written crash-safely by `atomic.py`). It promises:
 Format (directory per bank). `bank.json`, the manifest (kind, encoder, count, generation, and the
 name, size and sha256 of every data file); segments of rows, each a `vectors-G.npy` (float32, one
 unit vector a row) and a `meta-G.jsonl` (one `{"id", "label", "source", "metadata", "provenance"}`
-per line: `provenance.py`) written by save number G; and, for an HNSW bank, `index-G.faiss`. A
+per line: `calls/provenance.py`) written by save number G; and, for an HNSW bank, `index-G.faiss`. A
 save writes only the rows added since the last one, as a new segment that absorbs the segments
 before it no longer than itself (a binary counter: O(log n) segments, each row rewritten O(log n)
 times), and rewrites the HNSW graph only once an eighth of it is new (loading adds the rest).
@@ -47,10 +47,10 @@ from typing import IO, Any, Literal
 import faiss
 import numpy as np
 
-from mcp_spec_proxy.fingerprints import write_atomic
 from mcp_spec_proxy.leash.atomic import HashingWriter, fsync_dir, write_file_atomic
 from mcp_spec_proxy.leash.encoders import EncoderInfo, LeashError
 from mcp_spec_proxy.leash.provenance import Provenance
+from mcp_spec_proxy.tools.fingerprints import write_atomic
 
 # The row vocabulary is the file format's: `bank.py` re-exports it.
 Label = Literal["success", "failure"]

@@ -23,11 +23,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from mcp_spec_proxy.catalog import CatalogTool
 from mcp_spec_proxy.errors import ProxyError
 from mcp_spec_proxy.models import ModelCall
 from mcp_spec_proxy.principal import Principal
 from mcp_spec_proxy.review.kinds import Chain, ReviewerKind
+from mcp_spec_proxy.tools.catalog import CatalogTool
 from mcp_spec_proxy.trajectory import History, Segment
 
 

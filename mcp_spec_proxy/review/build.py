@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mcp_spec_proxy.catalog import Catalog
-from mcp_spec_proxy.config import ProxyConfig, ReviewMode
+from mcp_spec_proxy.config.schema import ProxyConfig, ReviewMode
 from mcp_spec_proxy.errors import ConfigError
 from mcp_spec_proxy.models import ChatModel
 from mcp_spec_proxy.review import Reviewer
 from mcp_spec_proxy.review.console import ConsoleQueue, ConsoleReviewer
 from mcp_spec_proxy.review.policy import AllowReviewer, DenyReviewer, HumanReviewer
 from mcp_spec_proxy.review.strong import EscalatingReviewer, Repairer, StrongReviewer
+from mcp_spec_proxy.tools.catalog import Catalog
 
 if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section opens it
     from mcp_spec_proxy.leash.layers import Leash

@@ -34,13 +34,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
-from mcp_spec_proxy.catalog import INTENT_ARGUMENT, CatalogTool, digest
 from mcp_spec_proxy.errors import InvalidArguments, ProxyError
 from mcp_spec_proxy.principal import Principal
 from mcp_spec_proxy.review import ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review.kinds import ReviewerKind
 from mcp_spec_proxy.review.rules import Rule, pattern_refusal, pattern_refusal_for, visible
-from mcp_spec_proxy.tool_arguments import check_arguments
+from mcp_spec_proxy.tools.arguments import check_arguments
+from mcp_spec_proxy.tools.catalog import INTENT_ARGUMENT, CatalogTool, digest
 from mcp_spec_proxy.trajectory import Step
 
 if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section opens it

@@ -12,7 +12,7 @@ from collections.abc import Collection
 from dataclasses import replace
 from typing import Any
 
-from mcp_spec_proxy.config import LeashConfig
+from mcp_spec_proxy.config.schema import LeashConfig
 from mcp_spec_proxy.leash.bank import Neighbour
 from mcp_spec_proxy.leash.layers import Leash, Score
 from mcp_spec_proxy.review import Reviewer, ReviewRequest, UserChannel, Verdict

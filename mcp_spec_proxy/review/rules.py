@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
 
-from mcp_spec_proxy.catalog import canonical_json
+from mcp_spec_proxy.tools.catalog import canonical_json
 
 _UNSEEN = (
     "\x00-\x08\x0b-\x1f\x7f-\x9f\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180e\u200b-\u200f"

@@ -35,7 +35,6 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from mcp_spec_proxy.catalog import INTENT_ARGUMENT, CatalogTool, ToolSource, is_held
 from mcp_spec_proxy.errors import InvalidArguments, ToolNotFound
 from mcp_spec_proxy.models import ChatModel, ModelCall, ModelError
 from mcp_spec_proxy.prompts import FINAL_ANSWER, FINAL_ANSWER_TOOL, openai_tool, repair_messages, verify_messages
@@ -43,6 +42,7 @@ from mcp_spec_proxy.review import InputNeeded, ReviewFailed, ReviewRequest, User
 from mcp_spec_proxy.review.kinds import ReviewerKind
 from mcp_spec_proxy.review.policy import HumanReviewer
 from mcp_spec_proxy.review.verdict import cut_off, parse_verdict, response_format
+from mcp_spec_proxy.tools.catalog import INTENT_ARGUMENT, CatalogTool, ToolSource, is_held
 
 Unreadable = Literal["reject", "error"]
 _ECHO_LIMIT = 4_000  # characters of an unreadable answer shown back to the model on the retry

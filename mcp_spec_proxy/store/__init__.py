@@ -26,11 +26,11 @@ from typing import Any, Protocol
 import anyio
 import anyio.abc
 
-from mcp_spec_proxy.audit import AuditLog, AuditSink, read_audit
-from mcp_spec_proxy.config import ProxyConfig
+from mcp_spec_proxy.calls.audit import AuditLog, AuditSink, read_audit
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.errors import ConfigError
-from mcp_spec_proxy.fingerprints import FingerprintStore
 from mcp_spec_proxy.store.sessions import ApprovalStore, LocalApprovals, LocalSessions, SessionStore, Ticket
+from mcp_spec_proxy.tools.fingerprints import FingerprintStore
 
 __all__ = [
     "ApprovalStore",

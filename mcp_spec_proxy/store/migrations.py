@@ -53,7 +53,7 @@ class Migration:
 
 # The liveness and open-call bookkeeping of step 3. Settled events close a held call; a call held
 # again after one of them (a suspended call resumed) is open again. Kept in step with the gate's
-# terminal events (`gate.py`): a new terminal event needs a new step that replaces the function.
+# terminal events (`calls/gate.py`): a new terminal event needs a new step that replaces the function.
 _SETTLED = ("blocked", "forwarded", "unsent", "abandoned", "forward-interrupted", "awaiting-input")
 _SETTLED_SQL = ", ".join(f"'{event}'" for event in _SETTLED)
 

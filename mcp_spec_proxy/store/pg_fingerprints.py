@@ -33,8 +33,8 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from mcp_spec_proxy.errors import StateError
-from mcp_spec_proxy.fingerprints import SERVERS, FingerprintStore
 from mcp_spec_proxy.store.pg_audit import DB_ERRORS, problem
+from mcp_spec_proxy.tools.fingerprints import SERVERS, FingerprintStore
 
 logger = logging.getLogger(__name__)
 

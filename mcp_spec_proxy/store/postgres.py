@@ -33,15 +33,15 @@ import anyio.abc
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from mcp_spec_proxy.audit import AuditSink
-from mcp_spec_proxy.config import PostgresSettings
+from mcp_spec_proxy.calls.audit import AuditSink
+from mcp_spec_proxy.config.schema import PostgresSettings
 from mcp_spec_proxy.errors import StateError
-from mcp_spec_proxy.fingerprints import FingerprintStore
 from mcp_spec_proxy.store.migrations import LATEST, LOCK_NAMESPACE, migrate, versions_wanted
 from mcp_spec_proxy.store.pg_audit import DB_ERRORS, PgAudit, problem, read_rows
 from mcp_spec_proxy.store.pg_fingerprints import PgFingerprints, SharedFingerprints
 from mcp_spec_proxy.store.pg_sessions import PgApprovals, PgSessions
 from mcp_spec_proxy.store.sessions import ApprovalStore, SessionStore
+from mcp_spec_proxy.tools.fingerprints import FingerprintStore
 
 logger = logging.getLogger(__name__)
 

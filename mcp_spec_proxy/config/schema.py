@@ -4,7 +4,7 @@
 `${VAR:-default}` from the `environ` the CLI hands it (this module never reads the process
 environment itself), validates with the pydantic models below and raises one `ConfigError` naming
 every mistake, each with the file, the line where it can, the key and what to change (the text's
-side of that, parsing and telling, is `config_file.py`). The names are the product's
+side of that, parsing and telling, is `config/file.py`). The names are the product's
 interface (see DESIGN.md, "The configuration users write"): keep them stable.
 """
 
@@ -19,8 +19,8 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from mcp_spec_proxy.config_file import Lines, Loc, every_problem, expand, fields_of, parse, validation_problems
-from mcp_spec_proxy.config_identity import AccessRule, AuthConfig
+from mcp_spec_proxy.config.file import Lines, Loc, every_problem, expand, fields_of, parse, validation_problems
+from mcp_spec_proxy.config.identity import AccessRule, AuthConfig
 from mcp_spec_proxy.errors import ConfigError, ConfigProblem
 from mcp_spec_proxy.models import ModelConfig
 
@@ -265,12 +265,12 @@ class CatalogConfig(_Strict):
     mode: Literal["list", "search"] = "list"
     results: int = Field(default=5, ge=1, le=50)  # the most hits one search returns
     # How hits are ranked: words (BM25), encoder (LEASH's: hashing, or its embedding endpoint), hybrid
-    # (both fused); auto: hybrid with `leash.encoder: embedding`, else words (see toolsearch.py).
+    # (both fused); auto: hybrid with `leash.encoder: embedding`, else words (see tools/search.py).
     rank: Literal["auto", "hybrid", "words", "encoder"] = "auto"
 
 
 class RuleConfig(_Strict):
-    """One of `rules:` (`rules.py`): when its CEL `when` holds, `review`, `deny` or `effect: write` decide."""
+    """One of `rules:` (`calls/rules.py`): when its CEL `when` holds, `review`, `deny` or `effect: write` decide."""
 
     when: str
     name: str | None = Field(default=None, min_length=1, max_length=80)  # what the audit calls it (else its number)
@@ -281,7 +281,7 @@ class RuleConfig(_Strict):
     @field_validator("when")
     @classmethod
     def _compiles(cls, when: str) -> str:
-        from mcp_spec_proxy.rules import compile_rule  # CEL loads only for a file that has rules
+        from mcp_spec_proxy.calls.rules import compile_rule  # CEL loads only for a file that has rules
 
         compile_rule(when)  # its RuleError is a ValueError: a config error at this rule's line
         return when
@@ -310,8 +310,8 @@ class ProxyConfig(_Strict):
     leash: LeashConfig | None = None
     auth: AuthConfig | None = None  # who asks at the HTTP front: an OAuth resource server
     catalog: CatalogConfig = Field(default_factory=lambda: CatalogConfig())
-    rules: list[RuleConfig] = Field(default_factory=list)  # first match wins (rules.py)
-    access: list[AccessRule] = Field(default_factory=list)  # what each principal sees (access.py)
+    rules: list[RuleConfig] = Field(default_factory=list)  # first match wins (calls/rules.py)
+    access: list[AccessRule] = Field(default_factory=list)  # what each principal sees (calls/access.py)
     telemetry: str | TelemetryConfig | None = None  # a path alone is the JSON lines file
     state_dir: str | None = None
     # Where state lives: `files` (the state directory; one process) or one Postgres for many replicas.

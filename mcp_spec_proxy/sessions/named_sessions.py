@@ -15,9 +15,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from mcp_spec_proxy.barrier import Session
-from mcp_spec_proxy.catalog import digest
 from mcp_spec_proxy.principal import Principal
+from mcp_spec_proxy.sessions.barrier import Session
+from mcp_spec_proxy.tools.catalog import digest
 
 logger = logging.getLogger(__name__)
 

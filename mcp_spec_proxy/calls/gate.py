@@ -4,7 +4,7 @@ Every door hands its calls here — the MCP front's `tools/call` (through the ba
 engine's drafted and strong-led steps (`delegate`, `run`, the gateway), a reviewer's
 replacement and the repair turn — and the gate applies one policy to all of them:
 
-    read   forward at once; one audit line (group-committed, not fsynced on its own); `reads.py`
+    read   forward at once; one audit line (group-committed, not fsynced on its own); `calls/reads.py`
     write  resolve the tool's effective reviewer once → audit `held` (fsynced)
            → verdict → audit `verdict` (fsynced) → forward only if accepted → audit `forwarded`
 
@@ -29,7 +29,7 @@ arguments, the gate audits the edit (`edited`: both digests) and forwards those.
 
 A call that reaches its backend and gets no result — the backend's own JSON-RPC error, or a
 failure the proxy saw itself (`BackendError`: its timeout, the connection ending, the size
-bound) — is that call's `CallFailed`: carried by a read's `Read` (`reads.py`) and a write's
+bound) — is that call's `CallFailed`: carried by a read's `Read` (`calls/reads.py`) and a write's
 `Outcome` (`error`) after its audit line, a write's audited as forwarded with its code. The
 observed step states the failure either way, so a reviewer and the engine's models see it.
 Steps are values: the gate never writes into the step it is handed; what ran comes back as a
@@ -72,25 +72,13 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import mcp_types as types
 
-from mcp_spec_proxy.audit import AuditSink
 from mcp_spec_proxy.backends import BackendPool
-from mcp_spec_proxy.catalog import Catalog, CatalogTool, digest
-from mcp_spec_proxy.config import ProxyConfig, ReviewMode
-from mcp_spec_proxy.drain import SHUT_DOWN, Drain
-from mcp_spec_proxy.errors import (
-    BackendClosed,
-    BackendUnavailable,
-    CallReplayed,
-    ShuttingDown,
-    StateError,
-)
-from mcp_spec_proxy.logs import about_call
-from mcp_spec_proxy.models import ModelCall
-from mcp_spec_proxy.policy import Policy
-from mcp_spec_proxy.principal import Principal
-from mcp_spec_proxy.provenance import from_backend, noted
-from mcp_spec_proxy.reads import Reads
-from mcp_spec_proxy.results import (
+from mcp_spec_proxy.calls.audit import AuditSink
+from mcp_spec_proxy.calls.drain import SHUT_DOWN, Drain
+from mcp_spec_proxy.calls.policy import Policy
+from mcp_spec_proxy.calls.provenance import from_backend, noted
+from mcp_spec_proxy.calls.reads import Reads
+from mcp_spec_proxy.calls.results import (
     AUDIT_META,
     CALL_FAILED,
     AuditCall,
@@ -102,11 +90,23 @@ from mcp_spec_proxy.results import (
     failed_result,
     new_call_id,
 )
+from mcp_spec_proxy.calls.rules import Decision, Rules
+from mcp_spec_proxy.config.schema import ProxyConfig, ReviewMode
+from mcp_spec_proxy.errors import (
+    BackendClosed,
+    BackendUnavailable,
+    CallReplayed,
+    ShuttingDown,
+    StateError,
+)
+from mcp_spec_proxy.models import ModelCall
+from mcp_spec_proxy.observe.logs import about_call
+from mcp_spec_proxy.observe.telemetry import Tracing
+from mcp_spec_proxy.principal import Principal
 from mcp_spec_proxy.review import InputNeeded, Reviewer, ReviewFailed, ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review.kinds import ReviewerKind
 from mcp_spec_proxy.review.waiting import asks_a_person, waiting_note, with_heartbeat
-from mcp_spec_proxy.rules import Decision, Rules
-from mcp_spec_proxy.telemetry import Tracing
+from mcp_spec_proxy.tools.catalog import Catalog, CatalogTool, digest
 from mcp_spec_proxy.trajectory import Step, observation_text
 
 if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section opens it
@@ -173,8 +173,8 @@ class Gate(Reads, Policy):
         self._leash = leash
         self._catalog = catalog  # to reread `tools accept` before refusing a held tool
         self.rules = Rules(config.rules, config.review.default)
-        self.drain = Drain()  # the calls in flight; on SIGTERM, no new ones (drain.py)
-        self.tracing = tracing or Tracing(None)  # each call's spans, where traces are on (telemetry.py)
+        self.drain = Drain()  # the calls in flight; on SIGTERM, no new ones (calls/drain.py)
+        self.tracing = tracing or Tracing(None)  # each call's spans, where traces are on (observe/telemetry.py)
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -436,7 +436,7 @@ class Gate(Reads, Policy):
     async def _forward(
         self, tool: CatalogTool, arguments: dict[str, Any], step: Step, report: Report | None
     ) -> Read[types.CallToolResult]:
-        """Send an accepted write to its backend (reads have their own door, `reads.py`). A
+        """Send an accepted write to its backend (reads have their own door, `calls/reads.py`). A
         `CallFailed` comes back as the call's `error`, with the step that observed it."""
         started = time.perf_counter()
         try:

@@ -38,14 +38,14 @@ import anyio
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from mcp_spec_proxy.jsonl import JsonLines
+from mcp_spec_proxy.observe.jsonl import JsonLines
 
 if TYPE_CHECKING:  # types only: the gate, below which these live, calls in here
-    from mcp_spec_proxy.catalog import CatalogTool
     from mcp_spec_proxy.models import ModelCall
     from mcp_spec_proxy.principal import Principal
     from mcp_spec_proxy.review import Verdict
     from mcp_spec_proxy.review.kinds import Chain
+    from mcp_spec_proxy.tools.catalog import CatalogTool
 
 logger = logging.getLogger(__name__)
 
@@ -212,13 +212,13 @@ def otel_missing() -> str | None:
 
 @asynccontextmanager
 async def open_tracing(otlp: str | None, replica: int | None = None) -> AsyncIterator[Tracing]:
-    """The proxy's `Tracing`: with `otlp`, spans exported to that receiver (`otlp.py`) and the
+    """The proxy's `Tracing`: with `otlp`, spans exported to that receiver (`observe/otlp.py`) and the
     ones still queued flushed on exit, within `STOP_FLUSH_S`; without, on only where the operator
     installed a tracer provider."""
     if otlp is None:
         yield Tracing(trace.get_tracer(SERVICE) if tracing_configured() else None)
         return
-    from mcp_spec_proxy.otlp import Export  # the SDK and the exporter: loaded only for `telemetry.otlp`
+    from mcp_spec_proxy.observe.otlp import Export  # the SDK and the exporter: loaded only for `telemetry.otlp`
 
     export = Export.install(traces_endpoint(otlp), SERVICE, replica)
     try:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 if TYPE_CHECKING:
-    from mcp_spec_proxy.config import ProxyConfig
+    from mcp_spec_proxy.config.schema import ProxyConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -26,17 +26,17 @@ from typing import Any
 
 import mcp_types as types
 
-from mcp_spec_proxy.audit import AuditSink
 from mcp_spec_proxy.backends import BackendPool
-from mcp_spec_proxy.catalog import CatalogTool, digest
-from mcp_spec_proxy.drain import SHUTTING_DOWN_REASON, Drain
+from mcp_spec_proxy.calls.audit import AuditSink
+from mcp_spec_proxy.calls.drain import SHUTTING_DOWN_REASON, Drain
+from mcp_spec_proxy.calls.provenance import from_backend
+from mcp_spec_proxy.calls.results import CALL_FAILED, Author, Read, Report, WireResult, as_wire, capped, failed_result
+from mcp_spec_proxy.calls.rules import Decision
 from mcp_spec_proxy.errors import ShuttingDown
-from mcp_spec_proxy.logs import about_call
+from mcp_spec_proxy.observe.logs import about_call
+from mcp_spec_proxy.observe.telemetry import Tracing
 from mcp_spec_proxy.principal import Principal
-from mcp_spec_proxy.provenance import from_backend
-from mcp_spec_proxy.results import CALL_FAILED, Author, Read, Report, WireResult, as_wire, capped, failed_result
-from mcp_spec_proxy.rules import Decision
-from mcp_spec_proxy.telemetry import Tracing
+from mcp_spec_proxy.tools.catalog import CatalogTool, digest
 from mcp_spec_proxy.trajectory import Step, observation_text
 
 logger = logging.getLogger(__name__)

@@ -21,8 +21,8 @@ from typing import Literal
 
 import mcp_types as types
 
-from mcp_spec_proxy.config import ServerConfig, ToolOverride
-from mcp_spec_proxy.fingerprints import Status
+from mcp_spec_proxy.config.schema import ServerConfig, ToolOverride
+from mcp_spec_proxy.tools.fingerprints import Status
 from mcp_spec_proxy.trajectory import Effect
 
 Reason = Literal["changed-definition", "new-tool", "hold", "override", "annotation", "default"]

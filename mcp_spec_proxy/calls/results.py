@@ -1,7 +1,7 @@
 """Tool results as the gate builds them: in the proxy's own words, and as the wire carries them.
 
 The proxy's own words (a refusal, a block, a call that got no result) are `error_result`s,
-marked as the proxy's (`provenance.py`); a gateway client's observation is a `text_result`, in
+marked as the proxy's (`calls/provenance.py`); a gateway client's observation is a `text_result`, in
 someone else's words and unmarked. A read's result travels as wire JSON from the backend to the
 front (`WireResult`), and `as_wire` / `as_model` are the two directions between that and the
 SDK's model (`WireResult` is typed beside the backend's raw channel, which builds it first);
@@ -24,10 +24,10 @@ from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 
 from mcp_spec_proxy.backends.raw import WireResult
-from mcp_spec_proxy.catalog import CatalogTool
+from mcp_spec_proxy.calls.provenance import notice
 from mcp_spec_proxy.errors import BackendError
-from mcp_spec_proxy.provenance import notice
 from mcp_spec_proxy.review import Verdict
+from mcp_spec_proxy.tools.catalog import CatalogTool
 from mcp_spec_proxy.trajectory import Step
 
 AUDIT_TEXT_CAP = 4000
@@ -124,7 +124,7 @@ def capped(text: str, limit: int = AUDIT_TEXT_CAP) -> str:
 
 
 def error_result(text: str) -> types.CallToolResult:
-    """An error result in the proxy's own words, marked as its (`provenance.py`)."""
+    """An error result in the proxy's own words, marked as its (`calls/provenance.py`)."""
     return notice(text)
 
 

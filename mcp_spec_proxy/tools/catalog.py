@@ -11,8 +11,8 @@ under `namespace: false` keeps its tools' own names, save one that another serve
 Annotations, titles, output schemas and `_meta` pass through unchanged; only the name (and, for
 writes, the optional `intent` argument) differ from what the backend listed.
 
-Classification (read or write, and why) is `classification.py`'s. Arguments are checked before
-anything is reviewed or forwarded (`tool_arguments.py`); public names are made in `tool_names.py`.
+Classification (read or write, and why) is `tools/classification.py`'s. Arguments are checked before
+anything is reviewed or forwarded (`tools/arguments.py`); public names are made in `tools/names.py`.
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import mcp_types as types
 
-from mcp_spec_proxy.access import shown
 from mcp_spec_proxy.backends.era import Era, seen_by_client
-from mcp_spec_proxy.classification import HELD_REASONS, Reason, classify, included
-from mcp_spec_proxy.config import OnReject, ProxyConfig, ReviewMode
+from mcp_spec_proxy.calls.access import shown
+from mcp_spec_proxy.config.schema import OnReject, ProxyConfig, ReviewMode
 from mcp_spec_proxy.errors import ToolNotFound
-from mcp_spec_proxy.fingerprints import FingerprintStore, Status, fingerprint
-from mcp_spec_proxy.tool_arguments import check_arguments
-from mcp_spec_proxy.tool_names import public_name
+from mcp_spec_proxy.tools.arguments import check_arguments
+from mcp_spec_proxy.tools.classification import HELD_REASONS, Reason, classify, included
+from mcp_spec_proxy.tools.fingerprints import FingerprintStore, Status, fingerprint
+from mcp_spec_proxy.tools.names import public_name
 from mcp_spec_proxy.trajectory import Effect
 
 if TYPE_CHECKING:

@@ -45,11 +45,11 @@ from typing import Any, Literal
 import anyio
 import numpy as np
 
-from mcp_spec_proxy import lookalikes
-from mcp_spec_proxy.access import VIEW, shown, viewing
-from mcp_spec_proxy.catalog import CatalogTool, is_held
+from mcp_spec_proxy.calls.access import VIEW, shown, viewing
 from mcp_spec_proxy.leash.encoders import Encoder, LeashError
-from mcp_spec_proxy.toolwords import OFF_CUE, Bm25F, cue, expand, words
+from mcp_spec_proxy.tools import lookalikes
+from mcp_spec_proxy.tools.catalog import CatalogTool, is_held
+from mcp_spec_proxy.tools.words import OFF_CUE, Bm25F, cue, expand, words
 
 logger = logging.getLogger(__name__)
 
@@ -214,7 +214,7 @@ class ToolIndex:
         `share(limit)` hits while other servers' tools match (`bounded`)."""
         async with self._lock:
             # The index holds every tool, whoever asks; a search ranks only those its client sees
-            # (`access.py`), so clients who see different tools do not rebuild it for each other.
+            # (`calls/access.py`), so clients who see different tools do not rebuild it for each other.
             with viewing(None):
                 await self._refresh()
             listed, bm25, matrix = self._listed, self._bm25, self._matrix

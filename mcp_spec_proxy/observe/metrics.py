@@ -35,8 +35,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from mcp_spec_proxy.audit import AuditSink
 from mcp_spec_proxy.backends import BackendPool
+from mcp_spec_proxy.calls.audit import AuditSink
 from mcp_spec_proxy.errors import StateError
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -1,5 +1,5 @@
 """The text of a config file, read: YAML or JSON parsed, `${VAR}` references expanded, and every
-mistake told at the line and the key the user wrote, with what to change (`config.py` holds the
+mistake told at the line and the key the user wrote, with what to change (`config/schema.py` holds the
 models and calls these; this module knows no model by name).
 
 Mistakes are gathered, not raised one by one: `expand` notes each reference it cannot expand and

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import anyio
 
 from mcp_spec_proxy.errors import StateError
-from mcp_spec_proxy.jsonl import JsonLines, read_lines
+from mcp_spec_proxy.observe.jsonl import JsonLines, read_lines
 
 logger = logging.getLogger(__name__)
 

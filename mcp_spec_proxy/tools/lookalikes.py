@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from mcp_spec_proxy.catalog import CatalogTool
-from mcp_spec_proxy.config import ServerConfig
-from mcp_spec_proxy.toolwords import words
+from mcp_spec_proxy.config.schema import ServerConfig
+from mcp_spec_proxy.tools.catalog import CatalogTool
+from mcp_spec_proxy.tools.words import words
 
 MIN_DESCRIPTION_WORDS = 3
 """A description of fewer words ("Deprecated.") says too little to make two tools alike."""

@@ -19,7 +19,7 @@ without the mark.
 
 Only the top-level `_meta` of a result is the proxy's to mark; a block's own `_meta` is the
 backend's and passes as it was sent. The same holds for every other result a backend answers
-through the proxy (a prompt, a resource, a completion: `reads.py` passes each through
+through the proxy (a prompt, a resource, a completion: `calls/reads.py` passes each through
 `from_backend`), and for a backend's JSON-RPC error: `backend_error` keeps its words and moves
 what only the proxy may say — a code of the proxy's band (`errors.py`, -32010..-32019) and any
 `mcp-spec-proxy/` key of its `data` — out of the way, so a backend cannot tell a client that a

@@ -17,7 +17,7 @@ from mcp_spec_proxy.errors import InvalidArguments
 if TYPE_CHECKING:
     import jsonschema  # loaded by the first call checked: a proxy starts without it
 
-    from mcp_spec_proxy.catalog import CatalogTool
+    from mcp_spec_proxy.tools.catalog import CatalogTool
 
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 

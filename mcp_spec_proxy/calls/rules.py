@@ -34,11 +34,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from mcp_spec_proxy.config import ReviewMode
+from mcp_spec_proxy.config.schema import ReviewMode
 
 if TYPE_CHECKING:
-    from mcp_spec_proxy.catalog import CatalogTool
-    from mcp_spec_proxy.config import RuleConfig
+    from mcp_spec_proxy.config.schema import RuleConfig
+    from mcp_spec_proxy.tools.catalog import CatalogTool
 
 
 RULE_VARIABLES: tuple[str, ...] = ("tool", "server", "args", "annotations", "principal", "session")
@@ -51,7 +51,7 @@ _TEXTS = frozenset({"tool", "server", "session"})  # the others are maps of JSON
 @functools.cache
 def _cel(variables: tuple[str, ...] = RULE_VARIABLES) -> tuple[Any, Any]:
     """The CEL module and the environment a rule over `variables` compiles in: loaded with the
-    first rule, so a proxy without `rules:` (or `access:`, `access.py`) never loads the CEL runtime."""
+    first rule, so a proxy without `rules:` (or `access:`, `calls/access.py`) never loads the CEL runtime."""
     from cel_expr_python import cel
 
     t = cel.Type

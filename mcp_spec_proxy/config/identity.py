@@ -1,8 +1,8 @@
 """Who asks and what they may see: the `auth:` and `access:` sections of servers.yaml.
 
-`config.py` holds the whole file's model and validates these with it; the rules that decide a
+`config/schema.py` holds the whole file's model and validates these with it; the rules that decide a
 call's reviewer (`rules:`) stay there, beside the review modes they name. An `access:` rule's
-`when` is CEL over `principal`, `server` and `tool`, compiled when the file loads (`access.py`
+`when` is CEL over `principal`, `server` and `tool`, compiled when the file loads (`calls/access.py`
 evaluates it), so a rule that does not compile is a config error at its line.
 """
 
@@ -35,7 +35,7 @@ class AuthConfig(BaseModel):
 
 
 class AccessRule(BaseModel):
-    """One of `access:` (`access.py`): when its CEL `when` holds for a principal and a tool (or a
+    """One of `access:` (`calls/access.py`): when its CEL `when` holds for a principal and a tool (or a
     server's prompts and resources), `hide` says whether that principal sees it. First match wins."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -47,7 +47,7 @@ class AccessRule(BaseModel):
     @field_validator("when")
     @classmethod
     def _compiles(cls, when: str) -> str:
-        from mcp_spec_proxy.access import compile_access  # CEL loads only for a file that has access rules
+        from mcp_spec_proxy.calls.access import compile_access  # CEL loads only for a file that has access rules
 
         compile_access(when)  # its RuleError is a ValueError: a config error at this rule's line
         return when

@@ -1,7 +1,7 @@
 """What each principal may see: the config's `access:`.
 
 Each rule's `when` is CEL over three variables, compiled and type-checked when the config loads
-(by `rules.py`, which compiles and evaluates every CEL expression of the config: one CEL, one
+(by `calls/rules.py`, which compiles and evaluates every CEL expression of the config: one CEL, one
 place), so a rule that does not compile is a config error at its line:
 
     principal   `sub`, `client_id`, `scopes`, `groups` — empty text and lists when nobody is identified
@@ -34,10 +34,10 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from mcp_spec_proxy.rules import activation, compile_rule, evaluate, principal_variables
+from mcp_spec_proxy.calls.rules import activation, compile_rule, evaluate, principal_variables
 
 if TYPE_CHECKING:
-    from mcp_spec_proxy.config_identity import AccessRule
+    from mcp_spec_proxy.config.identity import AccessRule
     from mcp_spec_proxy.principal import Principal
 
 logger = logging.getLogger(__name__)

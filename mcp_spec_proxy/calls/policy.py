@@ -1,8 +1,8 @@
 """The gate's policy: which reviewer a call meets, resolved once per call.
 
 The effective reviewer is the reviewer of the first of `rules:` that matches the call (`decide`,
-`rules.py`: a rule may also refuse it, or make a read a write), else the tool's override or
-`review.default` (`mode`), then (`gate.py` states the whole promise): a held tool runs for no one
+`calls/rules.py`: a rule may also refuse it, or make a read a write), else the tool's override or
+`review.default` (`mode`), then (`calls/gate.py` states the whole promise): a held tool runs for no one
 until `tools accept`; `deny` never runs and a person's own mode always asks; a call the strong
 model wrote counts as reviewed by it
 under a mode a model decides first; the engine's drafted segment meets its own strong verifier
@@ -17,17 +17,17 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from mcp_spec_proxy.catalog import Catalog, CatalogTool, is_held
-from mcp_spec_proxy.config import ProxyConfig, ReviewMode
+from mcp_spec_proxy.calls.rules import NO_RULE, Decision, Rules
+from mcp_spec_proxy.config.schema import ProxyConfig, ReviewMode
 from mcp_spec_proxy.errors import ToolNotFound
 from mcp_spec_proxy.review import Reviewer, ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review.kinds import BASELINES, Chain, ReviewerKind
 from mcp_spec_proxy.review.policy import DenyReviewer
 from mcp_spec_proxy.review.waiting import Both
-from mcp_spec_proxy.rules import NO_RULE, Decision, Rules
+from mcp_spec_proxy.tools.catalog import Catalog, CatalogTool, is_held
 
 if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section opens it
-    from mcp_spec_proxy.gate import GateCall
+    from mcp_spec_proxy.calls.gate import GateCall
     from mcp_spec_proxy.leash.layers import Leash
 
 STRONG_AUTHORS: frozenset[str] = frozenset({"strong", "replacement", "repair"})
@@ -50,7 +50,7 @@ class Policy:
     def decide(
         self, tool: CatalogTool, arguments: Mapping[str, Any], principal: object | None, session: str
     ) -> tuple[CatalogTool, Decision]:
-        """The config's `rules:` for this call (`rules.py`): the tool as the call meets it (a read
+        """The config's `rules:` for this call (`calls/rules.py`): the tool as the call meets it (a read
         a rule makes a write is a write) and the decision, which the call's `GateCall.rule` carries."""
         decision = self.rules.decide(tool, arguments, principal, session) if self.rules else NO_RULE
         if decision.write and tool.effect == "read":

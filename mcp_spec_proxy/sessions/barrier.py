@@ -3,7 +3,7 @@
 `Barrier.call()` is a client's `tools/call` on its way to a backend:
 
     look up → validate arguments → strip `intent` → the gate: a read runs now; a write is held
-    until its verdict (`gate.py`) → a rejected write may be replaced or repaired, and that
+    until its verdict (`calls/gate.py`) → a rejected write may be replaced or repaired, and that
     substitute meets the gate again, under its own tool's policy
 
 The barrier owns the session's trajectory (what the reviewer sees: the reads that led to a
@@ -38,16 +38,9 @@ from typing import Any
 import anyio
 import mcp_types as types
 
-from mcp_spec_proxy.catalog import Catalog, CatalogTool, strip_intent
-from mcp_spec_proxy.classification import HELD_REASONS
-from mcp_spec_proxy.config import ProxyConfig
-from mcp_spec_proxy.errors import InvalidArguments, ToolNotFound
-from mcp_spec_proxy.gate import Gate, GateCall, Outcome
-from mcp_spec_proxy.models import ModelCall
-from mcp_spec_proxy.principal import Principal
-from mcp_spec_proxy.prompts import step_json
-from mcp_spec_proxy.provenance import noted
-from mcp_spec_proxy.results import (
+from mcp_spec_proxy.calls.gate import Gate, GateCall, Outcome
+from mcp_spec_proxy.calls.provenance import noted
+from mcp_spec_proxy.calls.results import (
     Author,
     Report,
     WireResult,
@@ -58,11 +51,18 @@ from mcp_spec_proxy.results import (
     error_result,
     new_call_id,
 )
+from mcp_spec_proxy.calls.rules import Decision
+from mcp_spec_proxy.config.schema import ProxyConfig
+from mcp_spec_proxy.errors import InvalidArguments, ToolNotFound
+from mcp_spec_proxy.models import ModelCall
+from mcp_spec_proxy.observe.telemetry import Telemetry
+from mcp_spec_proxy.principal import Principal
+from mcp_spec_proxy.prompts import step_json
 from mcp_spec_proxy.review import ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review.strong import ProposedStep, Repairer, check_step
-from mcp_spec_proxy.rules import Decision
 from mcp_spec_proxy.store.sessions import LocalSessions, SessionStore
-from mcp_spec_proxy.telemetry import Telemetry
+from mcp_spec_proxy.tools.catalog import Catalog, CatalogTool, strip_intent
+from mcp_spec_proxy.tools.classification import HELD_REASONS
 from mcp_spec_proxy.trajectory import History, Segment, Step
 
 logger = logging.getLogger(__name__)

@@ -1,0 +1,1 @@
+"""What a running proxy tells its operator: logs, telemetry lines, OpenTelemetry spans and Prometheus metrics."""

@@ -1,0 +1,1 @@
+"""The catalog: public names, classification, argument checks, fingerprints, look-alikes and tool search."""
