@@ -1,22 +1,26 @@
-"""The gate's policy: which reviewer a call meets, resolved once per call.
+"""The gate's policy: which reviewer a call meets, chosen once per call from the whole call.
 
-The effective reviewer is the reviewer of the first of `rules:` that matches the call (`decide`,
-`calls/rules.py`: a rule may also refuse it, or make a read a write), else the tool's override or
-`review.default` (`mode`), then (`calls/gate.py` states the whole promise): a held tool runs for no one
-until `tools accept`; `deny` never runs and a person's own mode always asks; a call the strong
-model wrote counts as reviewed by it
-under a mode a model decides first; the engine's drafted segment meets its own strong verifier
-(and then the user, for a `human` tool); an operator's baseline runs its steps unreviewed; and
-`allow` forwards unless LEASH's shadow observer flags the call, which then goes to the strong
-model (or the user) with its evidence.
+The gate holds one `Policy` (it is no part of the gate's own class). It chooses from the call as
+it stands — the tool and its annotations, the arguments, the session, the principal, who wrote
+it — and returns what it chose (`Choice`) without touching the call. The effective reviewer is the
+reviewer of the first of `rules:` that matches the call (`decide`, `calls/rules.py`: a rule may
+also refuse it, or make a read a write), else the tool's override or `review.default` (`mode`),
+then (`calls/gate.py` states the whole promise): a held tool runs for no one until `tools accept`;
+`deny` never runs and a person's own mode always asks; a call the strong model wrote counts as
+reviewed by it under a mode a model decides first; the engine's drafted segment meets its own
+strong verifier (and then the user, for a `human` tool); an operator's baseline runs its steps
+unreviewed; and `allow` forwards unless LEASH's shadow observer flags the call, which then goes
+to the strong model (or the user) with its evidence.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from mcp_spec_proxy.calls.call import GateCall
 from mcp_spec_proxy.calls.rules import NO_RULE, Decision, Rules
 from mcp_spec_proxy.config.schema import ProxyConfig, ReviewMode
 from mcp_spec_proxy.errors import ToolNotFound
@@ -27,21 +31,38 @@ from mcp_spec_proxy.review.waiting import Both
 from mcp_spec_proxy.tools.catalog import Catalog, CatalogTool, is_held
 
 if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section opens it
-    from mcp_spec_proxy.calls.gate import GateCall
     from mcp_spec_proxy.leash.layers import Leash
 
 STRONG_AUTHORS: frozenset[str] = frozenset({"strong", "replacement", "repair"})
 """Authors whose calls count as reviewed by the strong model: it wrote them itself."""
 
 
-class Policy:
-    """How the gate (`Gate` is one) picks a call's reviewer; what it needs of the gate is declared here."""
+@dataclass(frozen=True)
+class Choice:
+    """What the policy chose for one call: its reviewer, the `rules:` decision behind it, and the
+    escalation to audit (`leash-escalated`) when LEASH flagged the call, else None."""
 
-    _config: ProxyConfig
-    _reviewers: Mapping[ReviewMode, Reviewer]
-    _leash: Leash | None
-    _catalog: Catalog | None
-    rules: Rules
+    reviewer: Reviewer
+    decision: Decision
+    flagged: dict[str, Any] | None = None
+
+
+class Policy:
+    """How the gate picks a call's reviewer: the config's reviewers and `rules:`, LEASH's shadow
+    observer where it is on, and the catalog (to reread `tools accept` before refusing a held tool)."""
+
+    def __init__(
+        self,
+        config: ProxyConfig,
+        reviewers: Mapping[ReviewMode, Reviewer],
+        leash: Leash | None = None,
+        catalog: Catalog | None = None,
+    ) -> None:
+        self._config = config
+        self._reviewers = reviewers
+        self._leash = leash
+        self._catalog = catalog
+        self.rules = Rules(config.rules, config.review.default)
 
     def mode(self, tool: CatalogTool) -> ReviewMode:
         """The tool's configured reviewer: its override, else `review.default`."""
@@ -67,6 +88,20 @@ class Policy:
             return is_held(self._catalog.lookup(tool.name))
         except ToolNotFound:
             return True
+
+    async def choose(self, call: GateCall, strong: Reviewer | None, verified: bool) -> Choice:
+        """The reviewer `call` meets, from the whole call: what `rules:` decided for it (`GateCall.rule`,
+        else decided here over its tool, arguments, principal and session), its author, and LEASH's
+        shadow observer. `strong` is the engine's own verifier, `verified` its drafted segment."""
+        decision = call.rule
+        if decision is None:
+            decision = self.decide(call.tool, call.arguments, call.principal, call.session)[1]
+        reviewer, flagged = await self._reviewer(call, strong, verified, decision)
+        if call.flagged and flagged is None:
+            # The engine's shadow observer flagged it (its score is in telemetry): audited like the
+            # front's, whichever reviewer the call meets, so the trail has every escalation.
+            flagged = {"to": reviewer.by.text, "layer": "flagged by the engine"}
+        return Choice(reviewer, decision, flagged)
 
     async def _reviewer(
         self, call: GateCall, strong: Reviewer | None, verified: bool, decision: Decision = NO_RULE
@@ -144,4 +179,4 @@ class _Authored:
         return Verdict(True, self._reason, len(request.segment), by=self.by)
 
 
-__all__ = ["STRONG_AUTHORS", "Policy"]
+__all__ = ["STRONG_AUTHORS", "Choice", "Policy"]

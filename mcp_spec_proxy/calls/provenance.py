@@ -12,7 +12,7 @@ a backend's result `_meta` every key under `mcp-spec-proxy/` (the proxy's namesp
 notice, the session, the approval key) and the `serverInfo` stamp (it names the server that
 answered: to the proxy's client that is the proxy, whose front stamps it, as `without_envelope`
 keeps a client's envelope from the backend), and changes nothing else. Both doors a backend's
-tool result comes through call it — the gate's `_forward` (writes and their substitutes) and its
+tool result comes through call it — the `run` stage (`calls/stages.py`: writes and their substitutes) and the gate's
 `read` (every read, whichever front door it came by) — so a result that imitates a notice
 word for word, `_meta` included, reaches the client as the same backend result on either path,
 without the mark.

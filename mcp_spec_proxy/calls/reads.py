@@ -43,12 +43,13 @@ logger = logging.getLogger(__name__)
 
 
 class Reads:
-    """The gate's doors that forward at once (`Gate` is one): what they need of it is declared here."""
+    """The gate's doors that forward at once: the gate holds one, sharing its drain and its traces."""
 
-    _audit: AuditSink
-    _backends: BackendPool
-    drain: Drain
-    tracing: Tracing
+    def __init__(self, backends: BackendPool, audit: AuditSink, drain: Drain, tracing: Tracing) -> None:
+        self._backends = backends
+        self._audit = audit
+        self.drain = drain
+        self.tracing = tracing
 
     async def read(
         self,

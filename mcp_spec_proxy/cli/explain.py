@@ -68,7 +68,7 @@ def explain(ctx: click.Context, tool: str, arguments: str, principal: str | None
             except InvalidArguments as exc:
                 refused = str(exc)
             forwarded, _ = strip_intent(listed, args)
-            met, decision = proxy.gate.decide(listed, forwarded, who, session)
+            met, decision = proxy.gate.policy.decide(listed, forwarded, who, session)
             return met, decision, refused
 
     found = run_loop(find)

@@ -96,7 +96,7 @@ class RunState:
     def step_for(self, proposal: ProposedStep) -> Step:
         """The proposed call as a step; its effect is the call's, which a rule of `rules:` may make a write."""
         arguments, _ = strip_intent(proposal.tool, proposal.arguments)
-        tool, _ = self.engine.gate.decide(proposal.tool, arguments, self.principal, self.result.task_id)
+        tool, _ = self.engine.gate.policy.decide(proposal.tool, arguments, self.principal, self.result.task_id)
         return Step(tool.name, arguments, tool.effect)
 
     # -- execution, audit, telemetry ---------------------------------------------------------
@@ -156,7 +156,7 @@ class RunState:
         """Run a step now, through the gate (a read at once, a write under its tool's policy): the
         step as it ran, or with its refusal as its observation, so the model that made it sees why."""
         looked_up = self.source.lookup(step.tool)
-        tool, rule = self.engine.gate.decide(looked_up, step.arguments, self.principal, self.result.task_id)
+        tool, rule = self.engine.gate.policy.decide(looked_up, step.arguments, self.principal, self.result.task_id)
         if tool.effect == "read":
             if tool.server == CLIENT:
                 result = await self.run_client(tool, step.arguments, None)

@@ -390,7 +390,7 @@ class McpFront:
             session = self.session_for(ctx)
 
             async def run() -> types.GetPromptResult:
-                got: types.GetPromptResult = await self.proxy.gate.get_prompt(
+                got: types.GetPromptResult = await self.proxy.gate.reads.get_prompt(
                     session.id, entry.server, entry.original, params.arguments, session.principal
                 )
                 return got
@@ -427,7 +427,7 @@ class McpFront:
             session = self.session_for(ctx)
 
             async def run() -> types.ReadResourceResult:
-                read: types.ReadResourceResult = await self.proxy.gate.read_resource(
+                read: types.ReadResourceResult = await self.proxy.gate.reads.read_resource(
                     session.id, owner, params.uri, session.principal
                 )
                 return read
@@ -468,7 +468,7 @@ class McpFront:
             session = self.session_for(ctx)
             with self.calling(session, ctx):  # a server may ask its client's model for completions
                 asked = params.model_copy(update={"ref": ref})
-                return await self.proxy.gate.complete(session.id, server, asked, session.principal)
+                return await self.proxy.gate.reads.complete(session.id, server, asked, session.principal)
         except (ProxyError, MCPError) as exc:
             raise wire_error(exc) from exc
 

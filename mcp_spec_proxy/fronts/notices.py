@@ -69,7 +69,7 @@ class Notices:
     async def set_level(self, connection: Connection, session: str, level: types.LoggingLevel) -> None:
         self.hear(connection)
         self._levels[connection] = level
-        await self._proxy.gate.set_logging_level(session, level)
+        await self._proxy.gate.reads.set_logging_level(session, level)
 
     def route(self, ctx: Ctx) -> LogRoute | None:
         """Where a 2026-07-28 request's log messages go, when it opted in; None otherwise."""
@@ -136,7 +136,7 @@ class Notices:
         owner = self._proxy.catalog.resource_owner(uri)
         if not self._proxy.backends.get(owner).subscribable:
             raise ToolNotFound(f"server {owner!r}, which serves {uri!r}, does not support subscriptions")
-        await self._proxy.gate.subscribe(session, owner, uri)
+        await self._proxy.gate.reads.subscribe(session, owner, uri)
         self._owners[uri] = owner
 
     async def _unwatch(self, session: str, uri: str) -> None:
@@ -145,7 +145,7 @@ class Notices:
         self._subscribers.pop(uri, None)
         owner = self._owners.pop(uri)
         try:
-            await self._proxy.gate.unsubscribe(session, owner, uri)
+            await self._proxy.gate.reads.unsubscribe(session, owner, uri)
         except Exception as exc:  # boundary: the client is unsubscribed whatever the backend says
             logger.info("backend %r: resources/unsubscribe %s failed: %s", owner, uri[:500], exc)
 

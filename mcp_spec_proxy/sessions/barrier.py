@@ -171,7 +171,7 @@ class Barrier:
         except InvalidArguments as exc:
             return error_result(str(exc))
         forwarded, intent = strip_intent(tool, arguments)
-        tool, rule = self.gate.decide(tool, forwarded, session.principal, session.id)
+        tool, rule = self.gate.policy.decide(tool, forwarded, session.principal, session.id)
         return tool, forwarded, intent, rule
 
     def read_tool(self, name: str) -> CatalogTool | None:
@@ -179,7 +179,7 @@ class Barrier:
         tool whose definition is held, an unknown name. Those take `call`, which holds, re-checks
         or refuses them; only a tool returned here may go to `read_json`. Where a rule may make a
         read a write (`effect: write`, `deny:`), no read is one before its arguments are read."""
-        if self.gate.rules.make_writes:
+        if self.gate.policy.rules.make_writes:
             return None
         try:
             tool = self._catalog.lookup(name)
@@ -202,7 +202,7 @@ class Barrier:
         except InvalidArguments as exc:
             return as_wire(error_result(str(exc)))
         forwarded, _ = strip_intent(tool, arguments)
-        _, rule = self.gate.decide(tool, forwarded, session.principal, session.id)  # no rule here makes a write
+        _, rule = self.gate.policy.decide(tool, forwarded, session.principal, session.id)  # no rule here makes a write
         return await self._read(session, tool, forwarded, None, call, rule)
 
     async def _read(
@@ -341,7 +341,7 @@ class Barrier:
         original = segment.held.tool
         arguments, intent = strip_intent(step.tool, step.arguments)
         # The substitute meets `rules:` as its own call would: a rule may make it a write, or refuse it.
-        substitute, rule = self.gate.decide(step.tool, arguments, session.principal, session.id)
+        substitute, rule = self.gate.policy.decide(step.tool, arguments, session.principal, session.id)
         executed = Step(substitute.name, arguments, substitute.effect, intent=intent)
         # The accepted prefix was judged (and labelled) with the rejected call, and commits with
         # whatever happens next: the substitute's reviewer reads it as committed history.
