@@ -5,11 +5,11 @@
     run     claim the call's idempotency key, then forward it to its backend exactly once      → `Read`
     settle  audit what became of it (`forwarded`, `unsent`, `blocked`), label LEASH            → `Outcome`
 
-`calls/gate.py` strings them together. A call cancelled between its `held` line and its forward
-— by its client, or by the replica stopping — is recorded `abandoned` with the true reason; one
-cancelled while it is forwarded, `forward-interrupted` (it may have run). A drain whose grace ran
-out while the call waited for its verdict stops that wait (`Drain.holding`): the call is
-abandoned, never forwarded.
+`calls/gate.py` strings them together. A call cancelled from its `held` line (while that is
+written, too) to its forward — by its client, or by the replica stopping — is recorded `abandoned`
+with the true reason; one cancelled while it is forwarded, `forward-interrupted` (it may have
+run). A drain whose grace ran out while the call waited for its verdict stops that wait
+(`Drain.holding`): the call is abandoned, never forwarded.
 
 A reviewer that fails or times out becomes a refusing verdict (or, with `review.on_error:
 allow`, an accepting one); the exception never reaches the door. A verdict and its reason are
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.lowlevel
 import mcp_types as types
 
 from mcp_spec_proxy.backends import BackendPool
@@ -125,7 +126,10 @@ class WriteStages:
             lines["key"] = digest(call.key)  # a digest: the key is the client's text
         if call.principal is not None:
             lines["principal"] = call.principal.audit_fields()
-        await trail.before("held", **lines, segment_length=len(call.request.segment))
+        # Shielded: a cancel that lands while the line is written (the row committed, its answer not yet
+        # back) is delivered once it is, inside `decide`, which then writes the call's `abandoned`.
+        with anyio.CancelScope(shield=True):
+            await trail.before("held", **lines, segment_length=len(call.request.segment))
         logger.debug("%s held for its verdict (reviewer %s)", tool.name, choice.reviewer.by.text)
         return Held(call, choice, lines, trail)
 
@@ -142,6 +146,7 @@ class WriteStages:
         call, trail, reviewer = held.call, held.trail, held.choice.reviewer
         tool = call.tool
         try:
+            await anyio.lowlevel.checkpoint_if_cancelled()  # cancelled while its `held` line was written
             if held.choice.flagged is not None:
                 await trail.before("leash-escalated", call=call.id, session=call.session, **held.choice.flagged)
             started = time.perf_counter()
