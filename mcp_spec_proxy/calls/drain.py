@@ -7,9 +7,12 @@ when the grace (`drain_s`) runs out first, every call still held is stopped wher
 (`holding`: its scope is cancelled, and the gate records it `abandoned` with the true reason, "the
 replica shut down"), and the calls being forwarded are cut with the rest of the process a moment
 later (`SETTLE_S`), recorded `forward-interrupted`. A held call is never forwarded after its drain
-expired: its verdict is the only way to the backend, and its wait is what was cancelled. Once the
-drain is over, or cut short by a second signal (`stopping`), a call cancelled with the process is
-recorded as the replica's doing too, never as its client's (`ending`).
+expired: its verdict is the only way to the backend, and its wait is what was cancelled. A second
+signal cuts the drain short (`cut`): the grace ends at once, so the held calls are stopped as when
+it runs out — `abandoned`, their clients told the replica shut down, while the store still takes
+their lines — and the calls being forwarded have `SETTLE_S`. Once the drain is over (`stopping`), a
+call cancelled with the process is recorded as the replica's doing too, never as its client's
+(`ending`).
 
 A call is counted once, where it enters (the front's `Barrier.call`, a gateway request, `delegate`):
 the gate calls it makes, and its substitutes, are part of it, so a write queued behind another of
@@ -51,6 +54,7 @@ class Drain:
         self.expired = False  # the grace ran out: what is still held is being stopped
         self.stopping = False  # the drain is over (or cut short): what is cancelled now, the replica stopped
         self._calls = 0
+        self._cut = False  # a second signal: the grace is over now
         self._idle = anyio.Event()
         self._held: set[anyio.CancelScope] = set()
 
@@ -114,6 +118,11 @@ class Drain:
             finally:
                 self._held.discard(scope)
 
+    def cut(self) -> None:
+        """End the grace now (a second signal): the held calls are stopped, as when it runs out."""
+        self._cut = True
+        self._idle.set()
+
     async def run(self, grace_s: float) -> None:
         """Drain: take no new call, wait up to `grace_s` for those in flight, then stop the held ones."""
         self.draining = True
@@ -127,18 +136,20 @@ class Drain:
             return
         logger.warning("draining: %d call(s) in flight, %d held; waiting up to %gs", self._calls, self.held, grace_s)
         with anyio.move_on_after(grace_s):
-            await self._idle_now()
+            await self._idle_now(until_cut=True)
+        if not self._calls:
             logger.info("drained: every call in flight settled")
             return
         self.expired = True
-        logger.warning("the drain's %gs ran out: %d held call(s) are abandoned (%s)", grace_s, self.held, SHUT_DOWN)
+        why = "a second signal ends the drain" if self._cut else f"the drain's {grace_s:g}s ran out"
+        logger.warning("%s: %d held call(s) are abandoned (%s)", why, self.held, SHUT_DOWN)
         for scope in list(self._held):
             scope.cancel()
         with anyio.move_on_after(SETTLE_S):
             await self._idle_now()
 
-    async def _idle_now(self) -> None:
-        while self._calls:
+    async def _idle_now(self, *, until_cut: bool = False) -> None:
+        while self._calls and not (until_cut and self._cut):
             self._idle = anyio.Event()
             await self._idle.wait()
 

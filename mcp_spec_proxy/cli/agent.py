@@ -15,6 +15,7 @@ import click
 
 from mcp_spec_proxy.cli.serve import main
 from mcp_spec_proxy.cli.setup import (
+    Stopping,
     bind_check,
     engine_problem,
     file_options,
@@ -125,8 +126,12 @@ def gateway(
             with anyio.move_on_after(SETTLE_S):
                 await door.answered()
 
+        def cut() -> None:
+            for proxy in running:
+                proxy.gate.drain.cut()
+
         async with anyio.create_task_group() as tg:
-            tg.start_soon(stop_on_signal, tg.cancel_scope, drain)
+            tg.start_soon(stop_on_signal, tg.cancel_scope, drain, cut, stopping)
             listening = await tg.start(door.serve, host, port)  # `/readyz` says "starting" meanwhile
             async with built.running() as proxy:
                 running.append(proxy)
@@ -145,7 +150,11 @@ def gateway(
                 click.echo(f"OpenAI-compatible gateway on http://{host}:{bound}/v1", err=True)
                 await anyio.sleep_forever()
 
-    run_loop(serve)
+    stopping = Stopping()
+    try:
+        run_loop(serve)
+    finally:
+        stopping.after_loop()
 
 
 @main.command("report-outcome")

@@ -20,6 +20,7 @@ from click.core import ParameterSource
 
 from mcp_spec_proxy import __version__
 from mcp_spec_proxy.cli.setup import (
+    Stopping,
     bind_check,
     engine_problem,
     file_options,
@@ -97,8 +98,12 @@ def main(
             with anyio.move_on_after(SETTLE_S):
                 await answering.answered()  # the results of the calls that finished reach their clients
 
+        def cut() -> None:
+            for proxy in running:
+                proxy.gate.drain.cut()
+
         async with anyio.create_task_group() as tg:
-            tg.start_soon(stop_on_signal, tg.cancel_scope, drain)
+            tg.start_soon(stop_on_signal, tg.cancel_scope, drain, cut, stopping)
             if address is not None:  # the probes answer while the backends start (`/readyz`: starting)
                 door = Door(token=token, hosts=host_names(address[0], allow_host), answering=answering)
                 port = await tg.start(door.serve, *address)
@@ -123,7 +128,11 @@ def main(
                     await anyio.sleep_forever()
             tg.cancel_scope.cancel()
 
-    run_loop(serve)
+    stopping = Stopping()
+    try:
+        run_loop(serve)
+    finally:
+        stopping.after_loop()
 
 
 def _console_address(console: str | None, no_console: bool, *, stdio: bool) -> tuple[str, int] | None:

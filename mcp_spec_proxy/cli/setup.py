@@ -191,19 +191,51 @@ def _proxy_error(exc: BaseException) -> ProxyError | None:
     return None
 
 
-async def stop_on_signal(scope: anyio.CancelScope, drain: Callable[[], Awaitable[None]] | None = None) -> None:
+@dataclass
+class Stopping:
+    """A serving command's stop, as signals drive it. Once a signal began it, later ones are ignored
+    to the process's end: inside the event loop each is logged (`stop_on_signal`); after the loop,
+    whose handlers end with it, the process ignores them outright (`after_loop`) — else SIGTERM's
+    default would end it in the middle of its last closes (exit -15)."""
+
+    begun: bool = False
+
+    def after_loop(self) -> None:
+        if self.begun:
+            for number in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(number, signal.SIG_IGN)
+
+
+async def stop_on_signal(
+    scope: anyio.CancelScope,
+    drain: Callable[[], Awaitable[None]] | None = None,
+    cut: Callable[[], None] | None = None,
+    stopping: Stopping | None = None,
+) -> None:
     """Cancel `scope` at the first SIGTERM or SIGINT, so the backends close in order; with `drain`,
-    only once it has returned (the calls in flight settled, or its grace ran out) or at a second signal."""
+    only once it has returned (the calls in flight settled, or its grace ran out). A second signal
+    `cut`s the drain short: the held calls are abandoned and their clients told so while the store
+    still takes their lines (`Drain.cut`), then the stop goes on. Any later signal is logged and ignored."""
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for _ in signals:
             break
+        if stopping is not None:
+            stopping.begun = True
         if drain is not None:
             async with anyio.create_task_group() as tg:
 
                 async def at_once() -> None:
-                    async for _ in signals:
+                    second = True
+                    async for number in signals:
+                        if not second:
+                            _ignored(number)
+                            continue
+                        second = False
                         logger.warning("a second signal: stopping without waiting for the calls in flight")
-                        tg.cancel_scope.cancel()
+                        if cut is None:
+                            tg.cancel_scope.cancel()
+                        else:
+                            cut()
 
                 tg.start_soon(at_once)
                 await drain()
@@ -219,5 +251,8 @@ def _ignore_further_signals() -> None:
     KeyboardInterrupt through the unwinding (a traceback, exit 130), or end the process mid-close."""
     loop = asyncio.get_running_loop()
     for number in (signal.SIGTERM, signal.SIGINT):
-        name = signal.Signals(number).name
-        loop.add_signal_handler(number, logger.warning, "%s while stopping: ignored, the stop is under way", name)
+        loop.add_signal_handler(number, _ignored, number)
+
+
+def _ignored(number: int) -> None:
+    logger.warning("%s while stopping: ignored, the stop is under way", signal.Signals(number).name)

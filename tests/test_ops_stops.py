@@ -1,0 +1,70 @@
+"""Stops seen from outside: a real `mcp-spec-proxy --http` replica on the shared Postgres, a write
+held on its console, and an operator who sends SIGTERM three times.
+
+The second signal stops at once: the held write is never forwarded, its client is told the
+replica shut down (-32016), and its `abandoned` row is on the shared audit trail, written by this
+replica before its pool closed (no survivor sweeps for it). The third signal, and any after it,
+is ignored to the process's end (logged while its event loop runs): the replica exits 0, without
+a traceback — before, a signal after the event loop ended killed it (exit -15).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from mcp_spec_proxy.errors import SHUTTING_DOWN
+from tests.harness import recorded, toy
+from tests.ops_world import Running, serving, until
+from tests.pg import DSN_ENV, rows
+from tests.test_ops_drain import hold_then_terminate
+
+pytestmark = pytest.mark.anyio
+
+SECOND = re.compile(r"a second signal")
+
+
+def signalled(proxy: Running) -> bool:
+    """One more SIGTERM, unless it has exited: whether it has."""
+    if proxy.proc.poll() is None:
+        proxy.terminate()
+    return proxy.proc.poll() is not None
+
+
+def world(ledger: Path) -> dict[str, Any]:
+    return {
+        "servers": {"toy": toy(ledger)},
+        "review": {"default": "console", "intent": False},
+        "drain_s": 120,
+        "store": {"postgres": {"dsn_env": DSN_ENV}},
+    }
+
+
+async def test_three_and_more_sigterms_abandon_the_held_write_on_the_shared_trail_tell_its_client_and_exit_0(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    ledger = tmp_path / "ledger"
+    out: list[str] = []
+    async with serving(world(ledger), tmp_path, "--console", "127.0.0.1:0", env={DSN_ENV: pg_dsn}) as proxy:
+        with anyio.fail_after(90):
+            async with anyio.create_task_group() as tg:
+                await hold_then_terminate(proxy, tmp_path, tg, out)  # the first: the drain begins
+                proxy.terminate()  # the second: stop at once
+                await proxy.line(SECOND)
+                # The third, and more while it stops, up to its very end (after its event loop, too):
+                # sent at every look until the process has exited.
+                await until(lambda: signalled(proxy), every=0.02)
+                code = await proxy.wait()
+    log = proxy.log()
+    assert code == 0, log
+    assert "Traceback" not in log, log
+    assert recorded(ledger) == []  # never forwarded
+    assert len(out) == 1 and out[0].startswith(f"error {SHUTTING_DOWN}:"), (out, log)
+    assert "the replica shut down" in out[0], out
+    trail = rows(pg_dsn, "SELECT event, data->>'reason' FROM audit WHERE event <> 'read' ORDER BY id")
+    assert [event for event, _ in trail] == ["held", "abandoned"], trail
+    assert trail[-1][1] == "the replica shut down", trail
