@@ -6,26 +6,38 @@ replica shut down (-32016), and its `abandoned` row is on the shared audit trail
 replica before its pool closed (no survivor sweeps for it). The third signal, and any after it,
 is ignored to the process's end (logged while its event loop runs): the replica exits 0, without
 a traceback — before, a signal after the event loop ended killed it (exit -15).
+
+A write whose approval is out with the person behind its client (2026-07-28: the call returned
+`input_required`) when SIGTERM comes is waited for: the SDK client's retry brings the approval, the
+write runs once, its result reaches the client, and the replica exits 0 — before, the drain saw
+nothing in flight and stopped under the retry, which ran while its client was told "Connection closed".
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
+import mcp_types as types
 import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 
+from mcp_spec_proxy.calls.audit import read_audit
 from mcp_spec_proxy.errors import SHUTTING_DOWN
-from tests.harness import recorded, toy
-from tests.ops_world import Running, serving, until
+from tests.harness import recorded, text_of, toy
+from tests.ops_world import SERVING, Running, serving, until
 from tests.pg import DSN_ENV, rows
 from tests.test_ops_drain import hold_then_terminate
 
 pytestmark = pytest.mark.anyio
 
 SECOND = re.compile(r"a second signal")
+OUT_WITH_CLIENT = re.compile(r"draining: .*1 approval\(s\) out with their clients")
 
 
 def signalled(proxy: Running) -> bool:
@@ -68,3 +80,33 @@ async def test_three_and_more_sigterms_abandon_the_held_write_on_the_shared_trai
     trail = rows(pg_dsn, "SELECT event, data->>'reason' FROM audit WHERE event <> 'read' ORDER BY id")
     assert [event for event, _ in trail] == ["held", "abandoned"], trail
     assert trail[-1][1] == "the replica shut down", trail
+
+
+async def test_a_write_approved_by_the_person_behind_its_client_during_the_drain_runs_and_its_result_reaches_the_client(
+    tmp_path: Path,
+) -> None:
+    ledger = tmp_path / "ledger"
+    config = {"servers": {"toy": toy(ledger)}, "review": {"default": "human", "intent": False}, "drain_s": 120}
+    async with serving(config, tmp_path) as proxy:
+        url = (await proxy.line(SERVING)).group(1)
+
+        async def person(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+            # The approval is out with the client (a 2026-07-28 `input_required`): SIGTERM now.
+            proxy.terminate()
+            await proxy.line(OUT_WITH_CLIENT)
+            return types.ElicitResult(action="accept", content={"approve": True})
+
+        with anyio.fail_after(90):
+            async with (
+                httpx2.AsyncClient(timeout=60) as http,
+                Client(streamable_http_client(url, http_client=http), elicitation_callback=person) as client,
+            ):
+                result = await client.call_tool("toy__record", {"value": "approved"})
+            code = await proxy.wait()  # the drain ends once the call has run and answered: no second signal
+    log = proxy.log()
+    assert not result.is_error and text_of(result) == "recorded approved", (result, log)
+    assert [json.loads(line)["value"] for line in recorded(ledger)] == ["approved"]
+    assert code == 0, log
+    assert "ran out" not in log, log  # the drain did not wait out its grace
+    events = [line["event"] for line in read_audit(tmp_path / "state" / "audit.jsonl") if line["event"] != "read"]
+    assert events[-2:] == ["verdict", "forwarded"], events

@@ -19,11 +19,19 @@ the gate calls it makes, and its substitutes, are part of it, so a write queued 
 its session is in flight, not new. Work that continues a call admitted before the drain is let in
 and counted (`continuing`): a gateway turn between its requests, and a retry carrying an approval.
 After the calls, the command waits (bounded) for their answers to reach their clients (`Answering`).
+
+An approval out with its client (a 2026-07-28 `input_required`: the call has returned, and its
+client is asking its person) is waited for too (`awaiting`): the retry that carries the answer is
+that call going on, so the drain waits — within its grace, and no longer than the approval's own
+expiry — for it to come back and run (`back`), and for its result to reach the client, rather than
+stopping under a retry that may already be running.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -57,6 +65,7 @@ class Drain:
         self._cut = False  # a second signal: the grace is over now
         self._idle = anyio.Event()
         self._held: set[anyio.CancelScope] = set()
+        self._out: dict[str, float] = {}  # approvals out with their clients: when each expires (monotonic)
 
     @property
     def in_flight(self) -> int:
@@ -118,27 +127,56 @@ class Drain:
             finally:
                 self._held.discard(scope)
 
+    def awaiting(self, approval: str, ttl: float) -> None:
+        """An approval is out with its client (`input_required`), valid for `ttl` seconds: a drain
+        waits for the retry that brings it back."""
+        self._out[approval] = time.monotonic() + ttl
+
+    def back(self, approval: str) -> None:
+        """The retry carrying `approval` came back (its call is counted in flight from now on)."""
+        if self._out.pop(approval, None) is not None:
+            self._idle.set()
+
+    @property
+    def out_with_clients(self) -> int:
+        """The approvals out with their clients that have not expired."""
+        now = time.monotonic()
+        for approval in [approval for approval, until in self._out.items() if until <= now]:
+            del self._out[approval]
+        return len(self._out)
+
     def cut(self) -> None:
         """End the grace now (a second signal): the held calls are stopped, as when it runs out."""
         self._cut = True
         self._idle.set()
 
-    async def run(self, grace_s: float) -> None:
-        """Drain: take no new call, wait up to `grace_s` for those in flight, then stop the held ones."""
+    async def run(self, grace_s: float, *, approvals: bool = False) -> None:
+        """Drain: take no new call, wait up to `grace_s` for those in flight (with `approvals`, as the
+        serving commands drain, for the approvals out with their clients too), then stop the held ones."""
         self.draining = True
         try:
-            await self._drain(grace_s)
+            await self._drain(grace_s, approvals)
         finally:
             self.stopping = True  # returned or cut short (a second signal): the process stops next
 
-    async def _drain(self, grace_s: float) -> None:
-        if self._calls == 0:
+    async def _drain(self, grace_s: float, approvals: bool) -> None:
+        if self._calls == 0 and not (approvals and self.out_with_clients):
             return
-        logger.warning("draining: %d call(s) in flight, %d held; waiting up to %gs", self._calls, self.held, grace_s)
+        out = f", {self.out_with_clients} approval(s) out with their clients" if approvals and self._out else ""
+        logger.warning(
+            "draining: %d call(s) in flight, %d held%s; waiting up to %gs", self._calls, self.held, out, grace_s
+        )
         with anyio.move_on_after(grace_s):
-            await self._idle_now(until_cut=True)
+            await self._idle_now(until_cut=True, approvals=approvals)
         if not self._calls:
-            logger.info("drained: every call in flight settled")
+            if approvals and self.out_with_clients and not self._cut:
+                logger.warning(
+                    "the drain's %gs ran out with %d approval(s) still out with their clients: they lapse, unrun",
+                    grace_s,
+                    self.out_with_clients,
+                )
+            else:
+                logger.info("drained: every call in flight settled")
             return
         self.expired = True
         why = "a second signal ends the drain" if self._cut else f"the drain's {grace_s:g}s ran out"
@@ -148,10 +186,14 @@ class Drain:
         with anyio.move_on_after(SETTLE_S):
             await self._idle_now()
 
-    async def _idle_now(self, *, until_cut: bool = False) -> None:
-        while self._calls and not (until_cut and self._cut):
+    async def _idle_now(self, *, until_cut: bool = False, approvals: bool = False) -> None:
+        """Until no call is in flight (and, with `approvals`, no approval is out with its client),
+        or a second signal cuts it short (`until_cut`)."""
+        while (self._calls or (approvals and self.out_with_clients)) and not (until_cut and self._cut):
             self._idle = anyio.Event()
-            await self._idle.wait()
+            expires = min(self._out.values(), default=math.inf) if approvals else math.inf
+            with anyio.move_on_after(expires - time.monotonic()):  # an approval that expires ends its wait
+                await self._idle.wait()
 
 
 class Answering:

@@ -122,7 +122,7 @@ def gateway(
 
         async def drain() -> None:
             for proxy in running:  # none while it starts: nothing is in flight then
-                await proxy.gate.drain.run(proxy.config.drain_s)
+                await proxy.gate.drain.run(proxy.config.drain_s, approvals=True)
             with anyio.move_on_after(SETTLE_S):
                 await door.answered()
 

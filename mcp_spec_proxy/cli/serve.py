@@ -94,7 +94,7 @@ def main(
 
         async def drain() -> None:
             for proxy in running:  # none while it starts: nothing is in flight then
-                await proxy.gate.drain.run(proxy.config.drain_s)
+                await proxy.gate.drain.run(proxy.config.drain_s, approvals=True)
             with anyio.move_on_after(SETTLE_S):
                 await answering.answered()  # the results of the calls that finished reach their clients
 

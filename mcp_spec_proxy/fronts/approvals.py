@@ -107,8 +107,13 @@ class UserChannel:
         return result.model_dump(mode="json", exclude_none=True)
 
 
+def approval_of(state: str | None) -> str:
+    """The ticket a `request_state` names (its nonce), as the drain counts approvals out with clients."""
+    return (state or "").partition(".")[0]
+
+
 def question(message: str) -> str:
     return hashlib.sha256(message.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-__all__ = ["APPROVAL_KEY", "Approvals", "UserChannel", "question"]
+__all__ = ["APPROVAL_KEY", "Approvals", "UserChannel", "approval_of", "question"]

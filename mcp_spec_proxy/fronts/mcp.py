@@ -53,7 +53,7 @@ from mcp_spec_proxy.calls.access import View, shown
 from mcp_spec_proxy.calls.results import CALL_META, new_call_id
 from mcp_spec_proxy.errors import BackendError, CallReplayed, ProxyError, ShuttingDown, StateError, ToolNotFound
 from mcp_spec_proxy.fronts import client_sessions, fast_read
-from mcp_spec_proxy.fronts.approvals import Approvals, UserChannel
+from mcp_spec_proxy.fronts.approvals import Approvals, UserChannel, approval_of
 from mcp_spec_proxy.fronts.identity import principal_of
 from mcp_spec_proxy.fronts.notices import Notices
 from mcp_spec_proxy.fronts.own_tools import OwnTools
@@ -283,6 +283,8 @@ class McpFront:
                 resumed = self.proxy.gate.drain.continuing() if ticket is not None else nullcontext()
                 try:
                     with resumed:
+                        if ticket is not None:  # counted in flight now: the drain stops waiting for its approval
+                            self.proxy.gate.drain.back(approval_of(params.request_state))
                         done = await self.proxy.barrier.call(
                             session, params.name, arguments, user, _reporter(ctx), call=call, key=key
                         )
@@ -302,6 +304,8 @@ class McpFront:
                 params=types.ElicitRequestFormParams(message=need.message, requested_schema=need.schema)
             )
             state = await self._approvals.issue(binding, need)
+            # Out with the client until its retry: a drain waits for that (bounded by the ticket's expiry).
+            self.proxy.gate.drain.awaiting(approval_of(state), self.proxy.config.review.timeout)
             return types.InputRequiredResult(input_requests={need.key: request}, request_state=state)
         except (ProxyError, MCPError) as exc:
             raise wire_error(exc, call) from exc
