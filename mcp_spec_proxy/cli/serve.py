@@ -169,7 +169,7 @@ async def _start_console(
             )
         return
     proxy.console.link_command = link_command(state.root)
-    site = Console(proxy.console, proxy.store.read_audit, proxy.leash)
+    site = Console(proxy.console, proxy.store.read_audit, proxy.leash, stopping=lambda: proxy.gate.drain.ending)
     url_file = state.root / CONSOLE_URL_FILE
     await tg.start(
         lambda task_status: serve_console(site, *address, url_file=url_file, notify=True, task_status=task_status)

@@ -84,6 +84,8 @@ class Pending:
     digest: str = ""
     decided: anyio.Event = field(default_factory=anyio.Event)
     decision: Decision | None = None
+    taken: anyio.Event = field(default_factory=anyio.Event)  # its call took the decision, or was stopped first
+    abandoned: bool = False  # its call stopped waiting (the replica stopping, its client gone) before it took one
 
     def __post_init__(self) -> None:
         self.digest = digest(self.arguments)
@@ -249,8 +251,12 @@ class ConsoleReviewer:
             return Verdict(False, str(exc), held - 1, by=ReviewerKind.CONSOLE_UNAVAILABLE.chain)
         try:
             await item.decided.wait()
+        except anyio.get_cancelled_exc_class():
+            item.abandoned = True  # a decision that came meanwhile never reached the call
+            raise
         finally:
             self.queue.release(item)
+            item.taken.set()
         decision = item.decision
         assert decision is not None
         evidence = {"leash": score} if score else None

@@ -47,6 +47,16 @@ CONSOLE_URL_FILE = "console-url"
 KEEPALIVE_S = 15.0
 MAX_BODY = 1_000_000
 ACTIONS = ("approve", "deny", "edit", "rule")
+TAKEN_S = 5.0
+"""How long a decision's answer waits for its call to take it (at once, unless the call is being stopped)."""
+TOO_LATE = (
+    "Too late: this call stopped waiting before your decision reached it (the proxy is shutting down,"
+    " or its client left); it did not run — its History says so"
+)
+STOPPING = (
+    "Approved, but the proxy is shutting down: the call runs only if it reaches its backend before the"
+    " stop — its History says whether it ran"
+)
 
 
 AuditReader = Callable[[], Awaitable[list[dict[str, Any]]]]
@@ -57,10 +67,17 @@ class Console:
     """The console's routes over one queue, the store's audit trail (files or Postgres) and (maybe)
     LEASH's banks."""
 
-    def __init__(self, queue: ConsoleQueue, audit: AuditReader, leash: Leash | None = None) -> None:
+    def __init__(
+        self,
+        queue: ConsoleQueue,
+        audit: AuditReader,
+        leash: Leash | None = None,
+        stopping: Callable[[], bool] | None = None,
+    ) -> None:
         self.queue = queue
         self.audit = audit
         self.leash = leash
+        self.stopping = stopping  # whether the replica is stopping: its drain ran out, or a second signal came
         self.secret = secrets.token_urlsafe(24)
 
     def app(self, port: int) -> ConsoleGuard:
@@ -129,6 +146,10 @@ class Console:
             item = self.queue.decide(request.path_params["item"], data["digest"], decision)
         except ConsoleRefused as exc:
             return JSONResponse({"error": str(exc)}, status_code=409)
+        with anyio.move_on_after(TAKEN_S):  # a waiting call takes it at once; one being stopped never does
+            await item.taken.wait()
+        if item.abandoned:
+            return JSONResponse({"error": TOO_LATE, "call": item.call}, status_code=409)
         done = {
             "approve": "Approved: the call runs now.",
             "deny": "Denied: the agent is told"
@@ -138,6 +159,8 @@ class Console:
             + (item.decision.rule.describe() if item.decision and item.decision.rule else "the rule matches")
             + ".",
         }[decision.action]
+        if decision.action != "deny" and self.stopping is not None and self.stopping():
+            done = STOPPING
         return JSONResponse({"message": done, "call": item.call})
 
     async def history(self, request: Request) -> Response:
