@@ -49,6 +49,10 @@ class AuditSink(Protocol):
         """Bind idempotency key `key` (a digest) of `session` to `call`, durably, unless another
         call holds it: then that call's id, and nothing is written. Raises `StateError`."""
 
+    async def holder(self, session: str, key: str) -> str | None:
+        """The call that holds idempotency key `key` (a digest) of `session`, claimed on any replica the
+        sink serves; None when none does yet, or when it cannot be asked now (never raises)."""
+
     def close(self) -> None: ...
 
 
@@ -111,6 +115,9 @@ class AuditLog(JsonLines):
                 del self._keys[slot]  # nothing was forwarded under it: the key is free again
             raise
         return None
+
+    async def holder(self, session: str, key: str) -> str | None:
+        return self._keys.get((session, key))
 
     def close(self) -> None:
         for kind, fields in self._late:

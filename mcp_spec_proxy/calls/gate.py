@@ -80,7 +80,7 @@ from mcp_spec_proxy.observe.logs import about_call
 from mcp_spec_proxy.observe.telemetry import Tracing
 from mcp_spec_proxy.principal import Principal
 from mcp_spec_proxy.review import Reviewer, UserChannel, Verdict
-from mcp_spec_proxy.tools.catalog import Catalog, CatalogTool
+from mcp_spec_proxy.tools.catalog import Catalog, CatalogTool, digest
 from mcp_spec_proxy.trajectory import Step
 
 if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section opens it
@@ -161,6 +161,11 @@ class Gate:
             yield
 
     # -- lines about what the front or the engine did itself ---------------------------------
+
+    async def key_holder(self, session: str, key: str) -> str | None:
+        """The call that holds the client's idempotency `key` in `session` at the gate (the first call
+        with it to reach its forward, on any replica), or None."""
+        return await self._audit.holder(session, digest(key))
 
     def note(self, kind: str, **fields: Any) -> None:
         """A best-effort audit line about something the front answered itself (a replayed key's outcome)."""

@@ -26,6 +26,7 @@ replays in the session get its outcome (`replays.py`), and the gate forwards one
 
 from __future__ import annotations
 
+import functools
 import logging
 import weakref
 from collections.abc import Awaitable, Callable, Iterator
@@ -298,7 +299,8 @@ class McpFront:
             if key is None or self.suspensions.owns(params.request_state):
                 return await serve()  # a suspended call's resumption is that call, not a replay
             bound = Bound.of(self.proxy.catalog, params.name, arguments)
-            return await self.replays.run(session.id, key, call, serve, self._replayed(session.id, call), bound)
+            holder = functools.partial(self.proxy.gate.key_holder, session.id, key)
+            return await self.replays.run(session.id, key, call, serve, self._replayed(session.id, call), bound, holder)
         except InputNeeded as need:
             request = types.ElicitRequest(
                 params=types.ElicitRequestFormParams(message=need.message, requested_schema=need.schema)

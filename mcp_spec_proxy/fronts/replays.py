@@ -8,7 +8,10 @@ the same call again with the same key in the request's `_meta` (`KEY_META`). Wit
   and nothing runs, nothing is reviewed again;
 * a replay while the first still runs (held for review, waiting on its backend) is refused at
   once (`CallReplayed`, naming the first call): waiting here could wait on the very client that
-  replays (a suspended call waits for its answer); it asks again once the first has ended;
+  replays (a suspended call waits for its answer); it asks again once the first has ended. The
+  call named is the one that holds the key at the gate where there is one (`holder`: on any
+  replica, the call whose audit lines say what became of the key), so a replay that reached this
+  replica first is never named as if it were the call that runs;
 * a key is bound to its first call's tool and arguments (`Bound`: the tool, and a digest of the
   arguments its backend gets — the proxy's `intent` note aside, which a retry may word anew): a
   call with the same key and another tool or other arguments is no replay, and is refused
@@ -81,9 +84,11 @@ class Replays:
         serve: Callable[[], Awaitable[Served]],
         replayed: Callable[[str], None],
         bound: Bound,
+        holder: Callable[[], Awaitable[str | None]] | None = None,
     ) -> Served:
         """`serve()` for the first call with `key` in `session`; its result for a replay of the
-        same call, `bound` (and `replayed(first)` says so, for the audit trail)."""
+        same call, `bound` (and `replayed(first)` says so, for the audit trail). `holder()` asks the
+        gate which call holds the key (on any replica), for a refusal to name it."""
         slot = (session, key)
         known = self._calls.get(slot)
         if known is not None:
@@ -97,9 +102,17 @@ class Replays:
                     " tool with the same arguments)",
                 )
             if known.result is None:
+                first = (await holder() if holder is not None else None) or known.first
+                if first != known.first:  # the call running here is itself a replay of one that holds the key
+                    raise CallReplayed(
+                        first,
+                        f"this idempotency key belongs to call {first} of this session (`mcp-spec-proxy audit`"
+                        f" shows its outcome): this replay was not run, and call {known.first}, a replay of it"
+                        " still running here, will not run either — send a fresh key for a new call",
+                    )
                 raise CallReplayed(
-                    known.first,
-                    f"call {known.first} with this idempotency key is still running in this session: this"
+                    first,
+                    f"call {first} with this idempotency key is still running in this session: this"
                     " replay was not run; send it again once that call has ended to get its outcome",
                 )
             replayed(known.first)

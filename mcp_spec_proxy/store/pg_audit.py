@@ -104,8 +104,17 @@ class PgAudit:
         self._late.append(self._row(kind, {**fields, "late": True}))
         self._wake.set()
 
+    async def holder(self, session: str, key: str) -> str | None:
+        try:
+            with anyio.fail_after(self._timeout):
+                async with self._pool.connection() as conn:
+                    held = await (await conn.execute(HOLDER, (_key_slot(session, key),))).fetchone()
+        except DB_ERRORS:
+            return None
+        return None if held is None else str(held[0])
+
     async def claim(self, session: str, key: str, call: str) -> str | None:
-        slot = "key:" + hashlib.sha256(f"{session}\0{key}".encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        slot = _key_slot(session, key)
         try:
             with anyio.fail_after(self._timeout):
                 async with self._pool.connection() as conn, conn.transaction():
@@ -199,3 +208,8 @@ async def read_rows(
     async with pool.connection() as conn:
         cursor = await conn.execute(sql, args)
         return [{"ts": ts, "event": event, **data} for _, ts, event, data in await cursor.fetchall()]
+
+
+def _key_slot(session: str, key: str) -> str:
+    """The row a session's idempotency key is claimed under (its `call` column), shared by every replica."""
+    return "key:" + hashlib.sha256(f"{session}\0{key}".encode("utf-8", "surrogatepass")).hexdigest()[:32]
