@@ -101,6 +101,9 @@ async def test_a_write_approved_by_the_person_behind_its_client_during_the_drain
                 httpx2.AsyncClient(timeout=60) as http,
                 Client(streamable_http_client(url, http_client=http), elicitation_callback=person) as client,
             ):
+                # As a client does first: its call's result is then checked without asking again (the
+                # SDK lists the tools after a result it cannot check, a new request the stop may refuse).
+                await client.list_tools()
                 result = await client.call_tool("toy__record", {"value": "approved"})
             code = await proxy.wait()  # the drain ends once the call has run and answered: no second signal
     log = proxy.log()
