@@ -23,6 +23,7 @@ from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
 
 from mcp_spec_proxy.fronts.mcp import SESSION_HEADER
+from mcp_spec_proxy.store.postgres import RECONNECT_S
 from mcp_spec_proxy.testing import ChatRequest, Respond, ScriptedModelServer
 from tests.harness import PROXY_COMMAND, approve, recorded, segment_length, text_of, toy, verdict
 from tests.pg import DSN_ENV, database_down, database_name, database_up, replica, rows, until
@@ -315,3 +316,31 @@ async def test_with_the_database_gone_writes_fail_closed_in_one_line_and_reads_k
     message = str(refused.value)
     assert "cannot write the audit trail to Postgres" in message and "\n" not in message
     assert recorded(ledger) == ['{"value": "before"}', '{"value": "after"}']  # and the pool found it again
+
+
+async def test_after_an_outage_longer_than_the_pools_old_backoff_the_first_write_runs(
+    tmp_path: Path, pg_dsn: str, postgres_server: str
+) -> None:
+    """The pool's back-off is capped (`RECONNECT_S`): after 40 s away, the way back is one attempt,
+    so the first write once the database is back runs, within the store's timeout. (With the pool's
+    own back-off, doubling up to 128 s, its next attempt could come 30 s after the return, and writes
+    were refused meanwhile; its series gave up only after 300 s, which the log shows.)"""
+    ledger = tmp_path / "ledger"
+    config = {"servers": {"toy": toy(ledger)}, "review": {"default": "allow", "intent": False}}
+    name = database_name(pg_dsn)
+    with replica(config, tmp_path, pg_dsn, "a", timeout=3) as a:
+        with anyio.fail_after(150):
+            async with client(a.url, "agent-4") as on_a:
+                assert not (await on_a.call_tool("toy__record", {"value": "before"})).is_error
+                database_down(postgres_server, name)
+                with pytest.raises(MCPError):  # the pool finds its connection cut: its attempts begin
+                    await on_a.call_tool("toy__record", {"value": "during"})
+                # Eight of its beats (5 s each) missed: 40 s away, past the old back-off's 16 s and 32 s steps;
+                # and the pool gave up a series of attempts after RECONNECT_S (its default: after 300 s),
+                # so the next request that waits starts a new one at once.
+                await until(lambda: sum("is not registered" in line for line in a.log) >= 8)
+                await until(lambda: any(f"failed after {RECONNECT_S} sec" in line for line in a.log))
+                database_up(postgres_server, name)
+                after = await on_a.call_tool("toy__record", {"value": "after"})
+    assert not after.is_error, text_of(after)
+    assert recorded(ledger) == ['{"value": "before"}', '{"value": "after"}']
