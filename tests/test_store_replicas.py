@@ -8,6 +8,7 @@ ever forwarded; with the database away, writes are refused in one line and reads
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import AsyncIterator
@@ -236,6 +237,49 @@ async def test_a_replica_killed_with_writes_held_has_them_closed_by_a_busy_survi
     forwarded = rows(pg_dsn, "SELECT call, count(*) FROM audit WHERE event = 'forwarded' GROUP BY call")
     assert [n for _, n in forwarded] == [1]
     assert not {c for c, _ in forwarded} & {c for c, _ in held}
+
+
+async def test_the_sweep_says_which_calls_of_a_dead_replica_may_have_run_as_their_audit_rows_tell(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    """kill -9 with one write held for a person and one already forwarded (the backend's ledger has
+    it; its answer never came): the survivor's sweep log names one never forwarded and one that may
+    have run, as the audit rows say, not both "never forwarded"."""
+    ledger = tmp_path / "ledger"
+    overrides = {"record_then_hang": {"review": "allow"}}
+    config = {
+        "servers": {"toy": toy(ledger, "--record-then-hang", tools={"overrides": overrides})},
+        "review": {"default": "human", "intent": False},
+    }
+    asked: list[str] = []
+    was_asked = anyio.Event()
+
+    async def call(url: str, tool: str, value: str) -> None:
+        with contextlib.suppress(Exception):  # the replica dies under the call: how it fails is not the point
+            async with client(url, None, mode="legacy", elicitation=waiting_elicitation(asked, was_asked, 1)) as c:
+                await c.call_tool(tool, {"value": value})
+
+    with (
+        replica(config, tmp_path, pg_dsn, "a", heartbeat=BEAT) as a,
+        replica(config, tmp_path, pg_dsn, "b", heartbeat=BEAT) as b,
+    ):
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call, a.url, "toy__record", "held")
+                tg.start_soon(call, a.url, "toy__record_then_hang", "ran")
+                await was_asked.wait()
+                await until(lambda: recorded(ledger) == ['{"value": "ran"}'])
+                a.kill()
+                tg.cancel_scope.deadline = anyio.current_time() + 20
+            await until(lambda: len(rows(pg_dsn, "SELECT 1 FROM audit WHERE event = 'abandoned'")) == 2)
+            await until(lambda: any("abandoned" in line for line in b.log))
+    (line,) = [line for line in b.log if "of stopped replicas abandoned" in line]
+    assert "marked 2 call(s)" in line and "1 held, never forwarded" in line, line
+    assert "1 after an accepted verdict, which the backend may or may not have run" in line, line
+    reasons = dict(rows(pg_dsn, "SELECT data->>'tool', data->>'reason' FROM audit WHERE event = 'abandoned'"))
+    assert "never forwarded" in reasons["toy__record"]
+    assert "may or may not have run" in reasons["toy__record_then_hang"]
+    assert recorded(ledger) == ['{"value": "ran"}']
 
 
 async def test_after_a_database_outage_under_traffic_no_live_replicas_held_call_is_abandoned(

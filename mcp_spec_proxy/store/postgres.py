@@ -69,9 +69,7 @@ SELECT extract(epoch FROM clock_timestamp()), 'abandoned', o.call, o.session, %(
                           'replica', o.replica, 'reason', CASE WHEN EXISTS (
                               SELECT 1 FROM audit v WHERE v.call = o.call AND v.event = 'verdict'
                               AND (v.data->>'accepted')::boolean)
-                          THEN 'its replica stopped after the accepted verdict, before recording the forward:'
-                               ' the backend may or may not have run it; it is not sent again'
-                          ELSE 'its replica stopped while the call was held: it was never forwarded' END)
+                          THEN %(may_have_run)s::text ELSE %(never_forwarded)s::text END)
 FROM open_calls o JOIN audit h ON h.id = o.held_id LEFT JOIN replicas r ON r.replica = o.replica
 WHERE o.replica IS NULL OR (
     o.replica NOT IN (SELECT replica FROM live)
@@ -82,7 +80,14 @@ WHERE o.replica IS NULL OR (
     ))
 )
 ON CONFLICT DO NOTHING
+RETURNING data->>'reason' = %(may_have_run)s::text
 """
+# What the sweep writes of each call it marks: the audit rows say which it was.
+MAY_HAVE_RUN = (
+    "its replica stopped after the accepted verdict, before recording the forward:"
+    " the backend may or may not have run it; it is not sent again"
+)
+NEVER_FORWARDED = "its replica stopped while the call was held: it was never forwarded"
 BEAT = (
     "INSERT INTO replicas (replica, beat_s, silent_s) VALUES (%s, %s, %s) ON CONFLICT (replica)"
     " DO UPDATE SET seen = clock_timestamp(), beat_s = EXCLUDED.beat_s, silent_s = EXCLUDED.silent_s RETURNING seen"
@@ -239,9 +244,11 @@ class PgStore:
                         "me": self.replica,
                         "ns": LOCK_NAMESPACE,
                         "since": self._connected_since or FAR_FUTURE,  # not connected: judge no one's silence
+                        "may_have_run": MAY_HAVE_RUN,
+                        "never_forwarded": NEVER_FORWARDED,
                     }
                     cursor = await conn.execute(SWEEP, args)
-                    marked = int(cursor.rowcount)
+                    verdicts = [bool(row[0]) for row in await cursor.fetchall()]
                     await conn.execute(
                         f"DELETE FROM sessions WHERE held = 0 AND updated_at < now() - interval '{SESSION_TTL}'"
                     )
@@ -249,9 +256,9 @@ class PgStore:
         except DB_ERRORS as exc:
             logger.warning("could not sweep held calls of stopped replicas: %s", problem(exc))
             return 0
-        if marked:
-            logger.warning("marked %d held call(s) of stopped replicas abandoned (never forwarded)", marked)
-        return marked
+        if verdicts:
+            logger.warning("marked %d call(s) of stopped replicas abandoned: %s", len(verdicts), _kinds(verdicts))
+        return len(verdicts)
 
     async def health(self) -> list[str]:
         """Reached within `PROBE_S` (a readiness probe's own deadline is about a second: a kubelet's
@@ -272,6 +279,17 @@ class PgStore:
             return await read_rows(self.pool, session=session)
         except DB_ERRORS as exc:
             raise StateError(f"cannot read the audit trail from Postgres: {problem(exc)}") from None
+
+
+def _kinds(may_have_run: list[bool]) -> str:
+    """What the marked calls were, as their audit rows tell (not sent again, either way)."""
+    ran = sum(may_have_run)
+    kinds = []
+    if held := len(may_have_run) - ran:
+        kinds.append(f"{held} held, never forwarded")
+    if ran:
+        kinds.append(f"{ran} after an accepted verdict, which the backend may or may not have run")
+    return "; ".join(kinds) + " (none is sent again)"
 
 
 async def _lock_connection(dsn: str, limit_s: float) -> psycopg.AsyncConnection[Any]:
