@@ -240,13 +240,8 @@ class PgStore:
         try:
             with anyio.fail_after(self._timeout):
                 async with self.pool.connection() as conn:
-                    args = {
-                        "me": self.replica,
-                        "ns": LOCK_NAMESPACE,
-                        "since": self._connected_since or FAR_FUTURE,  # not connected: judge no one's silence
-                        "may_have_run": MAY_HAVE_RUN,
-                        "never_forwarded": NEVER_FORWARDED,
-                    }
+                    # Not connected: judge no one's silence.
+                    args = sweep_args(self.replica, self._connected_since or FAR_FUTURE)
                     cursor = await conn.execute(SWEEP, args)
                     verdicts = [bool(row[0]) for row in await cursor.fetchall()]
                     await conn.execute(
@@ -279,6 +274,17 @@ class PgStore:
             return await read_rows(self.pool, session=session)
         except DB_ERRORS as exc:
             raise StateError(f"cannot read the audit trail from Postgres: {problem(exc)}") from None
+
+
+def sweep_args(me: int, since: datetime) -> dict[str, Any]:
+    """`SWEEP`'s parameters for replica `me`, connected without a break since `since`."""
+    return {
+        "me": me,
+        "ns": LOCK_NAMESPACE,
+        "since": since,
+        "may_have_run": MAY_HAVE_RUN,
+        "never_forwarded": NEVER_FORWARDED,
+    }
 
 
 def _kinds(may_have_run: list[bool]) -> str:
