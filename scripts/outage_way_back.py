@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -104,11 +105,14 @@ def main() -> int:
     args = parser.parse_args()
     outages = args.outage or [30.0, 90.0]
     home = Path(tempfile.mkdtemp(prefix="mcp-spec-proxy-outage-"))
-    if args.dsn:
-        measure(args.dsn, home, outages)
-    else:
-        with embedded_postgres(home / "pgdata") as admin:
-            measure(admin, home, outages)
+    try:
+        if args.dsn:
+            measure(args.dsn, home, outages)
+        else:
+            with embedded_postgres(home / "pgdata") as admin:
+                measure(admin, home, outages)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
     return 0
 
 
