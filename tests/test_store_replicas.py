@@ -8,6 +8,7 @@ ever forwarded; with the database away, writes are refused in one line and reads
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import AsyncIterator
@@ -23,6 +24,7 @@ from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
 
 from mcp_spec_proxy.fronts.mcp import SESSION_HEADER
+from mcp_spec_proxy.store.postgres import RECONNECT_S
 from mcp_spec_proxy.testing import ChatRequest, Respond, ScriptedModelServer
 from tests.harness import PROXY_COMMAND, approve, recorded, segment_length, text_of, toy, verdict
 from tests.pg import DSN_ENV, database_down, database_name, database_up, replica, rows, until
@@ -237,6 +239,49 @@ async def test_a_replica_killed_with_writes_held_has_them_closed_by_a_busy_survi
     assert not {c for c, _ in forwarded} & {c for c, _ in held}
 
 
+async def test_the_sweep_says_which_calls_of_a_dead_replica_may_have_run_as_their_audit_rows_tell(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    """kill -9 with one write held for a person and one already forwarded (the backend's ledger has
+    it; its answer never came): the survivor's sweep log names one never forwarded and one that may
+    have run, as the audit rows say, not both "never forwarded"."""
+    ledger = tmp_path / "ledger"
+    overrides = {"record_then_hang": {"review": "allow"}}
+    config = {
+        "servers": {"toy": toy(ledger, "--record-then-hang", tools={"overrides": overrides})},
+        "review": {"default": "human", "intent": False},
+    }
+    asked: list[str] = []
+    was_asked = anyio.Event()
+
+    async def call(url: str, tool: str, value: str) -> None:
+        with contextlib.suppress(Exception):  # the replica dies under the call: how it fails is not the point
+            async with client(url, None, mode="legacy", elicitation=waiting_elicitation(asked, was_asked, 1)) as c:
+                await c.call_tool(tool, {"value": value})
+
+    with (
+        replica(config, tmp_path, pg_dsn, "a", heartbeat=BEAT) as a,
+        replica(config, tmp_path, pg_dsn, "b", heartbeat=BEAT) as b,
+    ):
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call, a.url, "toy__record", "held")
+                tg.start_soon(call, a.url, "toy__record_then_hang", "ran")
+                await was_asked.wait()
+                await until(lambda: recorded(ledger) == ['{"value": "ran"}'])
+                a.kill()
+                tg.cancel_scope.deadline = anyio.current_time() + 20
+            await until(lambda: len(rows(pg_dsn, "SELECT 1 FROM audit WHERE event = 'abandoned'")) == 2)
+            await until(lambda: any("abandoned" in line for line in b.log))
+    (line,) = [line for line in b.log if "of stopped replicas abandoned" in line]
+    assert "marked 2 call(s)" in line and "1 held, never forwarded" in line, line
+    assert "1 after an accepted verdict, which the backend may or may not have run" in line, line
+    reasons = dict(rows(pg_dsn, "SELECT data->>'tool', data->>'reason' FROM audit WHERE event = 'abandoned'"))
+    assert "never forwarded" in reasons["toy__record"]
+    assert "may or may not have run" in reasons["toy__record_then_hang"]
+    assert recorded(ledger) == ['{"value": "ran"}']
+
+
 async def test_after_a_database_outage_under_traffic_no_live_replicas_held_call_is_abandoned(
     tmp_path: Path, pg_dsn: str, postgres_server: str
 ) -> None:
@@ -315,3 +360,31 @@ async def test_with_the_database_gone_writes_fail_closed_in_one_line_and_reads_k
     message = str(refused.value)
     assert "cannot write the audit trail to Postgres" in message and "\n" not in message
     assert recorded(ledger) == ['{"value": "before"}', '{"value": "after"}']  # and the pool found it again
+
+
+async def test_after_an_outage_longer_than_the_pools_old_backoff_the_first_write_runs(
+    tmp_path: Path, pg_dsn: str, postgres_server: str
+) -> None:
+    """The pool's back-off is capped (`RECONNECT_S`): after 40 s away, the way back is one attempt,
+    so the first write once the database is back runs, within the store's timeout. (With the pool's
+    own back-off, doubling up to 128 s, its next attempt could come 30 s after the return, and writes
+    were refused meanwhile; its series gave up only after 300 s, which the log shows.)"""
+    ledger = tmp_path / "ledger"
+    config = {"servers": {"toy": toy(ledger)}, "review": {"default": "allow", "intent": False}}
+    name = database_name(pg_dsn)
+    with replica(config, tmp_path, pg_dsn, "a", timeout=3) as a:
+        with anyio.fail_after(150):
+            async with client(a.url, "agent-4") as on_a:
+                assert not (await on_a.call_tool("toy__record", {"value": "before"})).is_error
+                database_down(postgres_server, name)
+                with pytest.raises(MCPError):  # the pool finds its connection cut: its attempts begin
+                    await on_a.call_tool("toy__record", {"value": "during"})
+                # Eight of its beats (5 s each) missed: 40 s away, past the old back-off's 16 s and 32 s steps;
+                # and the pool gave up a series of attempts after RECONNECT_S (its default: after 300 s),
+                # so the next request that waits starts a new one at once.
+                await until(lambda: sum("is not registered" in line for line in a.log) >= 8)
+                await until(lambda: any(f"failed after {RECONNECT_S} sec" in line for line in a.log))
+                database_up(postgres_server, name)
+                after = await on_a.call_tool("toy__record", {"value": "after"})
+    assert not after.is_error, text_of(after)
+    assert recorded(ledger) == ['{"value": "before"}', '{"value": "after"}']

@@ -18,7 +18,9 @@ kinds ("1 of 2 backends not connected"), never a name, and no CORS header lets a
 them. `/metrics` names servers and tools: with a token it requires the token (and then skips the
 Host check — the token is what a rebinding page cannot send, and a scraper reaches the pod by its
 address); without one it sits behind the Host check, like the front. The store's answer is
-remembered for `STORE_CHECK_S`, so probes at any rate cost the database one query a second.
+remembered for `STORE_CHECK_S`, so probes at any rate cost the database one query a second, and the
+check waits for the database half a second at most (`store.postgres.PROBE_S`, not the store's
+`timeout`): a probe is answered well within a kubelet's default 1 s probe timeout, database or not.
 """
 
 from __future__ import annotations

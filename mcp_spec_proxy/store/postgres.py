@@ -49,6 +49,13 @@ __all__ = ["LATEST", "PgFingerprints", "PgStore", "migrate_database", "read_audi
 
 DEAD_AFTER = 3  # beats of silence, with no lock held, before a replica is presumed stopped
 FAR_FUTURE = datetime(9999, 1, 1, tzinfo=UTC)
+# The pool retries a lost connection after 1 s, then after 1 s more, and then gives that connection
+# up; the next request that waits for one starts a new attempt at once (its sweeps, every beat, are
+# such requests). So the way back is one attempt away, a second at most, however long the database
+# was away: the pool's default (300 s, doubling the wait from 1 s up to 128 s) brought writes back
+# 3 s after a 30 s outage and 16 s and more after 90 s.
+RECONNECT_S = 2.0
+PROBE_S = 0.5  # how long `/readyz` waits for the database: well within a probe's 1 s
 SESSION_TTL = "1 day"  # a session untouched this long, with nothing held, is forgotten by the sweep
 
 SWEEP = """
@@ -62,9 +69,7 @@ SELECT extract(epoch FROM clock_timestamp()), 'abandoned', o.call, o.session, %(
                           'replica', o.replica, 'reason', CASE WHEN EXISTS (
                               SELECT 1 FROM audit v WHERE v.call = o.call AND v.event = 'verdict'
                               AND (v.data->>'accepted')::boolean)
-                          THEN 'its replica stopped after the accepted verdict, before recording the forward:'
-                               ' the backend may or may not have run it; it is not sent again'
-                          ELSE 'its replica stopped while the call was held: it was never forwarded' END)
+                          THEN %(may_have_run)s::text ELSE %(never_forwarded)s::text END)
 FROM open_calls o JOIN audit h ON h.id = o.held_id LEFT JOIN replicas r ON r.replica = o.replica
 WHERE o.replica IS NULL OR (
     o.replica NOT IN (SELECT replica FROM live)
@@ -75,7 +80,14 @@ WHERE o.replica IS NULL OR (
     ))
 )
 ON CONFLICT DO NOTHING
+RETURNING data->>'reason' = %(may_have_run)s::text
 """
+# What the sweep writes of each call it marks: the audit rows say which it was.
+MAY_HAVE_RUN = (
+    "its replica stopped after the accepted verdict, before recording the forward:"
+    " the backend may or may not have run it; it is not sent again"
+)
+NEVER_FORWARDED = "its replica stopped while the call was held: it was never forwarded"
 BEAT = (
     "INSERT INTO replicas (replica, beat_s, silent_s) VALUES (%s, %s, %s) ON CONFLICT (replica)"
     " DO UPDATE SET seen = clock_timestamp(), beat_s = EXCLUDED.beat_s, silent_s = EXCLUDED.silent_s RETURNING seen"
@@ -138,6 +150,7 @@ class PgStore:
             max_size=settings.pool_size,
             open=False,
             timeout=settings.timeout,
+            reconnect_timeout=RECONNECT_S,
             kwargs={"autocommit": True, "connect_timeout": max(1, round(settings.timeout))},
         )
         try:
@@ -227,13 +240,10 @@ class PgStore:
         try:
             with anyio.fail_after(self._timeout):
                 async with self.pool.connection() as conn:
-                    args = {
-                        "me": self.replica,
-                        "ns": LOCK_NAMESPACE,
-                        "since": self._connected_since or FAR_FUTURE,  # not connected: judge no one's silence
-                    }
+                    # Not connected: judge no one's silence.
+                    args = sweep_args(self.replica, self._connected_since or FAR_FUTURE)
                     cursor = await conn.execute(SWEEP, args)
-                    marked = int(cursor.rowcount)
+                    verdicts = [bool(row[0]) for row in await cursor.fetchall()]
                     await conn.execute(
                         f"DELETE FROM sessions WHERE held = 0 AND updated_at < now() - interval '{SESSION_TTL}'"
                     )
@@ -241,14 +251,15 @@ class PgStore:
         except DB_ERRORS as exc:
             logger.warning("could not sweep held calls of stopped replicas: %s", problem(exc))
             return 0
-        if marked:
-            logger.warning("marked %d held call(s) of stopped replicas abandoned (never forwarded)", marked)
-        return marked
+        if verdicts:
+            logger.warning("marked %d call(s) of stopped replicas abandoned: %s", len(verdicts), _kinds(verdicts))
+        return len(verdicts)
 
     async def health(self) -> list[str]:
-        """Reached within the store's timeout, and holding every schema step this replica needs."""
+        """Reached within `PROBE_S` (a readiness probe's own deadline is about a second: a kubelet's
+        default), and holding every schema step this replica needs."""
         try:
-            with anyio.fail_after(self._timeout):
+            with anyio.fail_after(min(self._timeout, PROBE_S)):
                 async with self.pool.connection() as conn:
                     cursor = await conn.execute("SELECT version FROM schema_version")
                     present = {int(row[0]) for row in await cursor.fetchall()}
@@ -263,6 +274,28 @@ class PgStore:
             return await read_rows(self.pool, session=session)
         except DB_ERRORS as exc:
             raise StateError(f"cannot read the audit trail from Postgres: {problem(exc)}") from None
+
+
+def sweep_args(me: int, since: datetime) -> dict[str, Any]:
+    """`SWEEP`'s parameters for replica `me`, connected without a break since `since`."""
+    return {
+        "me": me,
+        "ns": LOCK_NAMESPACE,
+        "since": since,
+        "may_have_run": MAY_HAVE_RUN,
+        "never_forwarded": NEVER_FORWARDED,
+    }
+
+
+def _kinds(may_have_run: list[bool]) -> str:
+    """What the marked calls were, as their audit rows tell (not sent again, either way)."""
+    ran = sum(may_have_run)
+    kinds = []
+    if held := len(may_have_run) - ran:
+        kinds.append(f"{held} held, never forwarded")
+    if ran:
+        kinds.append(f"{ran} after an accepted verdict, which the backend may or may not have run")
+    return "; ".join(kinds) + " (none is sent again)"
 
 
 async def _lock_connection(dsn: str, limit_s: float) -> psycopg.AsyncConnection[Any]:
