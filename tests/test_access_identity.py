@@ -57,7 +57,9 @@ class Front:
 
 
 @asynccontextmanager
-async def front(tmp_path: Path, models: dict[str, Any] | None = None) -> AsyncIterator[Front]:
+async def front(
+    tmp_path: Path, models: dict[str, Any] | None = None, access: list[dict[str, Any]] = ACCESS
+) -> AsyncIterator[Front]:
     """The HTTP front under `auth:`, `access:` and `rules:`, over two toys (`toy` and `bank`) and a
     server with instructions, prompts and resources (`feat`)."""
     async with authorization_server() as auth, anyio.create_task_group() as tg:
@@ -69,7 +71,7 @@ async def front(tmp_path: Path, models: dict[str, Any] | None = None) -> AsyncIt
                 "servers": {"toy": toy(tmp_path / "toy"), "bank": toy(tmp_path / "bank"), "feat": {"command": "-"}},
                 "review": {"default": "human", "intent": False},
                 "auth": {"issuer": auth.issuer, "audience": url, "scopes": ["mcp"]},
-                "access": ACCESS,
+                "access": access,
                 "rules": RULES,
                 "models": models or {},
             }
@@ -171,3 +173,36 @@ async def test_a_hidden_servers_instructions_prompts_and_resources_are_its_princ
                 seen[name] = (told, prompts, len((await session.list_resources()).resources))
     assert seen["ann"][0] and "feat__greet" in seen["ann"][1] and seen["ann"][2] > 0
     assert seen["bob"] == (False, [], 0)
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_access_hides_the_proxys_own_tools_as_tools_of_the_server_mcp_spec_proxy(
+    tmp_path: Path, mode: str
+) -> None:
+    """`delegate` is a tool of `mcp-spec-proxy` to `access:`: hidden from bob, it is not listed to him
+    and his call of it is the call of a tool that does not exist; no model is asked for him."""
+    asked: list[str] = []
+
+    def answer(request: ChatRequest) -> Reply | str:
+        asked.append(str(request.messages[-1]["content"]))
+        return "Done."
+
+    own = [{"when": 'server == "mcp-spec-proxy" && !("admins" in principal.groups)', "hide": True}, *ACCESS]
+    async with ScriptedModelServer(Respond(answer)) as model:
+        strong = {"base_url": model.base_url, "max_retries": 0, "model": "strong-model"}
+        async with front(tmp_path, {"strong": strong}, own) as f:
+            ann, bob = await f.token("ann", "admins"), await f.token("bob", "eng")
+            async with client(f.url, ann, mode) as as_ann:
+                ann_sees = {tool.name for tool in (await as_ann.list_tools()).tools}
+                ran = await as_ann.call_tool("delegate", {"task": "ann asks for nothing"})
+            async with client(f.url, bob, mode) as as_bob:
+                bob_sees = {tool.name for tool in (await as_bob.list_tools()).tools}
+                refused = await call_error(as_bob, "delegate", {"task": "bob asks for nothing"})
+                unknown = await call_error(as_bob, "nosuch", {"task": "bob asks for nothing"})
+    assert "delegate" in ann_sees and not ran.is_error
+    assert "delegate" not in bob_sees and "toy__echo" in bob_sees
+    assert (refused.code, refused.message.replace("delegate", "X")) == (
+        unknown.code,
+        unknown.message.replace("nosuch", "X"),
+    )
+    assert asked == ["ann asks for nothing"]
