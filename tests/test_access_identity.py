@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 import httpx2
+import mcp_types as types
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -25,10 +26,11 @@ from mcp_spec_proxy.fronts.asgi import host_names
 from mcp_spec_proxy.fronts.http import serve_http
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.fronts.probes import Door
+from mcp_spec_proxy.fronts.replays import KEY_META
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
 from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
 from tests.fixtures import feature_server
-from tests.harness import ERAS, call_error, recorded, toy, toy_twins
+from tests.harness import ERAS, call_error, recorded, request_meta, toy, toy_twins
 from tests.oauth import AuthServer, authorization_server
 
 pytestmark = pytest.mark.anyio
@@ -206,3 +208,30 @@ async def test_access_hides_the_proxys_own_tools_as_tools_of_the_server_mcp_spec
         unknown.message.replace("nosuch", "X"),
     )
     assert asked == ["ann asks for nothing"]
+
+
+async def test_every_audit_line_a_principal_caused_names_it(tmp_path: Path) -> None:
+    """Log levels, subscriptions, resources, a keyed write (its claim, its verdict, its forward) and
+    its replay: each line names ann, so `audit --principal ann` finds the whole story."""
+    key = request_meta({KEY_META: "pay-once"})
+    async with front(tmp_path) as f:
+        ann = await f.token("ann", "finance", "admins")
+        async with client(f.url, ann, "legacy") as session:
+            await session.session.send_request(
+                types.SetLevelRequest(params=types.SetLevelRequestParams(level="warning")), types.EmptyResult
+            )
+            subscription = types.SubscribeRequestParams(uri=feature_server.TODAY)
+            await session.session.send_request(types.SubscribeRequest(params=subscription), types.EmptyResult)
+            unsubscription = types.UnsubscribeRequestParams(uri=feature_server.TODAY)
+            await session.session.send_request(types.UnsubscribeRequest(params=unsubscription), types.EmptyResult)
+            await session.read_resource(feature_server.TODAY)
+            await session.call_tool("bank__record", {"value": "ann pays"}, meta=key)
+            await session.call_tool("bank__record", {"value": "ann pays"}, meta=key)  # a replay: not run again
+            await session.call_tool("toy__echo", {"text": "done?"})
+    assert recorded(tmp_path / "bank") == ['{"value": "ann pays"}']
+    lines = [line for line in read_audit(tmp_path / "state" / "audit.jsonl") if "session" in line]
+    events = {line["event"] for line in lines}
+    expected = {"log-level", "subscribe", "unsubscribe", "resource", "claimed", "held", "verdict", "forwarded"}
+    assert expected | {"replayed", "read"} <= events, events
+    unnamed = [line for line in lines if line.get("principal") != {"sub": "ann", "client_id": "cli-ann"}]
+    assert unnamed == []

@@ -102,7 +102,7 @@ from mcp_spec_proxy.errors import (
 from mcp_spec_proxy.models import ModelCall
 from mcp_spec_proxy.observe.logs import about_call
 from mcp_spec_proxy.observe.telemetry import Tracing
-from mcp_spec_proxy.principal import Principal
+from mcp_spec_proxy.principal import Principal, who
 from mcp_spec_proxy.review import InputNeeded, Reviewer, ReviewFailed, ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review.kinds import ReviewerKind
 from mcp_spec_proxy.review.waiting import asks_a_person, waiting_note, with_heartbeat
@@ -199,7 +199,8 @@ class Gate(Reads, Policy):
         run only at the client's next request, and the verdict belongs to this one).
         """
         spans = self.tracing.call(call.id, call.tool, call.author, call.principal)
-        with self.admitted(call.session, call.tool.name, call.id), about_call(call.id, call.session), spans:
+        admitted = self.admitted(call.session, call.tool.name, call.id, call.principal)
+        with admitted, about_call(call.id, call.session), spans:
             return await self._write(call, user, report, strong, verified, executor, step, decided)
 
     async def _write(
@@ -243,11 +244,11 @@ class Gate(Reads, Policy):
         if call.key is not None:
             common["key"] = digest(call.key)  # a digest: the key is the client's text
         if call.principal is not None:
-            common["principal"] = call.principal.audit_fields()
+            common["principal"] = call.principal.audit_fields()  # on every line of the call (`_ids`)
         await self._before(call, "held", **common, segment_length=len(call.request.segment))
         logger.debug("%s held for its verdict (reviewer %s)", tool.name, reviewer.by.text)
         if flagged is not None:
-            await self._before(call, "leash-escalated", call=call.id, session=call.session, **flagged)
+            await self._before(call, "leash-escalated", **_ids(call), **flagged)
         started = time.perf_counter()
         settled = False  # its terminal line (`blocked`) is written: a cancel after it abandons nothing
         try:
@@ -278,7 +279,7 @@ class Gate(Reads, Policy):
             if not verdict.accepted:
                 settled = True
                 with anyio.CancelScope(shield=True):  # once begun, the terminal line is written whole
-                    await self._after("blocked", call=call.id, session=call.session)
+                    await self._after("blocked", **_ids(call))
                 await self._label(call, verdict)
                 return Outcome(call.id, verdict, None, latency_ms, key=call.key)
             step = step or Step(tool.name, call.arguments, tool.effect, intent=call.intent)
@@ -287,7 +288,7 @@ class Gate(Reads, Policy):
             if verdict.arguments is not None and verdict.arguments != call.arguments:
                 # A person edited the call on the approval console (validated there against its schema).
                 digests = {"original_digest": digest(call.arguments), "edited_digest": digest(verdict.arguments)}
-                await self._before(call, "edited", call=call.id, session=call.session, by=verdict.reviewer, **digests)
+                await self._before(call, "edited", **_ids(call), by=verdict.reviewer, **digests)
                 # What runs is a new step: the segment the reviewer was shown keeps the call as it was sent.
                 arguments = edited = dict(verdict.arguments)
                 step = dataclasses.replace(step, arguments=arguments)
@@ -320,8 +321,7 @@ class Gate(Reads, Policy):
             with anyio.CancelScope(shield=True):
                 await self._after(
                     "forward-interrupted",
-                    call=call.id,
-                    session=call.session,
+                    **_ids(call),
                     reason=f"{why} while forwarding: the backend may or may not have run it",
                 )
             raise
@@ -329,12 +329,12 @@ class Gate(Reads, Policy):
             # A backend that was not connected was sent nothing: the audit says so, not "forwarded".
             sent = not isinstance(error, BackendUnavailable) or isinstance(error, BackendClosed)
             event = "forwarded" if sent else "unsent"
-            await self._after(event, call=call.id, session=call.session, is_error=True, error_code=error.code)
+            await self._after(event, **_ids(call), is_error=True, error_code=error.code)
             await self._label(call, verdict, edited)
             failed = noted(edit_note, ran.result, structured=True) if edit_note else ran.result
             return Outcome(call.id, verdict, failed, latency_ms, error=error, key=call.key, step=ran.step)
         result = ran.result
-        late = await self._after("forwarded", call=call.id, session=call.session, is_error=bool(result.is_error))
+        late = await self._after("forwarded", **_ids(call), is_error=bool(result.is_error))
         if late is not None:
             # It ran: the client gets the backend's result, told that its audit line is late.
             note = f"the backend ran this call; its audit line could not be written yet ({late}): it is retried"
@@ -350,7 +350,7 @@ class Gate(Reads, Policy):
         try:
             await self._audit.record(kind, **fields)
         except StateError as exc:
-            self._audit.later("abandoned", call=gated.id, session=gated.session, reason=f"its {kind} line: {exc}")
+            self._audit.later("abandoned", **_ids(gated), reason=f"its {kind} line: {exc}")
             raise StateError(
                 f"{exc}: {gated.tool.name} was not forwarded (call {gated.id}) — no write runs without its audit"
                 " line; writes are refused until the audit trail takes lines again, reads keep working"
@@ -370,15 +370,15 @@ class Gate(Reads, Policy):
         """Take the call's idempotency key before it is forwarded, or refuse the call."""
         assert call.key is not None
         try:
-            first = await self._audit.claim(call.session, digest(call.key), call.id)
+            first = await self._audit.claim(call.session, digest(call.key), call.id, **who(call.principal))
         except StateError as exc:
-            self._audit.later("abandoned", call=call.id, session=call.session, reason=f"its key's claim: {exc}")
+            self._audit.later("abandoned", **_ids(call), reason=f"its key's claim: {exc}")
             raise StateError(f"{exc}: {call.tool.name} was not forwarded (call {call.id})") from None
         if first is None:
             return
         reason = f"its idempotency key belongs to call {first}, which may have run"
         with anyio.CancelScope(shield=True):  # its terminal line: a cancel now must not add `abandoned`
-            await self._after("blocked", call=call.id, session=call.session, reason=reason)
+            await self._after("blocked", **_ids(call), reason=reason)
         raise CallReplayed(
             first,
             f"{call.tool.name} was not forwarded: its idempotency key was used by call {first} of this session"
@@ -458,6 +458,11 @@ class Gate(Reads, Policy):
         if isinstance(fields.get("reason"), str):
             fields["reason"] = capped(fields["reason"])
         await self._audit.record(kind, **fields)
+
+
+def _ids(call: GateCall) -> dict[str, Any]:
+    """What names a call on each of its audit lines: its id, its session and who asked."""
+    return {"call": call.id, "session": call.session, **who(call.principal)}
 
 
 _ON_ERROR = ReviewerKind.ON_ERROR.chain  # a verdict the gate gave for a reviewer that gave none

@@ -104,7 +104,7 @@ class PgAudit:
         self._late.append(self._row(kind, {**fields, "late": True}))
         self._wake.set()
 
-    async def claim(self, session: str, key: str, call: str) -> str | None:
+    async def claim(self, session: str, key: str, call: str, **fields: Any) -> str | None:
         slot = "key:" + hashlib.sha256(f"{session}\0{key}".encode("utf-8", "surrogatepass")).hexdigest()[:32]
         try:
             with anyio.fail_after(self._timeout):
@@ -114,7 +114,7 @@ class PgAudit:
                     held = await cursor.fetchone()
                     if held is not None:
                         return str(held[0])
-                    row = self._row("claimed", {"call": call, "session": session, "key": key})
+                    row = self._row("claimed", {"call": call, "session": session, "key": key, **fields})
                     await conn.execute(INSERT, (row[0], row[1], slot, *row[3:]))
         except DB_ERRORS as exc:
             raise StateError(f"cannot write the audit trail to Postgres ({problem(exc)})") from None
