@@ -209,3 +209,12 @@ def test_a_read_is_checked_only_against_the_rules_up_to_the_last_that_could_make
     reviewers_only = Rules(ProxyConfig.model_validate({"rules": [{"when": "true", "review": "human"}]}).rules, "allow")
     assert reviewers_only.decide(tool("x__read", effect="read"), {}, None, "s1") == Decision()
     assert reviewers_only.decide(tool("x__write"), {}, None, "s1") == Decision(1, "human")
+
+
+def test_text_with_a_nul_fails_closed_rather_than_being_cut_short_by_the_runtime() -> None:
+    # The CEL runtime reads text up to its first NUL: unchecked, rule 1 would allow this path.
+    decision = decide("fs__write_file", {"path": "/srv/notes/a.md\x00/../../../etc/cron.d/x"})
+    assert decision.failed is not None and "NUL" in decision.failed and decision.review != "allow"
+    assert decision.deny is not None  # the strictest rule that could have matched: no-push's deny
+    assert decide("fs__write_file", {"path": "/srv/notes/a.md"}) == Decision(1, "allow")
+    assert decide("x__y", {"k\x00": 1}).failed is not None  # in a key too

@@ -25,10 +25,12 @@ rule a read evaluates nothing (the read path pays for `rules:` only where they c
 A rule that cannot be evaluated for a call (a key the call lacks, a value of the wrong type, a
 number CEL cannot hold, text that is not Unicode) fails closed, and so does every call whose
 arguments hold NaN or an infinity (every comparison with NaN is false: `args.amount > 100` would
-quietly not match). Failing closed means the strictest outcome among the rules that could have
-matched: the failed rules, the first later rule that matches, and — when none does — the tool's
-own reviewer. Strictest is `deny`, then a person (`human`, `console`), `strong`,
-`strong_then_human`, `leash`, `allow`; any of them making the call a write makes it one.
+quietly not match) or text with a NUL character (the CEL runtime reads text up to its first NUL:
+`args.path == "/srv/a"` would match `/srv/a` + NUL + `/../etc`). Failing closed means the
+strictest outcome among the rules that could have matched: the failed rules, the first later rule
+that matches, and — when none does — the tool's own reviewer. Strictest is `deny`, then a person
+(`human`, `console`), `strong`, `strong_then_human`, `leash`, `allow`; any of them making the call
+a write makes it one.
 """
 
 from __future__ import annotations
@@ -185,8 +187,8 @@ class Rules:
             "annotations": self._annotations_of(tool),
             "principal": self._principal_of(principal),
         }
-        if _not_finite(arguments):
-            why = "its arguments hold NaN or an infinity, which no rule compares faithfully"
+        why = _unfaithful(arguments) or _unfaithful(session)
+        if why is not None:
             return self._closed(tool, list(self._rules), None, why)
         # One activation for every rule: CEL converts a value when a rule first reads it, once per call.
         values = activation(variables)
@@ -266,18 +268,22 @@ def evaluate(expression: Any, values: Any) -> tuple[bool, str | None]:
     return result, None
 
 
-def _not_finite(value: Any) -> bool:
-    """Whether NaN or an infinity is anywhere in `value`: walked with a stack, so depth costs no recursion."""
+def _unfaithful(value: Any) -> str | None:
+    """Why no rule compares `value` faithfully (NaN or an infinity, text or a key with a NUL), or None:
+    walked with a stack, so depth costs no recursion."""
     pending = [value]
     while pending:
         item = pending.pop()
         if isinstance(item, float) and not math.isfinite(item):
-            return True
+            return "its arguments hold NaN or an infinity, which no rule compares faithfully"
+        if isinstance(item, str) and "\x00" in item:
+            return "its arguments hold text with a NUL character, which the rules' CEL runtime cuts short"
         if isinstance(item, Mapping):
             pending.extend(item.values())
+            pending.extend(item.keys())
         elif isinstance(item, list | tuple):
             pending.extend(item)
-    return False
+    return None
 
 
 def _annotations(tool: CatalogTool) -> dict[str, Any]:
