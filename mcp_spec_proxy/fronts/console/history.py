@@ -106,18 +106,22 @@ def history_page(rows: list[CallRow], filters: dict[str, str]) -> str:
         f'<form class="filters" method="get" action="/history">{inputs}'
         f'<label>verdict <select name="verdict">{options}</select></label><button>Filter</button></form>'
     )
+    named = any(row.principal for row in shown)  # who asked: a column only where some call names one (`auth:`)
     body = "".join(
         f'<tr class="{row.verdict}"><td>{_clock(row.time)}</td><td><code>{escape(row.session)}</code></td>'
-        f"<td>{escape(row.principal)}</td><td><code>{escape(row.tool)}</code></td><td>{escape(row.author)}</td><td>{escape(row.reviewer)}</td>"
-        f"<td>{escape(row.verdict)}{' (edited)' if row.edited else ''}</td><td>{escape(row.outcome)}</td>"
-        f"<td>{folded(row.reason) if row.reason else ''}</td>"
+        + (f'<td class="principal">{escape(row.principal)}</td>' if named else "")
+        + f"<td><code>{escape(row.tool)}</code></td><td>{escape(row.author)}</td><td>{escape(row.reviewer)}</td>"
+        f'<td class="verdict">{escape(row.verdict)}{" (edited)" if row.edited else ""}</td>'
+        f"<td>{escape(row.outcome)}</td>"
+        f'<td class="reason">{folded(row.reason) if row.reason else ""}</td>'
         f"<td>{_story_link(row)}</td></tr>"
         for row in shown
     )
     table = (
-        '<table class="history"><thead><tr><th>time</th><th>session</th><th>asked by</th><th>tool</th>'
-        "<th>author</th><th>reviewer</th><th>verdict</th><th>outcome</th><th>reason</th><th></th></tr></thead>"
-        f"<tbody>{body or '<tr><td colspan=10>No calls match.</td></tr>'}</tbody></table>"
+        '<table class="history"><thead><tr><th>time</th><th>session</th>'
+        + ("<th>asked by</th>" if named else "")
+        + "<th>tool</th><th>author</th><th>reviewer</th><th>verdict</th><th>outcome</th><th>reason</th><th></th>"
+        f"</tr></thead><tbody>{body or '<tr><td colspan=10>No calls match.</td></tr>'}</tbody></table>"
     )
     lead = (
         "<h1>History</h1><p class=lead>Every call the agent made through the proxy, newest first: reads ran at"
