@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+import yaml
 
 from mcp_spec_proxy.calls.audit import read_audit
 from mcp_spec_proxy.config.schema import ProxyConfig
@@ -25,7 +27,7 @@ from mcp_spec_proxy.fronts.gateway_sessions import GatewaySession, Sessions, pre
 from mcp_spec_proxy.principal import Principal
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
 from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
-from tests.harness import recorded, toy, toy_twins
+from tests.harness import PROXY_COMMAND, proxy_env, recorded, toy, toy_twins
 from tests.oauth import AuthServer, authorization_server
 
 pytestmark = pytest.mark.anyio
@@ -153,3 +155,19 @@ async def test_a_gateway_session_is_continued_only_by_the_principal_that_opened_
     bobs = GatewaySession("s1", 0.0, bob)
     assert sessions.took_in(bobs, later, digests[-1]) == []  # bob's "s1" does not start ann's over
     assert sessions.find("s1", later, digests, ann.key) is opened
+
+
+def test_the_gateway_command_refuses_a_shared_token_beside_auth(tmp_path: Path) -> None:
+    config = tmp_path / "servers.yaml"
+    raw = {
+        "servers": {},
+        "auth": {"issuer": "https://id.example.com/", "audience": AUDIENCE},
+        "models": {"strong": {"base_url": "http://127.0.0.1:9/v1", "model": "strong-model"}},
+    }
+    config.write_text(yaml.safe_dump(raw))
+    argv = [PROXY_COMMAND, "gateway", "-c", str(config), "--state-dir", str(tmp_path / "s"), "--port", "0"]
+    shared = {**proxy_env(), "SHARED": "s3cret"}
+    ran = subprocess.run([*argv, "--token-env", "SHARED"], env=shared, capture_output=True, timeout=120)
+    assert ran.returncode != 0
+    said = ran.stderr.decode()
+    assert "drop --token-env" in said and "Traceback" not in said, said
