@@ -3,15 +3,16 @@
 A `Principal` is made only from a token the front verified (`fronts/identity.py`): its issuer's
 signature, audience and expiry checked. Nothing a client writes about itself becomes one — not a
 header, not `_meta`. It rides on the client's session (`barrier.Session.principal`) and on each
-call to the gate, which names it on the call's audit lines (`audit_fields`: prompts, resources and
-completions too), on the approval console's card, and by its subject alone on the call's spans;
-LEASH counts its labels by `key`. A front that authenticates nobody (stdio, the shared
-`--token-env` token) gives none.
+call to the gate, which names it (`who`) on every audit line it caused: each line of a call, and
+prompts, resources, completions, subscriptions, log levels, replays and relayed requests. The
+approval console's card names it, and the call's spans by its subject alone; LEASH counts its
+labels by `key`. A front that authenticates nobody (stdio, the shared `--token-env` token) gives none.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -36,4 +37,10 @@ class Principal:
         return {"sub": self.sub, "client_id": self.client_id}
 
 
-__all__ = ["Principal"]
+def who(principal: Principal | None) -> dict[str, Any]:
+    """What an audit line says of who caused it: `{"principal": {sub, client_id}}`, or nothing where
+    the front identified nobody."""
+    return {"principal": principal.audit_fields()} if principal is not None else {}
+
+
+__all__ = ["Principal", "who"]

@@ -172,6 +172,27 @@ async def test_search_mode_neither_finds_nor_calls_a_hidden_tool(tmp_path: Path)
     assert recorded(tmp_path / "bank") == []
 
 
+async def test_search_modes_meta_tools_are_tools_of_mcp_spec_proxy_that_access_can_hide(tmp_path: Path) -> None:
+    own = [{"when": 'server == "mcp-spec-proxy" && tool == "call_tool"', "hide": True}, *ACCESS]
+    async with anonymous(tmp_path, catalog={"mode": "search"}, access=own) as p:
+        listed = {tool.name for tool in (await p.client.list_tools()).tools}
+        refused = await call_error(p.client, "call_tool", {"name": "toy__record", "arguments": {"value": "v"}})
+        unknown = await call_error(p.client, "nosuch", {"name": "toy__record", "arguments": {"value": "v"}})
+        found = await p.client.call_tool("search_tools", {"query": "echo the text back"})
+    assert listed == {"search_tools"}
+    assert (refused.code, refused.message.replace("call_tool", "X")) == (
+        unknown.code,
+        unknown.message.replace("nosuch", "X"),
+    )
+    assert json.loads(text_of(found))["tools"][0]["name"] == "toy__echo"
+    assert recorded(tmp_path / "toy") == []
+
+
+def test_no_backend_may_take_the_name_access_gives_the_proxys_own_tools() -> None:
+    with pytest.raises(ConfigError, match="'mcp-spec-proxy' is the proxy's own"):
+        parse_config_text("servers: {mcp-spec-proxy: {command: x}}", {})
+
+
 async def test_delegate_offers_its_models_only_the_tools_the_principal_sees_and_runs_no_hidden_one(
     tmp_path: Path,
 ) -> None:

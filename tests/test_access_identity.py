@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 import httpx2
+import mcp_types as types
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -25,10 +26,11 @@ from mcp_spec_proxy.fronts.asgi import host_names
 from mcp_spec_proxy.fronts.http import serve_http
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.fronts.probes import Door
+from mcp_spec_proxy.fronts.replays import KEY_META
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
 from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
 from tests.fixtures import feature_server
-from tests.harness import ERAS, call_error, recorded, toy, toy_twins
+from tests.harness import ERAS, call_error, recorded, request_meta, toy, toy_twins
 from tests.oauth import AuthServer, authorization_server
 
 pytestmark = pytest.mark.anyio
@@ -57,7 +59,9 @@ class Front:
 
 
 @asynccontextmanager
-async def front(tmp_path: Path, models: dict[str, Any] | None = None) -> AsyncIterator[Front]:
+async def front(
+    tmp_path: Path, models: dict[str, Any] | None = None, access: list[dict[str, Any]] = ACCESS
+) -> AsyncIterator[Front]:
     """The HTTP front under `auth:`, `access:` and `rules:`, over two toys (`toy` and `bank`) and a
     server with instructions, prompts and resources (`feat`)."""
     async with authorization_server() as auth, anyio.create_task_group() as tg:
@@ -69,7 +73,7 @@ async def front(tmp_path: Path, models: dict[str, Any] | None = None) -> AsyncIt
                 "servers": {"toy": toy(tmp_path / "toy"), "bank": toy(tmp_path / "bank"), "feat": {"command": "-"}},
                 "review": {"default": "human", "intent": False},
                 "auth": {"issuer": auth.issuer, "audience": url, "scopes": ["mcp"]},
-                "access": ACCESS,
+                "access": access,
                 "rules": RULES,
                 "models": models or {},
             }
@@ -171,3 +175,63 @@ async def test_a_hidden_servers_instructions_prompts_and_resources_are_its_princ
                 seen[name] = (told, prompts, len((await session.list_resources()).resources))
     assert seen["ann"][0] and "feat__greet" in seen["ann"][1] and seen["ann"][2] > 0
     assert seen["bob"] == (False, [], 0)
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_access_hides_the_proxys_own_tools_as_tools_of_the_server_mcp_spec_proxy(
+    tmp_path: Path, mode: str
+) -> None:
+    """`delegate` is a tool of `mcp-spec-proxy` to `access:`: hidden from bob, it is not listed to him
+    and his call of it is the call of a tool that does not exist; no model is asked for him."""
+    asked: list[str] = []
+
+    def answer(request: ChatRequest) -> Reply | str:
+        asked.append(str(request.messages[-1]["content"]))
+        return "Done."
+
+    own = [{"when": 'server == "mcp-spec-proxy" && !("admins" in principal.groups)', "hide": True}, *ACCESS]
+    async with ScriptedModelServer(Respond(answer)) as model:
+        strong = {"base_url": model.base_url, "max_retries": 0, "model": "strong-model"}
+        async with front(tmp_path, {"strong": strong}, own) as f:
+            ann, bob = await f.token("ann", "admins"), await f.token("bob", "eng")
+            async with client(f.url, ann, mode) as as_ann:
+                ann_sees = {tool.name for tool in (await as_ann.list_tools()).tools}
+                ran = await as_ann.call_tool("delegate", {"task": "ann asks for nothing"})
+            async with client(f.url, bob, mode) as as_bob:
+                bob_sees = {tool.name for tool in (await as_bob.list_tools()).tools}
+                refused = await call_error(as_bob, "delegate", {"task": "bob asks for nothing"})
+                unknown = await call_error(as_bob, "nosuch", {"task": "bob asks for nothing"})
+    assert "delegate" in ann_sees and not ran.is_error
+    assert "delegate" not in bob_sees and "toy__echo" in bob_sees
+    assert (refused.code, refused.message.replace("delegate", "X")) == (
+        unknown.code,
+        unknown.message.replace("nosuch", "X"),
+    )
+    assert asked == ["ann asks for nothing"]
+
+
+async def test_every_audit_line_a_principal_caused_names_it(tmp_path: Path) -> None:
+    """Log levels, subscriptions, resources, a keyed write (its claim, its verdict, its forward) and
+    its replay: each line names ann, so `audit --principal ann` finds the whole story."""
+    key = request_meta({KEY_META: "pay-once"})
+    async with front(tmp_path) as f:
+        ann = await f.token("ann", "finance", "admins")
+        async with client(f.url, ann, "legacy") as session:
+            await session.session.send_request(
+                types.SetLevelRequest(params=types.SetLevelRequestParams(level="warning")), types.EmptyResult
+            )
+            subscription = types.SubscribeRequestParams(uri=feature_server.TODAY)
+            await session.session.send_request(types.SubscribeRequest(params=subscription), types.EmptyResult)
+            unsubscription = types.UnsubscribeRequestParams(uri=feature_server.TODAY)
+            await session.session.send_request(types.UnsubscribeRequest(params=unsubscription), types.EmptyResult)
+            await session.read_resource(feature_server.TODAY)
+            await session.call_tool("bank__record", {"value": "ann pays"}, meta=key)
+            await session.call_tool("bank__record", {"value": "ann pays"}, meta=key)  # a replay: not run again
+            await session.call_tool("toy__echo", {"text": "done?"})
+    assert recorded(tmp_path / "bank") == ['{"value": "ann pays"}']
+    lines = [line for line in read_audit(tmp_path / "state" / "audit.jsonl") if "session" in line]
+    events = {line["event"] for line in lines}
+    expected = {"log-level", "subscribe", "unsubscribe", "resource", "claimed", "held", "verdict", "forwarded"}
+    assert expected | {"replayed", "read"} <= events, events
+    unnamed = [line for line in lines if line.get("principal") != {"sub": "ann", "client_id": "cli-ann"}]
+    assert unnamed == []

@@ -247,7 +247,7 @@ async def test_the_history_page_gives_a_long_reason_room_to_be_read(tmp_path: Pa
         async with browser_page(world) as page:
             await page.set_viewport_size({"width": 960, "height": 800})
             await page.goto(world.origin + "/history")
-            cell = page.locator("table.history tbody tr td").nth(7)
+            cell = page.locator("table.history tbody tr td.reason")
             assert reason in await cell.inner_text()
             box = await cell.bounding_box()
             line = await cell.evaluate("c => parseFloat(getComputedStyle(c.querySelector('.value')).lineHeight)")

@@ -273,3 +273,23 @@ async def test_a_call_whose_request_names_no_client_is_shown_and_labelled_as_its
     assert item.principal == ann
     assert recorded(tmp_path / "rec") == ['{"value": "v"}']
     assert [n.provenance.client for n in labelled.neighbours] == [ann.key]
+
+
+async def test_the_console_history_says_who_asked_each_call_and_filters_by_it(tmp_path: Path) -> None:
+    from mcp_spec_proxy.fronts.console import history
+
+    async with identified(tmp_path, review={"default": "allow", "intent": False}) as f:
+        with anyio.fail_after(60):
+            for sub in ("ann", "bob"):
+                async with client(f.url, await f.token(sub), "legacy") as session:
+                    await session.call_tool("toy__record", {"value": f"{sub} notes"})
+                    await session.call_tool("toy__echo", {"text": f"{sub} reads"})
+    rows = history.calls(read_audit(f.state / "audit.jsonl"))
+    assert sorted((row.principal, row.kind) for row in rows) == [
+        ("ann", "read"),
+        ("ann", "write"),
+        ("bob", "read"),
+        ("bob", "write"),
+    ]
+    page = history.history_page(rows, {"principal": "ann"})
+    assert "<th>asked by</th>" in page and '<td class="principal">ann</td>' in page and ">bob<" not in page

@@ -170,3 +170,51 @@ def test_a_rule_must_decide_one_thing() -> None:
 def test_a_rules_reviewer_must_be_one_the_config_can_build() -> None:
     config = ProxyConfig.model_validate({"rules": [{"when": "true", "review": "strong"}]})
     assert config.review_modes()["rules.0.review"] == "strong"
+
+
+def test_a_read_is_checked_only_against_the_rules_up_to_the_last_that_could_make_it_a_write() -> None:
+    before = Rules(
+        ProxyConfig.model_validate(
+            {
+                "rules": [
+                    {"when": "true", "review": "human", "name": "everyone"},
+                    {"when": 'tool == "db__query"', "effect": "write"},
+                ]
+            }
+        ).rules,
+        "allow",
+    )
+    # The first match still wins for a read: a reviewer's rule before a write rule keeps the read a read.
+    assert before.decide(tool("db__query", effect="read"), {}, None, "s1") == Decision("everyone", "human")
+    after = Rules(
+        ProxyConfig.model_validate(
+            {
+                "rules": [
+                    {"when": 'tool == "db__query" && !args.sql.startsWith("SELECT")', "effect": "write"},
+                    {"when": "args.nosuch > 1", "review": "human", "name": "late"},
+                ]
+            }
+        ).rules,
+        "allow",
+    )
+    # Past the last write rule nothing can act on a read: rule "late" (which would fail) is not evaluated.
+    assert after.decide(tool("db__query", effect="read"), {"sql": "SELECT 1"}, None, "s1") == Decision()
+    assert after.decide(tool("db__query", effect="read"), {"sql": "DROP t"}, None, "s1") == Decision(
+        1, None, None, True
+    )
+    # A write meets every rule, and a rule that fails before the cut fails closed over the later ones too.
+    assert after.decide(tool("db__query"), {"sql": "SELECT 1"}, None, "s1").failed is not None
+    failed = after.decide(tool("db__query", effect="read"), {"sql": 3}, None, "s1")
+    assert (failed.rule, failed.review, failed.write) == (1, "human", True)
+    reviewers_only = Rules(ProxyConfig.model_validate({"rules": [{"when": "true", "review": "human"}]}).rules, "allow")
+    assert reviewers_only.decide(tool("x__read", effect="read"), {}, None, "s1") == Decision()
+    assert reviewers_only.decide(tool("x__write"), {}, None, "s1") == Decision(1, "human")
+
+
+def test_text_with_a_nul_fails_closed_rather_than_being_cut_short_by_the_runtime() -> None:
+    # The CEL runtime reads text up to its first NUL: unchecked, rule 1 would allow this path.
+    decision = decide("fs__write_file", {"path": "/srv/notes/a.md\x00/../../../etc/cron.d/x"})
+    assert decision.failed is not None and "NUL" in decision.failed and decision.review != "allow"
+    assert decision.deny is not None  # the strictest rule that could have matched: no-push's deny
+    assert decide("fs__write_file", {"path": "/srv/notes/a.md"}) == Decision(1, "allow")
+    assert decide("x__y", {"k\x00": 1}).failed is not None  # in a key too

@@ -5,7 +5,7 @@ Each rule's `when` is CEL over three variables, compiled and type-checked when t
 place), so a rule that does not compile is a config error at its line:
 
     principal   `sub`, `client_id`, `scopes`, `groups` — empty text and lists when nobody is identified
-    server      the server's name
+    server      the server's name; `mcp-spec-proxy` for the proxy's own tools (`config/identity.OWN_SERVER`)
     tool        the tool's public name (`bank__transfer`); empty text for the server's prompts and resources
 
 The first rule whose `when` is true decides: `hide: true` hides, `hide: false` shows; with none,
@@ -20,6 +20,10 @@ era (`backends/era.py`). tools/list, tools/call (the same "unknown tool" as a to
 exist; nothing runs), search mode's meta-tools, `delegate`'s tools, the tools a reviewer's prompt
 lists and a replacement's lookup all see the same view. Where no client asks (the operator's
 commands, the catalog's own bookkeeping of listings) every tool is seen.
+
+The proxy's own tools (`delegate`, `report_outcome`, search mode's meta-tools) ask `shown` with the
+server `mcp-spec-proxy` (`fronts/own_tools.py`, `fronts/catalog_search.py`): listed and run as
+the catalog's tools are.
 
 Without `auth:` no front identifies anyone: every client is the empty principal (empty `sub`,
 no groups, no scopes), so a rule that hides what a group lacks hides it from every client.

@@ -45,9 +45,10 @@ class AuditSink(Protocol):
         """A line `record` could not write about a call already settled: kept, and written in the
         background until it is (or the process stops), with one warning. Never raises."""
 
-    async def claim(self, session: str, key: str, call: str) -> str | None:
-        """Bind idempotency key `key` (a digest) of `session` to `call`, durably, unless another
-        call holds it: then that call's id, and nothing is written. Raises `StateError`."""
+    async def claim(self, session: str, key: str, call: str, **fields: Any) -> str | None:
+        """Bind idempotency key `key` (a digest) of `session` to `call`, durably (its `claimed` line
+        carries `fields` too: who asked), unless another call holds it: then that call's id, and
+        nothing is written. Raises `StateError`."""
 
     async def holder(self, session: str, key: str) -> str | None:
         """The call that holds idempotency key `key` (a digest) of `session`, claimed on any replica the
@@ -99,7 +100,7 @@ class AuditLog(JsonLines):
                 self._late.pop(0)
             logger.warning("the kept audit lines are written to %s", self.path)
 
-    async def claim(self, session: str, key: str, call: str) -> str | None:
+    async def claim(self, session: str, key: str, call: str, **fields: Any) -> str | None:
         slot = (session, key)
         holder = self._keys.get(slot)
         if holder is not None:
@@ -109,7 +110,7 @@ class AuditLog(JsonLines):
         while len(self._keys) > MAX_KEYS:
             self._keys.popitem(last=False)
         try:
-            await super().record("claimed", call=call, session=session, key=key)
+            await super().record("claimed", call=call, session=session, key=key, **fields)
         except StateError:
             if self._keys.get(slot) == call:
                 del self._keys[slot]  # nothing was forwarded under it: the key is free again

@@ -130,7 +130,8 @@ class Gate:
         run only at the client's next request, and the verdict belongs to this one).
         """
         spans = self.tracing.call(call.id, call.tool, call.author, call.principal)
-        with self.admitted(call.session, call.tool.name, call.id), about_call(call.id, call.session), spans:
+        admitted = self.admitted(call.session, call.tool.name, call.id, call.principal)
+        with admitted, about_call(call.id, call.session), spans:
             stages = self._stages
             held = await stages.hold(call, Trail(self._audit, call), strong, verified)
             verdict = await stages.decide(held, user, report, step, decided)
@@ -155,9 +156,11 @@ class Gate:
         return await self.reads.read(session, tool, arguments, step, author, report, call, rule, principal)
 
     @contextmanager
-    def admitted(self, session: str, what: str, call: str | None = None, **about: Any) -> Iterator[None]:
-        """The drain's slot for one call, a refusal audited (`Reads.admitted`)."""
-        with self.reads.admitted(session, what, call, **about):
+    def admitted(
+        self, session: str, what: str, call: str | None = None, principal: Principal | None = None, **about: Any
+    ) -> Iterator[None]:
+        """The drain's slot for one call, a refusal audited with who asked (`Reads.admitted`)."""
+        with self.reads.admitted(session, what, call, principal, **about):
             yield
 
     # -- lines about what the front or the engine did itself ---------------------------------

@@ -35,7 +35,7 @@ from mcp_spec_proxy.calls.rules import Decision
 from mcp_spec_proxy.errors import ShuttingDown
 from mcp_spec_proxy.observe.logs import about_call
 from mcp_spec_proxy.observe.telemetry import Tracing
-from mcp_spec_proxy.principal import Principal
+from mcp_spec_proxy.principal import Principal, who
 from mcp_spec_proxy.tools.catalog import CatalogTool, digest
 from mcp_spec_proxy.trajectory import Step, observation_text
 
@@ -68,7 +68,7 @@ class Reads:
         the next commit. A `CallFailed` comes back as the read's `error`, with the step that observed
         it (a new step: the one handed in is not changed)."""
         spans = self.tracing.call(call, tool, author, principal)
-        with self.admitted(session, tool.name, call), about_call(call, session), spans:
+        with self.admitted(session, tool.name, call, principal), about_call(call, session), spans:
             self._note_read(session, tool, arguments, author, call, rule, principal)
             started = time.perf_counter()
             result: WireResult
@@ -84,17 +84,25 @@ class Reads:
             return Read(_observe_wire(step, result, started), result)
 
     @contextmanager
-    def admitted(self, session: str, what: str, call: str | None = None, **about: Any) -> Iterator[None]:
+    def admitted(
+        self,
+        session: str,
+        what: str,
+        call: str | None = None,
+        principal: Principal | None = None,
+        **about: Any,
+    ) -> Iterator[None]:
         """The drain's slot for one call (`Drain.call`); a call refused because the replica is
-        shutting down is on the audit trail (`refused`, with `about`, else the tool `what`): nothing
-        ran, and the trail says why."""
+        shutting down is on the audit trail (`refused`, with `about`, else the tool `what`, and who
+        asked): nothing ran, and the trail says why."""
         with ExitStack() as slot:
             try:
                 slot.enter_context(self.drain.call(what))
             except ShuttingDown:
                 ids = {"call": call} if call is not None else {}
                 named = about or {"tool": what}
-                self._audit.note("refused", **ids, session=session, **named, reason=SHUTTING_DOWN_REASON)
+                refused = {**ids, "session": session, **named, **who(principal)}
+                self._audit.note("refused", **refused, reason=SHUTTING_DOWN_REASON)
                 raise
             yield
 
@@ -118,7 +126,7 @@ class Reads:
             arguments_digest=digest(arguments),
             author=author,
             why=tool.why,
-            **_who(principal),
+            **who(principal),
             **(rule.audit() if rule is not None else {}),
         )
 
@@ -132,15 +140,19 @@ class Reads:
     ) -> Any:
         """A backend's prompt, audited like a read (a backend may do work to render it), naming
         `principal`, who asks, where the front knows — as resources and completions do."""
-        with self.admitted(session, f"prompt {name!r}", server=server, prompt=name):  # in flight for the drain
-            audited = {"prompt": name, "arguments_digest": digest(arguments), **_who(principal)}
+        with self.admitted(
+            session, f"prompt {name!r}", None, principal, server=server, prompt=name
+        ):  # in flight for the drain
+            audited = {"prompt": name, "arguments_digest": digest(arguments), **who(principal)}
             self._audit.note("prompt", session=session, server=server, **audited)
             return from_backend(await self._backends.get(server).get_prompt(name, arguments))
 
     async def read_resource(self, session: str, server: str, uri: str, principal: Principal | None = None) -> Any:
         """A backend's resource, audited like a read."""
-        with self.admitted(session, f"the read of {capped(uri, 500)}", server=server, uri=capped(uri, 500)):
-            self._audit.note("resource", session=session, server=server, uri=capped(uri, 500), **_who(principal))
+        with self.admitted(
+            session, f"the read of {capped(uri, 500)}", None, principal, server=server, uri=capped(uri, 500)
+        ):
+            self._audit.note("resource", session=session, server=server, uri=capped(uri, 500), **who(principal))
             return from_backend(await self._backends.get(server).read_resource(uri))
 
     async def complete(
@@ -149,18 +161,20 @@ class Reads:
         """A backend's completion of a prompt's or template's argument, audited like a read; a
         server that declares no `completions` has none to offer (an empty completion)."""
         ref = capped(_ref_name(params.ref), 500)
-        with self.admitted(session, f"the completion of {ref}", server=server, ref=ref):
-            self._audit.note("completion", session=session, server=server, ref=ref, **_who(principal))
+        with self.admitted(session, f"the completion of {ref}", None, principal, server=server, ref=ref):
+            self._audit.note("completion", session=session, server=server, ref=ref, **who(principal))
             backend = self._backends.get(server)
             caps = backend.capabilities
             if caps is not None and caps.completions is None:
                 return types.CompleteResult(completion=types.Completion(values=[]))
             return from_backend(await backend.complete(params))
 
-    async def set_logging_level(self, session: str, level: types.LoggingLevel) -> list[str]:
+    async def set_logging_level(
+        self, session: str, level: types.LoggingLevel, principal: Principal | None = None
+    ) -> list[str]:
         """Fan a client's `logging/setLevel` out to every backend (remembered for those that
         connect later); the names of the connected ones that refused it."""
-        self._audit.note("log-level", session=session, level=level)
+        self._audit.note("log-level", session=session, level=level, **who(principal))
         refused: list[str] = []
         for backend in self._backends.backends.values():
             try:
@@ -170,14 +184,15 @@ class Reads:
                 refused.append(backend.name)
         return refused
 
-    async def subscribe(self, session: str, server: str, uri: str) -> None:
+    async def subscribe(self, session: str, server: str, uri: str, principal: Principal | None = None) -> None:
         """Subscribe the proxy to `uri` at the backend that serves it, audited like a read."""
-        with self.admitted(session, f"the subscription to {capped(uri, 500)}", server=server, uri=capped(uri, 500)):
-            self._audit.note("subscribe", session=session, server=server, uri=capped(uri, 500))
+        about = {"server": server, "uri": capped(uri, 500)}
+        with self.admitted(session, f"the subscription to {capped(uri, 500)}", None, principal, **about):
+            self._audit.note("subscribe", session=session, **about, **who(principal))
             await self._backends.get(server).subscribe(uri)
 
-    async def unsubscribe(self, session: str, server: str, uri: str) -> None:
-        self._audit.note("unsubscribe", session=session, server=server, uri=capped(uri, 500))
+    async def unsubscribe(self, session: str, server: str, uri: str, principal: Principal | None = None) -> None:
+        self._audit.note("unsubscribe", session=session, server=server, uri=capped(uri, 500), **who(principal))
         await self._backends.get(server).unsubscribe(uri)
 
 
@@ -186,11 +201,6 @@ def _observe_wire(step: Step, result: WireResult, started: float) -> Step:
     content = result.get("content") or []
     text = observation_text([block for block in content if isinstance(block, dict)])
     return step.observed(text, is_error=bool(result.get("isError")), duration_s=time.perf_counter() - started)
-
-
-def _who(principal: Principal | None) -> dict[str, Any]:
-    """What an audit line says of who asks: the principal's audit fields, where the front knows them."""
-    return {"principal": principal.audit_fields()} if principal is not None else {}
 
 
 def _ref_name(ref: types.PromptReference | types.ResourceTemplateReference) -> str:

@@ -17,13 +17,20 @@ The first rule whose `when` is true decides; with none, the tool's own reviewer 
 rules. A rule's `effect: write` may make a read a write (it then meets the write barrier), and a
 `deny:` makes any call a write that its rule refuses; nothing makes a write a read.
 
+A read is checked against the rules up to the last that could make it a write (`effect: write`,
+`deny:`) and no further: a later rule only chooses a reviewer, and a read meets none, so it is not
+evaluated, and a read's audit line names a rule only where one of those decided it. With no such
+rule a read evaluates nothing (the read path pays for `rules:` only where they can act on it).
+
 A rule that cannot be evaluated for a call (a key the call lacks, a value of the wrong type, a
 number CEL cannot hold, text that is not Unicode) fails closed, and so does every call whose
 arguments hold NaN or an infinity (every comparison with NaN is false: `args.amount > 100` would
-quietly not match). Failing closed means the strictest outcome among the rules that could have
-matched: the failed rules, the first later rule that matches, and — when none does — the tool's
-own reviewer. Strictest is `deny`, then a person (`human`, `console`), `strong`,
-`strong_then_human`, `leash`, `allow`; any of them making the call a write makes it one.
+quietly not match) or text with a NUL character (the CEL runtime reads text up to its first NUL:
+`args.path == "/srv/a"` would match `/srv/a` + NUL + `/../etc`). Failing closed means the
+strictest outcome among the rules that could have matched: the failed rules, the first later rule
+that matches, and — when none does — the tool's own reviewer. Strictest is `deny`, then a person
+(`human`, `console`), `strong`, `strong_then_human`, `leash`, `allow`; any of them making the call
+a write makes it one.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mcp_spec_proxy.config.schema import ReviewMode
+from mcp_spec_proxy.principal import Principal
 
 if TYPE_CHECKING:
     from mcp_spec_proxy.config.schema import RuleConfig
@@ -46,6 +54,10 @@ RULE_VARIABLES: tuple[str, ...] = ("tool", "server", "args", "annotations", "pri
 RULE_EXAMPLE = 'server == "bank" && args.amount > 100'
 
 _TEXTS = frozenset({"tool", "server", "session"})  # the others are maps of JSON values
+MAX_ANNOTATIONS = 65536
+"""Tools whose annotations (as rules see them) are kept at once; past it they are made again."""
+MAX_PRINCIPALS = 4096
+"""Principals whose variables are kept at once; past it they are made again."""
 
 
 @functools.cache
@@ -152,6 +164,10 @@ class Rules:
         # Whether some rule may make a read a write (`effect: write`, `deny:`): then no read is
         # known to be one before its arguments are read.
         self.make_writes = any(rule.write for rule in self._rules)
+        # A read is evaluated against the rules before this index only: none after it can make it a write.
+        self._read_stop = max((n + 1 for n, rule in enumerate(self._rules) if rule.write), default=0)
+        self._annotations: dict[int, tuple[Any, dict[str, Any]]] = {}  # by definition: each tool's, made once
+        self._principals: dict[Principal, dict[str, Any]] = {}  # each principal's variables, made once
 
     def __bool__(self) -> bool:
         return bool(self._rules)
@@ -160,24 +176,27 @@ class Rules:
         self, tool: CatalogTool, arguments: Mapping[str, Any], principal: object | None, session: str
     ) -> Decision:
         """The first rule that matches this call decides; see the module docstring for failures."""
-        if not self._rules:
-            return NO_RULE
+        stop = self._read_stop if tool.effect == "read" else len(self._rules)
+        if not stop:
+            return NO_RULE  # no rule can act on this call (a read, and no rule makes a write)
         variables = {
             "tool": tool.name,
             "server": tool.server,
             "session": session,
             "args": dict(arguments),
-            "annotations": _annotations(tool),
-            "principal": principal_variables(principal),
+            "annotations": self._annotations_of(tool),
+            "principal": self._principal_of(principal),
         }
-        if _not_finite(arguments):
-            why = "its arguments hold NaN or an infinity, which no rule compares faithfully"
+        why = _unfaithful(arguments) or _unfaithful(session)
+        if why is not None:
             return self._closed(tool, list(self._rules), None, why)
         # One activation for every rule: CEL converts a value when a rule first reads it, once per call.
         values = activation(variables)
         failed: list[_Rule] = []
         first_error = ""
-        for rule in self._rules:
+        for number, rule in enumerate(self._rules):
+            if number == stop and not failed:
+                break  # a read, past the last rule that could make it a write: it stays a read
             matched, error = evaluate(rule.expression, values)
             if error is not None:
                 failed.append(rule)
@@ -189,6 +208,29 @@ class Rules:
         if failed:
             return self._closed(tool, failed, None, first_error)
         return NO_RULE
+
+    def _annotations_of(self, tool: CatalogTool) -> dict[str, Any]:
+        """The tool's annotations as rules see them, made once per definition (a listing's new
+        definition is a new object, made again)."""
+        kept = self._annotations.get(id(tool.definition))
+        if kept is not None and kept[0] is tool.definition:
+            return kept[1]
+        if len(self._annotations) >= MAX_ANNOTATIONS:
+            self._annotations.clear()
+        made = _annotations(tool)
+        self._annotations[id(tool.definition)] = (tool.definition, made)
+        return made
+
+    def _principal_of(self, principal: object | None) -> dict[str, Any]:
+        """`principal_variables`, made once per `Principal` (a value: the same principal, the same variables)."""
+        if not isinstance(principal, Principal):
+            return principal_variables(principal)
+        made = self._principals.get(principal)
+        if made is None:
+            if len(self._principals) >= MAX_PRINCIPALS:
+                self._principals.clear()
+            made = self._principals[principal] = principal_variables(principal)
+        return made
 
     def _closed(self, tool: CatalogTool, could: list[_Rule], matched: _Rule | None, why: str) -> Decision:
         """The strictest outcome among rules that could have decided (and the tool's own reviewer
@@ -216,26 +258,32 @@ def evaluate(expression: Any, values: Any) -> tuple[bool, str | None]:
         value = expression.eval(values)
     except (RuntimeError, ValueError, TypeError) as exc:  # data CEL cannot take (a lone surrogate, ...)
         return False, f"its arguments cannot be evaluated ({type(exc).__name__}: {str(exc)[:200]})"
-    if value.type() == _cel()[0].Type.ERROR:
-        return False, str(value.value())[:300]
     result = value.value()
+    if isinstance(result, bool):  # the common case first: a true or false needs no look at its type
+        return result, None
+    if value.type() == _cel()[0].Type.ERROR:
+        return False, str(result)[:300]
     if not isinstance(result, bool):
         return False, f"`when` gave {str(result)[:100]!r}, not true or false"
     return result, None
 
 
-def _not_finite(value: Any) -> bool:
-    """Whether NaN or an infinity is anywhere in `value`: walked with a stack, so depth costs no recursion."""
+def _unfaithful(value: Any) -> str | None:
+    """Why no rule compares `value` faithfully (NaN or an infinity, text or a key with a NUL), or None:
+    walked with a stack, so depth costs no recursion."""
     pending = [value]
     while pending:
         item = pending.pop()
         if isinstance(item, float) and not math.isfinite(item):
-            return True
+            return "its arguments hold NaN or an infinity, which no rule compares faithfully"
+        if isinstance(item, str) and "\x00" in item:
+            return "its arguments hold text with a NUL character, which the rules' CEL runtime cuts short"
         if isinstance(item, Mapping):
             pending.extend(item.values())
+            pending.extend(item.keys())
         elif isinstance(item, list | tuple):
             pending.extend(item)
-    return False
+    return None
 
 
 def _annotations(tool: CatalogTool) -> dict[str, Any]:
@@ -247,10 +295,10 @@ def principal_variables(principal: object | None) -> dict[str, Any]:
     """`principal` as rules see it: a mapping or an object with `sub`, `client_id`, `scopes`,
     `groups`; whatever is absent is empty text or an empty list."""
 
+    mapping = principal if isinstance(principal, Mapping) else None  # one look at its kind, not one per field
+
     def field(name: str) -> Any:
-        if isinstance(principal, Mapping):
-            return principal.get(name)
-        return getattr(principal, name, None)
+        return mapping.get(name) if mapping is not None else getattr(principal, name, None)
 
     def text(name: str) -> str:
         value = field(name)

@@ -36,7 +36,7 @@ from mcp_spec_proxy.calls.drain import SHUT_DOWN, Drain
 from mcp_spec_proxy.calls.policy import Choice, Policy
 from mcp_spec_proxy.calls.provenance import from_backend, noted
 from mcp_spec_proxy.calls.results import AUDIT_META, CALL_FAILED, AuditCall, Read, Report, capped, failed_result
-from mcp_spec_proxy.calls.trail import Trail
+from mcp_spec_proxy.calls.trail import Trail, ids
 from mcp_spec_proxy.config.schema import ReviewConfig
 from mcp_spec_proxy.errors import BackendClosed, BackendUnavailable, ShuttingDown
 from mcp_spec_proxy.models import ModelCall
@@ -125,7 +125,7 @@ class WriteStages:
         if call.key is not None:
             lines["key"] = digest(call.key)  # a digest: the key is the client's text
         if call.principal is not None:
-            lines["principal"] = call.principal.audit_fields()
+            lines["principal"] = call.principal.audit_fields()  # on every line of the call (`ids`)
         # Shielded: a cancel that lands while the line is written (the row committed, its answer not yet
         # back) is delivered once it is, inside `decide`, which then writes the call's `abandoned`.
         with anyio.CancelScope(shield=True):
@@ -148,7 +148,7 @@ class WriteStages:
         try:
             await anyio.lowlevel.checkpoint_if_cancelled()  # cancelled while its `held` line was written
             if held.choice.flagged is not None:
-                await trail.before("leash-escalated", call=call.id, session=call.session, **held.choice.flagged)
+                await trail.before("leash-escalated", **ids(call), **held.choice.flagged)
             started = time.perf_counter()
             with self._drain.holding() as hold, self._tracing.review(reviewer.by) as review:
                 verdict = review.decided(await self._review(reviewer, call.request, user, report))
@@ -176,7 +176,7 @@ class WriteStages:
                 return Decided(verdict, latency_ms, call.arguments, step)
             # A person edited the call on the approval console (validated there against its schema).
             digests = {"original_digest": digest(call.arguments), "edited_digest": digest(verdict.arguments)}
-            await trail.before("edited", call=call.id, session=call.session, by=verdict.reviewer, **digests)
+            await trail.before("edited", **ids(call), by=verdict.reviewer, **digests)
             # What runs is a new step: the segment the reviewer was shown keeps the call as it was sent.
             arguments = dict(verdict.arguments)
             # The agent is told what ran: else it believes its own arguments did, and builds on that.
@@ -213,27 +213,27 @@ class WriteStages:
         except BaseException as exc:  # cancelled (or worse) mid-send: the call may have run
             why = SHUT_DOWN if self._drain.ending else type(exc).__name__
             reason = f"{why} while forwarding: the backend may or may not have run it"
-            await trail.settled("forward-interrupted", call=call.id, session=call.session, reason=reason)
+            await trail.settled("forward-interrupted", **ids(call), reason=reason)
             raise
 
     async def settle(self, held: Held, decided: Decided, ran: Read[types.CallToolResult] | None) -> Outcome:
         """Audit what became of the call (`blocked` when it did not run), label LEASH, and return
         the outcome: the backend's result, told when its audit line is late."""
         call, trail, verdict = held.call, held.trail, decided.verdict
-        ids = {"call": call.id, "session": call.session}
+        named = ids(call)
         if ran is None:
-            await trail.settled("blocked", **ids)
+            await trail.settled("blocked", **named)
             await self._label(call, verdict)
             return Outcome(call.id, verdict, None, decided.latency_ms, key=call.key)
         if (error := ran.error) is not None:
             # A backend that was not connected was sent nothing: the audit says so, not "forwarded".
             sent = not isinstance(error, BackendUnavailable) or isinstance(error, BackendClosed)
-            await trail.after("forwarded" if sent else "unsent", **ids, is_error=True, error_code=error.code)
+            await trail.after("forwarded" if sent else "unsent", **named, is_error=True, error_code=error.code)
             await self._label(call, verdict, decided.edited)
             failed = noted(decided.note, ran.result, structured=True) if decided.note else ran.result
             return Outcome(call.id, verdict, failed, decided.latency_ms, error=error, key=call.key, step=ran.step)
         result = ran.result
-        late = await trail.after("forwarded", **ids, is_error=bool(result.is_error))
+        late = await trail.after("forwarded", **named, is_error=bool(result.is_error))
         if late is not None:
             # It ran: the client gets the backend's result, told that its audit line is late.
             note = f"the backend ran this call; its audit line could not be written yet ({late}): it is retried"

@@ -18,6 +18,7 @@ import anyio
 from mcp_spec_proxy.calls.audit import AuditSink
 from mcp_spec_proxy.calls.call import GateCall
 from mcp_spec_proxy.errors import CallReplayed, StateError
+from mcp_spec_proxy.principal import who
 from mcp_spec_proxy.tools.catalog import digest
 
 
@@ -35,7 +36,7 @@ class Trail:
         try:
             await self._sink.record(kind, **fields)
         except StateError as exc:
-            self._sink.later("abandoned", call=call.id, session=call.session, reason=f"its {kind} line: {exc}")
+            self._sink.later("abandoned", **ids(call), reason=f"its {kind} line: {exc}")
             raise StateError(
                 f"{exc}: {call.tool.name} was not forwarded (call {call.id}) — no write runs without its audit"
                 " line; writes are refused until the audit trail takes lines again, reads keep working"
@@ -65,14 +66,14 @@ class Trail:
         call = self._call
         assert call.key is not None
         try:
-            first = await self._sink.claim(call.session, digest(call.key), call.id)
+            first = await self._sink.claim(call.session, digest(call.key), call.id, **who(call.principal))
         except StateError as exc:
-            self._sink.later("abandoned", call=call.id, session=call.session, reason=f"its key's claim: {exc}")
+            self._sink.later("abandoned", **ids(call), reason=f"its key's claim: {exc}")
             raise StateError(f"{exc}: {call.tool.name} was not forwarded (call {call.id})") from None
         if first is None:
             return
         reason = f"its idempotency key belongs to call {first}, which may have run"
-        await self.settled("blocked", call=call.id, session=call.session, reason=reason)
+        await self.settled("blocked", **ids(call), reason=reason)
         raise CallReplayed(
             first,
             f"{call.tool.name} was not forwarded: its idempotency key was used by call {first} of this session"
@@ -80,4 +81,9 @@ class Trail:
         )
 
 
-__all__ = ["Trail"]
+def ids(call: GateCall) -> dict[str, Any]:
+    """What names a call on each of its audit lines: its id, its session and who asked."""
+    return {"call": call.id, "session": call.session, **who(call.principal)}
+
+
+__all__ = ["Trail", "ids"]

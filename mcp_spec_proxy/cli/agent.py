@@ -115,6 +115,9 @@ def gateway(
     problem = engine_problem(built.config, "strong-only")  # each request names its mode; `check` lists them
     if problem:
         raise click.ClickException(f"gateway: {problem}")
+    if built.config.auth is not None and token:
+        # `--token-env` is one person's shared secret; `auth:` knows each principal: one check, not two.
+        raise click.ClickException(f"--token-env: {built.source} has `auth:`, which replaces it — drop --token-env")
 
     async def serve() -> None:
         door = Door(token=token, hosts=host_names(host, allow_host))

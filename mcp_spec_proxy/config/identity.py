@@ -12,6 +12,11 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+OWN_SERVER = "mcp-spec-proxy"
+"""The `server` an `access:` rule sees for the proxy's own tools (`delegate`, `report_outcome`, search
+mode's `search_tools` and `call_tool`): the name the proxy gives itself in `serverInfo`, which no
+backend may take (`config/schema.py` refuses it)."""
+
 
 class AuthConfig(BaseModel):
     """`auth:`: the HTTP front as an OAuth 2.1 resource server (`fronts/identity.py`)."""
@@ -53,4 +58,4 @@ class AccessRule(BaseModel):
         return when
 
 
-__all__ = ["AccessRule", "AuthConfig"]
+__all__ = ["OWN_SERVER", "AccessRule", "AuthConfig"]

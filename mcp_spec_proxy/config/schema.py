@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from mcp_spec_proxy.config.file import Lines, Loc, every_problem, expand, fields_of, parse, validation_problems
-from mcp_spec_proxy.config.identity import AccessRule, AuthConfig
+from mcp_spec_proxy.config.identity import OWN_SERVER, AccessRule, AuthConfig
 from mcp_spec_proxy.errors import ConfigError, ConfigProblem
 from mcp_spec_proxy.models import ModelConfig
 
@@ -343,6 +343,8 @@ class ProxyConfig(_Strict):
                     f"server name {name!r} may use only letters, digits, '_' and '-' (1-40 characters),"
                     " because it prefixes every tool name"
                 )
+            if name == OWN_SERVER:  # what `access:` calls the proxy's own tools
+                raise ValueError(f"server name {name!r} is the proxy's own (its tools' server in access:); rename it")
         return servers
 
     @model_validator(mode="after")

@@ -38,7 +38,7 @@ from mcp_spec_proxy.engine.execution import RunState, Stop
 from mcp_spec_proxy.engine.hooks import AskNow, ClientExecutor, NoUser, Observer, Progress
 from mcp_spec_proxy.engine.result import Mode, RunResult
 from mcp_spec_proxy.models import ChatModel, Completion, ModelError
-from mcp_spec_proxy.principal import Principal
+from mcp_spec_proxy.principal import Principal, who
 from mcp_spec_proxy.prompts import FINAL_ANSWER, agent_messages
 from mcp_spec_proxy.review import ReviewFailed, ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review.strong import ProposedAnswer, ProposedStep, check_step
@@ -240,6 +240,7 @@ class _Run(RunState):
             accepted=verdict.accepted,
             accepted_steps=verdict.accepted_steps,
             reason=verdict.reason,
+            **who(self.principal),
         )
         if self.watch is not None:
             await self.watch.verdict(request.segment.steps, verdict.accepted_steps)

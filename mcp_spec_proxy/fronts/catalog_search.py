@@ -16,6 +16,9 @@ error result the client model can read: a malformed meta-call, a name that is no
 and a held tool (changed or new since its server's first listing: search never offers one, and
 neither this nor a direct `tools/call` runs it until `mcp-spec-proxy tools accept`).
 
+`access:` sees both meta-tools as tools of the server `mcp-spec-proxy` (`config/identity.OWN_SERVER`):
+one a rule hides is not listed to that principal, and its call is the call of a tool that does not exist.
+
 In search mode `notifications/tools/list_changed` says nothing a client needs: its list (these
 meta-tools) never changes, and every search reads the live catalog. The front does not send it.
 """
@@ -28,6 +31,8 @@ from typing import Any
 
 import mcp_types as types
 
+from mcp_spec_proxy.calls.access import shown
+from mcp_spec_proxy.config.identity import OWN_SERVER
 from mcp_spec_proxy.errors import ToolNotFound
 from mcp_spec_proxy.leash.encoders import Encoder, HashingEncoder
 from mcp_spec_proxy.proxy import Proxy
@@ -102,18 +107,20 @@ class CatalogSearch:
         self._accepts_read = time.monotonic()
 
     def definitions(self) -> list[types.Tool]:
-        return [search_tool(self.most), CALL_TOOL]
+        """The meta-tools the client asking now is shown (`access:` may hide each)."""
+        return [tool for tool in (search_tool(self.most), CALL_TOOL) if shown(OWN_SERVER, tool.name)]
 
     def owns(self, name: str) -> bool:
-        """Whether `name` is a meta-tool's: its calls are ours, whatever backend tool shares the name."""
-        return name in (SEARCH, CALL)
+        """Whether `name` is a meta-tool's the client asking now may call: its calls are ours."""
+        return name in (SEARCH, CALL) and shown(OWN_SERVER, name)
 
     async def route(self, params: types.CallToolRequestParams) -> types.CallToolResult | types.CallToolRequestParams:
         """A result for a search or a refused call; else the `tools/call` request to carry on with."""
         arguments = params.arguments or {}
-        if params.name == SEARCH:
+        owned = self.owns(params.name)  # a meta-tool hidden from this client is no tool of its
+        if owned and params.name == SEARCH:
             return await self._search(arguments)
-        if params.name == CALL:
+        if owned and params.name == CALL:
             name, inner = arguments.get("name"), arguments.get("arguments", {})
             if not isinstance(name, str) or not name:
                 return error_result(f"{CALL} needs `name`: a tool name that {SEARCH} returned")

@@ -77,7 +77,7 @@ def session_ref(front: McpFront, ctx: ServerRequestContext[Any, Any]) -> Session
     if not isinstance(ref, SessionRef):
         session = front.session_for(ctx)
         ttl = front.proxy.config.review.timeout
-        link = connection_link(session, connection, front.audit_relay(session.id), ttl, front.asked)
+        link = connection_link(session, connection, front.audit_relay(session), ttl, front.asked)
         hear = partial(front.notices.notice, only=connection)
         ref = SessionRef(connection.session_id, connection.client_capabilities, link=link, hear=hear)
         connection.state[_SESSION_REF] = ref
@@ -92,7 +92,7 @@ def adopt_stdio(front: McpFront) -> None:
     if session is None or connection is None:
         return
     link = connection_link(
-        session, connection, front.audit_relay(session.id), front.proxy.config.review.timeout, front.asked
+        session, connection, front.audit_relay(session), front.proxy.config.review.timeout, front.asked
     )
     for backend in front.proxy.backends.backends.values():
         backend.relay.fallback = link

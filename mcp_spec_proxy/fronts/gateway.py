@@ -22,7 +22,12 @@ verdict on the line of the request that handed its call out, not of the one brin
 
 At the door (`Gateway.app`): the Host, and the Origin when a browser sends one, must name this
 server (DNS-rebinding protection; `--allow-host` adds names); with a token (`--token-env`) every
-request must carry `Authorization: Bearer <token>`; a POST must be `application/json`, which a
+request must carry `Authorization: Bearer <token>`; under the config's `auth:` every request must
+bear a JWT the issuer signed for `auth.audience`, checked as the MCP front checks it
+(`identity.ResourceServer`: 401 with `WWW-Authenticate` naming the protected resource metadata,
+which the gateway serves too). Its principal opens and owns the session (`gateway_sessions.py`),
+sees what `access:` shows it, and its run's calls meet `rules:` as its own, their audit lines
+naming it. A POST must be `application/json`, which a
 web page cannot send cross-site without a CORS preflight the gateway never grants.
 
 One request's failure answers that request alone: a session's background task turns whatever
@@ -65,8 +70,10 @@ from mcp_spec_proxy.fronts.gateway_sessions import (
     ToolCallOut,
     prefix_digests,
 )
+from mcp_spec_proxy.fronts.identity import ResourceServer, principal_of
 from mcp_spec_proxy.fronts.probes import Door
 from mcp_spec_proxy.observe.telemetry import Telemetry
+from mcp_spec_proxy.principal import who
 from mcp_spec_proxy.proxy import Proxy
 from mcp_spec_proxy.tools.arguments import check_arguments
 from mcp_spec_proxy.tools.catalog import CLIENT, Catalog, CatalogTool
@@ -157,7 +164,10 @@ class Gateway:
     def app(
         self, *, host: str = "127.0.0.1", token: str | None = None, allowed_hosts: list[str] | None = None
     ) -> ASGIApp:
-        """The API, behind the Host/Origin check for a server bound to `host` (and the token, if any)."""
+        """The API, behind the Host/Origin check for a server bound to `host`, and the token or `auth:`."""
+        auth = self.proxy.config.auth
+        if auth is not None and token:
+            raise ValueError("give either a bearer token or `auth:`, not both")  # the command line says so first
 
         @asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -175,6 +185,8 @@ class Gateway:
         )
         if token:
             app = BearerToken(app, token)
+        elif auth is not None:
+            app = ResourceServer(app, auth)
         return HostGuard(app, host_names(host, allowed_hosts or []))
 
     async def models(self, request: Request) -> Response:
@@ -209,15 +221,18 @@ class Gateway:
             body = await _json(request)
             mode, messages, tools, stream, include_usage = _parse(body)
             name = next((request.headers[h] for h in SESSION_HEADERS if h in request.headers), None)
+            principal = principal_of(request)  # under `auth:`, the verified token's; else nobody identified
             digests = await anyio.to_thread.run_sync(prefix_digests, messages)  # a long conversation is CPU work
             # From here to `took_in` nothing awaits: the session a request continues is claimed at
             # once, so a concurrent request with the same messages cannot continue it too.
             let_go = self.sessions.sweep()
-            session = self.sessions.find(name, messages, digests) or GatewaySession(name, self.sessions.clock())
+            owner = principal.key if principal is not None else ""
+            found = self.sessions.find(name, messages, digests, owner)
+            session = found or GatewaySession(name, self.sessions.clock(), principal)
             if not session.running:
                 # A new turn is a new call: refused once draining. A request that brings the tool results
                 # a running turn waits for (`find`) goes on with that turn, which counts itself (`_start`).
-                slot.enter_context(self.proxy.gate.admitted(session.key, "this chat completion"))
+                slot.enter_context(self.proxy.gate.admitted(session.key, "this chat completion", None, principal))
             start = _take_in(session, messages)
             let_go += self.sessions.took_in(session, messages, digests[-1])
             if start:
@@ -240,6 +255,7 @@ class Gateway:
             decision=_decision(action),
             verdicts=[data for kind, data in events if kind == "verdict"],
             model_calls=[data for kind, data in events if kind == "model_call"],
+            **who(session.principal),
         )
         if isinstance(action, Failure):
             self.sessions.drop(session)  # the same request sent again starts the turn afresh
@@ -267,9 +283,9 @@ class Gateway:
         return action
 
     def _start(self, session: GatewaySession, mode: Mode, tools: list[dict[str, Any]]) -> None:
-        # The gateway identifies nobody: its clients see what `access:` shows the empty principal,
+        # Its clients see what `access:` shows the session's principal (the empty one without `auth:`),
         # and the run's task inherits that view (`calls/access.py`).
-        with viewing(self.proxy.access.view(None) if self.proxy.access else None):
+        with viewing(self.proxy.access.view(session.principal) if self.proxy.access else None):
             self._start_run(session, mode, tools)
 
     def _start_run(self, session: GatewaySession, mode: Mode, tools: list[dict[str, Any]]) -> None:
@@ -309,7 +325,9 @@ class Gateway:
         self, session: GatewaySession, transcript: list[dict[str, Any]], mode: Mode, view: ClientToolView
     ) -> Action:
         try:
-            result = await self.engine.run(transcript, mode, tools=view, client=session, observe=session.observe)
+            result = await self.engine.run(
+                transcript, mode, tools=view, client=session, observe=session.observe, principal=session.principal
+            )
         except ProxyError as exc:
             return Failure(f"the task failed: {exc}")
         session.transcript.extend(rendered(result))

@@ -16,6 +16,10 @@ already say, and the gateway's own tool results for those same words. Under a na
 (`X-Session-Id`) the same rule holds within the name, and a request that does not continue the
 named session starts the name over.
 
+Under `auth:` a session belongs to the principal that opened it (`owner`, the principal's key):
+a request continues only a session of its own principal, and a name is each principal's own, so
+another principal's token neither continues a conversation nor starts its name over.
+
 A session is let go when idle for `gateway.session_idle_s` and, past `gateway.max_sessions`, the
 least recently used first: its run is cancelled (the gate audits a call that cancel interrupts),
 and a request still waiting on it is answered with an error.
@@ -36,6 +40,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from mcp_spec_proxy.engine import RunResult
 from mcp_spec_proxy.fronts.chat_wire import message_text
+from mcp_spec_proxy.principal import Principal
 from mcp_spec_proxy.trajectory import Step
 
 EMPTY = hashlib.sha256(b"mcp-spec-proxy gateway transcript").digest()
@@ -79,9 +84,11 @@ class _Pending:
 class GatewaySession:
     """One client conversation: the models' transcript, the running task, the calls out to the client."""
 
-    def __init__(self, name: str | None, now: float) -> None:
+    def __init__(self, name: str | None, now: float, principal: Principal | None = None) -> None:
         self.key = f"gw-{uuid.uuid4().hex[:16]}"  # for telemetry and logs; never taken from a request
         self.name = name
+        self.principal = principal  # who opened it (a verified token's), None where nobody is identified
+        self.owner = principal.key if principal is not None else ""
         self.transcript: list[dict[str, Any]] = []  # what the models see
         self.consumed = 0  # client messages already taken in
         self.digest = EMPTY  # of those messages, as `prefix_digests` hashes them
@@ -168,22 +175,23 @@ class Sessions:
         self._idle_s = idle_s
         self.clock = clock
         self._all: OrderedDict[str, GatewaySession] = OrderedDict()
-        self._named: dict[str, GatewaySession] = {}
+        self._named: dict[tuple[str, str], GatewaySession] = {}  # by owner and name
         self._at: dict[bytes, list[GatewaySession]] = {}  # unnamed sessions by the prefix they consumed
 
     def __len__(self) -> int:
         return len(self._all)
 
     def find(
-        self, name: str | None, messages: Sequence[dict[str, Any]], digests: Sequence[bytes]
+        self, name: str | None, messages: Sequence[dict[str, Any]], digests: Sequence[bytes], owner: str = ""
     ) -> GatewaySession | None:
-        """The session these messages continue, if any: the longest prefix wins, then the latest used."""
+        """The session of `owner` (a principal's key) these messages continue, if any: the longest
+        prefix wins, then the latest used."""
         if name is not None:
-            named = self._named.get(name)
+            named = self._named.get((owner, name))
             return named if named is not None and named.continued_by(messages, digests) else None
         for n in range(len(messages) - 1, -1, -1):
             for session in reversed(self._at.get(digests[n], ())):
-                if session.continued_by(messages, digests):
+                if session.owner == owner and session.continued_by(messages, digests):
                     return session
         return None
 
@@ -196,13 +204,13 @@ class Sessions:
         session.took_in(messages, digest, self.clock())
         let_go: list[GatewaySession] = []
         if session.key not in self._all:
-            if session.name is not None and (old := self._named.get(session.name)) is not None:
+            if session.name is not None and (old := self._named.get((session.owner, session.name))) is not None:
                 let_go.append(self._drop(old))  # the name starts over
             while len(self._all) >= self._max:
                 idle = next((s for s in self._all.values() if not s.busy), None)
                 let_go.append(self._drop(idle or next(iter(self._all.values()))))
             if session.name is not None:
-                self._named[session.name] = session
+                self._named[(session.owner, session.name)] = session
         self._all[session.key] = session
         self._all.move_to_end(session.key)
         if session.name is None:
@@ -231,8 +239,8 @@ class Sessions:
 
     def _drop(self, session: GatewaySession) -> GatewaySession:
         del self._all[session.key]
-        if session.name is not None and self._named.get(session.name) is session:
-            del self._named[session.name]
+        if session.name is not None and self._named.get((session.owner, session.name)) is session:
+            del self._named[(session.owner, session.name)]
         self._unindex(session)
         session.close()
         return session

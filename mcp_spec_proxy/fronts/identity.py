@@ -19,6 +19,9 @@ the token (`JwtVerifier`):
 * `iss`, `aud` (the configured audience: a token minted for another resource is refused),
   `exp` and `nbf` with `LEEWAY_S`, and `sub`; the scopes are the SDK's check.
 
+The gateway takes the same tokens (`ResourceServer`: the SDK's bearer middleware and its 401 and 403
+around any ASGI app, the metadata served beside it): a token minted for `audience` works on both doors.
+
 The principal (`principal.Principal`) is made from the verified claims alone; `principal_of`
 reads it off a request the middleware authenticated. The token itself is never kept, logged or
 forwarded: backends are reached with the proxy's own connections and headers.
@@ -38,11 +41,14 @@ from urllib.parse import urlsplit
 import anyio
 import httpx
 import jwt
-from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, BearerAuthBackend, RequireAuthMiddleware
 from mcp.server.auth.provider import AccessToken
-from mcp.server.auth.routes import create_protected_resource_routes
+from mcp.server.auth.routes import build_resource_metadata_url, create_protected_resource_routes
 from mcp.server.auth.settings import AuthSettings
+from starlette.applications import Starlette
+from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mcp_spec_proxy.config.identity import AuthConfig
 from mcp_spec_proxy.principal import Principal
@@ -292,6 +298,38 @@ def metadata_routes(config: AuthConfig) -> list[Route]:
     return [Route(root, route.endpoint, methods=["GET", "OPTIONS"]) for route in routes]
 
 
+class ResourceServer:
+    """`app` behind `auth:`, as the MCP front is: every HTTP request must bear a JWT the verifier takes
+    (else 401 with `WWW-Authenticate: Bearer … resource_metadata="…"`, naming the metadata of the
+    resource its tokens are for, `audience`; a missing scope is 403), and the protected resource
+    metadata is served beside it, in its path and its root form. A request that passes carries
+    its principal (`principal_of`). The lifespan goes to `app` untouched."""
+
+    def __init__(self, app: ASGIApp, config: AuthConfig) -> None:
+        settings = auth_settings(config)
+        assert settings.resource_server_url is not None
+        metadata = create_protected_resource_routes(
+            resource_url=settings.resource_server_url,
+            authorization_servers=[settings.issuer_url],
+            scopes_supported=settings.required_scopes,
+        )
+        routes = [*metadata, *metadata_routes(config)]
+        self._paths = {route.path for route in routes}
+        self._metadata = Starlette(routes=routes)
+        metadata_url = build_resource_metadata_url(settings.resource_server_url)
+        required = RequireAuthMiddleware(app, list(config.scopes), metadata_url)
+        self._guarded = AuthenticationMiddleware(required, backend=BearerAuthBackend(JwtVerifier(config)))
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] in self._paths:
+            await self._metadata(scope, receive, send)
+        elif scope["type"] in ("http", "websocket"):
+            await self._guarded(scope, receive, send)
+        else:
+            await self._app(scope, receive, send)
+
+
 def discovery_urls(issuer: str) -> list[str]:
     """Where the issuer's metadata is: RFC 8414's well-known URL (inserted before the path), then
     OpenID Connect Discovery's (appended to it)."""
@@ -359,6 +397,7 @@ __all__ = [
     "IdentityError",
     "IssuerKeys",
     "JwtVerifier",
+    "ResourceServer",
     "auth_settings",
     "discovery_urls",
     "metadata_routes",

@@ -61,6 +61,7 @@ from mcp_spec_proxy.fronts.own_tools import OwnTools
 from mcp_spec_proxy.fronts.relay import Asked, Suspensions, answering, connection_link, mute_link, request_link
 from mcp_spec_proxy.fronts.replays import Bound, Replays, Served, idempotency_key
 from mcp_spec_proxy.fronts.wire import wire_error
+from mcp_spec_proxy.principal import who
 from mcp_spec_proxy.proxy import Proxy
 from mcp_spec_proxy.review import InputNeeded
 from mcp_spec_proxy.sdk import server_connection
@@ -251,7 +252,8 @@ class McpFront:
     ) -> types.CallToolResult | types.InputRequiredResult:
         if self.own_tools.owns(params.name):
             try:
-                with self.proxy.gate.admitted(self.session_for(ctx).id, params.name):  # `delegate`'s steps too
+                caller = self.session_for(ctx)
+                with self.proxy.gate.admitted(caller.id, params.name, None, caller.principal):  # `delegate`'s too
                     return await self.own_tools.call(
                         params.name,
                         dict(params.arguments or {}),
@@ -300,7 +302,7 @@ class McpFront:
                 return await serve()  # a suspended call's resumption is that call, not a replay
             bound = Bound.of(self.proxy.catalog, params.name, arguments)
             holder = functools.partial(self.proxy.gate.key_holder, session.id, key)
-            return await self.replays.run(session.id, key, call, serve, self._replayed(session.id, call), bound, holder)
+            return await self.replays.run(session.id, key, call, serve, self._replayed(session, call), bound, holder)
         except InputNeeded as need:
             request = types.ElicitRequest(
                 params=types.ElicitRequestFormParams(message=need.message, requested_schema=need.schema)
@@ -314,9 +316,9 @@ class McpFront:
         finally:
             request_logs.reset(log_route)
 
-    def _replayed(self, session: str, call: str) -> Callable[[str], None]:
+    def _replayed(self, session: Session, call: str) -> Callable[[str], None]:
         def audit(first: str) -> None:
-            self.proxy.gate.note("replayed", call=call, session=session, first=first)
+            self.proxy.gate.note("replayed", call=call, session=session.id, first=first, **who(session.principal))
 
         return audit
 
@@ -338,7 +340,7 @@ class McpFront:
         run = answering(self._answered(params), params.input_responses, run)  # a fresh call's answers: its tool
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             capabilities = ctx.session.client_capabilities
-            return await self.suspensions.call(session, capabilities, binding, run, self.audit_relay(session.id))
+            return await self.suspensions.call(session, capabilities, binding, run, self.audit_relay(session))
         with self.calling(session, ctx):
             return await run()
 
@@ -364,20 +366,21 @@ class McpFront:
         """Around a call served for this client: what its backend asks reaches this client."""
         ttl = self.proxy.config.review.timeout
         if ctx is None:  # a stdio read taken off the wire: the one connection is the stream
-            link = connection_link(session, self.stdio_connection, self.audit_relay(session.id), ttl, self.asked)
+            link = connection_link(session, self.stdio_connection, self.audit_relay(session), ttl, self.asked)
         elif ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             link = mute_link(session)  # only a suspended call (`Suspensions`) can ask this era
         else:
-            link = request_link(session, ctx, self.audit_relay(session.id), ttl, self.asked)
+            link = request_link(session, ctx, self.audit_relay(session), ttl, self.asked)
         token = CALLER.set(link)
         try:
             yield
         finally:
             CALLER.reset(token)
 
-    def audit_relay(self, session: str | None) -> Callable[[str, str], Awaitable[None]]:
+    def audit_relay(self, session: Session) -> Callable[[str, str], Awaitable[None]]:
         async def audit(server: str, method: str) -> None:
-            await self.proxy.gate.record("relayed", session=session or "", server=server, method=method)
+            named = {"session": session.id, "server": server, "method": method, **who(session.principal)}
+            await self.proxy.gate.record("relayed", **named)
 
         return audit
 
@@ -448,14 +451,16 @@ class McpFront:
 
     async def _subscribe(self, ctx: Ctx, params: types.SubscribeRequestParams) -> types.EmptyResult:
         try:
-            await self.notices.subscribe(server_connection(ctx), self.session_for(ctx).id, params.uri)
+            session = self.session_for(ctx)
+            await self.notices.subscribe(server_connection(ctx), session.id, params.uri, session.principal)
         except (ProxyError, MCPError) as exc:
             raise wire_error(exc) from exc
         return types.EmptyResult()
 
     async def _unsubscribe(self, ctx: Ctx, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
         try:
-            await self.notices.unsubscribe(server_connection(ctx), self.session_for(ctx).id, params.uri)
+            session = self.session_for(ctx)
+            await self.notices.unsubscribe(server_connection(ctx), session.id, params.uri, session.principal)
         except (ProxyError, MCPError) as exc:
             raise wire_error(exc) from exc
         return types.EmptyResult()
@@ -479,7 +484,8 @@ class McpFront:
             raise wire_error(exc) from exc
 
     async def _set_level(self, ctx: Ctx, params: types.SetLevelRequestParams) -> types.EmptyResult:
-        await self.notices.set_level(server_connection(ctx), self.session_for(ctx).id, params.level)
+        session = self.session_for(ctx)
+        await self.notices.set_level(server_connection(ctx), session.id, params.level, session.principal)
         return types.EmptyResult()
 
 

@@ -37,6 +37,8 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from mcp_spec_proxy.backends import LogMessage, LogRoute, Notice, ResourceUpdate
 from mcp_spec_proxy.backends.notices import LEVELS, admits
 from mcp_spec_proxy.errors import ProxyError, ToolNotFound
+from mcp_spec_proxy.fronts.identity import principal_of
+from mcp_spec_proxy.principal import Principal
 
 if TYPE_CHECKING:
     from mcp_spec_proxy.proxy import Proxy
@@ -66,10 +68,12 @@ class Notices:
         if connection.protocol_version not in MODERN_PROTOCOL_VERSIONS:
             self._hearing.add(connection)
 
-    async def set_level(self, connection: Connection, session: str, level: types.LoggingLevel) -> None:
+    async def set_level(
+        self, connection: Connection, session: str, level: types.LoggingLevel, principal: Principal | None = None
+    ) -> None:
         self.hear(connection)
         self._levels[connection] = level
-        await self._proxy.gate.reads.set_logging_level(session, level)
+        await self._proxy.gate.reads.set_logging_level(session, level, principal)
 
     def route(self, ctx: Ctx) -> LogRoute | None:
         """Where a 2026-07-28 request's log messages go, when it opted in; None otherwise."""
@@ -93,28 +97,33 @@ class Notices:
 
     # -- subscriptions -----------------------------------------------------------------------
 
-    async def subscribe(self, connection: Connection, session: str, uri: str) -> None:
+    async def subscribe(
+        self, connection: Connection, session: str, uri: str, principal: Principal | None = None
+    ) -> None:
         subscribers = self._subscribers.setdefault(uri, weakref.WeakSet())
         if connection in subscribers:
             return
-        await self._watch(session, uri)
+        await self._watch(session, uri, principal)
         subscribers.add(connection)
 
-    async def unsubscribe(self, connection: Connection, session: str, uri: str) -> None:
+    async def unsubscribe(
+        self, connection: Connection, session: str, uri: str, principal: Principal | None = None
+    ) -> None:
         subscribers = self._subscribers.get(uri)
         if subscribers is None or connection not in subscribers:
             return
         subscribers.discard(connection)
-        await self._unwatch(session, uri)
+        await self._unwatch(session, uri, principal)
 
     async def listen(self, ctx: Ctx, params: types.SubscriptionsListenRequestParams) -> types.SubscriptionsListenResult:
         """`subscriptions/listen`: the SDK's stream, with the proxy subscribed at the owning backend
         of each resource the stream asks for while it is open."""
         watched: list[str] = []
+        principal = principal_of(ctx.request)  # only a token the front verified names one
         try:
             for uri in params.notifications.resource_subscriptions or []:
                 try:
-                    await self._watch("listen", uri)
+                    await self._watch("listen", uri, principal)
                 except (ProxyError, MCPError) as exc:
                     logger.info("listen: not watching %s: %s", uri[:500], exc)
                     continue
@@ -125,27 +134,27 @@ class Notices:
             with anyio.CancelScope(shield=True):
                 for uri in watched:
                     self._listeners[uri] -= 1
-                    await self._unwatch("listen", uri)
+                    await self._unwatch("listen", uri, principal)
 
     def _watchers(self, uri: str) -> int:
         return len(self._subscribers.get(uri, ())) + self._listeners.get(uri, 0)
 
-    async def _watch(self, session: str, uri: str) -> None:
+    async def _watch(self, session: str, uri: str, principal: Principal | None) -> None:
         if self._watchers(uri):
             return  # the proxy is subscribed there already
         owner = self._proxy.catalog.resource_owner(uri)
         if not self._proxy.backends.get(owner).subscribable:
             raise ToolNotFound(f"server {owner!r}, which serves {uri!r}, does not support subscriptions")
-        await self._proxy.gate.reads.subscribe(session, owner, uri)
+        await self._proxy.gate.reads.subscribe(session, owner, uri, principal)
         self._owners[uri] = owner
 
-    async def _unwatch(self, session: str, uri: str) -> None:
+    async def _unwatch(self, session: str, uri: str, principal: Principal | None) -> None:
         if self._watchers(uri) or uri not in self._owners:
             return
         self._subscribers.pop(uri, None)
         owner = self._owners.pop(uri)
         try:
-            await self._proxy.gate.reads.unsubscribe(session, owner, uri)
+            await self._proxy.gate.reads.unsubscribe(session, owner, uri, principal)
         except Exception as exc:  # boundary: the client is unsubscribed whatever the backend says
             logger.info("backend %r: resources/unsubscribe %s failed: %s", owner, uri[:500], exc)
 

@@ -8,6 +8,10 @@
   session's own work). It is listed only where the operator opened it
   (`leash.client_outcomes`): the agent under review must not label its own work by default.
 
+`access:` sees them as tools of the server `mcp-spec-proxy` (`config/identity.OWN_SERVER`): one a
+rule hides is neither listed to that principal nor run for it, its call refused as a tool that does
+not exist, as a hidden backend tool's is.
+
 These handlers know nothing of the wire: the front hands them the session, the progress reporter
 and the user channel of the call.
 """
@@ -19,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import mcp_types as types
 
+from mcp_spec_proxy.calls.access import shown
+from mcp_spec_proxy.config.identity import OWN_SERVER
 from mcp_spec_proxy.engine import MODES, Engine, Mode
 from mcp_spec_proxy.errors import ProxyError
 from mcp_spec_proxy.principal import Principal
@@ -100,11 +106,15 @@ class OwnTools:
         self.modes = runnable_modes(proxy.engine)
 
     def definitions(self) -> list[types.Tool]:
+        """The own tools the client asking now is shown (`access:` may hide each)."""
         tools = [delegate_tool(self.modes)] if self.modes else []
-        return tools + ([REPORT_OUTCOME_TOOL] if self._leash() is not None else [])
+        tools += [REPORT_OUTCOME_TOOL] if self._leash() is not None else []
+        return [tool for tool in tools if shown(OWN_SERVER, tool.name)]
 
     def owns(self, name: str) -> bool:
-        return (name == DELEGATE and bool(self.modes)) or (name == REPORT_OUTCOME and self._leash() is not None)
+        """Whether `name` is an own tool the client asking now may call; else it is no tool of ours."""
+        listed = (name == DELEGATE and bool(self.modes)) or (name == REPORT_OUTCOME and self._leash() is not None)
+        return listed and shown(OWN_SERVER, name)
 
     async def call(
         self,

@@ -118,9 +118,9 @@ class MeteredAudit:
         self._inner.later(kind, **fields)
         self._observe(kind, fields)  # what happened to the call happened, whenever its line is written
 
-    async def claim(self, session: str, key: str, call: str) -> str | None:
+    async def claim(self, session: str, key: str, call: str, **fields: Any) -> str | None:
         try:
-            return await self._inner.claim(session, key, call)
+            return await self._inner.claim(session, key, call, **fields)
         except StateError:
             self._metrics.store_errors.labels("claim").inc()
             raise

@@ -19,11 +19,20 @@ full-width dot U+FF0E or solidus U+FF0F) turn into any of those or into a separa
 nor text past `MAX_TEXT` characters. Such a call is asked about each time unless a rule holds its
 value exactly. `visible` writes values and patterns as JSON text with every such character as an
 escape (`\\u200b`): that is how a rule is shown on the page, in the audit and to the client.
+
+A session rule lives as long as its session. `config_rule` writes it as a rule of servers.yaml's
+`rules:` (CEL, `review: allow`) for the operator to keep: the same tool, the same argument keys,
+each exact value compared as CEL data (a number by its value: 1 equals 1.0), and each pattern as
+an anchored regular expression stricter than the pattern (a wildcard matches only ASCII letters,
+digits, `_`, `-` and `.`, never first, never nothing; text no longer than `MAX_TEXT`), so the kept
+rule admits no other call than the session rule does. A term it cannot write so (a pattern with
+`%` or text past ASCII, a value CEL cannot hold) leaves the rule unwritten.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import unicodedata
 from collections.abc import Mapping
@@ -202,6 +211,71 @@ def _segment(pattern: str, text: str) -> bool:
     return pattern[p:].strip("*") == ""
 
 
+_PLAIN = re.compile(r"[A-Za-z0-9_./\\ :@+=,~*?-]*")
+"""What a pattern's own characters may be for `config_rule` (ASCII that needs no decoding)."""
+_WILD = {"*": "[A-Za-z0-9_-][A-Za-z0-9_.-]*", "?": "[A-Za-z0-9_-]"}
+_RE2_SPECIAL = frozenset(".+*?()|[]{}^$\\")
+
+
+def config_rule(rule: Rule) -> str | None:
+    """`rule` as a rule of servers.yaml's `rules:` (YAML text), or None where a term has no faithful CEL."""
+    terms = [f"tool == {_cel_text(rule.tool)}", f"args.size() == {len(rule.patterns)}"]
+    for key, pattern in rule.patterns.items():
+        at = f"args[{_cel_text(key)}]"
+        if pattern is None:
+            literal = _cel_value(rule.exact.get(key))
+            if literal is None:
+                return None
+            terms.append(f"{at} == {literal}")
+        elif _PLAIN.fullmatch(pattern):
+            regex = "".join(_WILD.get(char) or _regex_char(char) for char in pattern)
+            terms.append(f"{at}.size() <= {MAX_TEXT} && {at}.matches({_cel_text('^' + regex + '$')})")
+        else:
+            return None
+    import yaml  # the operator's file format; loaded only when a page shows a rule
+
+    kept = {"name": f"console: {rule.tool}"[:80], "when": " && ".join(terms), "review": "allow"}
+    return str(yaml.safe_dump({"rules": [kept]}, allow_unicode=False, sort_keys=False, width=1_000_000))
+
+
+def _regex_char(char: str) -> str:
+    """One character of a pattern as RE2 reads it literally."""
+    return "[ ]" if char == " " else "\\" + char if char in _RE2_SPECIAL else char
+
+
+def _cel_text(text: str) -> str:
+    """A CEL string literal of `text`: printable ASCII as itself, every other character escaped."""
+    out = []
+    for char in text:
+        point = ord(char)
+        if char in '"\\':
+            out.append("\\" + char)
+        elif 0x20 <= point < 0x7F:
+            out.append(char)
+        else:
+            out.append(f"\\u{point:04x}" if point <= 0xFFFF else f"\\U{point:08x}")
+    return '"' + "".join(out) + '"'
+
+
+def _cel_value(value: Any) -> str | None:
+    """A CEL literal equal to JSON `value` as the rule's `args` hold it, or None (NaN, a lone surrogate)."""
+    if isinstance(value, bool) or value is None:
+        return "null" if value is None else str(value).lower()
+    if isinstance(value, int):
+        return str(value) if -(2**63) <= value < 2**63 else None  # CEL's int is 64 bits
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else None
+    if isinstance(value, str):
+        return None if any(0xD800 <= ord(char) <= 0xDFFF for char in value) else _cel_text(value)
+    if isinstance(value, list | tuple):
+        items = [_cel_value(item) for item in value]
+        return None if None in items else f"[{', '.join(item for item in items if item is not None)}]"
+    if isinstance(value, dict):
+        pairs = [(_cel_text(str(k)), _cel_value(v)) for k, v in value.items()]
+        return None if any(v is None for _, v in pairs) else "{" + ", ".join(f"{k}: {v}" for k, v in pairs) + "}"
+    return None
+
+
 def _kind(value: Any) -> str:
     """A value's JSON kind: string, number, boolean, null, array or object."""
     if isinstance(value, bool) or value is None:
@@ -214,6 +288,7 @@ __all__ = [
     "UNSEEN",
     "Rule",
     "admits",
+    "config_rule",
     "pattern_refusal",
     "pattern_refusal_for",
     "same_value",

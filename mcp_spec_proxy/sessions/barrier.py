@@ -125,7 +125,7 @@ class Barrier:
 
         The call takes its drain slot here, before it waits for the session's earlier write: once
         admitted, its wait, its gate calls and a substitute of it are in flight, never refused."""
-        with self.gate.admitted(session.id, name, call):
+        with self.gate.admitted(session.id, name, call, session.principal):
             return await self._call(session, name, arguments, user, report, call, key)
 
     async def _call(

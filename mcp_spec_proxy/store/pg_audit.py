@@ -113,7 +113,7 @@ class PgAudit:
             return None
         return None if held is None else str(held[0])
 
-    async def claim(self, session: str, key: str, call: str) -> str | None:
+    async def claim(self, session: str, key: str, call: str, **fields: Any) -> str | None:
         slot = _key_slot(session, key)
         try:
             with anyio.fail_after(self._timeout):
@@ -123,7 +123,7 @@ class PgAudit:
                     held = await cursor.fetchone()
                     if held is not None:
                         return str(held[0])
-                    row = self._row("claimed", {"call": call, "session": session, "key": key})
+                    row = self._row("claimed", {"call": call, "session": session, "key": key, **fields})
                     await conn.execute(INSERT, (row[0], row[1], slot, *row[3:]))
         except DB_ERRORS as exc:
             raise StateError(f"cannot write the audit trail to Postgres ({problem(exc)})") from None

@@ -52,10 +52,10 @@ details input, textarea { width:100%; font-family:ui-monospace, monospace; paddi
 form.filters { display:flex; gap:.8rem; flex-wrap:wrap; align-items:end; margin:1rem 0; }
 /* The reason is the one cell of prose: it keeps room to be read, and the short cells give way
    (a `.value` may break anywhere, so without a floor its column shrinks to one word). */
-table.history td:nth-child(8) { min-width:18rem; }
+table.history td.reason { min-width:18rem; }
 table.history td code { overflow-wrap:anywhere; }
-table.history tr.refused td:nth-child(6) { color:var(--no); font-weight:600; }
-table.history tr.accepted td:nth-child(6) { color:var(--ok); font-weight:600; }
+table.history tr.refused td.verdict { color:var(--no); font-weight:600; }
+table.history tr.accepted td.verdict { color:var(--ok); font-weight:600; }
 ol.story li { background:#fff; border:1px solid var(--line); border-radius:6px; padding:.4rem .8rem; margin:.6rem 0; }
 svg.plot { width:100%; max-width:640px; background:#fff; border:1px solid var(--line); }
 svg.plot .bar { fill:#4767a8; } svg.plot .axis { stroke:#5b6475; } svg.plot text { font-size:11px; fill:#1d2330; }

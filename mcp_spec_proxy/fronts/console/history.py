@@ -17,7 +17,7 @@ from mcp_spec_proxy.fronts.console.pages import folded, page
 
 ROWS_SHOWN = 500
 BINS = 10
-FILTERS = ("session", "tool", "verdict", "reviewer")
+FILTERS = ("session", "principal", "tool", "verdict", "reviewer")
 
 
 @dataclass
@@ -33,6 +33,7 @@ class CallRow:
     outcome: str = ""
     reason: str = ""
     edited: bool = False
+    principal: str = ""  # who asked (`principal.sub`), under `auth:`; empty where nobody is identified
     lines: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -71,13 +72,18 @@ def calls(lines: list[dict[str, Any]]) -> list[CallRow]:
 
 def _row(call: str, line: dict[str, Any], kind: str) -> CallRow:
     session, tool, author = (str(line.get(key, "")) for key in ("session", "tool", "author"))
-    return CallRow(call, _time(line), session, tool, author, kind, reviewer=str(line.get("reviewer", "")))
+    named = line.get("principal")
+    who = str(named.get("sub") or "") if isinstance(named, dict) else ""
+    return CallRow(
+        call, _time(line), session, tool, author, kind, reviewer=str(line.get("reviewer", "")), principal=who
+    )
 
 
 def matching(rows: list[CallRow], filters: dict[str, str]) -> list[CallRow]:
     def keep(row: CallRow) -> bool:
         return (
             filters.get("session", "") in row.session
+            and filters.get("principal", "") in row.principal
             and filters.get("tool", "") in row.tool
             and (not filters.get("verdict") or row.verdict == filters["verdict"])
             and filters.get("reviewer", "") in row.reviewer
@@ -90,7 +96,7 @@ def history_page(rows: list[CallRow], filters: dict[str, str]) -> str:
     shown = list(reversed(matching(rows, filters)))[:ROWS_SHOWN]
     inputs = "".join(
         f'<label>{name} <input name="{name}" value="{escape(filters.get(name, ""))}"></label>'
-        for name in ("session", "tool", "reviewer")
+        for name in ("session", "principal", "tool", "reviewer")
     )
     options = "".join(
         f'<option value="{v}"{" selected" if filters.get("verdict") == v else ""}>{v or "any"}</option>'
@@ -100,18 +106,22 @@ def history_page(rows: list[CallRow], filters: dict[str, str]) -> str:
         f'<form class="filters" method="get" action="/history">{inputs}'
         f'<label>verdict <select name="verdict">{options}</select></label><button>Filter</button></form>'
     )
+    named = any(row.principal for row in shown)  # who asked: a column only where some call names one (`auth:`)
     body = "".join(
         f'<tr class="{row.verdict}"><td>{_clock(row.time)}</td><td><code>{escape(row.session)}</code></td>'
-        f"<td><code>{escape(row.tool)}</code></td><td>{escape(row.author)}</td><td>{escape(row.reviewer)}</td>"
-        f"<td>{escape(row.verdict)}{' (edited)' if row.edited else ''}</td><td>{escape(row.outcome)}</td>"
-        f"<td>{folded(row.reason) if row.reason else ''}</td>"
+        + (f'<td class="principal">{escape(row.principal)}</td>' if named else "")
+        + f"<td><code>{escape(row.tool)}</code></td><td>{escape(row.author)}</td><td>{escape(row.reviewer)}</td>"
+        f'<td class="verdict">{escape(row.verdict)}{" (edited)" if row.edited else ""}</td>'
+        f"<td>{escape(row.outcome)}</td>"
+        f'<td class="reason">{folded(row.reason) if row.reason else ""}</td>'
         f"<td>{_story_link(row)}</td></tr>"
         for row in shown
     )
     table = (
-        '<table class="history"><thead><tr><th>time</th><th>session</th><th>tool</th><th>author</th>'
-        "<th>reviewer</th><th>verdict</th><th>outcome</th><th>reason</th><th></th></tr></thead>"
-        f"<tbody>{body or '<tr><td colspan=9>No calls match.</td></tr>'}</tbody></table>"
+        '<table class="history"><thead><tr><th>time</th><th>session</th>'
+        + ("<th>asked by</th>" if named else "")
+        + "<th>tool</th><th>author</th><th>reviewer</th><th>verdict</th><th>outcome</th><th>reason</th><th></th>"
+        f"</tr></thead><tbody>{body or '<tr><td colspan=10>No calls match.</td></tr>'}</tbody></table>"
     )
     lead = (
         "<h1>History</h1><p class=lead>Every call the agent made through the proxy, newest first: reads ran at"

@@ -17,7 +17,7 @@ from html import escape
 from typing import Any
 
 from mcp_spec_proxy.review.console import Pending
-from mcp_spec_proxy.review.rules import UNSEEN, Rule, pattern_refusal_for, visible
+from mcp_spec_proxy.review.rules import UNSEEN, Rule, config_rule, pattern_refusal_for, visible
 
 FOLD_CHARS = 240
 """A value longer than this is shown folded: its start, and the whole on a click."""
@@ -210,10 +210,27 @@ def rules_section(rules: list[Rule]) -> str:
     """The session rules in force, each written as exactly what it admits."""
     if not rules:
         return ""
-    listed = "".join(f"<li><code>{shown(rule.describe())}</code></li>" for rule in rules)
+    listed = "".join(f"<li><code>{shown(rule.describe())}</code>{kept(rule)}</li>" for rule in rules)
     return (
         '<section class="rules"><h2>Rules in force</h2><p class="note">Calls these match run without'
         f" asking, in their session only. {RULE_WORDS}</p><ul>{listed}</ul></section>"
+    )
+
+
+def kept(rule: Rule) -> str:
+    """The rule as servers.yaml's `rules:` would keep it (`config_rule`), for the operator to add."""
+    text = config_rule(rule)
+    if text is None:
+        return (
+            '<p class="note">Not offered for servers.yaml: a value or pattern of it has no exact CEL form'
+            " (a pattern with % or letters past ASCII, a number past 64 bits); write that rule by hand.</p>"
+        )
+    return (
+        '<details class="keep"><summary>Save as a rule for servers.yaml</summary>'
+        '<p class="note">Add this under <code>rules:</code> in servers.yaml and restart the proxy: then these'
+        " calls run without asking in every session and for everyone (add a <code>principal</code> term to"
+        " narrow it). Its patterns are stricter than this session's: a wildcard matches only letters, digits,"
+        f" <code>_</code>, <code>-</code> and <code>.</code> (never first).</p><pre>{escape(text)}</pre></details>"
     )
 
 
