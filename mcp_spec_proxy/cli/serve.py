@@ -228,6 +228,8 @@ def console_url(ctx: click.Context) -> None:
 @click.pass_context
 def check(ctx: click.Context) -> None:
     """Validate the config file as the proxy does (keys, LEASH, reviewers) without starting a backend."""
+    from mcp_spec_proxy.config import CONFIG_REFERENCE
+    from mcp_spec_proxy.config.clients import own_keys_of
     from mcp_spec_proxy.engine import MODES
     from mcp_spec_proxy.proxy import validate
 
@@ -247,7 +249,16 @@ def check(ctx: click.Context) -> None:
                 missing.append(str(exc))
     if missing:
         raise click.ClickException("\n".join(missing))
+    if not config.active_servers() and config.gateway.backend_tools:
+        raise click.ClickException(
+            f"{built.source}: no server is configured{' or enabled' if config.servers else ''} — add one under"
+            f" `servers:` ({CONFIG_REFERENCE}), or write a servers.yaml from your MCP clients' configs with"
+            " `mcp-spec-proxy init`"
+        )
     click.echo(f"{built.source}: ok ({len(config.active_servers())} servers enabled)")
+    left = own_keys_of(Path(built.source), type(config).model_fields)
+    if left:
+        click.echo(f"note: the client's own keys, left alone: {', '.join(left)}")
     if not config.models and config.leash is None:
         return  # a plain MCP proxy: `run` and the gateway are not what this config is for
     for mode in MODES:

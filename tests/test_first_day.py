@@ -1,0 +1,121 @@
+"""A new user's first day, as they meet it from the command line: a config with no servers, the
+messages that send them to the docs, `serve.sh` in a terminal, the example that runs from any folder."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from mcp_spec_proxy.config.schema import parse_config_text
+from mcp_spec_proxy.errors import ConfigError
+from tests.harness import PROXY_COMMAND, proxy_env
+from tests.test_docs_links import anchors, slug
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_proxy(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PROXY_COMMAND, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=proxy_env(),
+        stdin=subprocess.DEVNULL,
+        cwd=cwd,
+    )
+
+
+def config_error(text: str) -> ConfigError:
+    with pytest.raises(ConfigError) as caught:
+        parse_config_text(text, {}, file="servers.yaml")
+    return caught.value
+
+
+def test_check_refuses_a_config_with_no_servers_in_one_line_naming_the_fix(tmp_path: Path) -> None:
+    path = tmp_path / "servers.yaml"
+    path.write_text("review:\n  default: human\n")
+
+    result = run_proxy("--config", str(path), "check")
+
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"Error: {path}: no server is configured — add one under `servers:`"
+        " (docs/CONFIG.md#serversyaml-reference), or write a servers.yaml from your MCP clients' configs with"
+        " `mcp-spec-proxy init`"
+    ]
+
+
+def test_check_refuses_a_config_whose_every_server_is_disabled(tmp_path: Path) -> None:
+    path = tmp_path / "servers.yaml"
+    path.write_text("servers:\n  fs: {command: npx, enabled: false}\n")
+
+    result = run_proxy("--config", str(path), "check")
+
+    assert result.returncode == 1
+    assert "no server is configured or enabled — add one under `servers:`" in result.stderr
+
+
+def test_check_accepts_a_gateway_config_that_needs_no_backends() -> None:
+    result = run_proxy("--config", str(REPO / "bench" / "tau2_retail" / "gateway.yaml"), "check")
+
+    assert result.returncode == 0, result.stderr
+    assert "ok (0 servers enabled)" in result.stdout
+
+
+# A page the code cites (README.md, or a page of docs/) with an anchor (`docs/CONFIG.md#rules`) or a
+# section's title in quotes (`docs/BENCHMARKS.md, "Tool search at catalog scale"`).
+CITED = re.compile(r"\b((?:docs/)?[A-Z][A-Z_]+(?:\.md)?)(?:#([a-z0-9_-]+)|,? \"([^\"]+)\")")
+
+
+def cited_sections() -> list[tuple[str, Path, str]]:
+    """Every section of README.md or docs/ cited in the package, the scripts, the examples and the shipped
+    configs: where it is cited, the page, and the anchor."""
+    files = [
+        *sorted((REPO / "mcp_spec_proxy").rglob("*.py")),
+        *sorted((REPO / "scripts").iterdir()),
+        *sorted((REPO / "examples").iterdir()),
+        *sorted((REPO / "bench").rglob("*.yaml")),
+        REPO / "servers.yaml",
+    ]
+    found: list[tuple[str, Path, str]] = []
+    for file in files:
+        if not file.is_file():
+            continue
+        for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
+            for page, anchor, title in CITED.findall(line):
+                name = page.removeprefix("docs/").removesuffix(".md") + ".md"
+                path = REPO / "README.md" if name == "README.md" else REPO / "docs" / name
+                if name != "README.md" and not path.exists():
+                    continue  # DESIGN.md, STYLE.md: the design notes the code answers to, not user docs
+                found.append((f"{file.relative_to(REPO)}:{number}", path, anchor or slug(title) + "*"))
+    return found
+
+
+def exists(anchor: str, path: Path) -> bool:
+    """Whether `path` has the section: an anchor exactly, a title as the start of a heading's (`anchor*`)."""
+    offered = anchors(path)
+    if anchor.endswith("*"):
+        return any(name.startswith(anchor[:-1]) for name in offered)
+    return anchor in offered
+
+
+def test_every_section_of_the_docs_the_code_cites_exists() -> None:
+    cited = cited_sections()
+    missing = [
+        f"{where}: {path.relative_to(REPO)}#{anchor}" for where, path, anchor in cited if not exists(anchor, path)
+    ]
+
+    assert len(cited) >= 5  # the messages below, at least
+    assert missing == []
+
+
+def test_the_messages_that_send_a_user_to_the_docs_cite_a_section() -> None:
+    leash = run_proxy("--config", str(REPO / "examples" / "local-model.yaml"), "run", "x", "--mode", "spec+leash")
+    unknown = config_error("servers:\n  fs: {command: npx, zzzzzzzz: 1}\n")
+
+    assert "it needs a `leash:` section (docs/CONFIG.md#serversyaml-reference)" in leash.stderr
+    assert unknown.fix == "remove it or check its spelling against docs/CONFIG.md#serversyaml-reference"
