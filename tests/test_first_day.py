@@ -119,3 +119,16 @@ def test_the_messages_that_send_a_user_to_the_docs_cite_a_section() -> None:
 
     assert "it needs a `leash:` section (docs/CONFIG.md#serversyaml-reference)" in leash.stderr
     assert unknown.fix == "remove it or check its spelling against docs/CONFIG.md#serversyaml-reference"
+
+
+def test_the_local_model_example_from_another_folder_says_which_folder_its_paths_are_taken_from(
+    tmp_path: Path,
+) -> None:
+    result = run_proxy("--config", str(REPO / "examples" / "local-model.yaml"), "check", cwd=tmp_path)
+
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"Error: backend 'notes' failed to start: command '.venv/bin/python' is not in {tmp_path}, the folder the"
+        " proxy started in, which a relative path is taken from — start the proxy in the folder the path is"
+        " relative to, or give `command` (and any relative path in `args`) as an absolute path"
+    ]
