@@ -132,3 +132,44 @@ def test_the_local_model_example_from_another_folder_says_which_folder_its_paths
         " proxy started in, which a relative path is taken from — start the proxy in the folder the path is"
         " relative to, or give `command` (and any relative path in `args`) as an absolute path"
     ]
+
+
+def leash_config(tmp_path: Path) -> Path:
+    config = tmp_path / "servers.yaml"
+    config.write_text(f"leash:\n  encoder: hashing\n  bank_dir: {tmp_path / 'banks'}\n")
+    return config
+
+
+def test_the_documented_bank_import_example_imports_as_the_docs_say(tmp_path: Path) -> None:
+    page = (REPO / "docs" / "LEASH.md").read_text(encoding="utf-8")
+    section = page[page.index("## Importing labelled examples") :]
+    example = section[
+        section.index("```jsonl\n") + len("```jsonl\n") : section.index("```\n", section.index("```jsonl"))
+    ]
+    examples = tmp_path / "examples.jsonl"
+    examples.write_text(example)
+
+    result = run_proxy("bank", "import", str(examples), "-c", str(leash_config(tmp_path)))
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "imported 1 tasks and 2 steps"
+    assert "(`imported 1 tasks and 2 steps`)" in section
+
+
+def test_a_bad_bank_import_line_is_one_line_pointing_at_the_format_and_imports_nothing(tmp_path: Path) -> None:
+    examples = tmp_path / "examples.jsonl"
+    examples.write_text(
+        '{"kind": "task", "text": "a", "label": "success"}\n{"tool": "fs__write_file", "label": "bad"}\n'
+    )
+    config = leash_config(tmp_path)
+
+    result = run_proxy("bank", "import", str(examples), "-c", str(config))
+    stats = run_proxy("bank", "stats", "-c", str(config))
+
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"Error: {examples}:2: label 'bad' is neither success nor failure — each line is"
+        ' {"kind": "task", "text": "...", "label": "success"} or {"kind": "step", "tool": "...", "arguments": {...},'
+        ' "label": "failure"} (docs/LEASH.md#importing-labelled-examples-bank-import)'
+    ]
+    assert '"count": 0' in stats.stdout.splitlines()[0]  # the task bank: the good first line was not imported
