@@ -3,15 +3,20 @@ messages that send them to the docs, `serve.sh` in a terminal, the example that 
 
 from __future__ import annotations
 
+import os
+import pty
 import re
+import shutil
+import signal
 import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from mcp_spec_proxy.config.schema import parse_config_text
 from mcp_spec_proxy.errors import ConfigError
-from tests.harness import PROXY_COMMAND, proxy_env
+from tests.harness import PROXY_COMMAND, proxy_env, toy
 from tests.test_docs_links import anchors, slug
 
 REPO = Path(__file__).resolve().parent.parent
@@ -173,3 +178,87 @@ def test_a_bad_bank_import_line_is_one_line_pointing_at_the_format_and_imports_n
         ' "label": "failure"} (docs/LEASH.md#importing-labelled-examples-bank-import)'
     ]
     assert '"count": 0' in stats.stdout.splitlines()[0]  # the task bank: the good first line was not imported
+
+
+WAITING = "waiting for an MCP client to speak on stdin"
+
+
+def fake_venv_python(tmp_path: Path) -> Path:
+    """Stands in for `python3 -m venv VENV`: pip only says it ran; the venv's mcp-spec-proxy is the real one."""
+    fake = tmp_path / "python3"
+    fake.write_text(
+        '#!/bin/sh\nmkdir -p "$3/bin"\n'
+        "printf '#!/bin/sh\\nexit 0\\n' >\"$3/bin/python\"\n"
+        f'printf \'#!/bin/sh\\nexec env PYTHONPATH={REPO} {PROXY_COMMAND} "$@"\\n\' >"$3/bin/mcp-spec-proxy"\n'
+        'chmod +x "$3/bin/python" "$3/bin/mcp-spec-proxy"\n'
+    )
+    fake.chmod(0o755)
+    return fake
+
+
+def test_serve_sh_in_a_terminal_says_it_waits_for_an_mcp_client_on_stdin(tmp_path: Path) -> None:
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(REPO / "scripts" / "serve.sh", tmp_path / "scripts" / "serve.sh")
+    (tmp_path / "pyproject.toml").write_text("[project]\n")
+    config = tmp_path / "servers.yaml"
+    config.write_text(yaml.safe_dump({"servers": {"toy": toy(tmp_path / "rec")}}))
+    env = {**os.environ, "PYTHON": str(fake_venv_python(tmp_path)), "PROXY_CONFIG": str(config)}
+    terminal, its_end = pty.openpty()  # stdin is a terminal, as when a person runs the script
+    command = ["bash", str(tmp_path / "scripts" / "serve.sh"), "--state-dir", str(tmp_path / "s"), "--no-console"]
+    process = subprocess.Popen(
+        command, stdin=its_end, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True
+    )
+    os.close(its_end)
+    said: list[str] = []
+    try:
+        assert process.stderr is not None
+        for line in process.stderr:  # ends when the proxy does: a test that never hears the line fails here
+            said.append(line)
+            if "serving 11 tools" in line or WAITING in line:
+                break
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=30)
+        os.close(terminal)
+
+    told = [line for line in said if WAITING in line]
+    assert len(told) == 1, "".join(said)
+    assert "README.md#use-it-from-claude-desktop" in told[0] and "--http :8765" in told[0]
+
+
+def documented_completion(shell: str) -> str:
+    page = (REPO / "docs" / "COMMANDS.md").read_text(encoding="utf-8")
+    section = page[page.index("## Shell completion") :]
+    return next(line.split("  #")[0].strip() for line in section.splitlines() if f"={shell}_source" in line)
+
+
+def test_the_documented_bash_completion_completes_commands_and_starts_no_backend(tmp_path: Path) -> None:
+    spawned = tmp_path / "spawned"
+    backend = {"command": "sh", "args": ["-c", f"touch {spawned}; exec sleep 30"]}
+    (tmp_path / "servers.yaml").write_text(yaml.safe_dump({"servers": {"slow": backend}}))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "mcp-spec-proxy").write_text(f'#!/bin/sh\nexec env PYTHONPATH={REPO} {PROXY_COMMAND} "$@"\n')
+    (bin_dir / "mcp-spec-proxy").chmod(0o755)
+    script = (
+        f"{documented_completion('bash')}\n"
+        "COMP_WORDS=(mcp-spec-proxy ba); COMP_CWORD=1; _mcp_spec_proxy_completion mcp-spec-proxy\n"
+        'echo "${COMPREPLY[@]}"\n'
+        "COMPREPLY=(); COMP_WORDS=(mcp-spec-proxy bank i); COMP_CWORD=2; _mcp_spec_proxy_completion mcp-spec-proxy\n"
+        'echo "${COMPREPLY[@]}"\n'
+    )
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+
+    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["bank", "import"]
+    assert not spawned.exists()  # ./servers.yaml's backend was not started for a Tab
+
+
+def test_the_documented_zsh_and_fish_completions_print_their_scripts() -> None:
+    for shell, marker in (("zsh", "#compdef mcp-spec-proxy"), ("fish", "complete --no-files --command mcp-spec-proxy")):
+        variable = documented_completion(shell).split("_MCP_SPEC_PROXY_COMPLETE=")[1].split()[0]
+        env = {**proxy_env(), "_MCP_SPEC_PROXY_COMPLETE": variable}
+        printed = subprocess.run([PROXY_COMMAND], capture_output=True, text=True, timeout=60, env=env)
+        assert marker in printed.stdout, printed.stdout

@@ -79,6 +79,7 @@ async def test_a_start_with_the_shipped_config_logs_no_warning_and_no_traceback(
         assert {name.split("__")[0] for name in names} == {"fs", "git", "time"}
     else:
         assert "search_tools" in names
+    assert "waiting for an MCP client" not in said  # a client, not a person, is on stdin
     trouble = [line for line in said.splitlines() if any(mark in line for mark in TROUBLE)]
     assert trouble == [], said
 

@@ -74,6 +74,11 @@ def main(
         bind_check(*address, option="--http")
     console_at = _console_address(console, no_console, stdio=address is None)
     built = setup(ctx, telemetry=telemetry, log_level="INFO")
+    if address is None and sys.stdin.isatty():  # a person ran it: silence would look like a hang
+        logger.info(
+            "serving MCP on stdin and stdout: waiting for an MCP client to speak on stdin — register this command"
+            " in your client (README.md#use-it-from-claude-desktop), or serve HTTP with --http :8765; Ctrl-C stops it"
+        )
     if built.config.auth is not None and token:
         # `--token-env` is one person's shared secret; `auth:` knows each principal: one check, not two.
         raise click.ClickException(f"--token-env: {built.source} has `auth:`, which replaces it — drop --token-env")
