@@ -65,6 +65,7 @@ from mcp_spec_proxy.fronts.gateway_sessions import (
     ToolCallOut,
     prefix_digests,
 )
+from mcp_spec_proxy.fronts.own_tools import runnable_modes
 from mcp_spec_proxy.fronts.probes import Door
 from mcp_spec_proxy.observe.telemetry import Telemetry
 from mcp_spec_proxy.proxy import Proxy
@@ -178,13 +179,17 @@ class Gateway:
         return HostGuard(app, host_names(host, allowed_hosts or []))
 
     async def models(self, request: Request) -> Response:
+        """The names a request may give that can run here: `spec+leash` only with LEASH, `spec` and
+        `weak-only` only with a weak model."""
         created = int(time.time())
+        runnable = runnable_modes(self.engine)
         return AsciiJSON(
             {
                 "object": "list",
                 "data": [
                     {"id": name, "object": "model", "created": created, "owned_by": "mcp-spec-proxy"}
-                    for name in MODEL_ALIASES
+                    for name, mode in MODEL_ALIASES.items()
+                    if mode in runnable
                 ],
             }
         )
