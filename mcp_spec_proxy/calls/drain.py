@@ -21,7 +21,7 @@ After the calls, the command waits (bounded) for their answers to reach their cl
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -53,6 +53,9 @@ class Drain:
         self._calls = 0
         self._idle = anyio.Event()
         self._held: set[anyio.CancelScope] = set()
+        # The calls in flight that wait for their client to come back (the gateway's tool calls handed out),
+        # as the front that handed them out names them: a drain says what it waits for.
+        self.out_with_clients: Callable[[], list[str]] = list
 
     @property
     def in_flight(self) -> int:
@@ -125,7 +128,21 @@ class Drain:
     async def _drain(self, grace_s: float) -> None:
         if self._calls == 0:
             return
-        logger.warning("draining: %d call(s) in flight, %d held; waiting up to %gs", self._calls, self.held, grace_s)
+        out = self.out_with_clients()
+        if out:
+            logger.warning(
+                "draining: %d call(s) in flight, %d held, %d waiting for the client to send back a tool result the"
+                " gateway handed out (%s); waiting up to %gs for them, then they are abandoned",
+                self._calls,
+                self.held,
+                len(out),
+                ", ".join(out),
+                grace_s,
+            )
+        else:
+            logger.warning(
+                "draining: %d call(s) in flight, %d held; waiting up to %gs", self._calls, self.held, grace_s
+            )
         with anyio.move_on_after(grace_s):
             await self._idle_now()
             logger.info("drained: every call in flight settled")

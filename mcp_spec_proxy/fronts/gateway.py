@@ -153,6 +153,8 @@ class Gateway:
         self.telemetry: Telemetry = proxy.telemetry
         settings = proxy.config.gateway
         self.sessions = Sessions(settings.max_sessions, settings.session_idle_s, clock)
+        # A turn waiting for its client's tool result is in flight: a drain says it waits for the client.
+        proxy.gate.drain.out_with_clients = self.sessions.out_with_clients
         self._tg: anyio.abc.TaskGroup | None = None
 
     def app(
