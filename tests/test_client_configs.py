@@ -186,3 +186,23 @@ def test_the_proxy_sections_beside_a_client_file_servers_are_still_checked(tmp_p
         load_config(path, {})
 
     assert caught.value.key == "review.default"
+
+
+def test_the_proxy_registered_in_the_clients_file_is_not_served_behind_itself(tmp_path: Path) -> None:
+    path = tmp_path / "claude_desktop_config.json"
+    data = claude_desktop(tmp_path)
+    data["mcpServers"] = {
+        "toy": toy(tmp_path / "rec"),
+        # As the README says to register it, pointed at this very file: served, it would start itself.
+        "proxy": {"command": PROXY_COMMAND, "args": ["--config", str(path)]},
+    }
+    path.write_text(json.dumps(data, indent=2))
+
+    checked = run_proxy("--config", str(path), "check")
+    listed = run_proxy("--config", str(path), "--state-dir", str(tmp_path / "state"), "tools")
+
+    assert checked.returncode == 0, checked.stderr
+    assert checked.stdout.splitlines()[0] == f"{path}: ok (1 servers enabled)"
+    assert "note: server 'proxy' is left out: it starts mcp-spec-proxy itself" in checked.stdout
+    assert listed.returncode == 0, listed.stderr
+    assert {line.split("__")[0] for line in listed.stdout.splitlines()} == {"toy"}

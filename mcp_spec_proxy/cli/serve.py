@@ -234,7 +234,7 @@ def console_url(ctx: click.Context) -> None:
 def check(ctx: click.Context) -> None:
     """Validate the config file as the proxy does (keys, LEASH, reviewers) without starting a backend."""
     from mcp_spec_proxy.config import CONFIG_REFERENCE
-    from mcp_spec_proxy.config.clients import own_keys_of
+    from mcp_spec_proxy.config.clients import left_alone
     from mcp_spec_proxy.engine import MODES
     from mcp_spec_proxy.proxy import validate
 
@@ -261,9 +261,11 @@ def check(ctx: click.Context) -> None:
             " `mcp-spec-proxy init`"
         )
     click.echo(f"{built.source}: ok ({len(config.active_servers())} servers enabled)")
-    left = own_keys_of(Path(built.source), type(config).model_fields)
-    if left:
-        click.echo(f"note: the client's own keys, left alone: {', '.join(left)}")
+    keys, proxies = left_alone(Path(built.source), type(config).model_fields)
+    if keys:
+        click.echo(f"note: the client's own keys, left alone: {', '.join(keys)}")
+    for name in proxies:
+        click.echo(f"note: server {name!r} is left out: it starts mcp-spec-proxy itself")
     if not config.models and config.leash is None:
         return  # a plain MCP proxy: `run` and the gateway are not what this config is for
     for mode in MODES:

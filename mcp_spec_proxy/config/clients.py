@@ -8,7 +8,9 @@ is validated, so a user can point `--config` at the file they already have. The 
 client's (a servers.yaml) keeps every unknown key an error.
 
 Within a server, the keys only a client acts on are set aside too (VS Code's `dev` and `gallery`),
-except `envFile`: its variables would be missing from the server's environment, so it is told.
+except `envFile`: its variables would be missing from the server's environment, so it is told. A client's
+entry that starts mcp-spec-proxy itself (the user registered the proxy there) is left out: served, it
+would start the proxy behind itself, again and again.
 
 `init` finds the clients' files (`client_files`) and gathers their servers into one servers.yaml
 (`entries_of`, `merged`).
@@ -44,11 +46,20 @@ def client_keys(data: Any, proxy_keys: Iterable[str]) -> list[str]:
     return [str(key) for key in data if key not in known]
 
 
-def own_keys_of(path: Path, proxy_keys: Iterable[str]) -> list[str]:
-    """The client's own keys in the (valid) config file at `path`: what `check` says it left alone."""
+def left_alone(path: Path, proxy_keys: Iterable[str]) -> tuple[list[str], list[str]]:
+    """What of the (valid) client's file at `path` the proxy does not serve, for `check` to say: the
+    client's own keys, and the servers that start mcp-spec-proxy itself."""
     text = path.read_text(encoding="utf-8")
     json_file = path.suffix.lower() == ".json"
-    return client_keys(parse(str(path), plain_json(text) if json_file else text, json_file=json_file), proxy_keys)
+    data = parse(str(path), plain_json(text) if json_file else text, json_file=json_file)
+    return client_keys(data, proxy_keys), _proxies(data)
+
+
+def _proxies(data: Any) -> list[str]:
+    servers = servers_of(data) if is_client_file(data) else None
+    if not isinstance(servers, dict):
+        return []
+    return [str(name) for name, entry in servers.items() if isinstance(entry, dict) and runs_this_proxy(entry)]
 
 
 def servers_of(data: Any) -> Any:
@@ -65,10 +76,11 @@ def as_config(data: dict[str, Any], proxy_keys: Iterable[str]) -> dict[str, Any]
         return data
     ignored = set(client_keys(data, proxy_keys))
     kept = {key: value for key, value in data.items() if key not in ignored}
+    proxies = set(_proxies(data))
     for key in ("mcpServers", "servers"):
         servers = kept.get(key)
         if isinstance(servers, dict):
-            kept[key] = {name: _server_entry(entry) for name, entry in servers.items()}
+            kept[key] = {name: _server_entry(entry) for name, entry in servers.items() if name not in proxies}
     return kept
 
 
