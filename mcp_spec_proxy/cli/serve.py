@@ -74,7 +74,7 @@ def main(
         bind_check(*address, option="--http")
     console_at = _console_address(console, no_console, stdio=address is None)
     built = setup(ctx, telemetry=telemetry, log_level="INFO")
-    if address is None and sys.stdin.isatty():  # a person ran it: silence would look like a hang
+    if address is None and sys.stdin is not None and sys.stdin.isatty():  # a person ran it: silence looks like a hang
         logger.info(
             "serving MCP on stdin and stdout: waiting for an MCP client to speak on stdin — register this command"
             " in your client (README.md#use-it-from-claude-desktop), or serve HTTP with --http :8765; Ctrl-C stops it"
