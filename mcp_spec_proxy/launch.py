@@ -25,6 +25,9 @@ from pathlib import Path
 from mcp_spec_proxy.config.options import serving_files, state_dir_of
 from mcp_spec_proxy.prespawn import Prespawned
 
+COMPLETE_VAR = "_MCP_SPEC_PROXY_COMPLETE"
+"""Set by the shell completion click generates for the command (docs/COMMANDS.md, "Shell completion")."""
+
 
 def start_backends(argv: list[str], early: Prespawned) -> None:
     """Spawn the serving command's stdio backends into `early`; nothing when `argv` does not serve."""
@@ -70,7 +73,8 @@ def main() -> None:
     early = Prespawned()
     try:
         try:
-            start_backends(sys.argv[1:], early)
+            if COMPLETE_VAR not in os.environ:  # a shell completing a word: nothing serves, nothing spawns
+                start_backends(sys.argv[1:], early)
         except Exception as exc:
             logging.getLogger("mcp_spec_proxy").warning(
                 "could not start the backends before the proxy loaded (%s: %s); they start once it has",

@@ -334,7 +334,7 @@ def test_unknown_key_with_nothing_close_points_at_the_reference() -> None:
     error = config_error("servers:\n  fs:\n    command: npx\n    zzzzzzzz: 1\n")
 
     assert error.key == "servers.fs.zzzzzzzz"
-    assert error.fix == "remove it or check its spelling against the README's servers.yaml reference"
+    assert error.fix == "remove it or check its spelling against docs/CONFIG.md#serversyaml-reference"
 
 
 def test_unknown_top_level_key_is_named_with_its_line() -> None:

@@ -8,6 +8,7 @@ that brings the tool's result is admitted, and the drain waits for that turn to 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -74,7 +75,7 @@ async def test_gateway_probes_answer_without_the_token_and_a_draining_gateway_re
 
 
 async def test_a_draining_gateway_finishes_a_turn_waiting_for_the_clients_tool_and_refuses_new_turns(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     drafts: Iterator[Reply | str] = iter(
         [Reply(tool_calls=[ToolCall("send_email", {"to": "a@b.c", "body": "hi"})]), "Sent."]
@@ -110,7 +111,12 @@ async def test_a_draining_gateway_finishes_a_turn_waiting_for_the_clients_tool_a
                     assert tool_call["function"]["name"] == "send_email"
                     async with anyio.create_task_group() as sigterm:
                         sigterm.start_soon(proxy.gate.drain.run, 30.0)
-                        await until(lambda: proxy.gate.drain.draining)
+                        with caplog.at_level(logging.WARNING, logger="mcp_spec_proxy.calls.drain"):
+                            await until(lambda: proxy.gate.drain.draining)
+                        # The stop says what it waits for: the client's result of the tool it was handed.
+                        [said] = [r.getMessage() for r in caplog.records if r.name == "mcp_spec_proxy.calls.drain"]
+                        assert "1 waiting for the client to send back a tool result the gateway handed out" in said
+                        assert "(send_email (session gw-" in said and "waiting up to 30s for them" in said
                         new = {"model": "spec", "messages": [{"role": "user", "content": "another task"}]}
                         refused = await http.post("/chat/completions", json=new)
                         assert refused.status_code == 503, refused.text

@@ -174,7 +174,8 @@ class Backend(Requests):
             delay = min(cap, BACKOFF_START * math.pow(2, failures))
             failures = min(failures + 1, 64)  # past the cap anyway; 2.0 ** 1024 overflows a float
             self.restarts += 1
-            logger.info("backend %r: reconnecting in %.1fs", self.name, delay)
+            # The failure was said (once, while it stays the same), with what happens next: the schedule is detail.
+            logger.debug("backend %r: reconnecting in %.1fs", self.name, delay)
             await anyio.sleep(delay)
 
     async def _session(self) -> None:

@@ -208,7 +208,10 @@ class Relay:
         if link is None and not self._in_flight:
             link = self.fallback
         if link is None:
-            logger.warning("backend %r sent %s, which was not relayed: %s", self._server, method, why)
+            # A server that asks for roots as it connects (the filesystem server does) keeps the ones it was
+            # started with when the answer is an error: that is routine, not a warning.
+            level = logging.DEBUG if kind == "roots" else logging.WARNING
+            logger.log(level, "backend %r sent %s, which was not relayed: %s", self._server, method, why)
             return types.ErrorData(
                 code=INVALID_REQUEST, message=f"mcp-spec-proxy cannot tell which client this {method} is for: {why}"
             )

@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -66,6 +66,9 @@ class Drain:
         self._idle = anyio.Event()
         self._held: set[anyio.CancelScope] = set()
         self._out: dict[str, float] = {}  # approvals out with their clients: when each expires (monotonic)
+        # The calls in flight that wait for their client to come back (the gateway's tool calls handed out),
+        # as the front that handed them out names them: a drain says what it waits for.
+        self.results_awaited: Callable[[], list[str]] = list
 
     @property
     def in_flight(self) -> int:
@@ -163,6 +166,12 @@ class Drain:
         if self._calls == 0 and not (approvals and self.out_with_clients):
             return
         out = f", {self.out_with_clients} approval(s) out with their clients" if approvals and self._out else ""
+        awaited = self.results_awaited()
+        if awaited:
+            out += (
+                f", {len(awaited)} waiting for the client to send back a tool result the gateway handed out"
+                f" ({', '.join(awaited)}; abandoned when the wait ends)"
+            )
         logger.warning(
             "draining: %d call(s) in flight, %d held%s; waiting up to %gs", self._calls, self.held, out, grace_s
         )

@@ -6,17 +6,18 @@ mcp-spec-proxy tools                                 every tool with its effect 
 mcp-spec-proxy tools accept NAME                     accept a tool's changed definition, or a new tool
 mcp-spec-proxy explain TOOL --args JSON              which rule and which reviewer a call would meet
 mcp-spec-proxy check                                 validate the config and exit
+mcp-spec-proxy init                                  write a servers.yaml from your MCP clients' servers
 mcp-spec-proxy console-url                           the running proxy's approval console link
 mcp-spec-proxy run TASK / gateway / report-outcome   the SpecAgent engine
 mcp-spec-proxy bank stats / import / calibrate       LEASH's banks
 mcp-spec-proxy store migrate / audit                 the Postgres schema; the audit trail (files or Postgres)
 
 setup.py builds what commands share; serve.py holds the main group (serving, `check`); tools.py,
-explain.py, agent.py and bank.py add their commands to it when imported here, so `main` is complete once this
+explain.py, init.py, agent.py and bank.py add their commands to it when imported here, so `main` is complete once this
 package is imported (the console script is `mcp_spec_proxy.cli:main`).
 """
 
-from mcp_spec_proxy.cli import agent, bank, explain, store, tools  # noqa: F401 -- imported to register their commands on `main`
+from mcp_spec_proxy.cli import agent, bank, explain, init, store, tools  # noqa: F401 -- imported to register their commands on `main`
 from mcp_spec_proxy.cli.serve import _parse_http as _parse_http  # tests parse --http values directly
 from mcp_spec_proxy.cli.serve import main
 

@@ -52,7 +52,8 @@ def bank_import(ctx: click.Context, file: str) -> None:
     Each line: {"kind": "task", "text": "...", "label": "success"|"failure"} or
     {"kind": "step", "tool": "...", "arguments": {...}, "label": ...}. An "observation" is read and
     ignored: a step is judged before it runs, so LEASH represents it by its call alone. Refused under
-    leash.encoder: hidden, whose vectors only the weak model's drafting calls give.
+    leash.encoder: hidden, whose vectors only the weak model's drafting calls give. The format, with an
+    example: docs/LEASH.md, "Importing labelled examples".
     """
     leash = open_configured_leash(ctx, strict=True)  # a label not stored is an error here
     _refuse_hidden(leash, "import")
@@ -189,14 +190,37 @@ def _examples(path: Path) -> tuple[list[tuple[str, str]], list[tuple[Step, Label
             continue
         try:
             item = json.loads(line)
-            label = item["label"]
-            if label not in ("success", "failure"):
-                raise ValueError("label must be success or failure")
-            if item.get("kind", "step") == "task":
-                tasks.append((str(item["text"]), label))
-            else:
-                step = Step(str(item["tool"]), dict(item.get("arguments") or {}), "read", item.get("observation"))
-                steps.append((step, label))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise click.ClickException(f"{path}:{number}: {exc} — see `mcp-spec-proxy bank import --help`") from None
+        except json.JSONDecodeError as exc:
+            raise click.ClickException(f"{path}:{number}: not a JSON object ({exc.msg}) — {IMPORT_FORMAT}") from None
+        why = _bad_example(item)
+        if why:
+            raise click.ClickException(f"{path}:{number}: {why} — {IMPORT_FORMAT}")
+        if item.get("kind", "step") == "task":
+            tasks.append((str(item["text"]), item["label"]))
+        else:
+            step = Step(str(item["tool"]), dict(item.get("arguments") or {}), "read", item.get("observation"))
+            steps.append((step, item["label"]))
     return tasks, steps
+
+
+IMPORT_FORMAT = (
+    'each line is {"kind": "task", "text": "...", "label": "success"} or {"kind": "step", "tool": "...",'
+    ' "arguments": {...}, "label": "failure"} (docs/LEASH.md#importing-labelled-examples-bank-import)'
+)
+
+
+def _bad_example(item: object) -> str | None:
+    """What is wrong with one line of an examples file, or None."""
+    if not isinstance(item, dict):
+        return "not a JSON object"
+    kind = item.get("kind", "step")
+    if kind not in ("task", "step"):
+        return f"kind {kind!r} is neither task nor step"
+    for key in ("label", "text" if kind == "task" else "tool"):
+        if key not in item:
+            return f"a {kind} needs {key!r}"
+    if item["label"] not in ("success", "failure"):
+        return f"label {item['label']!r} is neither success nor failure"
+    if kind == "step" and not isinstance(item.get("arguments") or {}, dict):
+        return "a step's arguments must be a JSON object"
+    return None

@@ -75,6 +75,11 @@ def main(
         bind_check(*address, option="--http")
     console_at = _console_address(console, no_console, stdio=address is None)
     built = setup(ctx, telemetry=telemetry, log_level="INFO")
+    if address is None and sys.stdin is not None and sys.stdin.isatty():  # a person ran it: silence looks like a hang
+        logger.info(
+            "serving MCP on stdin and stdout: waiting for an MCP client to speak on stdin — register this command"
+            " in your client (README.md#use-it-from-claude-desktop), or serve HTTP with --http :8765; Ctrl-C stops it"
+        )
     if built.config.auth is not None and token:
         # `--token-env` is one person's shared secret; `auth:` knows each principal: one check, not two.
         raise click.ClickException(f"--token-env: {built.source} has `auth:`, which replaces it — drop --token-env")
@@ -237,6 +242,8 @@ def console_url(ctx: click.Context) -> None:
 @click.pass_context
 def check(ctx: click.Context) -> None:
     """Validate the config file as the proxy does (keys, LEASH, reviewers) without starting a backend."""
+    from mcp_spec_proxy.config import CONFIG_REFERENCE
+    from mcp_spec_proxy.config.clients import left_alone
     from mcp_spec_proxy.engine import MODES
     from mcp_spec_proxy.proxy import validate
 
@@ -256,7 +263,18 @@ def check(ctx: click.Context) -> None:
                 missing.append(str(exc))
     if missing:
         raise click.ClickException("\n".join(missing))
+    if not config.active_servers() and config.gateway.backend_tools:
+        raise click.ClickException(
+            f"{built.source}: no server is configured{' or enabled' if config.servers else ''} — add one under"
+            f" `servers:` ({CONFIG_REFERENCE}), or write a servers.yaml from your MCP clients' configs with"
+            " `mcp-spec-proxy init`"
+        )
     click.echo(f"{built.source}: ok ({len(config.active_servers())} servers enabled)")
+    keys, proxies = left_alone(Path(built.source), type(config).model_fields)
+    if keys:
+        click.echo(f"note: the client's own keys, left alone: {', '.join(keys)}")
+    for name in proxies:
+        click.echo(f"note: server {name!r} is left out: it starts mcp-spec-proxy itself")
     if not config.models and config.leash is None:
         return  # a plain MCP proxy: `run` and the gateway are not what this config is for
     for mode in MODES:

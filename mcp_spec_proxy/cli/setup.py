@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import click
 
+from mcp_spec_proxy.config import CONFIG_REFERENCE, MODELS_REFERENCE
 from mcp_spec_proxy.config.options import LOG_LEVELS, listen_problem
 from mcp_spec_proxy.config.options import state_dir_of as state_dir_of
 from mcp_spec_proxy.errors import ProxyError
@@ -142,9 +143,9 @@ def engine_problem(config: ProxyConfig, mode: Mode) -> str | None:
     if mode != "strong-only" and "weak" not in config.models:
         missing.append("weak")
     if missing:
-        return " and ".join(f"models.{name}" for name in missing) + " must be configured (see the README)"
+        return " and ".join(f"models.{name}" for name in missing) + f" must be configured ({MODELS_REFERENCE})"
     if mode == "spec+leash" and config.leash is None:
-        return "it needs a `leash:` section (see the README)"
+        return f"it needs a `leash:` section ({CONFIG_REFERENCE})"
     return None
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -93,7 +94,10 @@ def store_migrate(ctx: click.Context, to: int | None) -> None:
 
 @main.command("audit")
 @file_options
-@click.option("--session", help="Only the rows of this session.")
+@click.option(
+    "--session",
+    help="Only the rows of this session: its id, or the name a client gave it (the Mcp-Spec-Proxy-Session header).",
+)
 @click.option("--tail", type=click.IntRange(min=1), help="Only the last N rows.")
 @click.option("--principal", metavar="SUB", help="Only the rows of this principal's calls (its token's `sub`).")
 @click.pass_context
@@ -106,15 +110,41 @@ def audit(ctx: click.Context, session: str | None, tail: int | None, principal: 
 
     async def rows() -> list[dict[str, Any]]:
         if dsn is None or config.store == "files":
-            lines = await FileStore(StatePaths(state_dir_of(ctx.obj["state_dir"], config))).read_audit(session)
+            lines = await FileStore(StatePaths(state_dir_of(ctx.obj["state_dir"], config))).read_audit(None)
+            if session is not None:
+                pairs = {(str(_sub(line)), _client(line)) for line in lines if _sub(line) is not None}
+                wanted = set(_session_ids(session, config, pairs))
+                lines = [line for line in lines if line.get("session") in wanted]
             return lines if principal is None else [line for line in lines if _sub(line) == principal]
         timeout = config.store.postgres.timeout
-        found: list[dict[str, Any]] = await _postgres(ctx).read_audit_once(dsn, timeout, session, tail, principal)
+        postgres = _postgres(ctx)
+        ids: list[str] | None = None
+        if session is not None:
+            pairs = await postgres.read_audit_principals_once(dsn, timeout) if config.auth is not None else []
+            ids = _session_ids(session, config, pairs)
+        found: list[dict[str, Any]] = await postgres.read_audit_once(dsn, timeout, ids, tail, principal)
         return found
 
     found = run_loop(rows)
     for row in found[-tail:] if tail else found:
         click.echo(json.dumps(row, ensure_ascii=False, default=str))
+
+
+def _session_ids(session: str, config: ProxyConfig, principals: Iterable[tuple[str, str | None]]) -> list[str]:
+    """The ids `--session` may mean: the id itself, or those of the session a client named so — with no
+    principal, or (under `auth:`) named by each (subject, client) on the trail, as the front keys it."""
+    from mcp_spec_proxy.principal import Principal
+    from mcp_spec_proxy.sessions.named_sessions import keys_of_name
+
+    issuer = config.auth.issuer if config.auth is not None else None
+    named = [Principal(issuer, sub, client) for sub, client in principals] if issuer is not None else []
+    return [session, *keys_of_name(session, named)]
+
+
+def _client(line: dict[str, Any]) -> str | None:
+    named = line.get("principal")
+    client = named.get("client_id") if isinstance(named, dict) else None
+    return client if isinstance(client, str) else None
 
 
 def _sub(line: dict[str, Any]) -> object:

@@ -37,9 +37,16 @@ def resolve_command(name: str, command: str) -> str:
     with a PATH that does not include that environment.
     """
     if "/" in command:
-        if not Path(command).exists():
-            raise BackendError(name, f"failed to start: command {command!r} does not exist — fix `command`")
-        return command
+        if Path(command).exists():
+            return command
+        if not Path(command).is_absolute():  # "does not exist" alone misleads where it exists from another folder
+            raise BackendError(
+                name,
+                f"failed to start: command {command!r} is not in {os.getcwd()}, the folder the proxy started in,"
+                " which a relative path is taken from — start the proxy in the folder the path is relative to,"
+                " or give `command` (and any relative path in `args`) as an absolute path",
+            )
+        raise BackendError(name, f"failed to start: command {command!r} does not exist — fix `command`")
     beside = str(Path(sys.executable).parent)
     found = shutil.which(command) or shutil.which(command, path=beside)
     if found is None:

@@ -18,13 +18,20 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
+from mcp_spec_proxy.config import CONFIG_REFERENCE
 from mcp_spec_proxy.errors import ConfigError, ConfigProblem
 
 Loc = tuple[str, ...]
 Found = Sequence[tuple[Loc, ConfigProblem]]  # each problem with the key path it is about
 
 _NONE = object()  # no such key in what the user wrote
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+# `${NAME}`, `${NAME:-default}`, and VS Code's spelling of the first, `${env:NAME}`.
+_ENV_REF = re.compile(r"\$\{(?:env:)?([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_INPUT_REF = re.compile(r"\$\{input:([^}]*)\}")  # VS Code asks the user for it when it starts the server
+# A client's key the proxy cannot honour, and what to write instead.
+_CLIENT_KEY_FIXES = {
+    "envFile": "the proxy does not read an envFile: copy its variables into `env` (values may be ${VAR})",
+}
 
 
 def parse(file: str, text: str, *, json_file: bool) -> Any:
@@ -33,7 +40,10 @@ def parse(file: str, text: str, *, json_file: bool) -> Any:
         try:
             return json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"{file}:{exc.lineno}", "", f"invalid JSON: {exc.msg}") from None
+            try:  # VS Code's and Cursor's files are JSON with comments and trailing commas
+                return json.loads(plain_json(text))
+            except json.JSONDecodeError:
+                raise ConfigError(f"{file}:{exc.lineno}", "", f"invalid JSON: {exc.msg}") from None
     try:
         return yaml.safe_load(text)
     except yaml.MarkedYAMLError as exc:
@@ -41,6 +51,35 @@ def parse(file: str, text: str, *, json_file: bool) -> Any:
         raise ConfigError(f"{file}:{line}", "", f"invalid YAML: {exc.problem}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(file, "", f"invalid YAML: {exc}") from None
+
+
+def plain_json(text: str) -> str:
+    """JSON with comments (`//`, `/* */`) and trailing commas, as VS Code and Cursor allow, as plain
+    JSON: each comment blanked to spaces and each trailing comma to a space, so every line keeps its
+    number. Plain JSON comes back as it was."""
+    out: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch == '"':  # a string, escapes and all, as it is
+            end = i + 1
+            while end < n and text[end] != '"':
+                end += 2 if text[end] == "\\" else 1
+            out.append(text[i : end + 1])
+            i = end + 1
+            continue
+        if text.startswith("//", i) or text.startswith("/*", i):
+            line_comment = text[i + 1] == "/"
+            end = text.find("\n" if line_comment else "*/", i + 2)
+            end = n if end < 0 else end + (0 if line_comment else 2)
+            out.append(re.sub(r"[^\n]", " ", text[i:end]))
+            i = end
+            continue
+        if ch == "," and re.match(r"(?:\s|//[^\n]*|/\*.*?\*/)*[}\]]", text[i + 1 :], re.DOTALL):
+            ch = " "
+        out.append(ch)
+        i += 1
+    return "".join(out)
 
 
 def expand(
@@ -65,6 +104,13 @@ def expand(
             return _ENV_REF.sub(substitute, value)
         line = lines.of(loc)
         where, key = f"{file}:{line}" if line else file, ".".join(loc)
+        prompted = _INPUT_REF.search(rest)
+        if prompted:
+            name = re.sub(r"[^A-Za-z0-9]+", "_", prompted.group(1)).strip("_").upper() or "VALUE"
+            problem = f"{prompted.group(0)} is a value VS Code asks for when it starts the server"
+            fix = f"the proxy asks no one: export the value as {name} and write ${{{name}}}"
+            problems.append((loc, ConfigProblem(where, key, problem, fix)))
+            return value
         if "${" in rest:
             broken = rest[rest.index("${") :][:40]
             fix = "close it with `}` — ${NAME} or ${NAME:-default}, NAME of letters, digits and _"
@@ -184,10 +230,12 @@ def _related(a: Loc, b: Loc) -> bool:
 
 def suggest(key: str, suggestions: Sequence[str]) -> str:
     """The fix for an unknown key: the first of `suggestions` it looks like a typo of, if any."""
+    if key in _CLIENT_KEY_FIXES:
+        return _CLIENT_KEY_FIXES[key]
     close = [name for name in suggestions if _similar(key, name)]
     if close:
         return f"did you mean `{close[0]}`?"
-    return "remove it or check its spelling against the README's servers.yaml reference"
+    return f"remove it or check its spelling against {CONFIG_REFERENCE}"
 
 
 def _similar(a: str, b: str) -> bool:

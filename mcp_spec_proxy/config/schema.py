@@ -1,4 +1,4 @@
-"""The configuration users write: `servers.yaml`, or a Claude Desktop style JSON file.
+"""The configuration users write: `servers.yaml`, or an MCP client's JSON file (`config/clients.py`).
 
 `load_config(path, environ)` is the one way in. It parses YAML or JSON, expands `${VAR}` and
 `${VAR:-default}` from the `environ` the CLI hands it (this module never reads the process
@@ -19,7 +19,17 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from mcp_spec_proxy.config.file import Lines, Loc, every_problem, expand, fields_of, parse, validation_problems
+from mcp_spec_proxy.config.clients import as_config
+from mcp_spec_proxy.config.file import (
+    Lines,
+    Loc,
+    every_problem,
+    expand,
+    fields_of,
+    parse,
+    plain_json,
+    validation_problems,
+)
 from mcp_spec_proxy.config.identity import OWN_SERVER, AccessRule, AuthConfig
 from mcp_spec_proxy.errors import ConfigError, ConfigProblem
 from mcp_spec_proxy.models import ModelConfig
@@ -465,11 +475,12 @@ def parse_config_text(
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(file, "", "the top level must be a mapping", "start with `servers:`")
+    data = as_config(data, ProxyConfig.model_fields)  # a client's own keys (`globalShortcut`, `inputs`) are not ours
     if "mcpServers" in data:
         if "servers" in data:
             raise ConfigError(file, "mcpServers", "both `servers` and `mcpServers` are given", "keep one of them")
         data["servers"] = data.pop("mcpServers")
-    lines = Lines(text)
+    lines = Lines(plain_json(text) if json_file else text)
     unexpanded: list[tuple[Loc, ConfigProblem]] = []
     data = expand(file, lines, data, environ, (), unexpanded)
     try:

@@ -71,6 +71,7 @@ from mcp_spec_proxy.fronts.gateway_sessions import (
     prefix_digests,
 )
 from mcp_spec_proxy.fronts.identity import ResourceServer, principal_of
+from mcp_spec_proxy.fronts.own_tools import runnable_modes
 from mcp_spec_proxy.fronts.probes import Door
 from mcp_spec_proxy.observe.telemetry import Telemetry
 from mcp_spec_proxy.principal import who
@@ -159,6 +160,8 @@ class Gateway:
         self.telemetry: Telemetry = proxy.telemetry
         settings = proxy.config.gateway
         self.sessions = Sessions(settings.max_sessions, settings.session_idle_s, clock)
+        # A turn waiting for its client's tool result is in flight: a drain says it waits for the client.
+        proxy.gate.drain.results_awaited = self.sessions.out_with_clients
         self._tg: anyio.abc.TaskGroup | None = None
 
     def app(
@@ -190,13 +193,17 @@ class Gateway:
         return HostGuard(app, host_names(host, allowed_hosts or []))
 
     async def models(self, request: Request) -> Response:
+        """The names a request may give that can run here: `spec+leash` only with LEASH, `spec` and
+        `weak-only` only with a weak model."""
         created = int(time.time())
+        runnable = runnable_modes(self.engine)
         return AsciiJSON(
             {
                 "object": "list",
                 "data": [
                     {"id": name, "object": "model", "created": created, "owned_by": "mcp-spec-proxy"}
-                    for name in MODEL_ALIASES
+                    for name, mode in MODEL_ALIASES.items()
+                    if mode in runnable
                 ],
             }
         )

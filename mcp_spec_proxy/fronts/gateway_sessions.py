@@ -217,6 +217,15 @@ class Sessions:
             self._at.setdefault(digest, []).append(session)
         return let_go
 
+    def out_with_clients(self) -> list[str]:
+        """Each tool call handed to a client whose result its turn waits for, as `tool (session KEY)`."""
+        return [
+            f"{pending.step.tool} (session {session.key})"
+            for session in self._all.values()
+            for pending in list(session.pending.values())
+            if not pending.done.is_set()
+        ]
+
     def touch(self, session: GatewaySession) -> None:
         session.last_used = self.clock()
         if session.key in self._all:

@@ -70,3 +70,6 @@ def configure(level: str, fmt: LogFormat = "text") -> None:
     handler.addFilter(_CallFields())
     handler.setFormatter(JsonLines() if fmt == "json" else logging.Formatter(TEXT))
     logging.basicConfig(level=level, handlers=[handler])
+    if logging.getLevelName(level) != logging.DEBUG:
+        # FAISS says at INFO which CPU build it tried, each miss with its ModuleNotFoundError: not news to a user.
+        logging.getLogger("faiss.loader").setLevel(logging.WARNING)

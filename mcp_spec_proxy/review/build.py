@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from mcp_spec_proxy.config import CONFIG_REFERENCE
 from mcp_spec_proxy.config.schema import ProxyConfig, ReviewMode
 from mcp_spec_proxy.errors import ConfigError
 from mcp_spec_proxy.models import ChatModel
@@ -58,7 +59,9 @@ def build_reviewers(
         if mode in reviewers:
             continue
         if mode == "leash":
-            raise ConfigError(source, key, "review mode 'leash' needs LEASH", "add a `leash:` section (see README)")
+            raise ConfigError(
+                source, key, "review mode 'leash' needs LEASH", f"add a `leash:` section ({CONFIG_REFERENCE})"
+            )
         if mode in ("strong", "strong_then_human"):
             raise ConfigError(
                 source,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from mcp_spec_proxy.principal import Principal
@@ -40,7 +40,7 @@ class NamedSessions:
         if name is None:
             self._tell_unnamed()
             return self._new(None, principal)  # a request that names no session is its own
-        named = self._named.pop(name, None) or self._new("named-" + digest(name)[:12], principal)
+        named = self._named.pop(name, None) or self._new(session_key(name), principal)
         self._named[name] = named
         while len(self._named) > MAX_NAMED_SESSIONS:
             self._named.popitem(last=False)
@@ -60,6 +60,19 @@ class NamedSessions:
         )
 
 
+def session_key(name: str) -> str:
+    """The id of the session `name` (as `session_name` gives it) names: what its audit lines and the
+    store call it. A digest: a client's name may be long or odd, and under `auth:` it holds the principal."""
+    return "named-" + digest(name)[:12]
+
+
+def keys_of_name(name: str, principals: Iterable[Principal]) -> list[str]:
+    """Every id a session a client named `name` may have: named with no principal (stdio, no `auth:`),
+    or by one of `principals` (`mcp-spec-proxy audit --session NAME` finds its lines by these)."""
+    name = name[:256]
+    return [session_key(name), *(session_key(f"{principal.key}\n{name}") for principal in principals)]
+
+
 def session_name(request: object, meta: object, principal: Principal | None) -> str | None:
     """The session a 2026-07-28 request names: its header, else its `_meta`; None when it names none.
     A name is its principal's own (the key is prefixed with the principal's)."""
@@ -74,4 +87,12 @@ def session_name(request: object, meta: object, principal: Principal | None) -> 
     return name[:256] if principal is None else f"{principal.key}\n{name[:256]}"
 
 
-__all__ = ["MAX_NAMED_SESSIONS", "SESSION_HEADER", "SESSION_META", "NamedSessions", "session_name"]
+__all__ = [
+    "MAX_NAMED_SESSIONS",
+    "SESSION_HEADER",
+    "SESSION_META",
+    "NamedSessions",
+    "keys_of_name",
+    "session_key",
+    "session_name",
+]

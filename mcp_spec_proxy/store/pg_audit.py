@@ -23,6 +23,7 @@ import json
 import logging
 import re
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import anyio
@@ -188,7 +189,7 @@ class PgAudit:
 async def read_rows(
     pool: AsyncConnectionPool[Any],
     *,
-    session: str | None = None,
+    session: str | Sequence[str] | None = None,
     tail: int | None = None,
     principal: str | None = None,
 ) -> list[dict[str, Any]]:
@@ -197,7 +198,8 @@ async def read_rows(
     conditions: list[str] = []
     args: list[Any] = []
     if session:
-        conditions, args = [*conditions, "session = %s"], [*args, session]
+        sessions = [session] if isinstance(session, str) else list(session)  # any of them: a name's ids
+        conditions, args = [*conditions, "session = ANY(%s)"], [*args, sessions]
     if principal is not None:
         conditions, args = [*conditions, "data->'principal'->>'sub' = %s"], [*args, principal]
     where = f"WHERE {' AND '.join(conditions)}" if conditions else ""
@@ -213,3 +215,14 @@ async def read_rows(
 def _key_slot(session: str, key: str) -> str:
     """The row a session's idempotency key is claimed under (its `call` column), shared by every replica."""
     return "key:" + hashlib.sha256(f"{session}\0{key}".encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+async def read_principals(pool: AsyncConnectionPool[Any]) -> list[tuple[str, str | None]]:
+    """Every (subject, client) the audit rows name, once each."""
+    sql = (
+        "SELECT DISTINCT data->'principal'->>'sub', data->'principal'->>'client_id' FROM audit"
+        " WHERE data->'principal'->>'sub' IS NOT NULL"
+    )
+    async with pool.connection() as conn:
+        cursor = await conn.execute(sql)
+        return [(str(sub), client) for sub, client in await cursor.fetchall()]

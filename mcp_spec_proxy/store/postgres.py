@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -37,7 +37,7 @@ from mcp_spec_proxy.calls.audit import AuditSink
 from mcp_spec_proxy.config.schema import PostgresSettings
 from mcp_spec_proxy.errors import StateError
 from mcp_spec_proxy.store.migrations import LATEST, LOCK_NAMESPACE, migrate, versions_wanted
-from mcp_spec_proxy.store.pg_audit import DB_ERRORS, PgAudit, problem, read_rows
+from mcp_spec_proxy.store.pg_audit import DB_ERRORS, PgAudit, problem, read_principals, read_rows
 from mcp_spec_proxy.store.pg_fingerprints import PgFingerprints, SharedFingerprints
 from mcp_spec_proxy.store.pg_sessions import PgApprovals, PgSessions
 from mcp_spec_proxy.store.sessions import ApprovalStore, SessionStore
@@ -341,14 +341,29 @@ async def _register(
 
 
 async def read_audit_once(
-    dsn: str, limit_s: float, session: str | None = None, tail: int | None = None, principal: str | None = None
+    dsn: str,
+    limit_s: float,
+    session: str | Sequence[str] | None = None,
+    tail: int | None = None,
+    principal: str | None = None,
 ) -> list[dict[str, Any]]:
-    """`mcp-spec-proxy audit`: the audit rows in order (the last `tail`; `principal`: of that subject's
-    calls alone), from one short connection."""
+    """`mcp-spec-proxy audit`: the audit rows in order (the last `tail`; `session`: of that session, or of
+    any of several; `principal`: of that subject's calls alone), from one short connection."""
     try:
         async with (
             AsyncConnectionPool(dsn, min_size=1, max_size=1, timeout=limit_s, kwargs={"autocommit": True}) as pool,
         ):
             return await read_rows(pool, session=session, tail=tail, principal=principal)
+    except DB_ERRORS as exc:
+        raise StateError(f"cannot read the audit trail from Postgres: {problem(exc)}") from None
+
+
+async def read_audit_principals_once(dsn: str, limit_s: float) -> list[tuple[str, str | None]]:
+    """Every (subject, client) the audit rows name, from one short connection."""
+    try:
+        async with (
+            AsyncConnectionPool(dsn, min_size=1, max_size=1, timeout=limit_s, kwargs={"autocommit": True}) as pool,
+        ):
+            return await read_principals(pool)
     except DB_ERRORS as exc:
         raise StateError(f"cannot read the audit trail from Postgres: {problem(exc)}") from None
