@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+from importlib.metadata import version
 from pathlib import Path
 
 import anyio
@@ -48,6 +49,9 @@ def run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> subpro
 
 def build_wheel(tmp: Path) -> Path:
     """sdist, then the wheel from the unpacked sdist (as `python -m build`): the wheel's path."""
+    backend = version("setuptools")
+    if int(backend.split(".")[0]) < 77:  # the pyproject's [build-system] floor
+        pytest.fail(f"setuptools {backend} here; the build needs >=77: reinstall the test extra (scripts/test.sh does)")
     source, dist = tmp / "source", tmp / "dist"
     source.mkdir()
     for name in SOURCES:
