@@ -58,3 +58,11 @@ def test_a_missing_server_of_the_shipped_config_names_the_extra_that_installs_it
         resolve_command("git", command)
 
     assert "pip install 'mcp-spec-proxy[servers]'" in str(caught.value)
+
+
+def test_the_image_build_context_admits_what_the_containerfile_copies() -> None:
+    admitted = {line[1:].rstrip("/") for line in (REPO / ".dockerignore").read_text().splitlines() if line[:1] == "!"}
+    copied = [line.split()[1:-1] for line in (REPO / "Containerfile").read_text().splitlines() if line[:5] == "COPY "]
+    sources = {name.rstrip("/") for names in copied if not any(n.startswith("--") for n in names) for name in names}
+    assert {"LICENSE", "servers.yaml", "mcp_spec_proxy"} <= sources  # the wheel's license and its shipped config
+    assert sources - admitted == set()

@@ -34,8 +34,16 @@ from tests.harness import recorded, text_of, toy
 pytestmark = pytest.mark.real_install
 
 REPO = Path(__file__).resolve().parent.parent
-# What the build reads: the rest of the checkout (its venv, benchmarks' data) stays behind.
-SOURCES = ("pyproject.toml", "README.md", "LICENSE", "servers.yaml", "mcp_spec_proxy")
+
+
+def image_sources() -> list[str]:
+    """What the Containerfile's build stage copies from the context (`COPY` without `--from`)."""
+    lines = (REPO / "Containerfile").read_text(encoding="utf-8").splitlines()
+    return [name for line in lines if line.startswith("COPY ") and "--from" not in line for name in line.split()[1:-1]]
+
+
+# What the build reads, as the image build has it: the rest of the checkout (its venv, data) stays behind.
+SOURCES = image_sources()
 HOOK = "import sys; from setuptools import build_meta as b; print(getattr(b, sys.argv[1])(sys.argv[2]))"
 # Not carried into the fresh venv: this checkout's own install of the package (and .pth hooks).
 OWN = ("mcp_spec_proxy", "__editable__", "_virtualenv", "__pycache__")
