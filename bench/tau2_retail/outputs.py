@@ -123,7 +123,7 @@ def parameter_lines(settings: Settings) -> list[str]:
     ]
 
 
-def _endpoints(settings: Settings) -> dict[str, dict[str, str]] | None:
+def _endpoints(settings: Settings) -> dict[str, dict[str, Any]] | None:
     endpoints = settings.endpoints
     if endpoints is None:
         return None
