@@ -1,6 +1,6 @@
 """Verdicts from a real small model: how many are readable, and how many tokens each one decodes.
 
-    .venv/bin/python -m bench.verdicts [--reviews 24] [--max-tokens 256] [--url http://127.0.0.1:8089/v1]
+    .venv/bin/python -m bench.verdicts [--reviews 24] [--max-tokens 256] [--timeout 300] [--url http://127.0.0.1:8089/v1]
 
 Starts the local model (SmolLM2-135M-Instruct behind llama.cpp, `scripts/local_model.py`, one CPU
 thread) unless `--url` names a running OpenAI-compatible server, and reviews realistic τ² retail
@@ -14,7 +14,9 @@ the policy before the segment are served from llama.cpp's prefix cache after the
 
 Prints, per review: whether the verdict was read from the first answer, after the retry, or not
 at all; the tokens decoded for it (the server's `usage.completion_tokens`, every attempt
-together); its prompt and cached tokens. Then the readable rate and decode tokens p50 / p95.
+together); its prompt and cached tokens. A review whose model fails (a timeout under load, an
+error) is an unreadable verdict with no answer, as the proxy takes it (it fails closed), and the
+run goes on. Then the readable rate and decode tokens p50 / p95.
 What this measures is protocol, not quality: a 135M model's verdicts are poor, but each one
 must be a verdict the proxy can act on, and a short one.
 """
@@ -39,7 +41,7 @@ from bench.tau2_retail.server import definitions
 from bench.tau2_retail.tools import error_text, render
 from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.models import ChatModel, ModelConfig
-from mcp_spec_proxy.review import ReviewRequest, Verdict
+from mcp_spec_proxy.review import ReviewFailed, ReviewRequest, Verdict
 from mcp_spec_proxy.review.kinds import ReviewerKind
 from mcp_spec_proxy.review.strong import StrongReviewer
 from mcp_spec_proxy.tools.catalog import Catalog
@@ -140,6 +142,7 @@ class Seen:
     prompt: int
     cached: int
     seconds: float
+    failure: str = ""  # the model failed (timed out, errored): no answer to read at all
 
 
 class NoOne:
@@ -155,7 +158,7 @@ def outcome(verdict: Verdict) -> str:
     return "first answer" if len(verdict.model_calls) == 1 else "after retry"
 
 
-async def measure(url: str, reviews: int, max_tokens: int) -> list[Seen]:
+async def measure(url: str, reviews: int, max_tokens: int, model_timeout_s: float = 300) -> list[Seen]:
     folder = data_dir(os.environ)
     db = load_db(folder / "db.json")
     policy = (folder / "policy.md").read_text(encoding="utf-8")
@@ -170,7 +173,7 @@ async def measure(url: str, reviews: int, max_tokens: int) -> list[Seen]:
             base_url=url,
             model="smollm2-135m",
             max_retries=0,
-            timeout=300,
+            timeout=model_timeout_s,
             temperature=0,
             max_tokens=max_tokens,
             extra_body={"dry_multiplier": 0.8, "repeat_penalty": 1.2},
@@ -187,23 +190,30 @@ async def measure(url: str, reviews: int, max_tokens: int) -> list[Seen]:
                 f"review-{n}", catalog.lookup(name), arguments, case.intent, Segment((*steps, held)), History()
             )
             started = time.perf_counter()
-            verdict = await reviewer.review(request, NoOne())
-            calls = verdict.model_calls
+            try:
+                verdict = await reviewer.review(request, NoOne())
+            except ReviewFailed as exc:  # the proxy fails closed here: no verdict, and the next review goes on
+                calls, found, accepted, failure = exc.calls, "unreadable", False, str(exc)
+            else:
+                calls, found, accepted, failure = verdict.model_calls, outcome(verdict), verdict.accepted, ""
+            first = calls[0] if calls else None
             seen.append(
                 Seen(
                     case.kind,
-                    outcome(verdict),
-                    verdict.accepted,
+                    found,
+                    accepted,
                     sum(c.completion_tokens for c in calls),
-                    calls[0].prompt_tokens,
-                    calls[0].cached_tokens,
+                    first.prompt_tokens if first else 0,
+                    first.cached_tokens if first else 0,
                     time.perf_counter() - started,
+                    failure,
                 )
             )
             row = seen[-1]
             print(
                 f"{n:3d} {case.kind:20s} {row.outcome:12s} accepted={row.accepted!s:5s} decoded={row.decoded:4d}"
-                f" prompt={row.prompt:5d} cached={row.cached:5d} {row.seconds:6.1f}s",
+                f" prompt={row.prompt:5d} cached={row.cached:5d} {row.seconds:6.1f}s"
+                + (f" no answer: {row.failure}" if row.failure else ""),
                 file=sys.stderr,
                 flush=True,
             )
@@ -221,34 +231,42 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reviews", type=int, default=24)
     parser.add_argument("--max-tokens", type=int, default=256, help="max_tokens of a verdict (the retry gets twice)")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds a verdict may take (then: no answer)")
     parser.add_argument("--url", help="a running OpenAI-compatible server (default: start the local model)")
     args = parser.parse_args()
     if args.url:
-        seen = anyio.run(measure, args.url, args.reviews, args.max_tokens)
+        seen = anyio.run(measure, args.url, args.reviews, args.max_tokens, args.timeout)
     else:
         with local_model() as url:
-            seen = anyio.run(measure, url, args.reviews, args.max_tokens)
+            seen = anyio.run(measure, url, args.reviews, args.max_tokens, args.timeout)
+    print(machine_line())
+    print(
+        f"{len(seen)} reviews of τ² retail segments (16 tools, the retail policy); SmolLM2-135M, llama.cpp, 1 thread;"
+        f" max_tokens {args.max_tokens}\n"
+    )
+    print(table(seen))
+
+
+def table(seen: list[Seen]) -> str:
+    """The summary row under its header: readable and unreadable (with those that got no answer), tokens, time."""
     total = len(seen)
     first = sum(s.outcome == "first answer" for s in seen)
     readable = sum(s.outcome != "unreadable" for s in seen)
+    unanswered = sum(bool(s.failure) for s in seen)
     decoded = [s.decoded for s in seen]
     later = [s for s in seen[1:] if s.prompt]
-    print(machine_line())
-    print(
-        f"{total} reviews of τ² retail segments (16 tools, the retail policy); SmolLM2-135M, llama.cpp, 1 thread;"
-        f" max_tokens {args.max_tokens}\n"
-    )
-    print(
-        "| reviews | readable, first answer | readable after retry | unreadable | accepted |"
-        " decode tokens p50 | p95 | max | prompt tokens p50 | cached share (after the first) | s per review p50 |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
     share = sum(s.cached for s in later) / max(1, sum(s.prompt for s in later))
-    print(
-        f"| {total} | {first}/{total} | {readable - first}/{total} | {total - readable}/{total} |"
-        f" {sum(s.accepted for s in seen)}/{total} | {statistics.median(decoded):g} | {percentile(decoded, 0.95)} |"
-        f" {max(decoded)} | {statistics.median(s.prompt for s in seen):g} | {share:.2f} |"
-        f" {statistics.median(s.seconds for s in seen):.1f} |"
+    unreadable = f"{total - readable}/{total}" + (f" ({unanswered} no answer)" if unanswered else "")
+    return "\n".join(
+        [
+            "| reviews | readable, first answer | readable after retry | unreadable | accepted |"
+            " decode tokens p50 | p95 | max | prompt tokens p50 | cached share (after the first) | s per review p50 |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+            f"| {total} | {first}/{total} | {readable - first}/{total} | {unreadable} |"
+            f" {sum(s.accepted for s in seen)}/{total} | {statistics.median(decoded):g} | {percentile(decoded, 0.95)} |"
+            f" {max(decoded)} | {statistics.median(s.prompt for s in seen):g} | {share:.2f} |"
+            f" {statistics.median(s.seconds for s in seen):.1f} |",
+        ]
     )
 
 

@@ -150,6 +150,19 @@ else
   fi
 fi
 
+# listed ROLE URL: what the endpoint's /models lists. A server answers any model name it is sent, so the
+# name this script sends proves nothing; the runner records the same beside each name, in the table too.
+listed() {
+  local auth=() ids
+  [[ -n "${OPENAI_API_KEY:-}" ]] && auth=(-H "Authorization: Bearer $OPENAI_API_KEY")
+  ids="$(curl -sf -m 10 "${auth[@]}" "${2%/}/models" \
+    | "$PYTHON" -c 'import json, sys; print(", ".join(m["id"] for m in json.load(sys.stdin)["data"]))' 2>/dev/null)" \
+    || ids="nothing (its /models did not answer)"
+  echo "gpu-tau2: the $1 endpoint lists $ids (asked for: $3)" >&2
+}
+listed weak "$WEAK_URL" "$WEAK_MODEL"
+listed strong "$STRONG_URL" "$STRONG_MODEL"
+
 if [[ -z "${PARAMS:-}" ]]; then
   PARAMS="$OUT/params.toml"
   printf '[run]\nconcurrency = %d\n' "$CONCURRENCY" >"$PARAMS"

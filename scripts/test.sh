@@ -11,7 +11,7 @@
 # and the local model the `real_model` tests run against (scripts/local-model.sh
 # --install-only: xllamacpp and SmolLM2-135M, once), then runs ruff check, ruff
 # format --check, mypy (strict, on mcp_spec_proxy, tests and bench) and pytest;
-# pytest runs the `real_model` tests after the fast ones (tests/conftest.py). Setup stops at
+# pytest runs the `real_model` and `real_install` tests after the fast ones (tests/conftest.py). Setup stops at
 # its first error; the four checks all run, and the exit status is non-zero
 # if any of them failed. Arguments go to pytest unchanged.
 # Env: PYTHON (default python3) is the interpreter used to create .venv.

@@ -17,6 +17,7 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+SLOW = ("real_model", "real_install")  # markers of the tests that run last
 TEST_TIMEOUT_S = 600.0  # generous: it is there to catch a hang, not a slow test
 
 
@@ -31,8 +32,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # The real-model tests are slow (a real 135M model on one CPU thread): the fast ones report first.
-    items.sort(key=lambda item: item.get_closest_marker("real_model") is not None)
+    # The real-model tests are slow (a real 135M model on one CPU thread), and so is building and installing
+    # the wheel: the fast ones report first.
+    items.sort(key=lambda item: any(item.get_closest_marker(slow) for slow in SLOW))
 
 
 @pytest.fixture(scope="session")

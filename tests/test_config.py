@@ -448,7 +448,8 @@ def test_missing_file_says_how_to_point_at_one(tmp_path: Path) -> None:
 
     assert caught.value.file == str(path)
     assert caught.value.problem == "file not found"
-    assert caught.value.fix == "pass --config with the path of your servers.yaml"
+    assert caught.value.fix.startswith("pass --config with the path of your servers.yaml")
+    assert "mcp-spec-proxy shipped-config > servers.yaml" in caught.value.fix
 
 
 # -- transport inference ---------------------------------------------------------------------

@@ -30,6 +30,7 @@ from tests.tau2_checkout import make_checkout
 
 SCRIPT = REPO_ROOT / "scripts" / "gpu-tau2.sh"
 WEAK, STRONG = "Qwen/Qwen3-4B", "Qwen/Qwen3-32B"  # the script's defaults: the names it sends
+STAND_IN = "scripted-stand-in"  # what the strong endpoint lists: it answers any name, as a stand-in does
 TEST_IDS = ["0", "25"]
 HIDDEN = 16
 OPENING = "Hello, this is Yusuf Rossi from 19122. I have a question about my orders."
@@ -84,7 +85,7 @@ async def test_the_gpu_script_runs_every_mode_over_the_test_split_and_writes_the
     out = tmp_path / "out"
     async with (
         ScriptedModelServer(Respond(respond), models=(WEAK,), hidden_size=HIDDEN) as weak,
-        ScriptedModelServer(Respond(respond), models=(STRONG,)) as strong,
+        ScriptedModelServer(Respond(respond), models=(STAND_IN,)) as strong,
     ):
         env = script_env(WEAK_URL=weak.base_url, STRONG_URL=strong.base_url, LEASH_DIM=str(HIDDEN), MAX_TURNS="3")
         with anyio.fail_after(400):
@@ -92,6 +93,8 @@ async def test_the_gpu_script_runs_every_mode_over_the_test_split_and_writes_the
         weak_requests, strong_requests = list(weak.chat_requests), list(strong.chat_requests)
     assert code == 0, output
     assert "starting no server" in output and not list(out.glob("sglang-*.log"))
+    assert f"the weak endpoint lists {WEAK} (asked for: {WEAK})" in output
+    assert f"the strong endpoint lists {STAND_IN} (asked for: {STRONG})" in output
 
     for mode in MODES:
         records = [json.loads(line) for line in (out / mode / "results.jsonl").read_text().splitlines()]
@@ -100,7 +103,11 @@ async def test_the_gpu_script_runs_every_mode_over_the_test_split_and_writes_the
         assert {r["task"]: r["reward"] for r in records} == {"25": 1.0, "0": 0.0}
         summary = json.loads((out / mode / "summary.json").read_text())
         assert summary["meta"]["split"] == "test" and summary["meta"]["cost_model"].endswith("cost_one_gpu.toml")
-        assert "| wall s (measured) |" in (out / mode / "summary.md").read_text()  # the column
+        text = (out / mode / "summary.md").read_text()
+        assert "| wall s (measured) |" in text  # the column
+        # What each endpoint lists, not a claim; the scripted agents' parameters, which endpoints do not use, left out.
+        assert "REAL" not in text and f"strong {STRONG} asked for, but its endpoint lists {STAND_IN}" in text
+        assert "run.draft_steps" in text and "verifier.recall" not in text and "weak.error_rate" not in text
 
     table = (out / "table.md").read_text()
     rows = table_rows(table)
@@ -110,7 +117,8 @@ async def test_the_gpu_script_runs_every_mode_over_the_test_split_and_writes_the
     assert rows["weak-only"][3] == "0.00x"  # weak-only never calls the strong model
     assert all(cell.endswith("x") and cell != "n/a" for row in rows.values() for cell in row[3:]), table
     assert "split test" in table and "wall: the agent's measured turns" in table and "cost_one_gpu.toml" in table
-    assert f"weak {WEAK}, strong {STRONG}, user {STRONG}" in table
+    stand_in = f"{STRONG} asked for, but its endpoint lists {STAND_IN}: NOT the model named"
+    assert f"weak {WEAK} (listed by its endpoint), strong {stand_in}, user {stand_in}" in table
 
     # Each role went to its own endpoint: the customer is the strong model, only the weak one gives hidden states.
     assert weak_requests and not any(is_user_simulator(r) for r in weak_requests)

@@ -142,7 +142,9 @@ async def test_a_conversation_ends_at_the_users_stop_is_scored_and_never_shows_t
     assert len((tmp_path / "results.jsonl").read_text().splitlines()) == len(MODES)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert list(summary["modes"]) == MODES and all(m["runs"] == 1 for m in summary["modes"].values())
-    assert "user simulator" in text and "REAL behaviour" in text
+    assert "user simulator" in text and f"weak {WEAK} (listed by its endpoint)" in text and "REAL" not in text
+    assert "run.draft_steps" in text and "verifier.recall" not in text  # the scripted agents' parameters: unused
+    assert summary["meta"]["endpoints"]["user"]["listed"] == [WEAK, STRONG, USER]
     assert sorted(p.name for p in tmp_path.glob("*.png")) == [
         "tau2-success-vs-strong-tokens.png",
         "tau2-success-vs-wall.png",

@@ -14,6 +14,7 @@ import anyio.to_thread
 from bench.tau2_retail.agents import STRONG_MODEL, WEAK_MODEL, World
 from bench.tau2_retail.db import Db
 from bench.tau2_retail.scoring import Task, gold_hash
+from bench.tau2_retail.served import served_models
 from bench.tau2_retail.settings import LEASH_MODE, Endpoints, Settings
 from bench.tau2_retail.task_run import Models, run_one
 from bench.tau2_retail.tokens import regex_count
@@ -116,6 +117,8 @@ async def run_block(
 
 async def run_all(settings: Settings) -> list[dict[str, Any]]:
     """Every (mode, trial, task) run; records in completion order (`report.order` sorts them)."""
+    if settings.endpoints is not None:
+        settings.served = await served_models(settings.endpoints)
     settings.gold_hashes = {
         str(task["id"]): await anyio.to_thread.run_sync(gold_hash, task, settings.original) for task in settings.tasks
     }

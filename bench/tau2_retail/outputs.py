@@ -9,7 +9,7 @@ from typing import Any
 from bench.measure import machine_line
 from bench.tau2_retail import report
 from bench.tau2_retail.db import tools_spec
-from bench.tau2_retail.params import lines
+from bench.tau2_retail.params import ENDPOINT_SECTIONS, lines
 from bench.tau2_retail.settings import LEASH_MODE, Settings
 
 DEFAULT_COST = "bench/cost_model.toml"  # the source `bench.cost_model.load()` names for its defaults
@@ -25,7 +25,9 @@ CLAIM = "paper: spec within ~1 point of strong-only success, strong decode <= 0.
 
 
 def header(settings: Settings, command: str, elapsed: float, tokenizer: str) -> list[str]:
-    source = "REAL endpoints" if settings.endpoints is not None else "scripted models (agents.py)"
+    source = "scripted models (agents.py)"
+    if settings.endpoints is not None:
+        source = "the endpoints named (what each one lists: below)"
     out = [
         f"command: {command}",
         f"date: {datetime.date.today().isoformat()}; machine: {machine_line()}; {elapsed:.0f} s",
@@ -84,7 +86,8 @@ def _task_line(settings: Settings) -> str:
         f"user_scenario and talks with the agent until it says ###STOP### or {settings.max_turns} agent turns "
         "(tau2-bench's loop); the agent sees only the conversation"
         + (" and the retail policy" if settings.agent_policy else "")
-        + ", never the scenario or the gold actions; REAL behaviour, not a simulation"
+        + ", never the scenario or the gold actions; what the endpoints list (their /models): "
+        + "; ".join(served.describe(role) for role, served in settings.served.items())
     )
 
 
@@ -108,13 +111,31 @@ def verdict_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
     return [f"spec / strong-only: pass rate {r['pass_rate_points']:+.1f} points, " + ", ".join(parts), f"({CLAIM})"]
 
 
-def _endpoints(settings: Settings) -> dict[str, dict[str, str]] | None:
+def parameter_lines(settings: Settings) -> list[str]:
+    """The parameters in force; with endpoints, only those a run with endpoints uses (not the scripted agents')."""
+    if settings.endpoints is None:
+        return ["parameters (bench.toml, with --params over it):", *(f"  {line}" for line in lines(settings.params))]
+    used = lines(settings.params, sections=ENDPOINT_SECTIONS)
+    return [
+        "parameters (bench.toml, with --params over it; the scripted agents' error rates, verifier recall and "
+        "lengths are not used with endpoints, and not shown):",
+        *(f"  {line}" for line in used),
+    ]
+
+
+def _endpoints(settings: Settings) -> dict[str, dict[str, Any]] | None:
     endpoints = settings.endpoints
     if endpoints is None:
         return None
     user = endpoints.user or endpoints.strong
     roles = {"weak": endpoints.weak, "strong": endpoints.strong, "user": user}
-    return {role: {"model": config.model, "base_url": config.base_url} for role, config in roles.items()}
+    described: dict[str, dict[str, Any]] = {}
+    for role, config in roles.items():
+        served = settings.served.get(role)
+        described[role] = {"model": config.model, "base_url": config.base_url}
+        if served is not None:
+            described[role].update(listed=list(served.listed), described=served.describe(role))
+    return described
 
 
 def write_outputs(
@@ -126,14 +147,13 @@ def write_outputs(
             handle.write(json.dumps(line, ensure_ascii=False) + "\n")
     means = settings.columns
     summary = report.summarize(ordered, settings.modes, settings.trials, means)
-    agents = "real models" if settings.endpoints is not None else "scripted agents"
+    agents = "endpoints" if settings.endpoints is not None else "scripted agents"
     plots = report.plot(summary, settings.out, means=means, agents=agents)
     text = "\n".join(
         [
             *header(settings, command, elapsed, tokenizer),
             "",
-            "parameters (bench.toml, with --params over it):",
-            *(f"  {line}" for line in lines(settings.params)),
+            *parameter_lines(settings),
             "",
             "per task run (means over all runs of a mode):",
             "",

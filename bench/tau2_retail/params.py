@@ -130,13 +130,19 @@ def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def lines(params: Params) -> list[str]:
-    """Every parameter in force as `section.key = value`, in file order."""
+# What a run with endpoints uses; the other sections drive the scripted agents only (agents.py, authors.py).
+ENDPOINT_SECTIONS = ("run", "endpoints")
+
+
+def lines(params: Params, sections: tuple[str, ...] | None = None) -> list[str]:
+    """Every parameter in force (of `sections`, if given) as `section.key = value`, in file order."""
     out = []
     for section, table in params.model_dump(mode="json").items():
+        if sections is not None and section not in sections:
+            continue
         for key, value in table.items():
             out.append(f"{section}.{key} = {value}")
     return out
 
 
-__all__ = ["MODES", "Lengths", "Params", "ParamsError", "lines", "load", "merge"]
+__all__ = ["ENDPOINT_SECTIONS", "MODES", "Lengths", "Params", "ParamsError", "lines", "load", "merge"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from bench.cost_model import CostModel
 from bench.tau2_retail.db import Db
@@ -15,6 +15,9 @@ from bench.tau2_retail.scoring import Task
 from bench.tau2_retail.tokens import Count
 from mcp_spec_proxy.engine import Mode
 from mcp_spec_proxy.models import ModelConfig
+
+if TYPE_CHECKING:  # served.py reads Endpoints from here
+    from bench.tau2_retail.served import Served
 
 LEASH_MODE: Mode = "spec+leash"
 MAX_TURNS = 30
@@ -56,6 +59,7 @@ class Settings:
     max_turns: int = MAX_TURNS  # real endpoints: agent turns per conversation
     agent_policy: str = ""  # real endpoints: the policy in the agent's system prompt, as tau2-bench gives it
     split: str = "train"  # where the tasks came from: a split of the data, or "--tasks" (named by the user)
+    served: dict[str, Served] = field(default_factory=dict)  # endpoints: what each role's lists, asked at the start
 
     @property
     def columns(self) -> tuple[Column, ...]:

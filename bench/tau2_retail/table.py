@@ -30,6 +30,7 @@ import click
 from bench.tau2_retail import report
 
 MODES = ("weak-only", "strong-only", "spec", "spec+leash")
+ROLES = ("weak", "strong", "user")
 NOT_RUN = "not yet run on a GPU"
 EMPTY = "—"
 
@@ -149,7 +150,8 @@ def _models(meta: Mapping[str, Any]) -> str:
     endpoints = meta.get("endpoints")
     if not endpoints:
         return "scripted models"
-    return ", ".join(f"{role} {endpoints[role]['model']}" for role in ("weak", "strong", "user"))
+    # What each endpoint listed beside the name asked for (served.py); a run from before that, the name only.
+    return ", ".join(endpoints[role].get("described") or f"{role} {endpoints[role]['model']}" for role in ROLES)
 
 
 def empty(modes: Sequence[str] = MODES, trials: int = 1) -> str:

@@ -7,6 +7,7 @@ mcp-spec-proxy tools accept NAME                     accept a tool's changed def
 mcp-spec-proxy explain TOOL --args JSON              which rule and which reviewer a call would meet
 mcp-spec-proxy check                                 validate the config and exit
 mcp-spec-proxy init                                  write a servers.yaml from your MCP clients' servers
+mcp-spec-proxy shipped-config                        print the shipped servers.yaml, to start your own from
 mcp-spec-proxy console-url                           the running proxy's approval console link
 mcp-spec-proxy run TASK / gateway / report-outcome   the SpecAgent engine
 mcp-spec-proxy bank stats / import / calibrate       LEASH's banks

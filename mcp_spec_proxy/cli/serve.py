@@ -237,6 +237,14 @@ def console_url(ctx: click.Context) -> None:
         ) from None
 
 
+@main.command("shipped-config")
+def shipped_config() -> None:
+    """Print the servers.yaml shipped with the proxy: `mcp-spec-proxy shipped-config > servers.yaml`."""
+    from mcp_spec_proxy.config.shipped import shipped_config_text
+
+    click.echo(shipped_config_text(), nl=False)
+
+
 @main.command()
 @file_options
 @click.pass_context

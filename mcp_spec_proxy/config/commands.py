@@ -29,6 +29,14 @@ def default_environment() -> dict[str, str]:
     }
 
 
+# The shipped servers.yaml's PyPI servers: the `servers` extra installs them beside the proxy.
+_SERVERS_EXTRA = ("mcp-server-git", "mcp-server-time")
+_SERVERS_EXTRA_HINT = (
+    "install the proxy with its `servers` extra (pip install 'mcp-spec-proxy[servers]'; with pipx,"
+    " pipx inject mcp-spec-proxy mcp-server-git mcp-server-time)"
+)
+
+
 def resolve_command(name: str, command: str) -> str:
     """The executable to spawn: as given if it has a path, else from PATH, else beside our Python.
 
@@ -65,6 +73,7 @@ def resolve_command(name: str, command: str) -> str:
             "uvx": "install uv, or pip-install the server and name its command",
             "node": "install Node.js",
             "docker": "install Docker",
+            **dict.fromkeys(_SERVERS_EXTRA, _SERVERS_EXTRA_HINT),
         }.get(command, "install it")
         raise BackendError(
             name,

@@ -454,13 +454,19 @@ def _error_at(loc: tuple[str, ...], message: str, value: Any) -> ValidationError
     return ValidationError.from_exception_data("ProxyConfig", [error])
 
 
+MISSING_FILE_FIX = (
+    "pass --config with the path of your servers.yaml (`mcp-spec-proxy shipped-config > servers.yaml` writes the"
+    " shipped one to start from)"
+)
+
+
 def load_config(path: Path, environ: Mapping[str, str]) -> ProxyConfig:
     """Read, expand and validate a config file; every failure is a `ConfigError`."""
     file = str(path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(file, "", "file not found", "pass --config with the path of your servers.yaml") from None
+        raise ConfigError(file, "", "file not found", MISSING_FILE_FIX) from None
     except OSError as exc:
         raise ConfigError(file, "", f"cannot read: {exc.strerror}") from None
     return parse_config_text(text, environ, file=file, json_file=path.suffix.lower() == ".json")
