@@ -49,6 +49,8 @@ details input, textarea { width:100%; font-family:ui-monospace, monospace; paddi
 .unseen { background:#ffe08a; color:#1d2330; border-radius:3px; padding:0 .2em; font-size:.8em; }
 .status.error { color:var(--no); }
 .status.ok { color:var(--ok); }
+.lost { background:#fff1f0; border:2px solid var(--no); border-radius:8px; padding:.6rem 1rem; margin:1rem 0; }
+.lost code.command { user-select:all; background:#fff; padding:0 .25em; overflow-wrap:anywhere; }
 form.filters { display:flex; gap:.8rem; flex-wrap:wrap; align-items:end; margin:1rem 0; }
 /* The reason is the one cell of prose: it keeps room to be read, and the short cells give way
    (a `.value` may break anywhere, so without a floor its column shrinks to one word). */
@@ -110,10 +112,7 @@ function refresh(ids) {
   if (!list) return;
   list.querySelectorAll("article.call").forEach(card => {
     if (!ids.includes(card.dataset.id) && !card.classList.contains("done")) {
-      card.classList.add("done");
-      card.querySelectorAll("button").forEach(b => b.disabled = true);
-      const status = card.querySelector(".status");
-      if (!status.textContent) status.textContent = "No longer waiting (decided elsewhere, timed out, or cancelled).";
+      settle(card, "No longer waiting (decided elsewhere, timed out, or cancelled).");
     }
   });
   ids.forEach(id => {
@@ -140,9 +139,36 @@ document.addEventListener("input", e => {  // typing a pattern chooses it over t
   if (mode) mode.value = "pattern";
 });
 document.addEventListener("submit", e => e.preventDefault());  // Enter in a field decides nothing
+// The proxy gone (stopped, or restarted by its client) must show: the page never goes on saying
+// that nothing waits. It then asks every few seconds: the same run back, or this tab's key accepted
+// again (the new run's link opened in any tab), and it reloads; a new run's 403, and it says so.
+function lost() {
+  const banner = document.getElementById("lost");
+  const empty = document.getElementById("empty");
+  if (empty) empty.hidden = true;
+  document.querySelectorAll("#pending article.call:not(.done)").forEach(card => {
+    settle(card, "The proxy that held this call is gone: it was not run.");
+  });
+  if (banner) banner.hidden = false;
+  fetch("/alive", {credentials: "same-origin", cache: "no-store"}).then(r => {
+    if (r.ok) { location.reload(); return; }
+    say(r.status === 403 ? "replaced" : "stopped");
+    setTimeout(lost, 2000);
+  }).catch(() => { say("stopped"); setTimeout(lost, 2000); });
+}
+function say(why) {
+  document.querySelectorAll("#lost p[data-why]").forEach(p => { p.hidden = p.dataset.why !== why; });
+}
+function settle(card, text) {
+  card.classList.add("done");
+  card.querySelectorAll("button").forEach(b => b.disabled = true);
+  const status = card.querySelector(".status");
+  if (status && !status.textContent) status.textContent = text;
+}
 if (document.getElementById("pending")) {
   const events = new EventSource("/events");
   events.addEventListener("queue", e => refresh(JSON.parse(e.data).ids));
+  events.addEventListener("error", () => { events.close(); lost(); });
   setInterval(tick, 1000);
 }
 """

@@ -51,7 +51,7 @@ def page(title: str, body: str, *, active: str) -> str:
     )
 
 
-def pending_page(items: list[Pending], rules: list[Rule] | None = None) -> str:
+def pending_page(items: list[Pending], rules: list[Rule] | None = None, *, command: str = "") -> str:
     intro = (
         "<h1>Changes waiting for your approval</h1>"
         '<p class="lead">An AI agent connected through mcp-spec-proxy wants to use tools that may change'
@@ -61,8 +61,25 @@ def pending_page(items: list[Pending], rules: list[Rule] | None = None) -> str:
     cards = "".join(card(item) for item in items)
     empty = '<p id="empty" class="empty"' + (" hidden" if items else "") + ">Nothing is waiting. New calls appear"
     empty += " here by themselves; keep this page open.</p>"
-    body = f'{intro}{empty}<div id="pending">{cards}</div>{rules_section(rules or [])}'
+    body = f'{intro}{lost_notice(command)}{empty}<div id="pending">{cards}</div>{rules_section(rules or [])}'
     return page("Waiting for you", body, active="pending")
+
+
+def lost_notice(command: str) -> str:
+    """What the page says when it loses the proxy (the script shows one of its two texts): a tab kept
+    open across a restart of the client, which restarts the proxy, must not go on saying nothing waits.
+    The command prints the new run's link; it holds no key."""
+    run = f"run <code class=command>{escape(command)}</code> and open the link it prints"
+    return (
+        '<div id="lost" class="lost" role="alert" hidden>'
+        '<p data-why="stopped" hidden><b>This page has lost the proxy.</b> It stopped, or your AI client (Claude'
+        " Desktop, say) restarted it. What this page shows is out of date: calls the old run held were not run."
+        f" A new run holds its calls on its own console, with a new key: {run}. This page checks every few"
+        " seconds and follows by itself once you have opened that link.</p>"
+        '<p data-why="replaced" hidden><b>A new run of the proxy serves the console here now</b>, with a new key:'
+        f" this page's key was the old run's, and its calls are not shown here. To see them, {run} (in this tab,"
+        " or another: this page then follows).</p></div>"
+    )
 
 
 def card(item: Pending) -> str:
