@@ -254,3 +254,27 @@ async def test_the_history_page_gives_a_long_reason_room_to_be_read(tmp_path: Pa
     assert box is not None
     assert box["width"] >= 280, box  # it was 120 px at this width
     assert box["height"] / line <= 8, (box, line)  # 200 characters on a few lines: they took 21
+
+
+async def test_a_decided_call_folds_below_the_call_still_waiting(tmp_path: Path) -> None:
+    # The finding: after a few decisions the card still waiting sat below the decided ones, out of view.
+    async with console_world(tmp_path) as world, browser_page(world) as page:
+        first = calling(world, "toy__record", {"value": "alpha-note", "intent": "x"})
+        decided = page.locator("article.call", has_text="alpha-note")
+        await decided.get_by_role("button", name="Approve: let it run").click()
+        assert not (await first.wait()).is_error
+        await decided.locator(".status.ok").wait_for()
+        second = calling(world, "toy__record", {"value": "beta-note", "intent": "x"})
+        waiting = page.locator("article.call:not(.done)")
+        await waiting.wait_for()
+        assert "beta-note" in await waiting.inner_text()
+        above, below = await waiting.bounding_box(), await decided.bounding_box()
+        assert above is not None and below is not None
+        assert above["y"] + above["height"] <= below["y"]  # what waits comes first
+        assert await decided.locator("table.arguments").is_hidden()  # the decided one is folded ...
+        assert "Approved" in await decided.locator(".status").inner_text()  # ... to its title and outcome
+        await decided.locator("h2").click()
+        assert await decided.locator("table.arguments").is_visible()  # and opens on a click
+        await waiting.get_by_role("button", name="Deny").click()
+        assert (await second.wait()).is_error
+    assert values(world) == ["alpha-note"]

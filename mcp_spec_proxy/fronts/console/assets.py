@@ -20,7 +20,14 @@ main { max-width:1100px; margin:0 auto; padding:1rem 1.2rem 4rem; }
 .empty { padding:2rem; text-align:center; color:var(--muted); border:2px dashed var(--line); border-radius:8px; }
 article.call { background:#fff; border:1px solid var(--line); border-left:6px solid #d08a00; border-radius:8px;
   padding:1rem 1.2rem; margin:1rem 0; }
-article.call.done { opacity:.55; }
+article.call.done { opacity:.7; border-left-color:#9aa4b5; }
+#decided h2.decided { font-size:1rem; color:var(--muted); margin-top:2rem; border-top:1px solid var(--line);
+  padding-top:.6rem; }
+#decided article.call { padding:.4rem 1rem; margin:.4rem 0; }
+#decided article.call h2 { font-size:1rem; cursor:pointer; }
+#decided article.call:not(.open) > :not(h2):not(form.decide),
+#decided article.call:not(.open) form.decide > :not(.status) { display:none; }
+#decided article.call:not(.open) form.decide { margin:0; padding:0; border:0; }
 article.call { overflow-wrap:anywhere; }  /* no unbroken text (a 3000-character key) pushes the values out of view */
 article.call h2 { margin:.2rem 0; font-size:1.25rem; }
 .meta { color:var(--muted); margin:.2rem 0 .8rem; }
@@ -75,7 +82,7 @@ function post(card, body) {
   }).then(r => r.json().then(data => ({ok: r.ok, data: data}))).then(({ok, data}) => {
     status.className = ok ? "status ok" : "status error";
     status.textContent = ok ? data.message : (data.error || "refused");
-    if (ok) { card.classList.add("done"); card.querySelectorAll("button").forEach(b => b.disabled = true); }
+    if (ok) settle(card, "");
   }).catch(err => { status.className = "status error"; status.textContent = "Could not reach the proxy: " + err; });
 }
 function decide(event) {
@@ -133,6 +140,10 @@ function tick() {
   });
 }
 document.addEventListener("click", decide);
+document.addEventListener("click", e => {  // a decided card opens and folds on its title
+  const title = e.target.closest && e.target.closest("#decided article.call h2");
+  if (title) title.closest("article.call").classList.toggle("open");
+});
 document.addEventListener("input", e => {  // typing a pattern chooses it over the exact value
   if (!e.target.matches || !e.target.matches("input[name=pattern]")) return;
   const mode = e.target.closest("fieldset.term").querySelector("select[name=mode]");
@@ -159,11 +170,17 @@ function lost() {
 function say(why) {
   document.querySelectorAll("#lost p[data-why]").forEach(p => { p.hidden = p.dataset.why !== why; });
 }
+// A call no longer waiting leaves the waiting list for the decided one below it, folded to its
+// title and outcome (a click on the title opens it): what still waits is always at the top.
 function settle(card, text) {
   card.classList.add("done");
   card.querySelectorAll("button").forEach(b => b.disabled = true);
   const status = card.querySelector(".status");
   if (status && !status.textContent) status.textContent = text;
+  const decided = document.getElementById("decided");
+  if (!decided || card.parentElement === decided.querySelector(".list")) return;
+  decided.querySelector(".list").prepend(card);
+  decided.hidden = false;
 }
 if (document.getElementById("pending")) {
   const events = new EventSource("/events");

@@ -32,6 +32,13 @@ RULE_WORDS = (
 """What a rule's pattern admits, as `review/rules.py` promises it, in the page's words."""
 
 
+DECIDED = (
+    '<section id="decided" hidden><h2 class="decided">Decided on this page, newest first'
+    ' <small>(click a title to see the call again)</small></h2><div class="list"></div></section>'
+)
+"""Where the script moves a call once it no longer waits: below every call that does, folded."""
+
+
 def page(title: str, body: str, *, active: str) -> str:
     nav = "".join(
         f'<a href="{href}"{" aria-current=page" if key == active else ""}>{label}</a>'
@@ -61,7 +68,7 @@ def pending_page(items: list[Pending], rules: list[Rule] | None = None, *, comma
     cards = "".join(card(item) for item in items)
     empty = '<p id="empty" class="empty"' + (" hidden" if items else "") + ">Nothing is waiting. New calls appear"
     empty += " here by themselves; keep this page open.</p>"
-    body = f'{intro}{lost_notice(command)}{empty}<div id="pending">{cards}</div>{rules_section(rules or [])}'
+    body = f'{intro}{lost_notice(command)}{empty}<div id="pending">{cards}</div>{DECIDED}{rules_section(rules or [])}'
     return page("Waiting for you", body, active="pending")
 
 
