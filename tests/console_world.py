@@ -90,11 +90,16 @@ async def another_session(world: World) -> AsyncIterator[Client]:
 
 @asynccontextmanager
 async def console_world(
-    tmp_path: Path, review: dict[str, Any] | None = None, leash: dict[str, Any] | None = None, *, mode: str = "legacy"
+    tmp_path: Path,
+    review: dict[str, Any] | None = None,
+    leash: dict[str, Any] | None = None,
+    *,
+    mode: str = "legacy",
+    server: str = "toy",
 ) -> AsyncIterator[World]:
     ledger = tmp_path / "ledger"
     config: dict[str, Any] = {
-        "servers": {"toy": toy(ledger)},
+        "servers": {server: toy(ledger)},
         "review": {"default": "console", "timeout": 60, **(review or {})},
     }
     if leash is not None:

@@ -278,3 +278,38 @@ async def test_a_decided_call_folds_below_the_call_still_waiting(tmp_path: Path)
         await waiting.get_by_role("button", name="Deny").click()
         assert (await second.wait()).is_error
     assert values(world) == ["alpha-note"]
+
+
+# Each visual line of an element's text, as the browser laid it out (a character's box starts a new line
+# when it sits lower than the one before).
+LINES_JS = """el => {
+    const walker = document.createTreeWalker(el, NodeFilter.SHOW_TEXT);
+    const lines = []; let top = null; let node;
+    while ((node = walker.nextNode())) {
+        for (let i = 0; i < node.data.length; i++) {
+            const range = document.createRange(); range.setStart(node, i); range.setEnd(node, i + 1);
+            const box = range.getBoundingClientRect();
+            if (top === null || box.top > top + 2) { lines.push(""); top = box.top; }
+            lines[lines.length - 1] += node.data[i];
+        }
+    }
+    return lines;
+}"""
+
+
+async def test_the_history_page_wraps_tool_names_at_their_separators_never_mid_word(tmp_path: Path) -> None:
+    async with console_world(tmp_path, server="notes_filesystem") as world:
+        call = calling(world, "notes_filesystem__record", {"value": "x", "intent": "note it"})
+        [item] = await world.held()
+        world.queue.decide(item.id, item.digest, Decision("approve"))
+        assert not (await call.wait()).is_error
+        async with browser_page(world) as page:
+            await page.set_viewport_size({"width": 420, "height": 800})  # a narrow window beside the client
+            await page.goto(world.origin + "/history")
+            tool = page.locator("table.history tbody tr td:nth-child(3) code")
+            assert (await tool.inner_text()).replace("\n", "") == "notes_filesystem__record"
+            lines: list[str] = await tool.evaluate(LINES_JS)
+    assert len(lines) > 1, lines  # it had to wrap at this width: the test looks at where
+    assert "".join(lines) == "notes_filesystem__record"
+    for line in lines[:-1]:
+        assert line[-1] in "_-./:", lines  # each break after a separator: it broke as not / es_ / fil / esy …

@@ -62,7 +62,9 @@ form.filters { display:flex; gap:.8rem; flex-wrap:wrap; align-items:end; margin:
 /* The reason is the one cell of prose: it keeps room to be read, and the short cells give way
    (a `.value` may break anywhere, so without a floor its column shrinks to one word). */
 table.history td:nth-child(8) { min-width:18rem; }
-table.history td code { overflow-wrap:anywhere; }
+/* Names wrap at their separators (the page puts a <wbr> after each), never mid-word: a cell is at least
+   as wide as the longest part of its name; only a part too long for any line is broken. */
+table.history td code { overflow-wrap:break-word; word-break:normal; }
 table.history tr.refused td:nth-child(6) { color:var(--no); font-weight:600; }
 table.history tr.accepted td:nth-child(6) { color:var(--ok); font-weight:600; }
 ol.story li { background:#fff; border:1px solid var(--line); border-radius:6px; padding:.4rem .8rem; margin:.6rem 0; }

@@ -8,6 +8,7 @@ verdict → (edited) → forwarded or blocked.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from html import escape
@@ -18,6 +19,8 @@ from mcp_spec_proxy.fronts.console.pages import folded, page
 ROWS_SHOWN = 500
 BINS = 10
 FILTERS = ("session", "tool", "verdict", "reviewer")
+SEPARATORS = re.compile(r"([_\-./:→+]+)")
+"""Where a name (a tool, a session, a reviewer chain) may wrap: after these, never inside a word."""
 
 
 @dataclass
@@ -101,8 +104,8 @@ def history_page(rows: list[CallRow], filters: dict[str, str]) -> str:
         f'<label>verdict <select name="verdict">{options}</select></label><button>Filter</button></form>'
     )
     body = "".join(
-        f'<tr class="{row.verdict}"><td>{_clock(row.time)}</td><td><code>{escape(row.session)}</code></td>'
-        f"<td><code>{escape(row.tool)}</code></td><td>{escape(row.author)}</td><td>{escape(row.reviewer)}</td>"
+        f'<tr class="{row.verdict}"><td>{_clock(row.time)}</td><td><code>{breakable(row.session)}</code></td>'
+        f"<td><code>{breakable(row.tool)}</code></td><td>{escape(row.author)}</td><td>{breakable(row.reviewer)}</td>"
         f"<td>{escape(row.verdict)}{' (edited)' if row.edited else ''}</td><td>{escape(row.outcome)}</td>"
         f"<td>{folded(row.reason) if row.reason else ''}</td>"
         f"<td>{_story_link(row)}</td></tr>"
@@ -195,6 +198,12 @@ def plot(points: list[tuple[float, bool]]) -> str:
     )
     label = 'role="img" aria-label="share refused by LEASH score"'
     return f'<svg class="plot" viewBox="0 0 {width} {height}" {label}>{axis}{"".join(bars)}</svg>'
+
+
+def breakable(name: str) -> str:
+    """`name` escaped, with a line-break opportunity after each separator (`fs__write_file` may wrap
+    as `fs__` / `write_` / `file`, never as `wri` / `te`): the cell's CSS breaks nowhere else."""
+    return SEPARATORS.sub(r"\1<wbr>", escape(name))
 
 
 def _fields(line: dict[str, Any]) -> str:
