@@ -104,7 +104,7 @@ def history_page(rows: list[CallRow], filters: dict[str, str]) -> str:
         f'<label>verdict <select name="verdict">{options}</select></label><button>Filter</button></form>'
     )
     body = "".join(
-        f'<tr class="{row.verdict}"><td>{_clock(row.time)}</td><td><code>{breakable(row.session)}</code></td>'
+        f'<tr class="{row.verdict}"><td>{_clock(row.time)}</td><td><code class=id>{breakable(row.session)}</code></td>'
         f"<td><code>{breakable(row.tool)}</code></td><td>{escape(row.author)}</td><td>{breakable(row.reviewer)}</td>"
         f"<td>{escape(row.verdict)}{' (edited)' if row.edited else ''}</td><td>{escape(row.outcome)}</td>"
         f"<td>{folded(row.reason) if row.reason else ''}</td>"
