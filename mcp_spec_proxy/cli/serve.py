@@ -149,6 +149,7 @@ async def _start_console(
 ) -> None:
     """Serve the approval console beside the front, or say once what its absence means."""
     from mcp_spec_proxy.fronts.console import CONSOLE_PORT_FILE, CONSOLE_URL_FILE, Console, serve_console
+    from mcp_spec_proxy.fronts.console.overwrite import OldContent
 
     if proxy.console is None:
         return
@@ -160,7 +161,7 @@ async def _start_console(
             )
         return
     proxy.console.link_command = link_command(state.root)
-    site = Console(proxy.console, proxy.store.read_audit, proxy.leash)
+    site = Console(proxy.console, proxy.store.read_audit, proxy.leash, OldContent(proxy.gate, proxy.catalog))
     url_file, port_file = state.root / CONSOLE_URL_FILE, state.root / CONSOLE_PORT_FILE
     await tg.start(
         lambda task_status: serve_console(

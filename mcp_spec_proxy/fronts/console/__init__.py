@@ -36,7 +36,8 @@ from starlette.routing import Route
 from mcp_spec_proxy.fronts.asgi import serve_asgi
 from mcp_spec_proxy.fronts.console import assets, history, pages
 from mcp_spec_proxy.fronts.console.guard import ConsoleGuard
-from mcp_spec_proxy.review.console import ConsoleQueue, ConsoleRefused, Decision
+from mcp_spec_proxy.fronts.console.overwrite import OldContent
+from mcp_spec_proxy.review.console import ConsoleQueue, ConsoleRefused, Decision, Pending
 
 if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section opens it
     from mcp_spec_proxy.leash.layers import Leash
@@ -63,10 +64,13 @@ class Console:
     """The console's routes over one queue, the store's audit trail (files or Postgres) and (maybe)
     LEASH's banks."""
 
-    def __init__(self, queue: ConsoleQueue, audit: AuditReader, leash: Leash | None = None) -> None:
+    def __init__(
+        self, queue: ConsoleQueue, audit: AuditReader, leash: Leash | None = None, old: OldContent | None = None
+    ) -> None:
         self.queue = queue
         self.audit = audit
         self.leash = leash
+        self.old = old  # what a held overwrite would change, read through the gate (`overwrite.py`)
         self.secret = secrets.token_urlsafe(24)
 
     def app(self, port: int) -> ConsoleGuard:
@@ -85,14 +89,22 @@ class Console:
         return ConsoleGuard(Starlette(routes=routes), secret=self.secret, port=port, command=self.queue.link_command)
 
     async def index(self, request: Request) -> Response:
-        page = pages.pending_page(self.queue.pending(), self.queue.rules(), command=self.queue.link_command)
+        items = self.queue.pending()
+        changes = {item.id: await self._changes(item) for item in items}
+        page = pages.pending_page(items, self.queue.rules(), command=self.queue.link_command, changes=changes)
         return HTMLResponse(page)
 
     async def pending(self, request: Request) -> Response:
         item = self.queue.get(request.path_params["item"])
         if item is None:
             return HTMLResponse("", status_code=404)
-        return HTMLResponse(pages.card(item))
+        return HTMLResponse(pages.card(item, await self._changes(item)))
+
+    async def _changes(self, item: Pending) -> str:
+        if self.old is None:
+            return ""
+        self.old.forget({waiting.id for waiting in self.queue.pending()})
+        return await self.old.section(item)
 
     async def events(self, request: Request) -> Response:
         async def stream() -> AsyncIterator[str]:

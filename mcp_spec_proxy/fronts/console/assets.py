@@ -40,6 +40,14 @@ section { margin:.8rem 0; }
 section.claim blockquote { margin:.3rem 0; padding:.4rem .8rem; border-left:4px solid #9aa4b5; background:#f1f3f6; }
 section.model { background:#fff7e6; padding:.4rem .8rem; border-radius:4px; }
 .observation { color:var(--muted); margin-left:1rem; }
+section.overwrite pre { margin:.3rem 0; background:#f8f9fb; border:1px solid var(--line); border-radius:4px;
+  padding:.4rem 0; font-family:ui-monospace, monospace; font-size:.9em; white-space:pre-wrap; overflow-wrap:anywhere; }
+section.overwrite pre span { display:block; padding:0 .6rem; }
+section.overwrite pre.numbered { padding:.4rem .6rem; }
+section.overwrite pre.numbered span.number { display:inline; padding:0 .6rem 0 0; color:var(--muted); }
+.diff .del, .counts .del { background:#fde7e7; color:#8a1414; }
+.diff .add, .counts .add { background:#e3f5e8; color:#135c2e; }
+.diff .hunk { color:var(--muted); background:#eef1f6; }
 form.decide { margin-top:1rem; border-top:1px solid var(--line); padding-top:.8rem; }
 form.decide .buttons { display:flex; gap:.6rem; }
 button { font:inherit; padding:.45rem 1rem; border-radius:6px; border:1px solid #9aa4b5; background:#fff;

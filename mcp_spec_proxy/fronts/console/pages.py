@@ -58,14 +58,16 @@ def page(title: str, body: str, *, active: str) -> str:
     )
 
 
-def pending_page(items: list[Pending], rules: list[Rule] | None = None, *, command: str = "") -> str:
+def pending_page(
+    items: list[Pending], rules: list[Rule] | None = None, *, command: str = "", changes: dict[str, str] | None = None
+) -> str:
     intro = (
         "<h1>Changes waiting for your approval</h1>"
         '<p class="lead">An AI agent connected through mcp-spec-proxy wants to use tools that may change'
         " something (write a file, commit, send a message). Each such call is <b>held here and has not run</b>"
         " until you decide. Read what it will do, then approve it, refuse it, or change it first.</p>"
     )
-    cards = "".join(card(item) for item in items)
+    cards = "".join(card(item, (changes or {}).get(item.id, "")) for item in items)
     empty = '<p id="empty" class="empty"' + (" hidden" if items else "") + ">Nothing is waiting. New calls appear"
     empty += " here by themselves; keep this page open.</p>"
     body = f'{intro}{lost_notice(command)}{empty}<div id="pending">{cards}</div>{DECIDED}{rules_section(rules or [])}'
@@ -89,7 +91,8 @@ def lost_notice(command: str) -> str:
     )
 
 
-def card(item: Pending) -> str:
+def card(item: Pending, changes: str = "") -> str:
+    """One held call; `changes` is what it would change in a file, where it overwrites one (`overwrite.py`)."""
     tool = item.tool
     title = tool.definition.title or tool.original
     description = tool.definition.description or ""
@@ -104,7 +107,7 @@ def card(item: Pending) -> str:
     ]
     if description:
         parts.append(f'<p class="tool-description">What the tool says it does: {folded(description)}</p>')
-    parts.append("<h3>What it will do</h3>" + arguments_table(item.arguments))
+    parts.append("<h3>What it will do</h3>" + arguments_table(item.arguments) + changes)
     if item.intent:
         parts.append(
             '<section class="claim"><h3>Why, according to the agent</h3>'
