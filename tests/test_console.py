@@ -104,17 +104,26 @@ async def test_a_person_edits_the_arguments_and_the_backend_gets_the_edit(tmp_pa
         card = page.locator("article.call")
         await card.wait_for()
         await card.get_by_text("Change the arguments, then approve").click()
+        # All of it as JSON, still there: a number where the schema wants text is refused.
+        await card.get_by_text("Or edit all the arguments as JSON").click()
         editor = card.locator("textarea[name=arguments]")
-        await editor.fill(json.dumps({"value": 11}))  # not a string: the schema refuses it
-        await card.get_by_role("button", name="Approve with these arguments").click()
+        assert json.loads(await editor.input_value()) == {"value": "meeting at 10"}
+        await editor.fill(json.dumps({"value": 11}))
+        await card.get_by_role("button", name="Approve with this JSON").click()
         await card.locator(".status.error").wait_for()
         assert "edit was not applied" in await card.locator(".status").inner_text()
+        await editor.fill("{value: 11")  # not JSON: said on the page, nothing sent
+        await card.get_by_role("button", name="Approve with this JSON").click()
+        await card.locator(".status.error", has_text="Not valid JSON").wait_for()
         assert values(world) == [] and len(world.queue.pending()) == 1
-        await editor.fill(json.dumps({"value": "meeting at 11"}))
+        # The form: one box per argument, text as text (no quotes, no escapes to get right).
+        field = card.locator('label.field[data-kind="text"]', has_text="value")
+        assert await field.locator("textarea").input_value() == "meeting at 10"
+        await field.locator("textarea").fill('meeting at 11, "room 2"\nbring the notes')
         await card.get_by_role("button", name="Approve with these arguments").click()
         result = await call.wait()
     assert not result.is_error
-    assert values(world) == ["meeting at 11"]
+    assert values(world) == ['meeting at 11, "room 2"\nbring the notes']
     [edited] = audit_of(world, "edited")
     [verdict] = audit_of(world, "verdict")
     assert edited["call"] == verdict["call"] and edited["by"] == "console"

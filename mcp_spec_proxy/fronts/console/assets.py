@@ -60,6 +60,11 @@ details { margin:.5rem 0; }
 details label { display:block; margin:.3rem 0; }
 fieldset.term { border:1px solid var(--line); border-radius:6px; margin:.4rem 0; }
 details input, textarea { width:100%; font-family:ui-monospace, monospace; padding:.35rem; }
+.fields label.field { display:block; margin:.6rem 0; }
+.fields .name { font-weight:600; font-family:ui-monospace, monospace; }
+.fields .kind { color:var(--muted); font-size:.85em; }
+.fields textarea { display:block; margin-top:.2rem; font:inherit; font-family:ui-monospace, monospace; }
+details.json { margin-top:.8rem; }
 .status { font-weight:600; }
 .unseen { background:#ffe08a; color:#1d2330; border-radius:3px; padding:0 .2em; font-size:.8em; }
 .status.error { color:var(--no); }
@@ -97,19 +102,30 @@ function post(card, body) {
     if (ok) settle(card, "");
   }).catch(err => { status.className = "status error"; status.textContent = "Could not reach the proxy: " + err; });
 }
+function parses(text) { try { JSON.parse(text); return true; } catch (err) { return false; } }
 function decide(event) {
   const button = event.target.closest("button[data-action]");
   if (!button) return;
   const card = button.closest("article.call");
   const action = button.dataset.action;
   const body = {action: action, reason: card.querySelector("input[name=reason]").value};
-  if (action === "edit") {
+  if (action === "edit" || action === "edit-json") {
     // Sent as typed and parsed by the proxy: JSON.parse would round an integer past 2**53.
-    body.arguments = card.querySelector("textarea[name=arguments]").value;
-    try { JSON.parse(body.arguments); }
-    catch (err) {
+    body.action = "edit";
+    const fields = [...card.querySelectorAll("label.field")];
+    body.arguments = action === "edit-json" ? card.querySelector("textarea[name=arguments]").value
+      : "{" + fields.map(f => {
+          const text = f.querySelector("textarea").value;
+          return f.dataset.key + ": " + (f.dataset.kind === "text" ? JSON.stringify(text) : text);
+        }).join(", ") + "}";
+    let wrong = null;  // the box whose JSON does not parse: said here, nothing sent
+    if (action === "edit") {
+      const bad = fields.find(f => f.dataset.kind === "json" && !parses(f.querySelector("textarea").value));
+      if (bad) wrong = bad.querySelector(".name").textContent;
+    } else if (!parses(body.arguments)) wrong = "the arguments";
+    if (wrong !== null) {
       const status = card.querySelector(".status");
-      status.className = "status error"; status.textContent = "The edited arguments are not valid JSON: " + err.message;
+      status.className = "status error"; status.textContent = "Not valid JSON: " + wrong + ". Nothing was sent.";
       return;
     }
   }

@@ -189,11 +189,13 @@ def decision_form(item: Pending) -> str:
         '<button type="button" class="deny" data-action="deny">Deny</button></div>'
         '<label class="reason">Reason for denying (the agent is told it): <input name="reason"'
         ' placeholder="e.g. not that file; ask me first"></label>'
-        "<details><summary>Change the arguments, then approve</summary>"
-        '<p class="note">Edit the JSON. It is checked against the tool\'s schema before anything runs,'
-        " and the change is written to the audit log.</p>"
-        f'<textarea name="arguments" rows="{min(20, edit.count(chr(10)) + 2)}">{escape(edit)}</textarea>'
-        '<button type="button" data-action="edit">Approve with these arguments</button></details>'
+        '<details class="edit"><summary>Change the arguments, then approve</summary>'
+        '<p class="note">Change any value below, then approve. The call is checked against the tool\'s schema'
+        " before anything runs, and the change is written to the audit log.</p>"
+        f'{argument_fields(item.arguments)}<button type="button" data-action="edit">Approve with these arguments'
+        '</button><details class="json"><summary>Or edit all the arguments as JSON</summary>'
+        f'<textarea name="arguments" rows="{min(20, edit.count(chr(10)) + 2)}">\n{escape(edit)}</textarea>'
+        '<button type="button" data-action="edit-json">Approve with this JSON</button></details></details>'
         "<details><summary>Approve, and allow calls like this for the rest of this session</summary>"
         f'<p class="note">Later calls of <code>{shown(item.tool.name)}</code> in this session run without asking'
         " when every argument is allowed below: exactly the value shown (invisible characters written as"
@@ -203,6 +205,26 @@ def decision_form(item: Pending) -> str:
         "</button></details>"
         '<p class="status" role="status"></p></form>'
     )
+
+
+def argument_fields(arguments: dict[str, Any]) -> str:
+    """One box per top-level argument: text as text, anything else (and text holding an unseen
+    character, written there as its `\\u` escape) as JSON. The script joins them into one JSON object,
+    each JSON box as typed (the proxy parses it: every digit of a long integer kept)."""
+    if not arguments:
+        return '<p class="note">This call has no arguments.</p>'
+    rows = []
+    for key, value in arguments.items():
+        text = isinstance(value, str) and not UNSEEN.search(value)
+        shown_value = value if text else UNSEEN.sub(_json_escape, json.dumps(value, ensure_ascii=False, indent=2))
+        kind = "text" if text else "JSON: a number, true or false, null, a list, an object, or text in quotes"
+        lines = min(12, max(2, shown_value.count("\n") + 1, len(shown_value) // 80 + 1))
+        rows.append(
+            f'<label class="field" data-key="{escape(json.dumps(key))}" data-kind="{"text" if text else "json"}">'
+            f'<span class="name">{shown(key)}</span> <span class="kind">{kind}</span>'
+            f'<textarea name="field" rows="{lines}">\n{escape(shown_value)}</textarea></label>'
+        )
+    return f'<div class="fields">{"".join(rows)}</div>'
 
 
 def rule_terms(arguments: dict[str, Any]) -> str:
