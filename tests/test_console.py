@@ -322,3 +322,29 @@ async def test_the_history_page_wraps_tool_names_at_their_separators_never_mid_w
     assert "".join(lines) == "notes_filesystem__record"
     for line in lines[:-1]:
         assert line[-1] in "_-./:", lines  # each break after a separator: it broke as not / es_ / fil / esy …
+
+
+async def test_the_session_rule_form_reads_at_a_glance_one_row_per_argument(tmp_path: Path) -> None:
+    # The finding: the rule form was a paragraph of 150 words before the first choice. A person deciding
+    # fast reads one line of what the rule does, then one row per argument with two labelled choices.
+    async with console_world(tmp_path) as world, browser_page(world) as page:
+        call = calling(world, "toy__record", {"value": "notes/monday.md", "intent": "save the notes"})
+        card = page.locator("article.call")
+        await card.wait_for()
+        await card.get_by_text("Approve, and allow calls like this for the rest of this session").click()
+        rule = card.locator("details.rule")
+        assert len((await rule.inner_text()).split()) <= 80  # it was 153
+        assert await rule.locator("details.help p").is_hidden()  # what a pattern matches: one click away
+        [term] = await rule.locator("fieldset.term").all()
+        exact = term.get_by_label("exactly")
+        pattern = term.get_by_label("text matching the pattern")
+        assert await exact.is_checked() and not await pattern.is_checked()  # the safe choice is the default
+        await term.locator("input[name=pattern]").fill("notes/*.md")
+        assert await pattern.is_checked()  # typing a pattern chooses it
+        await rule.get_by_text("What a pattern can match").click()
+        assert "there is no" in await rule.locator("details.help p").inner_text()
+        await card.get_by_role("button", name="Approve and allow matching calls").click()
+        assert not (await call.wait()).is_error
+        later = await world.p.client.call_tool("toy__record", {"value": "notes/tuesday.md", "intent": "save"})
+        assert not later.is_error  # the pattern chosen on the form is the rule in force
+    assert values(world) == ["notes/monday.md", "notes/tuesday.md"]

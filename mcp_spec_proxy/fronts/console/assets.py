@@ -58,7 +58,17 @@ label.reason { display:block; margin:.6rem 0; }
 label.reason input { width:100%; padding:.35rem; font:inherit; }
 details { margin:.5rem 0; }
 details label { display:block; margin:.3rem 0; }
-fieldset.term { border:1px solid var(--line); border-radius:6px; margin:.4rem 0; }
+details.rule > p.rule-lead { margin:.5rem 0; }
+.terms { margin:.4rem 0 .6rem; }
+fieldset.term { border:0; border-top:1px solid var(--line); margin:0; padding:.45rem 0; display:grid;
+  grid-template-columns:minmax(6rem, 12rem) 1fr; column-gap:1rem; row-gap:.25rem; }
+fieldset.term legend { float:left; grid-row:span 2; font-weight:600; font-family:ui-monospace, monospace;
+  overflow-wrap:anywhere; padding:0; }
+fieldset.term .choice { grid-column:2; display:flex; gap:.4rem; align-items:baseline; margin:0; }
+fieldset.term .choice input[type=radio] { width:auto; flex:none; }
+fieldset.term .choice input[name=pattern] { flex:1; min-width:8rem; }
+fieldset.term p.note { grid-column:2; margin:0; }
+details.help { font-size:.9em; }
 details input, textarea { width:100%; font-family:ui-monospace, monospace; padding:.35rem; }
 .fields label.field { display:block; margin:.6rem 0; }
 .fields .name { font-weight:600; font-family:ui-monospace, monospace; }
@@ -134,9 +144,9 @@ function decide(event) {
     // or the pattern typed; a value that no pattern may admit has no choice to make.
     body.patterns = {};
     card.querySelectorAll("fieldset.term").forEach(f => {
-      const mode = f.querySelector("select[name=mode]");
+      const mode = f.querySelector("input[type=radio][value=pattern]");
       const input = f.querySelector("input[name=pattern]");
-      body.patterns[JSON.parse(f.dataset.key)] = mode && input && mode.value === "pattern" ? input.value : null;
+      body.patterns[JSON.parse(f.dataset.key)] = mode && input && mode.checked ? input.value : null;
     });
   }
   post(card, body);
@@ -174,8 +184,8 @@ document.addEventListener("click", e => {  // a decided card opens and folds on 
 });
 document.addEventListener("input", e => {  // typing a pattern chooses it over the exact value
   if (!e.target.matches || !e.target.matches("input[name=pattern]")) return;
-  const mode = e.target.closest("fieldset.term").querySelector("select[name=mode]");
-  if (mode) mode.value = "pattern";
+  const mode = e.target.closest("fieldset.term").querySelector("input[type=radio][value=pattern]");
+  if (mode) mode.checked = true;
 });
 document.addEventListener("submit", e => e.preventDefault());  // Enter in a field decides nothing
 // The proxy gone (stopped, or restarted by its client) must show: the page never goes on saying

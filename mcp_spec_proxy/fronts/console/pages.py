@@ -196,13 +196,13 @@ def decision_form(item: Pending) -> str:
         '</button><details class="json"><summary>Or edit all the arguments as JSON</summary>'
         f'<textarea name="arguments" rows="{min(20, edit.count(chr(10)) + 2)}">\n{escape(edit)}</textarea>'
         '<button type="button" data-action="edit-json">Approve with this JSON</button></details></details>'
-        "<details><summary>Approve, and allow calls like this for the rest of this session</summary>"
-        f'<p class="note">Later calls of <code>{shown(item.tool.name)}</code> in this session run without asking'
-        " when every argument is allowed below: exactly the value shown (invisible characters written as"
-        f" <code>\\u</code> escapes), or text matching a pattern you write. {RULE_WORDS} Only this session,"
-        " and only while the tool's server describes it as it does now.</p>"
-        f'{rule_terms(item.arguments)}<button type="button" data-action="rule">Approve and allow matching calls'
-        "</button></details>"
+        '<details class="rule"><summary>Approve, and allow calls like this for the rest of this session</summary>'
+        f'<p class="rule-lead">Later calls of <code>{shown(item.tool.name)}</code> in this session run without'
+        " asking when <b>every</b> argument is allowed below. This session only, and only while the tool's"
+        " server describes the tool as it does now.</p>"
+        f"{rule_terms(item.arguments, item.id)}"
+        f'<details class="help"><summary>What a pattern can match</summary><p class="note">{RULE_WORDS}</p></details>'
+        '<button type="button" data-action="rule">Approve and allow matching calls</button></details>'
         '<p class="status" role="status"></p></form>'
     )
 
@@ -227,32 +227,34 @@ def argument_fields(arguments: dict[str, Any]) -> str:
     return f'<div class="fields">{"".join(rows)}</div>'
 
 
-def rule_terms(arguments: dict[str, Any]) -> str:
-    """Per argument: "exactly this value" (the default), or a pattern where a pattern can admit it.
+def rule_terms(arguments: dict[str, Any], item: str = "") -> str:
+    """Per argument, one row: allow exactly this value (the default), or text matching a pattern where
+    a pattern can admit it (the choice of two labelled radio buttons; typing a pattern picks it).
 
     Each key travels as ASCII JSON in `data-key`: exact, and no invisible character reaches the page.
     """
     if not arguments:
         return '<p class="note">No arguments: the rule allows calls with no arguments.</p>'
     rows = []
-    for key, value in arguments.items():
-        exact = f"exactly {folded(visible(value))}"
+    for number, (key, value) in enumerate(arguments.items()):
+        head = f'<fieldset class="term" data-key="{escape(json.dumps(key))}"><legend>{shown(key)}</legend>'
+        exact = folded(visible(value))
         why = pattern_refusal_for(value)
         if why is not None:  # only the exact value: the page says why, and offers no pattern box
             rows.append(
-                f'<fieldset class="term" data-key="{escape(json.dumps(key))}"><legend>{shown(key)}</legend>'
-                f'<p>{exact}</p><p class="note">Only this exact value can be allowed: {escape(why)}.</p></fieldset>'
+                f'{head}<p class="choice">Allowed: exactly {exact}</p>'
+                f'<p class="note">Only this exact value can be allowed: {escape(why)}.</p></fieldset>'
             )
             continue
+        name = escape(f"mode-{item}-{number}")
         rows.append(
-            f'<fieldset class="term" data-key="{escape(json.dumps(key))}"><legend>{shown(key)}</legend>'
-            '<select name="mode"><option value="exact" selected>exactly this value</option>'
-            '<option value="pattern">text matching the pattern</option></select> '
-            f"<span>{exact}</span>"
-            f'<label>Pattern: <input name="pattern" value="{escape(value)}"></label>'
+            f'{head}<label class="choice"><input type="radio" name="{name}" value="exact" checked>'
+            f" exactly {exact}</label>"
+            f'<label class="choice"><input type="radio" name="{name}" value="pattern"> text matching the pattern'
+            f' <input name="pattern" value="{escape(value)}" aria-label="pattern for {escape(key)}"></label>'
             "</fieldset>"
         )
-    return "".join(rows)
+    return f'<div class="terms">{"".join(rows)}</div>'
 
 
 def rules_section(rules: list[Rule]) -> str:
