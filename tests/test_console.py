@@ -321,7 +321,7 @@ async def test_the_history_page_wraps_tool_names_at_their_separators_never_mid_w
     assert len(lines) > 1, lines  # it had to wrap at this width: the test looks at where
     assert "".join(lines) == "notes_filesystem__record"
     for line in lines[:-1]:
-        assert line[-1] in "_-./:", lines  # each break after a separator: it broke as not / es_ / fil / esy …
+        assert line.endswith(("__", "-", ".", "/", ":")), lines  # it broke as not / es_ / fil / esy …
 
 
 async def test_the_session_rule_form_reads_at_a_glance_one_row_per_argument(tmp_path: Path) -> None:

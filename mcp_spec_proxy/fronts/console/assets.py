@@ -90,6 +90,7 @@ table.history td:nth-child(8) { min-width:18rem; }
 table.history td code { overflow-wrap:break-word; word-break:normal; }
 table.history td code.id { overflow-wrap:anywhere; }  /* a session id is no word: it gives the reason room */
 table.history th, table.history td { padding:.35rem .3rem; }
+.nowrap { white-space:nowrap; }
 table.history tr.refused td:nth-child(6) { color:var(--no); font-weight:600; }
 table.history tr.accepted td:nth-child(6) { color:var(--ok); font-weight:600; }
 ol.story li { background:#fff; border:1px solid var(--line); border-radius:6px; padding:.4rem .8rem; margin:.6rem 0; }

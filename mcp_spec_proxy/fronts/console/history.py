@@ -19,8 +19,9 @@ from mcp_spec_proxy.fronts.console.pages import folded, page
 ROWS_SHOWN = 500
 BINS = 10
 FILTERS = ("session", "tool", "verdict", "reviewer")
-SEPARATORS = re.compile(r"([_\-./:→+]+)")
-"""Where a name (a tool, a session, a reviewer chain) may wrap: after these, never inside a word."""
+SEPARATORS = re.compile(r"(__+|[\-./:→+]+)")
+"""Where a name (a tool, a session, a reviewer chain) may wrap: after the namespace's `__` and these,
+never inside a word, nor at a single `_` (`write_file` stays whole)."""
 
 
 @dataclass
@@ -104,7 +105,7 @@ def history_page(rows: list[CallRow], filters: dict[str, str]) -> str:
         f'<label>verdict <select name="verdict">{options}</select></label><button>Filter</button></form>'
     )
     body = "".join(
-        f'<tr class="{row.verdict}"><td>{_clock(row.time)}</td><td><code class=id>{breakable(row.session)}</code></td>'
+        f'<tr class="{row.verdict}"><td>{_when(row.time)}</td><td><code class=id>{breakable(row.session)}</code></td>'
         f"<td><code>{breakable(row.tool)}</code></td><td>{escape(row.author)}</td><td>{breakable(row.reviewer)}</td>"
         f"<td>{escape(row.verdict)}{' (edited)' if row.edited else ''}</td><td>{escape(row.outcome)}</td>"
         f"<td>{folded(row.reason) if row.reason else ''}</td>"
@@ -202,7 +203,7 @@ def plot(points: list[tuple[float, bool]]) -> str:
 
 def breakable(name: str) -> str:
     """`name` escaped, with a line-break opportunity after each separator (`fs__write_file` may wrap
-    as `fs__` / `write_` / `file`, never as `wri` / `te`): the cell's CSS breaks nowhere else."""
+    as `fs__` / `write_file`, never as `wri` / `te`): the cell's CSS breaks nowhere else."""
     return SEPARATORS.sub(r"\1<wbr>", escape(name))
 
 
@@ -230,3 +231,8 @@ def _time(line: dict[str, Any]) -> float:
 
 def _clock(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else ""
+
+
+def _when(ts: float) -> str:
+    """The time cell: the date and the time each whole (a date broken at its hyphens reads as nonsense)."""
+    return "".join(f'<span class="nowrap">{part}</span> ' for part in _clock(ts).split(" ")).strip()

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mcp_spec_proxy.calls.gate import Gate
+from mcp_spec_proxy.errors import ShuttingDown
 from mcp_spec_proxy.fronts.console.pages import shown
 from mcp_spec_proxy.review.console import Pending
 from mcp_spec_proxy.tools.catalog import Catalog, CatalogTool
@@ -122,7 +123,10 @@ class OldContent:
         if tool.effect != "read" or decision.deny is not None:
             return None, f"a rule of `rules:` does not let {reader.name} run as a read here"
         step = Step(tool.name, arguments, "read")
-        ran = await self._gate.read(item.session, tool, arguments, step, "console", rule=decision)
+        try:
+            ran = await self._gate.read(item.session, tool, arguments, step, "console", rule=decision)
+        except ShuttingDown:
+            return None, "the proxy is shutting down"
         result = ran.result
         text = "".join(
             str(block.get("text", ""))
@@ -147,20 +151,20 @@ def _applied(text: str, edits: list[tuple[str, str]]) -> tuple[str | None, int]:
 
 
 def _diff(before: str, after: str) -> str:
+    """The unified diff, a block per line (so no line break of its own: the page's text has one per line)."""
     lines = list(difflib.unified_diff(before.splitlines(), after.splitlines(), "now", "after", lineterm="", n=3))[2:]
     removed = sum(1 for line in lines if line.startswith("-"))
     added = sum(1 for line in lines if line.startswith("+"))
     kinds = {"-": "del", "+": "add", "@": "hunk"}
     rows = "".join(
-        f'<span class="{kinds.get(line[:1], "same")}">{shown(line) or " "}</span>\n' for line in lines[:MAX_LINES]
+        f'<span class="{kinds.get(line[:1], "same")}">{shown(line) or " "}</span>' for line in lines[:MAX_LINES]
     )
-    more = (
-        f'<p class="note">… and {len(lines) - MAX_LINES} more lines of the diff.</p>' if len(lines) > MAX_LINES else ""
-    )
+    left = len(lines) - MAX_LINES
+    more = f'<p class="note">… and {left} more lines of the diff.</p>' if left > 0 else ""
     counts = (
-        f'<p class="counts"><span class="del">{removed} lines removed</span>, <span class="add">{added} added</span>'
+        f'<p class="counts"><span class="del">{removed} line{"" if removed == 1 else "s"} removed</span>,'
+        f' <span class="add">{added} added</span></p>'
     )
-    counts += "</p>"
     return f'{counts}<pre class="diff">{rows}</pre>{more}'
 
 
