@@ -91,3 +91,34 @@ async def test_a_console_whose_port_is_taken_serves_on_another_and_the_link_says
             second = await anyio.to_thread.run_sync(console_url, tmp_path)
     assert second.split("/?")[0] != first.split("/?")[0]
     assert int((tmp_path / "state" / "console-port").read_text()) == int(first.split(":")[2].split("/")[0])
+
+
+async def test_a_console_whose_port_is_taken_as_it_binds_serves_on_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two proxies starting at once on one state directory: both see the port free, one binds it first.
+    import socket
+
+    from mcp_spec_proxy.fronts import console as console_front
+    from mcp_spec_proxy.review.console import ConsoleQueue
+
+    async def no_audit() -> list[dict[str, Any]]:
+        return []
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        (tmp_path / "console-port").write_text(f"{taken}\n")
+        monkeypatch.setattr(console_front, "_free", lambda host, port: True)
+        site = console_front.Console(ConsoleQueue(60), no_audit)
+        async with anyio.create_task_group() as tg:
+            port_file = tmp_path / "console-port"
+            url = await tg.start(
+                lambda task_status: console_front.serve_console(
+                    site, "127.0.0.1", 0, port_file=port_file, task_status=task_status
+                )
+            )
+            tg.cancel_scope.cancel()
+    assert f":{taken}/" not in url  # it serves, elsewhere
+    assert int((tmp_path / "console-port").read_text()) == taken  # and the port the others look for is kept

@@ -194,11 +194,17 @@ async def serve_console(
     across a restart then finds the new run at its address, and says to open the new link."""
     async with anyio.create_task_group() as tg:
         late = _Late()
-        if port == 0 and port_file is not None:
-            port = await _remembered_port(port_file, host)
-        bound: int = await tg.start(
-            lambda task_status: serve_asgi(late, host, port, lifespan=False, task_status=task_status)
-        )
+        preferred = await _remembered_port(port_file, host) if port == 0 and port_file is not None else 0
+        bound = 0
+        if preferred:
+            with contextlib.suppress(OSError):  # taken since it was seen free (a proxy starting beside this one)
+                bound = await tg.start(
+                    lambda task_status: serve_asgi(late, host, preferred, lifespan=False, task_status=task_status)
+                )
+        if not bound:
+            bound = await tg.start(
+                lambda task_status: serve_asgi(late, host, port, lifespan=False, task_status=task_status)
+            )
         if port_file is not None:
             _remember_port(port_file, bound)
         late.current = console.app(bound)  # the guard needs the bound port: set before any request is read
