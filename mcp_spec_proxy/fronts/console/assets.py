@@ -197,7 +197,7 @@ function lost() {
   const empty = document.getElementById("empty");
   if (empty) empty.hidden = true;
   document.querySelectorAll("#pending article.call:not(.done)").forEach(card => {
-    settle(card, "The proxy that held this call is gone: it was not run.");
+    settle(card, "The proxy that held this call is gone: a call still waiting when it stops is never run.");
   });
   if (banner) banner.hidden = false;
   fetch("/alive", {credentials: "same-origin", cache: "no-store"}).then(r => {
