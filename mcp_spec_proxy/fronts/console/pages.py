@@ -82,7 +82,8 @@ def lost_notice(command: str) -> str:
     return (
         '<div id="lost" class="lost" role="alert" hidden>'
         '<p data-why="stopped" hidden><b>This page has lost the proxy.</b> It stopped, or your AI client (Claude'
-        " Desktop, say) restarted it. What this page shows is out of date: calls the old run held were not run."
+        " Desktop, say) restarted it. What this page shows is out of date: calls still waiting on the old run"
+        " when it stopped were not run."
         f" A new run holds its calls on its own console, with a new key: {run}. This page checks every few"
         " seconds and follows by itself once you have opened that link.</p>"
         '<p data-why="replaced" hidden><b>A new run of the proxy serves the console here now</b>, with a new key:'
