@@ -25,6 +25,7 @@ from playwright.async_api import async_playwright
 
 from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.fronts.console import Console, serve_console
+from mcp_spec_proxy.fronts.console.overwrite import OldContent
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
 from mcp_spec_proxy.review.console import ConsoleQueue, Decision
@@ -100,7 +101,7 @@ async def shoot(out: Path) -> None:
             queue = proxy.console
             assert queue is not None
             async with Client(McpFront(proxy).server, mode="legacy") as client, anyio.create_task_group() as tg:
-                site = Console(queue, proxy.store.read_audit, proxy.leash)
+                site = Console(queue, proxy.store.read_audit, proxy.leash, OldContent(proxy.gate, proxy.catalog))
                 url = await tg.start(lambda task_status: serve_console(site, "127.0.0.1", 0, task_status=task_status))
                 await history_of_earlier_calls(client, queue, tg)
                 await client.call_tool("fs__read_file", {"path": "todo.md"})

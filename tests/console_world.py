@@ -19,6 +19,7 @@ import mcp_types as types
 from mcp import Client
 
 from mcp_spec_proxy.fronts.console import Console, serve_console
+from mcp_spec_proxy.fronts.console.overwrite import OldContent
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.review.console import ConsoleQueue, Pending
 from tests.harness import Proxied, proxied, toy
@@ -90,11 +91,18 @@ async def another_session(world: World) -> AsyncIterator[Client]:
 
 @asynccontextmanager
 async def console_world(
-    tmp_path: Path, review: dict[str, Any] | None = None, leash: dict[str, Any] | None = None, *, mode: str = "legacy"
+    tmp_path: Path,
+    review: dict[str, Any] | None = None,
+    leash: dict[str, Any] | None = None,
+    *,
+    mode: str = "legacy",
+    server: str = "toy",
+    servers: dict[str, Any] | None = None,
 ) -> AsyncIterator[World]:
+    """`servers` replaces the toy (`server`: its name) with other backends."""
     ledger = tmp_path / "ledger"
     config: dict[str, Any] = {
-        "servers": {"toy": toy(ledger)},
+        "servers": servers or {server: toy(ledger)},
         "review": {"default": "console", "timeout": 60, **(review or {})},
     }
     if leash is not None:
@@ -103,7 +111,7 @@ async def console_world(
         queue = p.proxy.console
         assert queue is not None
         async with anyio.create_task_group() as tg:
-            site = Console(queue, p.proxy.store.read_audit, p.proxy.leash)
+            site = Console(queue, p.proxy.store.read_audit, p.proxy.leash, OldContent(p.proxy.gate, p.proxy.catalog))
             url = await tg.start(lambda task_status: serve_console(site, "127.0.0.1", 0, task_status=task_status))
             yield World(p, url, queue, ledger, tg)
             tg.cancel_scope.cancel()

@@ -104,17 +104,26 @@ async def test_a_person_edits_the_arguments_and_the_backend_gets_the_edit(tmp_pa
         card = page.locator("article.call")
         await card.wait_for()
         await card.get_by_text("Change the arguments, then approve").click()
+        # All of it as JSON, still there: a number where the schema wants text is refused.
+        await card.get_by_text("Or edit all the arguments as JSON").click()
         editor = card.locator("textarea[name=arguments]")
-        await editor.fill(json.dumps({"value": 11}))  # not a string: the schema refuses it
-        await card.get_by_role("button", name="Approve with these arguments").click()
+        assert json.loads(await editor.input_value()) == {"value": "meeting at 10"}
+        await editor.fill(json.dumps({"value": 11}))
+        await card.get_by_role("button", name="Approve with this JSON").click()
         await card.locator(".status.error").wait_for()
         assert "edit was not applied" in await card.locator(".status").inner_text()
+        await editor.fill("{value: 11")  # not JSON: said on the page, nothing sent
+        await card.get_by_role("button", name="Approve with this JSON").click()
+        await card.locator(".status.error", has_text="Not valid JSON").wait_for()
         assert values(world) == [] and len(world.queue.pending()) == 1
-        await editor.fill(json.dumps({"value": "meeting at 11"}))
+        # The form: one box per argument, text as text (no quotes, no escapes to get right).
+        field = card.locator('label.field[data-kind="text"]', has_text="value")
+        assert await field.locator("textarea").input_value() == "meeting at 10"
+        await field.locator("textarea").fill('meeting at 11, "room 2"\nbring the notes')
         await card.get_by_role("button", name="Approve with these arguments").click()
         result = await call.wait()
     assert not result.is_error
-    assert values(world) == ["meeting at 11"]
+    assert values(world) == ['meeting at 11, "room 2"\nbring the notes']
     [edited] = audit_of(world, "edited")
     [verdict] = audit_of(world, "verdict")
     assert edited["call"] == verdict["call"] and edited["by"] == "console"
@@ -254,3 +263,88 @@ async def test_the_history_page_gives_a_long_reason_room_to_be_read(tmp_path: Pa
     assert box is not None
     assert box["width"] >= 280, box  # it was 120 px at this width
     assert box["height"] / line <= 8, (box, line)  # 200 characters on a few lines: they took 21
+
+
+async def test_a_decided_call_folds_below_the_call_still_waiting(tmp_path: Path) -> None:
+    # The finding: after a few decisions the card still waiting sat below the decided ones, out of view.
+    async with console_world(tmp_path) as world, browser_page(world) as page:
+        first = calling(world, "toy__record", {"value": "alpha-note", "intent": "x"})
+        decided = page.locator("article.call", has_text="alpha-note")
+        await decided.get_by_role("button", name="Approve: let it run").click()
+        assert not (await first.wait()).is_error
+        await decided.locator(".status.ok").wait_for()
+        second = calling(world, "toy__record", {"value": "beta-note", "intent": "x"})
+        waiting = page.locator("article.call:not(.done)")
+        await waiting.wait_for()
+        assert "beta-note" in await waiting.inner_text()
+        above, below = await waiting.bounding_box(), await decided.bounding_box()
+        assert above is not None and below is not None
+        assert above["y"] + above["height"] <= below["y"]  # what waits comes first
+        assert await decided.locator("table.arguments").is_hidden()  # the decided one is folded ...
+        assert "Approved" in await decided.locator(".status").inner_text()  # ... to its title and outcome
+        await decided.locator("h2").click()
+        assert await decided.locator("table.arguments").is_visible()  # and opens on a click
+        await waiting.get_by_role("button", name="Deny").click()
+        assert (await second.wait()).is_error
+    assert values(world) == ["alpha-note"]
+
+
+# Each visual line of an element's text, as the browser laid it out (a character's box starts a new line
+# when it sits lower than the one before).
+LINES_JS = """el => {
+    const walker = document.createTreeWalker(el, NodeFilter.SHOW_TEXT);
+    const lines = []; let top = null; let node;
+    while ((node = walker.nextNode())) {
+        for (let i = 0; i < node.data.length; i++) {
+            const range = document.createRange(); range.setStart(node, i); range.setEnd(node, i + 1);
+            const box = range.getBoundingClientRect();
+            if (top === null || box.top > top + 2) { lines.push(""); top = box.top; }
+            lines[lines.length - 1] += node.data[i];
+        }
+    }
+    return lines;
+}"""
+
+
+async def test_the_history_page_wraps_tool_names_at_their_separators_never_mid_word(tmp_path: Path) -> None:
+    async with console_world(tmp_path, server="notes_filesystem") as world:
+        call = calling(world, "notes_filesystem__record", {"value": "x", "intent": "note it"})
+        [item] = await world.held()
+        world.queue.decide(item.id, item.digest, Decision("approve"))
+        assert not (await call.wait()).is_error
+        async with browser_page(world) as page:
+            await page.set_viewport_size({"width": 420, "height": 800})  # a narrow window beside the client
+            await page.goto(world.origin + "/history")
+            tool = page.locator("table.history tbody tr td:nth-child(3) code")
+            assert (await tool.inner_text()).replace("\n", "") == "notes_filesystem__record"
+            lines: list[str] = await tool.evaluate(LINES_JS)
+    assert len(lines) > 1, lines  # it had to wrap at this width: the test looks at where
+    assert "".join(lines) == "notes_filesystem__record"
+    for line in lines[:-1]:
+        assert line.endswith(("__", "-", ".", "/", ":")), lines  # it broke as not / es_ / fil / esy …
+
+
+async def test_the_session_rule_form_reads_at_a_glance_one_row_per_argument(tmp_path: Path) -> None:
+    # The finding: the rule form was a paragraph of 150 words before the first choice. A person deciding
+    # fast reads one line of what the rule does, then one row per argument with two labelled choices.
+    async with console_world(tmp_path) as world, browser_page(world) as page:
+        call = calling(world, "toy__record", {"value": "notes/monday.md", "intent": "save the notes"})
+        card = page.locator("article.call")
+        await card.wait_for()
+        await card.get_by_text("Approve, and allow calls like this for the rest of this session").click()
+        rule = card.locator("details.rule")
+        assert len((await rule.inner_text()).split()) <= 80  # it was 153
+        assert await rule.locator("details.help p").is_hidden()  # what a pattern matches: one click away
+        [term] = await rule.locator("fieldset.term").all()
+        exact = term.get_by_label("exactly")
+        pattern = term.get_by_label("text matching the pattern")
+        assert await exact.is_checked() and not await pattern.is_checked()  # the safe choice is the default
+        await term.locator("input[name=pattern]").fill("notes/*.md")
+        assert await pattern.is_checked()  # typing a pattern chooses it
+        await rule.get_by_text("What a pattern can match").click()
+        assert "there is no" in await rule.locator("details.help p").inner_text()
+        await card.get_by_role("button", name="Approve and allow matching calls").click()
+        assert not (await call.wait()).is_error
+        later = await world.p.client.call_tool("toy__record", {"value": "notes/tuesday.md", "intent": "save"})
+        assert not later.is_error  # the pattern chosen on the form is the rule in force
+    assert values(world) == ["notes/monday.md", "notes/tuesday.md"]

@@ -281,20 +281,46 @@ class Markup(HTMLParser):
     def __init__(self) -> None:
         super().__init__()
         self.tags: list[tuple[str, dict[str, str | None]]] = []
-        self.textarea = ""
+        self.boxes: list[tuple[dict[str, str | None], str]] = []  # each textarea: its label's attributes, its text
+        self._label: dict[str, str | None] = {}
         self._in_textarea = False
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         self.tags.append((tag, dict(attrs)))
+        if tag == "label":
+            self._label = dict(attrs)
         self._in_textarea = tag == "textarea"
+        if tag == "textarea":
+            self.boxes.append(({**self._label, **dict(attrs)}, ""))
 
     def handle_endtag(self, tag: str) -> None:
         if tag == "textarea":
             self._in_textarea = False
+        if tag == "label":
+            self._label = {}
 
     def handle_data(self, data: str) -> None:
         if self._in_textarea:
-            self.textarea += data
+            attrs, text = self.boxes[-1]
+            self.boxes[-1] = (attrs, text + data)
+
+    def _text(self, text: str) -> str:
+        return text[1:] if text.startswith("\n") else text  # a browser drops a textarea's first line break
+
+    @property
+    def textarea(self) -> str:
+        """The JSON edit box's text."""
+        return next(self._text(text) for attrs, text in self.boxes if attrs.get("name") == "arguments")
+
+    def fields(self) -> dict[str, Any]:
+        """The form's boxes, one per argument, read back as the page's script sends them."""
+        return {
+            json.loads(str(attrs["data-key"])): self._text(text)
+            if attrs.get("data-kind") == "text"
+            else json.loads(text)
+            for attrs, text in self.boxes
+            if attrs.get("name") == "field"
+        }
 
 
 def parsed(html: str) -> Markup:
@@ -332,8 +358,9 @@ async def test_markup_written_by_the_agent_or_a_backend_stays_text_on_the_page(t
         assert [attrs.get("src") for tag, attrs in markup.tags if tag == "script"] in ([], ["/console.js"])
         assert not [(tag, name) for tag, attrs in markup.tags for name in attrs if name.startswith("on")]
         buttons = [attrs.get("data-action") for tag, attrs in markup.tags if tag == "button"]
-        assert buttons == ["approve", "deny", "edit", "rule"]  # no button the agent added
+        assert buttons == ["approve", "deny", "edit", "edit-json", "rule"]  # no button the agent added
         assert json.loads(markup.textarea) == arguments  # the edit box holds the arguments, nothing more
+        assert markup.fields() == arguments  # and so do the form's boxes, one per argument
     assert hostile in unescape(card)  # shown, as text
     assert sent(shifty) == []
 
@@ -353,6 +380,7 @@ async def test_invisible_and_direction_characters_are_shown_not_obeyed(tmp_path:
         assert char not in card, f"U+{ord(char):04X} reaches the page as itself"
     assert "U+202E" in card and "U+200B" in card
     assert json.loads(parsed(card).textarea) == arguments  # the edit box still round-trips exactly
+    assert parsed(card).fields() == arguments  # so does the form (such text is shown as JSON, its escapes visible)
 
 
 async def test_a_long_key_cannot_push_the_values_out_of_view(tmp_path: Path) -> None:
@@ -396,10 +424,9 @@ async def test_an_edit_in_the_browser_keeps_every_digit_of_a_number_it_did_not_t
             await page.goto(world.url)
             card = page.locator("article.call")
             await card.get_by_text("Change the arguments, then approve").click()
-            editor = card.locator("textarea[name=arguments]")
-            shown = await editor.input_value()
-            assert str(account) in shown
-            await editor.fill(shown.replace("pay 10", "pay 5"))
+            # The form: one box per argument; the number's box (JSON) is left as it is.
+            assert await card.locator('label.field[data-kind="json"] textarea').input_value() == str(account)
+            await card.locator('label.field[data-kind="text"] textarea').fill("pay 5")
             await card.get_by_role("button", name="Approve with these arguments").click()
             result = await call.wait()
         finally:

@@ -25,6 +25,7 @@ import anyio
 import anyio.abc
 import httpx
 import httpx2
+import mcp_types as types
 import openai
 import pytest
 import yaml
@@ -33,6 +34,8 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from mcp_spec_proxy.backends import connection
+from mcp_spec_proxy.calls.provenance import NOTICE_META
+from mcp_spec_proxy.calls.results import CALL_META
 from mcp_spec_proxy.config.schema import ProxyConfig, parse_config_text
 from mcp_spec_proxy.errors import ConfigError
 from mcp_spec_proxy.fronts.asgi import BearerToken, serve_asgi
@@ -500,20 +503,30 @@ async def test_a_client_that_names_no_session_is_told_once_and_the_session_heade
         config = toy_config(tmp_path, models={"strong": strong}, review={"default": "strong"})
         with anyio.fail_after(60):
             async with http_served(tmp_path, config) as (proxy, url):
+                unnamed = []
                 async with Client(url, mode="2026-07-28") as client:  # each call a request of its own
                     for _ in range(2):
-                        await client.call_tool("toy__echo", {"text": "a read"})
-                        await client.call_tool("toy__record", {"value": "unnamed"})
+                        read = await client.call_tool("toy__echo", {"text": "a read"})
+                        unnamed.append(await client.call_tool("toy__record", {"value": "unnamed"}))
                 named = httpx2.AsyncClient(headers={"Mcp-Spec-Proxy-Session": "conversation-1"})
                 async with named, Client(streamable_http_client(url, http_client=named), mode="2026-07-28") as client:
                     await client.call_tool("toy__echo", {"text": "a read"})
-                    await client.call_tool("toy__record", {"value": "named"})
+                    grouped = await client.call_tool("toy__record", {"value": "named"})
                 proxy.process.send_signal(signal.SIGTERM)
                 said = await proxy.rest()
         reviewed = [segment_length(request) for request in model.chat_requests]
     assert reviewed == [1, 1, 2]  # unnamed, each write alone; named, the read that led to it too
     assert said.count("named no session") == 1
     assert "send the header `Mcp-Spec-Proxy-Session: <one name per conversation>`" in said
+    # The client is told too, on each such write's result: the proxy's block first, marked as its own.
+    for result in unnamed:
+        assert not result.is_error and len(result.content) == 2
+        notice = result.content[0]
+        assert isinstance(notice, types.TextContent) and notice.text.startswith("[mcp-spec-proxy]")
+        assert "its reviewer saw none of the calls this client made before it" in notice.text
+        assert "Mcp-Spec-Proxy-Session: <one name per conversation>" in notice.text
+        assert result.meta and result.meta[NOTICE_META] == 1 and CALL_META in result.meta
+    assert "[mcp-spec-proxy]" not in text_of(grouped) and "[mcp-spec-proxy]" not in text_of(read)
 
 
 # -- 13. start-up errors say which command was looked up where ---------------------------------------------

@@ -22,6 +22,7 @@ from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
 
 from mcp_spec_proxy.calls.audit import read_audit
+from mcp_spec_proxy.calls.provenance import own_blocks
 from mcp_spec_proxy.errors import SHUTTING_DOWN
 from mcp_spec_proxy.fronts.console import CONSOLE_URL_FILE
 from tests.harness import recorded, text_of, toy
@@ -69,7 +70,9 @@ async def call(url: str, tool: str, arguments: dict[str, Any], out: list[str]) -
             except MCPError as exc:
                 out.append(f"error {exc.error.code}: {exc.error.message}")
                 return
-            out.append(("error: " if result.is_error else "") + text_of(result))
+            # The backend's words: the proxy's own leading notice (this client names no session) aside.
+            theirs = result.model_copy(update={"content": result.content[own_blocks(result) :]})
+            out.append(("error: " if result.is_error else "") + text_of(theirs))
     except (httpx2.HTTPError, ExceptionGroup) as exc:  # a replica that stops at once closes its connections
         out.append(f"disconnected: {type(exc).__name__}")
 

@@ -43,7 +43,7 @@ AUDIT_META = "mcp-spec-proxy/audit"
 Report = ProgressFnT
 """Sends a progress notification to the calling client: `await report(progress, total, message)`."""
 
-Author = Literal["client", "weak", "strong", "replacement", "repair"]
+Author = Literal["client", "weak", "strong", "replacement", "repair", "console"]
 
 
 class AuditCall(TypedDict):

@@ -162,7 +162,8 @@ async def _start_console(
     tg: anyio.abc.TaskGroup, proxy: Proxy, state: StatePaths, address: tuple[str, int] | None
 ) -> None:
     """Serve the approval console beside the front, or say once what its absence means."""
-    from mcp_spec_proxy.fronts.console import CONSOLE_URL_FILE, Console, serve_console
+    from mcp_spec_proxy.fronts.console import CONSOLE_PORT_FILE, CONSOLE_URL_FILE, Console, serve_console
+    from mcp_spec_proxy.fronts.console.overwrite import OldContent
 
     if proxy.console is None:
         return
@@ -174,10 +175,18 @@ async def _start_console(
             )
         return
     proxy.console.link_command = link_command(state.root)
-    site = Console(proxy.console, proxy.store.read_audit, proxy.leash, stopping=lambda: proxy.gate.drain.ending)
-    url_file = state.root / CONSOLE_URL_FILE
+    site = Console(
+        proxy.console,
+        proxy.store.read_audit,
+        proxy.leash,
+        OldContent(proxy.gate, proxy.catalog),
+        stopping=lambda: proxy.gate.drain.ending,
+    )
+    url_file, port_file = state.root / CONSOLE_URL_FILE, state.root / CONSOLE_PORT_FILE
     await tg.start(
-        lambda task_status: serve_console(site, *address, url_file=url_file, notify=True, task_status=task_status)
+        lambda task_status: serve_console(
+            site, *address, url_file=url_file, port_file=port_file, notify=True, task_status=task_status
+        )
     )
 
 

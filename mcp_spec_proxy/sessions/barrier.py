@@ -68,7 +68,21 @@ from mcp_spec_proxy.trajectory import History, Segment, Step
 logger = logging.getLogger(__name__)
 
 
-__all__ = ["Barrier", "Report", "Session", "blocked_result", "error_result"]
+__all__ = ["ALONE_NOTE", "Barrier", "Report", "Session", "blocked_result", "error_result"]
+
+ALONE_NOTE = (
+    "[mcp-spec-proxy] this request named no session, so this write was reviewed as a session of its own:"
+    " its reviewer saw none of the calls this client made before it. To have a write reviewed with the"
+    " reads that led to it, the client sends the header `Mcp-Spec-Proxy-Session: <one name per"
+    ' conversation>` on every request (or `_meta["mcp-spec-proxy/session"]`). Its result follows.'
+)
+"""What a write's result says first when its 2026-07-28 request over HTTP named no session."""
+
+
+def alone_noted(result: types.CallToolResult) -> types.CallToolResult:
+    """`result` with `ALONE_NOTE` leading it, marked as the proxy's, the backend's `_meta` kept."""
+    marked = noted(ALONE_NOTE, result, structured=True)
+    return marked.model_copy(update={"meta": {**(result.meta or {}), **(marked.meta or {})}})
 
 
 @dataclass
@@ -84,6 +98,10 @@ class Session:
     # The principal that opened the session, where the HTTP front authenticates (`auth:`); the
     # audit names it on each call and `rules:` read it. Only a verified token makes one (`principal.py`).
     principal: Principal | None = None
+    # A 2026-07-28 request over HTTP that named no session (`named_sessions.py`): a session of its own,
+    # whose write is reviewed without the client's earlier reads. Its result says so where a reviewer
+    # judged it (`ALONE_NOTE`).
+    alone: bool = False
 
 
 class Barrier:
@@ -297,7 +315,8 @@ class Barrier:
         )
         if action == "forwarded" and outcome.error is not None:
             raise outcome.error  # forwarded, and the backend's error (or the proxy's) is the answer
-        return result
+        # Said where a reviewer judged the steps (a model, a person): a policy (`allow`, `deny`) reads none.
+        return alone_noted(result) if session.alone and verdict.by.judged else result
 
     async def _settle_rejected(self, session: Session, segment: Segment, verdict: Verdict) -> None:
         """The rejected call's segment: its accepted prefix commits, the held call never does."""

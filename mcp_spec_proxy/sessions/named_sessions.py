@@ -5,7 +5,9 @@ before it) by naming a session in the `Mcp-Spec-Proxy-Session` header or in
 `_meta["mcp-spec-proxy/session"]`. A request that names none is a session of its own, and the
 front says once how to name one. Sessions are kept by name, the least recently used forgotten
 past `MAX_NAMED_SESSIONS`. Under `auth:` a name is its principal's own: another principal's token
-naming it names another session, never the first one's trajectory.
+naming it names another session, never the first one's trajectory. A write of a request that named
+no session says so on its result (`Session.alone`): the log line reaches the operator, the notice
+the client and whoever reads its transcript.
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ class NamedSessions:
         name = session_name(request, meta, principal)
         if name is None:
             self._tell_unnamed()
-            return self._new(None, principal)  # a request that names no session is its own
+            alone = self._new(None, principal)  # a request that names no session is its own
+            alone.alone = True  # its write's result says so (`sessions/barrier.py`)
+            return alone
         named = self._named.pop(name, None) or self._new(session_key(name), principal)
         self._named[name] = named
         while len(self._named) > MAX_NAMED_SESSIONS:

@@ -20,6 +20,7 @@ import json
 import logging
 import secrets
 import shutil
+import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -35,7 +36,8 @@ from starlette.routing import Route
 from mcp_spec_proxy.fronts.asgi import serve_asgi
 from mcp_spec_proxy.fronts.console import assets, history, pages
 from mcp_spec_proxy.fronts.console.guard import ConsoleGuard
-from mcp_spec_proxy.review.console import ConsoleQueue, ConsoleRefused, Decision
+from mcp_spec_proxy.fronts.console.overwrite import OldContent
+from mcp_spec_proxy.review.console import ConsoleQueue, ConsoleRefused, Decision, Pending
 
 if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section opens it
     from mcp_spec_proxy.leash.layers import Leash
@@ -44,6 +46,11 @@ logger = logging.getLogger(__name__)
 
 CONSOLE_URL_FILE = "console-url"
 """The file in the state directory that holds the running console's link (`mcp-spec-proxy console-url`)."""
+CONSOLE_PORT_FILE = "console-port"
+"""The file in the state directory that holds the port the console prefers, so a restarted proxy serves
+its console where the open tab looks for it (the key is new each run: the tab asks for the new link)."""
+PORT_WAIT_S = 2.0
+"""How long a starting console waits for its port, which the run before it may still hold while it stops."""
 KEEPALIVE_S = 15.0
 MAX_BODY = 1_000_000
 ACTIONS = ("approve", "deny", "edit", "rule")
@@ -72,12 +79,14 @@ class Console:
         queue: ConsoleQueue,
         audit: AuditReader,
         leash: Leash | None = None,
+        old: OldContent | None = None,
         stopping: Callable[[], bool] | None = None,
     ) -> None:
         self.queue = queue
         self.audit = audit
         self.leash = leash
         self.stopping = stopping  # whether the replica is stopping: its drain ran out, or a second signal came
+        self.old = old  # what a held overwrite would change, read through the gate (`overwrite.py`)
         self.secret = secrets.token_urlsafe(24)
 
     def app(self, port: int) -> ConsoleGuard:
@@ -89,19 +98,29 @@ class Console:
             Route("/history", self.history),
             Route("/call/{call}", self.story),
             Route("/leash", self.leash_page),
+            Route("/alive", lambda _: JSONResponse({"alive": True})),
             Route("/console.js", lambda _: Response(assets.JS, media_type="text/javascript")),
             Route("/console.css", lambda _: Response(assets.CSS, media_type="text/css")),
         ]
         return ConsoleGuard(Starlette(routes=routes), secret=self.secret, port=port, command=self.queue.link_command)
 
     async def index(self, request: Request) -> Response:
-        return HTMLResponse(pages.pending_page(self.queue.pending(), self.queue.rules()))
+        items = self.queue.pending()
+        changes = {item.id: await self._changes(item) for item in items}
+        page = pages.pending_page(items, self.queue.rules(), command=self.queue.link_command, changes=changes)
+        return HTMLResponse(page)
 
     async def pending(self, request: Request) -> Response:
         item = self.queue.get(request.path_params["item"])
         if item is None:
             return HTMLResponse("", status_code=404)
-        return HTMLResponse(pages.card(item))
+        return HTMLResponse(pages.card(item, await self._changes(item)))
+
+    async def _changes(self, item: Pending) -> str:
+        if self.old is None:
+            return ""
+        self.old.forget({waiting.id for waiting in self.queue.pending()})
+        return await self.old.section(item)
 
     async def events(self, request: Request) -> Response:
         async def stream() -> AsyncIterator[str]:
@@ -186,15 +205,30 @@ async def serve_console(
     port: int,
     *,
     url_file: Path | None = None,
+    port_file: Path | None = None,
     notify: bool = False,
     task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the console until cancelled; `task_status.started(url)` with its secret link once listening."""
+    """Serve the console until cancelled; `task_status.started(url)` with its secret link once listening.
+
+    With `port_file` and no port asked for, the console listens on the port it holds (the first run's
+    free port, written there), or on a free one while another process holds that: a tab kept open
+    across a restart then finds the new run at its address, and says to open the new link."""
     async with anyio.create_task_group() as tg:
         late = _Late()
-        bound: int = await tg.start(
-            lambda task_status: serve_asgi(late, host, port, lifespan=False, task_status=task_status)
-        )
+        preferred = await _remembered_port(port_file, host) if port == 0 and port_file is not None else 0
+        bound = 0
+        if preferred:
+            with contextlib.suppress(OSError):  # taken since it was seen free (a proxy starting beside this one)
+                bound = await tg.start(
+                    lambda task_status: serve_asgi(late, host, preferred, lifespan=False, task_status=task_status)
+                )
+        if not bound:
+            bound = await tg.start(
+                lambda task_status: serve_asgi(late, host, port, lifespan=False, task_status=task_status)
+            )
+        if port_file is not None:
+            _remember_port(port_file, bound)
         late.current = console.app(bound)  # the guard needs the bound port: set before any request is read
         # The link names the address bound, never `localhost`: a browser tries ::1 as well, where
         # another local process could listen on the same port and be handed the key.
@@ -222,6 +256,47 @@ def _unread(exc: ValueError) -> str:
     if "digits" in str(exc):
         return f"it holds an integer longer than {sys.get_int_max_str_digits()} digits"
     return "it could not be read"
+
+
+async def _remembered_port(path: Path, host: str) -> int:
+    """The port in `path` once it is free (waiting up to PORT_WAIT_S for a stopping run to let go), else 0."""
+    port = _read_port(path)
+    if not port:
+        return 0
+    for _ in range(round(PORT_WAIT_S / 0.1)):
+        if _free(host, port):
+            return port
+        await anyio.sleep(0.1)
+    logger.info("the approval console's usual port %d is taken (another proxy with this state directory?)", port)
+    return 0
+
+
+def _read_port(path: Path) -> int:
+    with contextlib.suppress(OSError, ValueError):
+        port = int(path.read_text(encoding="utf-8").strip())
+        if 0 < port < 65536:
+            return port
+    return 0
+
+
+def _remember_port(path: Path, port: int) -> None:
+    """The first run's port, kept: a later run that had to take another leaves the file as it was."""
+    if _read_port(path):
+        return
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{port}\n", encoding="utf-8")
+
+
+def _free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as serve_asgi binds: TIME_WAIT is free
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 class _Late:
@@ -281,4 +356,4 @@ async def _notify_new(queue: ConsoleQueue, url: str) -> None:
                 await anyio.run_process(argv, check=False)
 
 
-__all__ = ["CONSOLE_URL_FILE", "Console", "serve_console"]
+__all__ = ["CONSOLE_PORT_FILE", "CONSOLE_URL_FILE", "Console", "serve_console"]

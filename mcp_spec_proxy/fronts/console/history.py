@@ -8,6 +8,7 @@ verdict → (edited) → forwarded or blocked.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from html import escape
@@ -18,6 +19,9 @@ from mcp_spec_proxy.fronts.console.pages import folded, page
 ROWS_SHOWN = 500
 BINS = 10
 FILTERS = ("session", "principal", "tool", "verdict", "reviewer")
+SEPARATORS = re.compile(r"(__+|[\-./:→+]+)")
+"""Where a name (a tool, a session, a reviewer chain) may wrap: after the namespace's `__` and these,
+never inside a word, nor at a single `_` (`write_file` stays whole)."""
 
 
 @dataclass
@@ -108,9 +112,9 @@ def history_page(rows: list[CallRow], filters: dict[str, str]) -> str:
     )
     named = any(row.principal for row in shown)  # who asked: a column only where some call names one (`auth:`)
     body = "".join(
-        f'<tr class="{row.verdict}"><td>{_clock(row.time)}</td><td><code>{escape(row.session)}</code></td>'
+        f'<tr class="{row.verdict}"><td>{_when(row.time)}</td><td><code class=id>{breakable(row.session)}</code></td>'
         + (f'<td class="principal">{escape(row.principal)}</td>' if named else "")
-        + f"<td><code>{escape(row.tool)}</code></td><td>{escape(row.author)}</td><td>{escape(row.reviewer)}</td>"
+        + f"<td><code>{breakable(row.tool)}</code></td><td>{escape(row.author)}</td><td>{breakable(row.reviewer)}</td>"
         f'<td class="verdict">{escape(row.verdict)}{" (edited)" if row.edited else ""}</td>'
         f"<td>{escape(row.outcome)}</td>"
         f'<td class="reason">{folded(row.reason) if row.reason else ""}</td>'
@@ -207,6 +211,12 @@ def plot(points: list[tuple[float, bool]]) -> str:
     return f'<svg class="plot" viewBox="0 0 {width} {height}" {label}>{axis}{"".join(bars)}</svg>'
 
 
+def breakable(name: str) -> str:
+    """`name` escaped, with a line-break opportunity after each separator (`fs__write_file` may wrap
+    as `fs__` / `write_file`, never as `wri` / `te`): the cell's CSS breaks nowhere else."""
+    return SEPARATORS.sub(r"\1<wbr>", escape(name))
+
+
 def _fields(line: dict[str, Any]) -> str:
     rows = "".join(
         f"<tr><th scope=row>{escape(key)}</th><td>{folded(_text(value))}</td></tr>"
@@ -231,3 +241,8 @@ def _time(line: dict[str, Any]) -> float:
 
 def _clock(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else ""
+
+
+def _when(ts: float) -> str:
+    """The time cell: the date and the time each whole (a date broken at its hyphens reads as nonsense)."""
+    return "".join(f'<span class="nowrap">{part}</span> ' for part in _clock(ts).split(" ")).strip()

@@ -32,6 +32,13 @@ RULE_WORDS = (
 """What a rule's pattern admits, as `review/rules.py` promises it, in the page's words."""
 
 
+DECIDED = (
+    '<section id="decided" hidden><h2 class="decided">Decided on this page, newest first'
+    ' <small>(click a title to see the call again)</small></h2><div class="list"></div></section>'
+)
+"""Where the script moves a call once it no longer waits: below every call that does, folded."""
+
+
 def page(title: str, body: str, *, active: str) -> str:
     nav = "".join(
         f'<a href="{href}"{" aria-current=page" if key == active else ""}>{label}</a>'
@@ -51,21 +58,42 @@ def page(title: str, body: str, *, active: str) -> str:
     )
 
 
-def pending_page(items: list[Pending], rules: list[Rule] | None = None) -> str:
+def pending_page(
+    items: list[Pending], rules: list[Rule] | None = None, *, command: str = "", changes: dict[str, str] | None = None
+) -> str:
     intro = (
         "<h1>Changes waiting for your approval</h1>"
         '<p class="lead">An AI agent connected through mcp-spec-proxy wants to use tools that may change'
         " something (write a file, commit, send a message). Each such call is <b>held here and has not run</b>"
         " until you decide. Read what it will do, then approve it, refuse it, or change it first.</p>"
     )
-    cards = "".join(card(item) for item in items)
+    cards = "".join(card(item, (changes or {}).get(item.id, "")) for item in items)
     empty = '<p id="empty" class="empty"' + (" hidden" if items else "") + ">Nothing is waiting. New calls appear"
     empty += " here by themselves; keep this page open.</p>"
-    body = f'{intro}{empty}<div id="pending">{cards}</div>{rules_section(rules or [])}'
+    body = f'{intro}{lost_notice(command)}{empty}<div id="pending">{cards}</div>{DECIDED}{rules_section(rules or [])}'
     return page("Waiting for you", body, active="pending")
 
 
-def card(item: Pending) -> str:
+def lost_notice(command: str) -> str:
+    """What the page says when it loses the proxy (the script shows one of its two texts): a tab kept
+    open across a restart of the client, which restarts the proxy, must not go on saying nothing waits.
+    The command prints the new run's link; it holds no key."""
+    run = f"run <code class=command>{escape(command)}</code> and open the link it prints"
+    return (
+        '<div id="lost" class="lost" role="alert" hidden>'
+        '<p data-why="stopped" hidden><b>This page has lost the proxy.</b> It stopped, or your AI client (Claude'
+        " Desktop, say) restarted it. What this page shows is out of date: calls still waiting on the old run"
+        " when it stopped were not run."
+        f" A new run holds its calls on its own console, with a new key: {run}. This page checks every few"
+        " seconds and follows by itself once you have opened that link.</p>"
+        '<p data-why="replaced" hidden><b>A new run of the proxy serves the console here now</b>, with a new key:'
+        f" this page's key was the old run's, and its calls are not shown here. To see them, {run} (in this tab,"
+        " or another: this page then follows).</p></div>"
+    )
+
+
+def card(item: Pending, changes: str = "") -> str:
+    """One held call; `changes` is what it would change in a file, where it overwrites one (`overwrite.py`)."""
     tool = item.tool
     title = tool.definition.title or tool.original
     description = tool.definition.description or ""
@@ -80,7 +108,7 @@ def card(item: Pending) -> str:
     ]
     if description:
         parts.append(f'<p class="tool-description">What the tool says it does: {folded(description)}</p>')
-    parts.append("<h3>What it will do</h3>" + arguments_table(item.arguments))
+    parts.append("<h3>What it will do</h3>" + arguments_table(item.arguments) + changes)
     if item.intent:
         parts.append(
             '<section class="claim"><h3>Why, according to the agent</h3>'
@@ -162,48 +190,72 @@ def decision_form(item: Pending) -> str:
         '<button type="button" class="deny" data-action="deny">Deny</button></div>'
         '<label class="reason">Reason for denying (the agent is told it): <input name="reason"'
         ' placeholder="e.g. not that file; ask me first"></label>'
-        "<details><summary>Change the arguments, then approve</summary>"
-        '<p class="note">Edit the JSON. It is checked against the tool\'s schema before anything runs,'
-        " and the change is written to the audit log.</p>"
-        f'<textarea name="arguments" rows="{min(20, edit.count(chr(10)) + 2)}">{escape(edit)}</textarea>'
-        '<button type="button" data-action="edit">Approve with these arguments</button></details>'
-        "<details><summary>Approve, and allow calls like this for the rest of this session</summary>"
-        f'<p class="note">Later calls of <code>{shown(item.tool.name)}</code> in this session run without asking'
-        " when every argument is allowed below: exactly the value shown (invisible characters written as"
-        f" <code>\\u</code> escapes), or text matching a pattern you write. {RULE_WORDS} Only this session,"
-        " and only while the tool's server describes it as it does now.</p>"
-        f'{rule_terms(item.arguments)}<button type="button" data-action="rule">Approve and allow matching calls'
-        "</button></details>"
+        '<details class="edit"><summary>Change the arguments, then approve</summary>'
+        '<p class="note">Change any value below, then approve. The call is checked against the tool\'s schema'
+        " before anything runs, and the change is written to the audit log.</p>"
+        f'{argument_fields(item.arguments)}<button type="button" data-action="edit">Approve with these arguments'
+        '</button><details class="json"><summary>Or edit all the arguments as JSON</summary>'
+        f'<textarea name="arguments" rows="{min(20, edit.count(chr(10)) + 2)}">\n{escape(edit)}</textarea>'
+        '<button type="button" data-action="edit-json">Approve with this JSON</button></details></details>'
+        '<details class="rule"><summary>Approve, and allow calls like this for the rest of this session</summary>'
+        f'<p class="rule-lead">Later calls of <code>{shown(item.tool.name)}</code> in this session run without'
+        " asking when <b>every</b> argument is allowed below. This session only, and only while the tool's"
+        " server describes the tool as it does now.</p>"
+        f"{rule_terms(item.arguments, item.id)}"
+        f'<details class="help"><summary>What a pattern can match</summary><p class="note">{RULE_WORDS}</p></details>'
+        '<button type="button" data-action="rule">Approve and allow matching calls</button></details>'
         '<p class="status" role="status"></p></form>'
     )
 
 
-def rule_terms(arguments: dict[str, Any]) -> str:
-    """Per argument: "exactly this value" (the default), or a pattern where a pattern can admit it.
+def argument_fields(arguments: dict[str, Any]) -> str:
+    """One box per top-level argument: text as text, anything else (and text holding an unseen
+    character, written there as its `\\u` escape) as JSON. The script joins them into one JSON object,
+    each JSON box as typed (the proxy parses it: every digit of a long integer kept)."""
+    if not arguments:
+        return '<p class="note">This call has no arguments.</p>'
+    rows = []
+    for key, value in arguments.items():
+        text = isinstance(value, str) and not UNSEEN.search(value)
+        shown_value = value if text else UNSEEN.sub(_json_escape, json.dumps(value, ensure_ascii=False, indent=2))
+        kind = "text" if text else "JSON: a number, true or false, null, a list, an object, or text in quotes"
+        lines = min(12, max(2, shown_value.count("\n") + 1, len(shown_value) // 80 + 1))
+        rows.append(
+            f'<label class="field" data-key="{escape(json.dumps(key))}" data-kind="{"text" if text else "json"}">'
+            f'<span class="name">{shown(key)}</span> <span class="kind">{kind}</span>'
+            f'<textarea name="field" rows="{lines}">\n{escape(shown_value)}</textarea></label>'
+        )
+    return f'<div class="fields">{"".join(rows)}</div>'
+
+
+def rule_terms(arguments: dict[str, Any], item: str = "") -> str:
+    """Per argument, one row: allow exactly this value (the default), or text matching a pattern where
+    a pattern can admit it (the choice of two labelled radio buttons; typing a pattern picks it).
 
     Each key travels as ASCII JSON in `data-key`: exact, and no invisible character reaches the page.
     """
     if not arguments:
         return '<p class="note">No arguments: the rule allows calls with no arguments.</p>'
     rows = []
-    for key, value in arguments.items():
-        exact = f"exactly {folded(visible(value))}"
+    for number, (key, value) in enumerate(arguments.items()):
+        head = f'<fieldset class="term" data-key="{escape(json.dumps(key))}"><legend>{shown(key)}</legend>'
+        exact = folded(visible(value))
         why = pattern_refusal_for(value)
         if why is not None:  # only the exact value: the page says why, and offers no pattern box
             rows.append(
-                f'<fieldset class="term" data-key="{escape(json.dumps(key))}"><legend>{shown(key)}</legend>'
-                f'<p>{exact}</p><p class="note">Only this exact value can be allowed: {escape(why)}.</p></fieldset>'
+                f'{head}<p class="choice">Allowed: exactly {exact}</p>'
+                f'<p class="note">Only this exact value can be allowed: {escape(why)}.</p></fieldset>'
             )
             continue
+        name = escape(f"mode-{item}-{number}")
         rows.append(
-            f'<fieldset class="term" data-key="{escape(json.dumps(key))}"><legend>{shown(key)}</legend>'
-            '<select name="mode"><option value="exact" selected>exactly this value</option>'
-            '<option value="pattern">text matching the pattern</option></select> '
-            f"<span>{exact}</span>"
-            f'<label>Pattern: <input name="pattern" value="{escape(value)}"></label>'
+            f'{head}<label class="choice"><input type="radio" name="{name}" value="exact" checked>'
+            f" exactly {exact}</label>"
+            f'<label class="choice"><input type="radio" name="{name}" value="pattern"> text matching the pattern'
+            f' <input name="pattern" value="{escape(value)}" aria-label="pattern for {escape(key)}"></label>'
             "</fieldset>"
         )
-    return "".join(rows)
+    return f'<div class="terms">{"".join(rows)}</div>'
 
 
 def rules_section(rules: list[Rule]) -> str:
