@@ -28,6 +28,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from mcp_spec_proxy.calls.audit import read_audit
+from mcp_spec_proxy.calls.provenance import own_blocks
 from mcp_spec_proxy.errors import SHUTTING_DOWN
 from tests.harness import recorded, text_of, toy
 from tests.ops_world import SERVING, Running, serving, until
@@ -107,7 +108,9 @@ async def test_a_write_approved_by_the_person_behind_its_client_during_the_drain
                 result = await client.call_tool("toy__record", {"value": "approved"})
             code = await proxy.wait()  # the drain ends once the call has run and answered: no second signal
     log = proxy.log()
-    assert not result.is_error and text_of(result) == "recorded approved", (result, log)
+    # The backend's words: the proxy's own leading notice (this client names no session) aside.
+    theirs = result.model_copy(update={"content": result.content[own_blocks(result) :]})
+    assert not result.is_error and text_of(theirs) == "recorded approved", (result, log)
     assert [json.loads(line)["value"] for line in recorded(ledger)] == ["approved"]
     assert code == 0, log
     assert "ran out" not in log, log  # the drain did not wait out its grace

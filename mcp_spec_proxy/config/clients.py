@@ -133,7 +133,8 @@ def entries_of(client: str, path: Path) -> tuple[dict[str, dict[str, Any]], str]
 
 def runs_this_proxy(entry: dict[str, Any]) -> bool:
     """Whether a client's entry starts this proxy: wrapping it would put it in front of itself."""
-    words = [str(entry.get("command", "")), *(str(arg) for arg in entry.get("args", []) or [])]
+    args = entry.get("args")
+    words = [str(entry.get("command", "")), *(str(arg) for arg in (args if isinstance(args, list) else []))]
     return any(Path(word).name == "mcp-spec-proxy" or word == "mcp_spec_proxy" for word in words)
 
 

@@ -16,7 +16,7 @@ from typing import Any, get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
-from pydantic_core import ErrorDetails
+from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 
 from mcp_spec_proxy.config import CONFIG_REFERENCE
 from mcp_spec_proxy.errors import ConfigError, ConfigProblem
@@ -125,6 +125,12 @@ def expand(
     if isinstance(value, list):
         return [expand(file, lines, item, environ, (*loc, str(index)), problems) for index, item in enumerate(value)]
     return value
+
+
+def error_at(loc: tuple[str, ...], message: str, value: Any) -> ValidationError:
+    """A validation error at `loc`, for a check that needs the whole file but names one key."""
+    error = InitErrorDetails(type=PydanticCustomError("value_error", message), loc=loc, input=value)
+    return ValidationError.from_exception_data("ProxyConfig", [error])
 
 
 def validation_problems(

@@ -17,12 +17,12 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from mcp_spec_proxy.config.clients import as_config
 from mcp_spec_proxy.config.file import (
     Lines,
     Loc,
+    error_at,
     every_problem,
     expand,
     fields_of,
@@ -368,7 +368,7 @@ class ProxyConfig(_Strict):
             # follow: cut into, two servers' names could meet (see `tool_names.public_name`).
             room = self.max_name_length - len(self.separator) - 8
             if len(name) > room:
-                raise _error_at(
+                raise error_at(
                     ("servers", name),
                     f"server name {name!r} is too long for max_name_length {self.max_name_length}: tool names"
                     f" would cut it; rename it to at most {room} characters or raise max_name_length",
@@ -384,7 +384,7 @@ class ProxyConfig(_Strict):
             return self
         for key, mode in self.review_modes().items():
             if mode == "leash":
-                raise _error_at(
+                raise error_at(
                     ("leash", "encoder"),
                     f"`{key}: leash` cannot work with `leash.encoder: hashing` (hashed words are no ground to"
                     " forward a write without a model call) — set leash.encoder: embedding (or hidden) and run"
@@ -446,12 +446,6 @@ _SUGGESTIONS = tuple(
         for name in model.model_fields
     )
 )
-
-
-def _error_at(loc: tuple[str, ...], message: str, value: Any) -> ValidationError:
-    """A validation error at `loc`, for a check that needs the whole file but names one key."""
-    error = InitErrorDetails(type=PydanticCustomError("value_error", message), loc=loc, input=value)
-    return ValidationError.from_exception_data("ProxyConfig", [error])
 
 
 MISSING_FILE_FIX = (

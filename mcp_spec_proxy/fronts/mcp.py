@@ -304,9 +304,8 @@ class McpFront:
             holder = functools.partial(self.proxy.gate.key_holder, session.id, key)
             return await self.replays.run(session.id, key, call, serve, self._replayed(session, call), bound, holder)
         except InputNeeded as need:
-            request = types.ElicitRequest(
-                params=types.ElicitRequestFormParams(message=need.message, requested_schema=need.schema)
-            )
+            form = types.ElicitRequestFormParams(message=need.message, requested_schema=need.schema)
+            request = types.ElicitRequest(params=form)
             state = await self._approvals.issue(binding, need)
             # Out with the client until its retry: a drain waits for that (bounded by the ticket's expiry).
             self.proxy.gate.drain.awaiting(approval_of(state), self.proxy.config.review.timeout)
