@@ -248,6 +248,10 @@ def check(ctx: click.Context) -> None:
     if missing:
         raise click.ClickException("\n".join(missing))
     click.echo(f"{built.source}: ok ({len(config.active_servers())} servers enabled)")
+    from mcp_spec_proxy.cli.login import login_lines
+
+    for line in login_lines(config, built.state.root):
+        click.echo(line)
     if not config.models and config.leash is None:
         return  # a plain MCP proxy: `run` and the gateway are not what this config is for
     for mode in MODES:

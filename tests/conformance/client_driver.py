@@ -23,16 +23,13 @@ import shlex
 import socket
 import sys
 import tempfile
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
-import anyio
-import httpx2
-import mcp_types as types
-import yaml
-from mcp.client.client import Client
-from mcp.client.session import IncomingMessage
-from mcp.client.stdio import StdioServerParameters, stdio_client
+# Imports past the standard library are made where they are used: `--browser` runs once per login
+# and loads nothing it does not need.
 
 ROOT = Path(__file__).resolve().parents[2]
 PROXY = str(Path(sys.executable).parent / "mcp-spec-proxy")
@@ -52,6 +49,7 @@ def _free_port() -> int:
 
 def _issuer(url: str) -> str:
     """The authorization server the resource's protected resource metadata names (RFC 9728)."""
+    import httpx2
     from mcp.client.auth.utils import build_protected_resource_metadata_discovery_urls
 
     for candidate in build_protected_resource_metadata_discovery_urls(None, url):
@@ -83,11 +81,21 @@ def config(url: str, scenario: str, context: dict[str, Any]) -> tuple[dict[str, 
 
 
 async def drive(url: str) -> int:
+    import anyio
+    import mcp_types as types
+    import yaml
+    from mcp.client.client import Client
+    from mcp.client.session import IncomingMessage
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
     scenario = os.environ.get("MCP_CONFORMANCE_SCENARIO", "")
     context = json.loads(os.environ.get("MCP_CONFORMANCE_CONTEXT") or "{}")
+    keep = os.environ.get("CLIENT_DRIVER_KEEP")  # a folder to leave the config, state and logs in
     with tempfile.TemporaryDirectory(prefix="client-driver-") as folder:
-        work = Path(folder)
+        work = Path(keep or folder)
+        work.mkdir(parents=True, exist_ok=True)
         settings, secrets = config(url, scenario, context)
+        settings["telemetry"] = str(work / "telemetry.jsonl")  # decisions and spans: no token may reach them
         (work / "servers.yaml").write_text(yaml.safe_dump(settings))
         browser = f"{shlex.quote(sys.executable)} {shlex.quote(str(Path(__file__).resolve()))} --browser %s"
         env = {**os.environ, **secrets, "BROWSER": browser, "PYTHONPATH": str(ROOT)}
@@ -120,6 +128,8 @@ async def drive(url: str) -> int:
 
 async def _settled(log: Path) -> str:
     """Whether the proxy's backend connected or failed to log in, as its log says."""
+    import anyio
+
     with anyio.move_on_after(TOOLS_WAIT_S):
         while True:
             text = log.read_text(errors="replace")
@@ -133,14 +143,20 @@ async def _settled(log: Path) -> str:
 
 def browse(url: str) -> int:
     """What a person's browser does: open the authorization URL, follow its redirect to the loopback."""
-    with httpx2.Client(timeout=10) as http:
-        response = http.get(url, follow_redirects=False)
-        location = response.headers.get("location")
-        if response.status_code not in (301, 302, 303, 307, 308) or not location:
-            print(f"browser: no redirect from the authorization server ({response.status_code})", file=sys.stderr)
-            return 1
-        http.get(location)
-    return 0
+
+    class NoRedirects(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any) -> None:
+            return None
+
+    try:
+        urllib.request.build_opener(NoRedirects).open(url, timeout=10)
+    except urllib.error.HTTPError as redirected:
+        location = redirected.headers.get("location")
+        if redirected.code in (301, 302, 303, 307, 308) and location:
+            with urllib.request.urlopen(location, timeout=10):  # the proxy's loopback listener
+                return 0
+    print("browser: no redirect from the authorization server", file=sys.stderr)
+    return 1
 
 
 def main() -> int:
@@ -149,6 +165,8 @@ def main() -> int:
     if len(sys.argv) != 2:
         print(f"usage: {sys.argv[0]} SERVER_URL", file=sys.stderr)
         return 2
+    import anyio
+
     return anyio.run(drive, sys.argv[1])
 
 
