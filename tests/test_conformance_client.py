@@ -81,13 +81,16 @@ class Ran:
         return f"{self.scenario}: {problems}\n{self.output[-4000:]}"
 
 
-def run_scenario(scenario: str, results: Path, keep: Path | None = None) -> Ran:
-    """One client scenario with the driver as its client; `keep` keeps the driver's folder there."""
+def run_scenario(scenario: str, results: Path, keep: Path | None = None, *, login: bool = False) -> Ran:
+    """One client scenario with the driver as its client; `keep` keeps the driver's folder there;
+    `login`: the driver logs in with `mcp-spec-proxy login` before it serves."""
     results.mkdir(parents=True)
     command = f"{sys.executable} {DRIVER}"
     argv = [*conformance_cli(SUITE).argv, "client", "--command", command, "--scenario", scenario, "-o", str(results)]
     argv += ["--timeout", str(int(SCENARIO_TIMEOUT * 1000) - 10_000)]
     env = {**os.environ, **({"CLIENT_DRIVER_KEEP": str(keep)} if keep else {})}
+    if login:
+        env["CLIENT_DRIVER_LOGIN"] = "1"
     try:
         run = subprocess.run(argv, capture_output=True, text=True, timeout=SCENARIO_TIMEOUT, cwd=REPO, env=env)
         output = ANSI.sub("", run.stdout + run.stderr)
@@ -102,7 +105,8 @@ def list_auth_scenarios() -> list[str]:
     """The auth/* client scenarios the 2026-07-28 requirements name."""
     argv = [*conformance_cli(SUITE).argv, "list", "--client", "--requirements", "2026-07-28"]
     listed = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout
-    return re.findall(r"^\s+- (auth/\S+)", listed, re.MULTILINE)
+    scored = listed.split("Client scenarios", 1)[1].split("\n\n", 1)[0]  # not the extensions, never scored
+    return re.findall(r"^\s+- (auth/\S+)", scored, re.MULTILINE)
 
 
 @pytest.fixture(scope="module")
@@ -146,3 +150,22 @@ def test_no_token_reaches_the_proxys_logs_or_state(tmp_path: Path) -> None:
         text = path.read_text(errors="replace")
         for secret in secrets:
             assert secret not in text, f"a token in {path.relative_to(kept)}"
+
+
+def test_a_login_from_the_command_line_is_what_the_serving_proxy_uses(tmp_path: Path) -> None:
+    """`login SERVER` logs in through the browser and keeps the tokens; `check` says so (never the
+    token); the proxy then serves with no browser at all (`BROWSER=false`) and reaches the backend
+    on the kept token: the authorization server saw one login."""
+    kept = tmp_path / "driver"
+    ran = run_scenario("auth/metadata-default", tmp_path / "results", keep=kept, login=True)
+    assert ran.outcome.passed, ran.report()
+    login = (kept / "login.out").read_text()
+    check = (kept / "check.out").read_text()
+    assert login.startswith("0\n") and "remote: logged in" in login, login
+    assert check.startswith("0\n") and "remote: logged in, token expires in" in check, check
+    authorizations = [c for c in ran.outcome.checks if c["id"] == "authorization-request"]
+    assert len(authorizations) == 1
+    token = json.loads(next(kept.glob("state/oauth/*.json")).read_text())["tokens"]["access_token"]
+    assert token not in login + check
+    called = [c for c in ran.outcome.checks if "tools/call" in json.dumps(c)]
+    assert called, "the serving proxy made no call on the kept token"

@@ -11,6 +11,10 @@ The login is headless and goes the way a person's does: the proxy opens the auth
 Python's `webbrowser`, and `BROWSER` names this same script with `--browser URL`, which fetches the
 URL, takes the authorization server's redirect and follows it to the proxy's loopback listener.
 
+With `CLIENT_DRIVER_LOGIN` set, it first logs in with `mcp-spec-proxy login` (and runs `check`),
+then serves with `BROWSER=false`: the proxy must use the kept tokens. `CLIENT_DRIVER_KEEP` names a
+folder to leave the config, the state, the logs and those commands' output in.
+
 Exit status 0 when a tool was called through the proxy; 1 when the backend never came up (some
 scenarios want exactly that: the suite judges by what its server saw, not by this status).
 """
@@ -99,8 +103,17 @@ async def drive(url: str) -> int:
         (work / "servers.yaml").write_text(yaml.safe_dump(settings))
         browser = f"{shlex.quote(sys.executable)} {shlex.quote(str(Path(__file__).resolve()))} --browser %s"
         env = {**os.environ, **secrets, "BROWSER": browser, "PYTHONPATH": str(ROOT)}
-        argv = ["--config", str(work / "servers.yaml"), "--state-dir", str(work / "state"), "--no-console"]
-        params = StdioServerParameters(command=PROXY, args=argv, env=env)
+        files = ["--config", str(work / "servers.yaml"), "--state-dir", str(work / "state")]
+        if os.environ.get("CLIENT_DRIVER_LOGIN"):
+            # Log in from the command line first, then serve with no browser at all: the proxy must
+            # use the kept tokens, never ask again.
+            for argv in ([PROXY, "login", SERVER, *files], [PROXY, "check", *files]):
+                with anyio.fail_after(120):
+                    done = await anyio.run_process(argv, env=env, check=False)
+                said = (done.stdout + done.stderr).decode(errors="replace")
+                (work / f"{argv[1]}.out").write_text(f"{done.returncode}\n{said}")
+            env["BROWSER"] = "false"
+        params = StdioServerParameters(command=PROXY, args=[*files, "--no-console"], env=env)
         changed = anyio.Event()
 
         async def on_message(message: IncomingMessage) -> None:
