@@ -90,9 +90,15 @@ class BackendPool:
             await self.ready()
             settled = {b.name: b.first_attempt.is_set() for b in self.backends.values()}
             starting = [name for name, done in settled.items() if not done]
-            unavailable = [name for name, done in settled.items() if done and self.backends[name].status != "connected"]
+            status = {name: self.backends[name].status for name, done in settled.items() if done}
+            unavailable = [name for name, now in status.items() if now not in ("connected", "login")]
+            waiting = [name for name, now in status.items() if now == "login"]
             if starting:
                 logger.warning("still starting: %s — their tools are announced when they connect", ", ".join(starting))
+            if waiting:
+                logger.warning(
+                    "waiting for a login: %s — their tools are announced once it is done", ", ".join(waiting)
+                )
             if unavailable:
                 logger.warning("unavailable at start: %s", ", ".join(unavailable))
             task_status.started()

@@ -122,7 +122,7 @@ async def drive(url: str) -> int:
 
         log = work / "proxy.log"
         with log.open("w") as errlog:
-            async with Client(stdio_client(params, errlog=errlog), message_handler=on_message) as client:
+            async with Client(stdio_client(params, errlog=errlog), mode="legacy", message_handler=on_message) as client:
                 outcome = await _settled(log)
                 if outcome != "connected":
                     print(f"client_driver: the backend {outcome}; the proxy said:\n{log.read_text()}", file=sys.stderr)
