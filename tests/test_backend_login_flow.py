@@ -59,7 +59,8 @@ class Tracker:
     grants: list[str] = field(default_factory=list)
     authorizations: list[dict[str, str]] = field(default_factory=list)
     issued: dict[str, str] = field(default_factory=dict)  # access token -> its scope
-    refresh_tokens: list[str] = field(default_factory=list)
+    refresh_tokens: dict[str, str] = field(default_factory=dict)  # refresh token -> its scope
+    revoked: set[str] = field(default_factory=set)
     bearers: list[str] = field(default_factory=list)
 
     def app(self) -> ASGIApp:
@@ -112,21 +113,26 @@ class Tracker:
             if form.get("refresh_token") not in self.refresh_tokens:
                 await _json(send, 400, {"error": "invalid_grant"})
                 return
-            scope = self.issued[next(reversed(self.issued))]
+            scope = self.refresh_tokens[form["refresh_token"]]
         else:
             scope = self.authorizations[-1].get("scope", "")
         access, refresh = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+        lifetime = 1 if not self.issued else 3600  # the first expires at once: the next call refreshes it
         self.issued[access] = scope
-        self.refresh_tokens.append(refresh)
-        token = {"access_token": access, "token_type": "Bearer", "expires_in": 1, "refresh_token": refresh}
+        self.refresh_tokens[refresh] = scope
+        token = {"access_token": access, "token_type": "Bearer", "expires_in": lifetime, "refresh_token": refresh}
         await _json(send, 200, {**token, "scope": scope})
+
+    def revoke_access_tokens(self) -> None:
+        """The server forgets every access token before its expiry; refresh tokens still work."""
+        self.revoked.update(self.issued)
 
     async def _resource(self, scope: Scope, body: bytes, send: Send, toy_app: ASGIApp) -> None:
         given = dict(scope["headers"]).get(b"authorization", b"").decode()
         self.bearers.append(given)
         token = given.removeprefix("Bearer ")
         metadata = f'resource_metadata="{self.base}/.well-known/oauth-protected-resource/mcp"'
-        if token not in self.issued:
+        if token not in self.issued or token in self.revoked:
             await _respond(send, 401, b"", [(b"www-authenticate", f'Bearer {metadata}, scope="read"'.encode())])
             return
         method = json.loads(body).get("method") if body.startswith(b"{") else None
@@ -165,7 +171,8 @@ async def _appears(folder: Path, pattern: str, count: int) -> list[Path]:
 async def test_a_login_holds_up_no_other_backend_and_its_tools_come_when_it_is_done(tmp_path: Path) -> None:
     """The person is away: the toy's tools serve at once and the remote's startup clock stands still;
     once the browser comes back the remote's tools arrive (a list change), a call goes through on a
-    refreshed token, a wider scope is asked for in a second login, and no token reaches the log."""
+    refreshed token, a wider scope is asked for in a second login, a token the server revoked is
+    refreshed rather than logged in again, and no token reaches the log."""
     tracker = Tracker(tmp_path / "remote-ledger")
     browser_dir = tmp_path / "browser"
     browser_dir.mkdir()
@@ -200,9 +207,14 @@ async def test_a_login_holds_up_no_other_backend_and_its_tools_come_when_it_is_d
                 await anyio.sleep(1.5)  # the access token expires: the call refreshes it first
                 with anyio.fail_after(60):
                     result = await client.call_tool("remote__record", {"value": "through the login"})
+                grants_before = len(tracker.grants)
+                tracker.revoke_access_tokens()
+                with anyio.fail_after(60):
+                    again = await client.call_tool("remote__record", {"value": "after a revocation"})
         tg.cancel_scope.cancel()
-    assert not result.is_error, result
-    assert recorded(tracker.ledger) == ['{"value": "through the login"}']
+    assert not result.is_error and not again.is_error, (result, again)
+    assert recorded(tracker.ledger) == ['{"value": "through the login"}', '{"value": "after a revocation"}']
+    assert tracker.grants[grants_before:] == ["refresh_token"]  # a refused token is refreshed, no new login
     first = parse_qs(urlsplit(url_file.read_text()).query)
     assert first["redirect_uri"][0].startswith("http://127.0.0.1:") and first["redirect_uri"][0].endswith("/callback")
     assert first["code_challenge_method"] == ["S256"] and first["resource"] == [f"{tracker.base}/mcp"]
@@ -211,6 +223,7 @@ async def test_a_login_holds_up_no_other_backend_and_its_tools_come_when_it_is_d
     said = log.read_text()
     assert "backend 'remote' needs a login" in said and "waiting for a login: remote" in said
     assert not [token for token in [*tracker.issued, *tracker.refresh_tokens] if token in said]
+    assert [a.get("scope") for a in tracker.authorizations] == ["read", "read write"]  # still two logins
 
 
 def _free_port() -> int:

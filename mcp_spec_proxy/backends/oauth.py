@@ -12,7 +12,8 @@ here; what is here is where the person logs in and where the tokens live:
   `login_timeout` seconds. One login at a time per process: the listener's port is one.
 * the tokens and the client registration live in a `TokenFile` (`store/tokens.py`), bound to the
   backend's URL; the access token's expiry is kept with them and handed to each new provider, so a
-  token that expired while the proxy was down is refreshed before it is sent.
+  token that expired while the proxy was down is refreshed before it is sent; and a token the server
+  refuses before its expiry is refreshed once before the provider asks for a new login (`RefreshOn401`).
 * `on_login(True)` is called as a login begins and `on_login(False)` when it ends, so the
   connection waiting for it stops its own startup clock and lets the other backends start
   (`backends/connection.py`).
@@ -28,7 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import webbrowser
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -69,6 +70,41 @@ class _Preregistered:
     async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
         # A registration of its own (the authorization server moved): kept, but the configured client wins at start.
         await self._tokens.set_client_info(client_info)
+
+
+class RefreshOn401(httpx2.Auth):
+    """The SDK's provider, with a refresh where it would ask for a new login: a 401 to a request that
+    carried a token the provider can refresh (the server revoked or forgot it before its expiry) is
+    answered by a refresh and one retry; only a second 401 goes to the provider's own answer, a new
+    login. Everything else is the provider's."""
+
+    requires_response_body = True
+
+    def __init__(self, provider: OAuthClientProvider) -> None:
+        self.provider = provider
+
+    async def async_auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
+        context = self.provider.context
+        flow = self.provider.async_auth_flow(request)
+        retried = False
+        try:
+            outgoing = await flow.__anext__()
+            while True:
+                response = yield outgoing
+                refusing = outgoing is request and response.status_code == 401 and "authorization" in request.headers
+                if refusing and not retried and context.can_refresh_token():
+                    retried = True
+                    await flow.aclose()
+                    del request.headers["authorization"]
+                    context.token_expiry_time = 1.0  # taken as expired: the provider refreshes it first
+                    flow = self.provider.async_auth_flow(request)
+                    outgoing = await flow.__anext__()
+                    continue
+                outgoing = await flow.asend(response)
+        except StopAsyncIteration:
+            return
+        finally:
+            await flow.aclose()
 
 
 class BackendAuth:
@@ -151,7 +187,7 @@ class BackendAuth:
         # The SDK keeps an expiry only for tokens it got in this process: a kept one's is handed over,
         # so an expired token is refreshed before it is sent rather than refused by the server.
         provider.context.token_expiry_time = self.tokens.expires_at()
-        return provider
+        return RefreshOn401(provider)
 
     async def _redirect(self, authorization_url: str) -> None:
         """Bind the loopback redirect, then send the person to the authorization server."""
