@@ -184,3 +184,25 @@ def test_login_to_a_server_without_auth_is_one_line(tmp_path: Path) -> None:
     out = _cli("login", "fs", config=config, state=tmp_path / "state")
     assert out.returncode != 0
     assert "server 'fs' has no `auth:`" in out.stderr and "Traceback" not in out.stderr
+
+
+async def test_a_login_abandoned_after_its_redirect_neither_blocks_the_next_nor_keeps_its_port(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings = parse_config_text(_config(f"{{callback_port: {port}}}"), {}).servers["tracker"].auth
+    assert settings is not None
+    opened: list[str] = []
+    auth = BackendAuth("tracker", URL, settings, TokenFile.of(tmp_path, "tracker", URL), open_browser=opened.append)
+    with anyio.fail_after(20):
+        await auth._redirect("https://as.example.com/authorize?state=first")
+        await auth._redirect("https://as.example.com/authorize?state=second")  # the first flow ended early
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(anyio.to_thread.run_sync, _get, port, "code=c2&state=second")
+            result = await auth._callback()
+    assert result.code == "c2" and result.state == "second"
+    assert len(opened) == 2
+    with socket.socket() as again:
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past TIME_WAIT, not past a listener
+        again.bind(("127.0.0.1", port))
+        again.listen()  # the login's listener is gone with it

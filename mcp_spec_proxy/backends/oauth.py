@@ -118,7 +118,7 @@ class BackendAuth:
         tokens: TokenFile,
         *,
         secret: str | None = None,
-        desk: anyio.Lock | None = None,
+        desk: anyio.Semaphore | None = None,
         open_browser: Callable[[str], object] = webbrowser.open,
     ) -> None:
         self.name = name
@@ -126,7 +126,8 @@ class BackendAuth:
         self.settings = settings
         self.tokens = tokens
         self._secret = secret
-        self._desk = desk if desk is not None else anyio.Lock()  # one login at a time: one loopback port
+        # One login at a time: one loopback port. A semaphore, not a lock: its holder is a login, not a task.
+        self._desk = desk if desk is not None else anyio.Semaphore(1)
         self._open_browser = open_browser
         self._pending: tuple[Redirect, str] | None = None
         self.on_login: Callable[[bool], None] | None = None
@@ -192,9 +193,9 @@ class BackendAuth:
     async def _redirect(self, authorization_url: str) -> None:
         """Bind the loopback redirect, then send the person to the authorization server."""
         state = parse_qs(urlsplit(authorization_url).query).get("state", [""])[0]
+        await self._drop_pending()
         await self._desk.acquire()
         try:
-            await self._drop_pending()
             try:
                 redirect = await Redirect.listen(self.settings.callback_port)
             except OSError as exc:
@@ -223,9 +224,9 @@ class BackendAuth:
     async def _callback(self) -> AuthorizationCodeResult:
         """The code from the loopback redirect, within `login_timeout`."""
         pending, self._pending = self._pending, None
+        if pending is None:
+            raise OAuthFlowError("no login is waiting for a redirect")
         try:
-            if pending is None:
-                raise OAuthFlowError("no login is waiting for a redirect")
             redirect, state = pending
             with anyio.move_on_after(self.settings.login_timeout):
                 try:
@@ -237,19 +238,20 @@ class BackendAuth:
                 " or raise `login_timeout`"
             )
         finally:
-            if pending is not None:
-                with anyio.CancelScope(shield=True):
-                    await pending[0].aclose()
+            with anyio.CancelScope(shield=True):
+                await redirect.aclose()
             self._desk.release()
             if self.on_login is not None:
                 self.on_login(False)
 
     async def _drop_pending(self) -> None:
-        """A login whose flow ended before its callback (cancelled): its listener is let go."""
+        """A login whose flow ended between its redirect and its callback: its listener and its
+        place at the desk are let go."""
         if self._pending is not None:
             with anyio.CancelScope(shield=True):
                 await self._pending[0].aclose()
             self._pending = None
+            self._desk.release()
 
 
 def backend_logins(
@@ -260,7 +262,7 @@ def backend_logins(
 ) -> dict[str, BackendAuth]:
     """Each URL backend's OAuth client, by server name; its secret read from `environ` (a
     `ConfigError` when the variable it names is not set). One login at a time across them."""
-    desk = anyio.Lock()
+    desk = anyio.Semaphore(1)
     logins: dict[str, BackendAuth] = {}
     for name, server in servers.items():
         settings = server.auth

@@ -82,8 +82,15 @@ def login(ctx: click.Context, server: str) -> None:
 @click.pass_context
 def logout(ctx: click.Context, server: str) -> None:
     """Forget SERVER's tokens (its client registration stays, for the next login)."""
-    auth = _login_of(setup(ctx), server)
-    click.echo(f"{server}: logged out" if auth.tokens.forget_tokens() else f"{server}: was not logged in")
+    from mcp_spec_proxy.store.tokens import TokenFile
+
+    built = setup(ctx)
+    config = built.config.servers.get(server)
+    if config is None or config.auth is None or config.url is None:
+        _login_of(built, server)  # says which: no such server, or no `auth:`
+        return
+    tokens = TokenFile.of(built.state.root, server, config.url)  # no secret needed to forget
+    click.echo(f"{server}: logged out" if tokens.forget_tokens() else f"{server}: was not logged in")
 
 
 def login_lines(config: ProxyConfig, state_root: Path) -> list[str]:
