@@ -60,6 +60,7 @@ class Tracker:
     authorizations: list[dict[str, str]] = field(default_factory=list)
     issued: dict[str, str] = field(default_factory=dict)  # access token -> its scope
     refresh_tokens: dict[str, str] = field(default_factory=dict)  # refresh token -> its scope
+    token_type: str = "Bearer"  # what its token endpoint says it gives (anything else: no token this client uses)
     revoked: set[str] = field(default_factory=set)
     bearers: list[str] = field(default_factory=list)
 
@@ -120,7 +121,12 @@ class Tracker:
         lifetime = 1 if not self.issued else 3600  # the first expires at once: the next call refreshes it
         self.issued[access] = scope
         self.refresh_tokens[refresh] = scope
-        token = {"access_token": access, "token_type": "Bearer", "expires_in": lifetime, "refresh_token": refresh}
+        token = {
+            "access_token": access,
+            "token_type": self.token_type,
+            "expires_in": lifetime,
+            "refresh_token": refresh,
+        }
         await _json(send, 200, {**token, "scope": scope})
 
     def revoke_access_tokens(self) -> None:
@@ -233,3 +239,35 @@ def _free_port() -> int:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
         return port
+
+
+async def test_a_token_endpoint_answer_the_client_cannot_use_is_one_line_that_quotes_no_token(tmp_path: Path) -> None:
+    """A hostile or broken authorization server answers the code with a token of another type: the
+    login fails, the proxy says so in one line, and neither that line nor anything else in the log
+    (the SDK's own traceback quotes the answer) holds the token it sent."""
+    tracker = Tracker(tmp_path / "remote-ledger", token_type="MAC")
+    browser_dir = tmp_path / "browser"
+    browser_dir.mkdir()
+    (browser_dir / "go").touch()
+    (tmp_path / "browser.py").write_text(BROWSER)
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(lambda task_status: serve_asgi(tracker.app(), "127.0.0.1", 0, task_status=task_status))
+        tracker.base = f"http://127.0.0.1:{port}"
+        remote = {"url": f"{tracker.base}/mcp", "auth": {"callback_port": _free_port()}}
+        (tmp_path / "servers.yaml").write_text(yaml.safe_dump({"servers": {"remote": remote}}))
+        env = {**proxy_env(), "BROWSER": f"{sys.executable} {tmp_path / 'browser.py'} {browser_dir} %s"}
+        argv = ["--config", str(tmp_path / "servers.yaml"), "--state-dir", str(tmp_path / "state"), "--no-console"]
+        log = tmp_path / "proxy.log"
+        with log.open("w") as errlog:
+            params = StdioServerParameters(command=PROXY_COMMAND, args=argv, env=env)
+            async with Client(stdio_client(params, errlog=errlog), mode="legacy") as client:
+                with anyio.fail_after(60):
+                    while "could not log in" not in log.read_text():  # noqa: ASYNC110 -- the proxy's log is its only word
+                        await anyio.sleep(0.05)
+                assert not (await client.list_tools()).tools
+        tg.cancel_scope.cancel()
+    said = log.read_text()
+    assert tracker.issued, "the authorization server sent no token"
+    assert "could not log in: Invalid token response (the answer is not repeated" in said
+    assert "Traceback" not in said.split("could not log in", 1)[0].split("needs a login", 1)[1]
+    assert not [token for token in [*tracker.issued, *tracker.refresh_tokens] if token in said]

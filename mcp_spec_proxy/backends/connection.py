@@ -53,7 +53,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from mcp_spec_proxy.backends.era import era_of
 from mcp_spec_proxy.backends.listing import Listing, OnListing, list_all
 from mcp_spec_proxy.backends.notices import LogMessage, LogRoute, OnNotice, ResourceUpdate, admits
-from mcp_spec_proxy.backends.oauth import BackendAuth
+from mcp_spec_proxy.backends.oauth import BackendAuth, login_failure
 from mcp_spec_proxy.backends.other_era import LIST_OF, OtherEra
 from mcp_spec_proxy.backends.raw import (
     RawCalls,
@@ -411,7 +411,8 @@ class Backend(Requests):
         if isinstance(exc, BackendError):
             return str(exc)
         if isinstance(exc, OAuthFlowError):
-            return f"backend '{self.name}' could not log in: {exc} — `mcp-spec-proxy login {self.name}` logs in anew"
+            told = login_failure(exc)
+            return f"backend '{self.name}' could not log in: {told} — `mcp-spec-proxy login {self.name}` logs in anew"
         if isinstance(exc, OSError):
             return f"backend '{self.name}' failed to start: {exc.strerror or exc}{self._log_hint()}"
         if isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED and self._exit_code is not None:

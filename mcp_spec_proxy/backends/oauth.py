@@ -254,6 +254,16 @@ class BackendAuth:
             self._desk.release()
 
 
+def login_failure(exc: Exception) -> str:
+    """A failed login in words that hold no token: the SDK's message, except what it quotes of a
+    token endpoint's answer it could not read (a token may be in it)."""
+    text = str(exc) or type(exc).__name__
+    head, _, _ = text.partition(":")
+    if head.lower().startswith(("invalid token response", "invalid refresh response")):
+        return f"{head} (the answer is not repeated: it may hold a token)"
+    return text
+
+
 def backend_logins(
     servers: Mapping[str, ServerConfig],
     state_root: Path,
@@ -283,4 +293,4 @@ def backend_logins(
     return logins
 
 
-__all__ = ["BackendAuth", "backend_logins"]
+__all__ = ["BackendAuth", "RefreshOn401", "backend_logins", "login_failure"]

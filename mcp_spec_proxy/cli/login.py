@@ -115,7 +115,9 @@ def _why(exc: BaseException) -> str:
         exc = exc.exceptions[0]
     if isinstance(exc, TimeoutError):
         return "no login in time"
-    return f"{exc}" if str(exc) else type(exc).__name__
+    from mcp_spec_proxy.backends.oauth import login_failure
+
+    return login_failure(exc) if isinstance(exc, Exception) else type(exc).__name__
 
 
 __all__ = ["login_lines"]
