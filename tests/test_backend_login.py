@@ -19,6 +19,7 @@ import anyio
 import httpx2
 import pytest
 import yaml
+from mcp.client.auth import OAuthFlowError
 from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 from pydantic import AnyUrl
 
@@ -206,3 +207,18 @@ async def test_a_login_abandoned_after_its_redirect_neither_blocks_the_next_nor_
         again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past TIME_WAIT, not past a listener
         again.bind(("127.0.0.1", port))
         again.listen()  # the login's listener is gone with it
+
+
+async def test_a_login_nobody_finishes_ends_in_one_line_and_lets_its_port_go(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings = parse_config_text(_config(f"{{callback_port: {port}, login_timeout: 0.2}}"), {}).servers["tracker"].auth
+    assert settings is not None
+    auth = BackendAuth("tracker", URL, settings, TokenFile.of(tmp_path, "tracker", URL), open_browser=lambda url: None)
+    with anyio.fail_after(20):
+        await auth._redirect("https://as.example.com/authorize?state=s")
+        with pytest.raises(OAuthFlowError, match=r"^no login within 0.2s \(`login_timeout` waits longer\)$"):
+            await auth._callback()
+        await auth._redirect("https://as.example.com/authorize?state=t")  # the next login gets the port
+        await auth._drop_pending()

@@ -233,10 +233,7 @@ class BackendAuth:
                     return await redirect.wait(state)
                 except LoginRefused as exc:
                     raise OAuthFlowError(f"the authorization server refused the login ({exc})") from None
-            raise OAuthFlowError(
-                f"no login within {self.settings.login_timeout:g}s — run `mcp-spec-proxy login {self.name}`,"
-                " or raise `login_timeout`"
-            )
+            raise OAuthFlowError(f"no login within {self.settings.login_timeout:g}s (`login_timeout` waits longer)")
         finally:
             with anyio.CancelScope(shield=True):
                 await redirect.aclose()
