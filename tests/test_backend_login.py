@@ -45,6 +45,15 @@ def _config(auth: str) -> str:
         ("oath", "'oath' is not a login"),
         ("{grant: client_credentials, client_id: a, client_secret_env: S}", "needs `issuer`"),
         ("{client_secret_env: S}", "`client_secret_env` without `client_id`"),
+        (
+            "{grant: client_credentials, client_id: a, client_secret_env: S, private_key_env: K, issuer: 'https://i'}",
+            "needs `client_id` and one of `client_secret_env` (a secret) or `private_key_env`",
+        ),
+        ("{private_key_env: K}", "`private_key_env` signs client credentials: add `grant: client_credentials`"),
+        (
+            "{grant: client_credentials, client_id: a, private_key_env: K, signing_algorithm: HS256}",
+            "signing_algorithm",
+        ),
         ("{client_metadata_url: 'http://example.com/c.json'}", "must be the https URL of your client metadata"),
         ("{redirect_uri: 'https://evil.example.com/cb'}", "servers.tracker.auth.redirect_uri: unknown key"),
         ("{callback_port: 0}", "servers.tracker.auth.callback_port"),

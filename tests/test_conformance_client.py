@@ -65,7 +65,7 @@ AUTH_SCENARIOS = [
     "auth/iss-normalized",
     "auth/metadata-issuer-mismatch",
 ]
-EXTENSIONS = ["auth/client-credentials-basic"]
+EXTENSIONS = ["auth/client-credentials-basic", "auth/client-credentials-jwt"]
 XFAILS: dict[str, str] = {}
 TOKEN_SHAPED = re.compile(r"[A-Za-z0-9._~+/=-]{16,}")
 

@@ -36,7 +36,11 @@ from urllib.parse import parse_qs, urlsplit
 import anyio
 import httpx2
 from mcp.client.auth import OAuthClientProvider, OAuthFlowError, TokenStorage
-from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
+from mcp.client.auth.extensions.client_credentials import (
+    ClientCredentialsOAuthProvider,
+    PrivateKeyJWTOAuthProvider,
+    SignedJWTParameters,
+)
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
 from pydantic import AnyUrl
 
@@ -117,7 +121,7 @@ class BackendAuth:
         settings: OAuthSettings,
         tokens: TokenFile,
         *,
-        secret: str | None = None,
+        secret: str | None = None,  # the client's secret, or its private key under `private_key_env`
         desk: anyio.Semaphore | None = None,
         open_browser: Callable[[str], object] = webbrowser.open,
     ) -> None:
@@ -146,7 +150,23 @@ class BackendAuth:
         settings = self.settings
         scope = " ".join(settings.scopes) or None
         provider: OAuthClientProvider
-        if settings.grant == "client_credentials":
+        if settings.grant == "client_credentials" and settings.private_key_env is not None:
+            assert settings.client_id is not None and self._secret is not None  # the config validator's
+            signed = SignedJWTParameters(
+                issuer=settings.client_id,
+                subject=settings.client_id,
+                signing_key=self._secret,
+                signing_algorithm=settings.signing_algorithm,
+            )
+            provider = PrivateKeyJWTOAuthProvider(
+                server_url=self.url,
+                storage=self.tokens,
+                client_id=settings.client_id,
+                assertion_provider=signed.create_assertion_provider(),
+                scope=scope,
+                issuer=settings.issuer,
+            )
+        elif settings.grant == "client_credentials":
             assert settings.client_id is not None and self._secret is not None  # the config validator's
             post = settings.token_endpoint_auth_method == "client_secret_post"
             provider = ClientCredentialsOAuthProvider(
@@ -276,14 +296,23 @@ def backend_logins(
         if settings is None or server.url is None:
             continue
         secret = None
-        if settings.client_secret_env is not None:
-            secret = environ.get(settings.client_secret_env)
+        for key, variable, what in (
+            (
+                "client_secret_env",
+                settings.client_secret_env,
+                "the client's secret, or drop client_secret_env for a public client",
+            ),
+            ("private_key_env", settings.private_key_env, "the client's PEM private key"),
+        ):
+            if variable is None:
+                continue
+            secret = environ.get(variable)
             if not secret:
                 raise ConfigError(
                     source,
-                    f"servers.{name}.auth.client_secret_env",
-                    f"environment variable {settings.client_secret_env} is not set",
-                    "export it with the client's secret, or drop client_secret_env for a public client",
+                    f"servers.{name}.auth.{key}",
+                    f"environment variable {variable} is not set",
+                    f"export it with {what}",
                 )
         tokens = TokenFile.of(state_root, name, server.url)
         logins[name] = BackendAuth(name, server.url, settings, tokens, secret=secret, desk=desk)

@@ -5,7 +5,8 @@ authorization server's metadata, a client by Dynamic Client Registration), logs 
 user's browser and takes the code on a loopback redirect. The long form adds what the operator
 knows: a pre-registered client (`client_id`, its secret in `client_secret_env`), a Client ID
 Metadata Document the operator hosts (`client_metadata_url`), or the client-credentials grant for a
-machine with no person (`grant: client_credentials`, which needs `issuer`). The flow itself is the
+machine with no person (`grant: client_credentials`, which needs `issuer`, and a secret or a
+private key that signs its assertion). The flow itself is the
 SDK's (`backends/oauth.py`); this module only says what may be written.
 """
 
@@ -27,6 +28,12 @@ class OAuthSettings(BaseModel):
     grant: Literal["authorization_code", "client_credentials"] = "authorization_code"
     client_id: str | None = Field(default=None, min_length=1)  # pre-registered; else CIMD or DCR
     client_secret_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    # Client credentials signed with a private key (private_key_jwt, RFC 7523) instead of a secret:
+    # the variable holding the PEM key, and the algorithm it signs with.
+    private_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    signing_algorithm: Literal[
+        "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"
+    ] = "RS256"
     # How a pre-registered client with a secret authenticates at the token endpoint.
     token_endpoint_auth_method: Literal["client_secret_basic", "client_secret_post", "none"] | None = None
     scopes: list[str] = Field(default_factory=list)  # client credentials ask for these; a login asks what the 401 says
@@ -60,13 +67,18 @@ class OAuthSettings(BaseModel):
     @model_validator(mode="after")
     def _complete(self) -> OAuthSettings:
         if self.grant == "client_credentials":
-            if self.client_id is None or self.client_secret_env is None:
-                raise ValueError("`grant: client_credentials` needs `client_id` and `client_secret_env`")
+            if self.client_id is None or (self.client_secret_env is None) == (self.private_key_env is None):
+                raise ValueError(
+                    "`grant: client_credentials` needs `client_id` and one of `client_secret_env` (a secret)"
+                    " or `private_key_env` (a signing key)"
+                )
             if self.issuer is None:
                 raise ValueError(
                     "`grant: client_credentials` needs `issuer`, the authorization server these credentials"
                     " belong to (they are sent nowhere else)"
                 )
+        if self.private_key_env is not None and self.grant != "client_credentials":
+            raise ValueError("`private_key_env` signs client credentials: add `grant: client_credentials`, or drop it")
         if self.client_secret_env is not None and self.client_id is None:
             raise ValueError("`client_secret_env` without `client_id`: add the client's id, or drop the secret")
         return self

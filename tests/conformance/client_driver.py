@@ -42,6 +42,7 @@ TOOLS_WAIT_S = float(os.environ.get("CLIENT_DRIVER_WAIT_S", "20"))  # for the ba
 PUBLISH_WAIT_S = 3.0
 SERVER = "remote"
 SECRET_ENV = "CONFORMANCE_CLIENT_SECRET"
+KEY_ENV = "CONFORMANCE_CLIENT_KEY"
 
 
 def _free_port() -> int:
@@ -72,7 +73,11 @@ def config(url: str, scenario: str, context: dict[str, Any]) -> tuple[dict[str, 
         env[SECRET_ENV] = str(context["client_secret"])
     if scenario.startswith("auth/client-credentials"):
         auth.update(grant="client_credentials", client_id=context["client_id"], issuer=_issuer(url))
-        auth["client_secret_env"] = SECRET_ENV
+        if context.get("private_key_pem"):  # private_key_jwt: the key signs the client's assertion
+            env[KEY_ENV] = str(context["private_key_pem"])
+            auth.update(private_key_env=KEY_ENV, signing_algorithm=context.get("signing_algorithm", "RS256"))
+        else:
+            auth["client_secret_env"] = SECRET_ENV
     elif context.get("client_id"):
         auth["client_id"] = context["client_id"]
         if env:
