@@ -27,6 +27,7 @@ import anyio
 from mcp.server.lowlevel import Server
 
 from mcp_spec_proxy.backends import BackendPool, Listing, Notice, OnNotice
+from mcp_spec_proxy.backends.oauth import BackendAuth, backend_logins
 from mcp_spec_proxy.calls.access import Access
 from mcp_spec_proxy.calls.audit import AuditSink
 from mcp_spec_proxy.calls.gate import Gate
@@ -192,6 +193,7 @@ async def running_proxy(
     processes, which the backends' first connections adopt."""
     environ = environ if environ is not None else {}
     models = models if models is not None else open_models(config, environ, source)
+    logins = backend_logins(config.active_servers(), state.root, environ, source) if state is not None else {}
     events = Telemetry(telemetry)
     try:
         async with open_store(config, state, environ, source) as store:
@@ -202,7 +204,9 @@ async def running_proxy(
             # keep the SDK's span middleware only where a tracer provider is installed.
             async with (
                 open_tracing(_otlp(config, source), getattr(store, "replica", None)) as tracing,
-                _running(config, state, store, models, events, in_process, leash, source, tracing, early) as proxy,
+                _running(
+                    config, state, store, models, events, in_process, leash, source, tracing, early, logins
+                ) as proxy,
             ):
                 yield proxy
     finally:
@@ -234,6 +238,7 @@ async def _running(
     source: str,
     tracing: Tracing,
     early: Prespawned | None = None,
+    logins: Mapping[str, BackendAuth] | None = None,
 ) -> AsyncIterator[Proxy]:
     catalog = Catalog(config, store.fingerprints)
     reviewers, repairer = build_reviewers(config, catalog, models, source, leash)
@@ -264,6 +269,7 @@ async def _running(
         in_process=in_process,
         on_notice=on_notice,
         early=early,
+        logins=logins,
     )
     metrics.watch_backends(backends)
     gate = Gate(config, backends, reviewers, audit, leash, catalog, tracing)

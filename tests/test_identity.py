@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from mcp import Client
 from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.auth import OAuthToken
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mcp_spec_proxy.calls.audit import read_audit
@@ -46,6 +47,7 @@ from mcp_spec_proxy.fronts.mcp import SESSION_HEADER, McpFront
 from mcp_spec_proxy.fronts.probes import Door
 from mcp_spec_proxy.principal import Principal
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
+from mcp_spec_proxy.store.tokens import TokenFile
 from tests.fixtures import toy_server
 from tests.harness import ERAS, PROXY_COMMAND, proxy_env, recorded, request_meta, text_of, toy, toy_twins
 from tests.oauth import AuthServer, TokenMemory, authorization_server
@@ -262,6 +264,40 @@ async def test_the_clients_token_never_reaches_a_backend(tmp_path: Path) -> None
     assert not written.is_error and recorded(tmp_path / "rec") == ['{"value": "far"}']
     assert heard and all(b"authorization" not in headers for headers in heard)
     assert not any(token.encode() in value for headers in heard for value in headers.values())
+
+
+async def test_a_backend_with_auth_hears_its_own_token_and_never_the_clients(tmp_path: Path) -> None:
+    """A URL backend with `auth:` that takes only the proxy's token for it (the one its login kept):
+    every request it hears carries that token (each client session's own backend session too),
+    none the client's; the call runs."""
+    heard: list[bytes] = []
+
+    def guarded(app: ASGIApp) -> ASGIApp:
+        async def guard(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] == "http":
+                heard.append(dict(scope["headers"]).get(b"authorization", b""))
+                if heard[-1] != b"Bearer backend-token":
+                    await send({"type": "http.response.start", "status": 401, "headers": []})
+                    await send({"type": "http.response.body", "body": b""})
+                    return
+            await app(scope, receive, send)
+
+        return guard
+
+    backend = toy_server.build(tmp_path / "rec").streamable_http_app(host="127.0.0.1")
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(lambda task_status: serve_asgi(guarded(backend), "127.0.0.1", 0, task_status=task_status))
+        url = f"http://127.0.0.1:{port}/mcp"
+        await TokenFile.of(tmp_path / "state", "far", url).set_tokens(OAuthToken(access_token="backend-token"))
+        servers = {"far": {"url": url, "auth": "oauth"}}
+        async with authorization_server() as auth, protected(tmp_path, auth.issuer, servers=servers) as front:
+            token = await alice(auth, front)
+            async with client_with(front.url, token, "legacy") as client:
+                written = await client.call_tool("far__record", {"value": "far"})
+        tg.cancel_scope.cancel()
+    assert not written.is_error and recorded(tmp_path / "rec") == ['{"value": "far"}']
+    assert heard and set(heard) == {b"Bearer backend-token"}
+    assert not any(token.encode() in value for value in heard)
 
 
 @pytest.mark.parametrize("field", ["issuer", "audience"])

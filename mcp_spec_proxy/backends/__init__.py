@@ -8,6 +8,7 @@ when the proxy may start serving, without waiting for a backend that hangs in it
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from mcp_spec_proxy.backends import progress
 from mcp_spec_proxy.backends.connection import Backend
 from mcp_spec_proxy.backends.listing import Listing, OnListing
 from mcp_spec_proxy.backends.notices import LogMessage, LogRoute, Notice, OnNotice, ResourceUpdate
+from mcp_spec_proxy.backends.oauth import BackendAuth
 from mcp_spec_proxy.config.schema import ServerConfig
 from mcp_spec_proxy.errors import BackendUnavailable
 from mcp_spec_proxy.prespawn import Prespawned
@@ -49,8 +51,11 @@ class BackendPool:
         grace: float | None = None,
         on_notice: OnNotice | None = None,
         early: Prespawned | None = None,
+        logins: Mapping[str, BackendAuth] | None = None,
     ) -> None:
-        """`early` holds the stdio processes the launcher spawned before the SDK loaded (`launch.py`)."""
+        """`early` holds the stdio processes the launcher spawned before the SDK loaded (`launch.py`);
+        `logins` the OAuth clients of the URL backends with `auth:` (`backends/oauth.py`), by name."""
+        logins = logins or {}
         in_process = in_process or {}
         self.grace = grace
         self.backends = {
@@ -62,6 +67,7 @@ class BackendPool:
                 in_process=in_process.get(name),
                 on_notice=on_notice,
                 early=early,
+                auth=logins.get(name),
             )
             for name, config in servers.items()
         }
@@ -84,9 +90,15 @@ class BackendPool:
             await self.ready()
             settled = {b.name: b.first_attempt.is_set() for b in self.backends.values()}
             starting = [name for name, done in settled.items() if not done]
-            unavailable = [name for name, done in settled.items() if done and self.backends[name].status != "connected"]
+            status = {name: self.backends[name].status for name, done in settled.items() if done}
+            unavailable = [name for name, now in status.items() if now not in ("connected", "login")]
+            waiting = [name for name, now in status.items() if now == "login"]
             if starting:
                 logger.warning("still starting: %s — their tools are announced when they connect", ", ".join(starting))
+            if waiting:
+                logger.warning(
+                    "waiting for a login: %s — their tools are announced once it is done", ", ".join(waiting)
+                )
             if unavailable:
                 logger.warning("unavailable at start: %s", ", ".join(unavailable))
             task_status.started()

@@ -32,11 +32,13 @@ import logging
 import math
 import sys
 from contextlib import AsyncExitStack
+from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
 import anyio
 import mcp_types as types
+from mcp.client.auth import OAuthFlowError
 from mcp.client.client import Client
 from mcp.client.session import IncomingMessage
 from mcp.client.subscriptions import ListenNotSupportedError, Subscription, SubscriptionLost
@@ -51,6 +53,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from mcp_spec_proxy.backends.era import era_of
 from mcp_spec_proxy.backends.listing import Listing, OnListing, list_all
 from mcp_spec_proxy.backends.notices import LogMessage, LogRoute, OnNotice, ResourceUpdate, admits
+from mcp_spec_proxy.backends.oauth import BackendAuth, login_failure
 from mcp_spec_proxy.backends.other_era import LIST_OF, OtherEra
 from mcp_spec_proxy.backends.raw import (
     RawCalls,
@@ -92,8 +95,10 @@ class Backend(Requests):
         in_process: Server[Any] | None = None,
         on_notice: OnNotice | None = None,
         early: Prespawned | None = None,
+        auth: BackendAuth | None = None,
     ) -> None:
         self.name = name
+        self.auth = auth  # its OAuth client (`auth:`): every session it opens carries it
         self._early = early  # the launcher's processes: this backend's first connection may adopt its own
         self.config = config
         self._on_listing = on_listing
@@ -102,19 +107,23 @@ class Backend(Requests):
         self._no_handshake = False  # it refused `initialize`: reached in the 2026-07-28 era from then on
         self.relay = Relay(name, config.relay.kinds())  # its requests to the client, to the calling client
         # Each client session's own backend session (`isolation: per_session`, URL backends' default).
-        self.sessions = SessionLegs(name, config, in_process, lambda: self._wake.set()) if config.per_session else None
+        self.sessions = (
+            SessionLegs(name, config, in_process, lambda: self._wake.set(), auth) if config.per_session else None
+        )
         self._client: Client | None = None
         self._raw: RawCalls | None = None  # the fast path's channel while a stdio connection is up
         self._transport: WatchedTransport | None = None  # the current connection's, when not in-process
         # The other era's leg, where the server speaks both (URL backends, in-process twins): a
         # client is served in its own era (`backends/era.py`); its listing is kept beside the first's.
-        self.other_era = OtherEra(name, config, in_process, self.relay, self._on_message, self._announce)
+        self.other_era = OtherEra(name, config, in_process, self.relay, self._on_message, self._announce, auth)
         self._listing: Listing | None = None
         self._announced: set[str] = set()  # lists the server said changed since the last refresh
         self._wake = anyio.Event()  # set by a list_changed notification or the end of the stream
         self.connected = anyio.Event()
         self.first_attempt = anyio.Event()  # set once the first connect has succeeded or failed
-        self.status = "starting"  # then "connected", "reconnecting" (it was, and will be) or "unavailable"
+        # Then "connected", "reconnecting" (it was, and will be), "login" (it waits for a person) or "unavailable".
+        self.status = "starting"
+        self._startup_left: float | None = None  # the startup clock's seconds left while a login stops it
         self._back = anyio.Event()  # set when a reconnect settles: connected again, or the attempt failed
         self._served = False  # whether the current attempt connected (its end is then no failed attempt)
         self.last_error: str | None = None
@@ -189,6 +198,9 @@ class Backend(Requests):
                 else:
                     errlog = self._errlog(stack)
                     self._exit_code = None
+                    if self.auth is not None:
+                        self.auth.renew()  # reads the kept tokens again: a `login` may have run meanwhile
+                        self.auth.on_login = partial(self._logging_in, startup)
                     transport = open_transport(
                         self.name,
                         self.config,
@@ -196,6 +208,7 @@ class Backend(Requests):
                         on_end=lambda: self._wake.set(),
                         on_exit=self._exited,
                         early=self._early,
+                        auth=self.auth.provider if self.auth is not None else None,
                     )
                     target = transport
                 mode = "auto" if self._no_handshake else self.config.protocol
@@ -380,11 +393,27 @@ class Backend(Requests):
             await self._on_notice(ResourceUpdate(self.name, message.params.uri))
         await anyio.lowlevel.checkpoint()
 
+    def _logging_in(self, startup: anyio.CancelScope, waiting: bool) -> None:
+        """A login began (True) or ended: the startup clock stops while a person logs in, and the
+        pool stops waiting for this backend (its tools come as a list change once it connects)."""
+        if waiting:
+            self._startup_left = startup.deadline - anyio.current_time()
+            startup.deadline = math.inf
+            if self._client is None:
+                self.status = "login"
+                self.first_attempt.set()
+        elif self._startup_left is not None:
+            startup.deadline = anyio.current_time() + self._startup_left
+            self._startup_left = None
+
     def _explain(self, exc: BaseException) -> str:
         while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
             exc = exc.exceptions[0]  # the SDK's task groups wrap the one failure that matters
         if isinstance(exc, BackendError):
             return str(exc)
+        if isinstance(exc, OAuthFlowError):
+            told = login_failure(exc)
+            return f"backend '{self.name}' could not log in: {told} — `mcp-spec-proxy login {self.name}` logs in anew"
         if isinstance(exc, OSError):
             return f"backend '{self.name}' failed to start: {exc.strerror or exc}{self._log_hint()}"
         if isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED and self._exit_code is not None:

@@ -27,6 +27,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from mcp_spec_proxy.backends.era import era_of
 from mcp_spec_proxy.backends.listing import Listing, list_all
+from mcp_spec_proxy.backends.oauth import BackendAuth
 from mcp_spec_proxy.backends.relay import Relay, as_declared
 from mcp_spec_proxy.backends.transports import WatchedTransport, open_transport
 from mcp_spec_proxy.config.schema import ServerConfig
@@ -51,8 +52,10 @@ class OtherEra:
         relay: Relay,
         on_message: MessageHandlerFnT,
         on_change: Callable[[str], None],
+        auth: BackendAuth | None = None,
     ) -> None:
         self._name = name
+        self._auth = auth  # the backend's OAuth client: this session carries its tokens too
         self._config = config
         self._in_process = in_process
         self._relay = relay
@@ -84,7 +87,8 @@ class OtherEra:
                     target: Any = self._in_process
                     transport: WatchedTransport | None = None
                     if target is None:
-                        transport = open_transport(self._name, self._config, sys.stderr, on_end=lambda: None)
+                        auth = self._auth.provider if self._auth is not None else None
+                        transport = open_transport(self._name, self._config, sys.stderr, on_end=lambda: None, auth=auth)
                         target = transport
                     other = Client(target, mode=mode, message_handler=self._on_message, **self._relay.callbacks())
                     await stack.enter_async_context(other)

@@ -36,6 +36,7 @@ from mcp.client.session import IncomingMessage
 
 from mcp_spec_proxy.backends.era import CLIENT_ERA
 from mcp_spec_proxy.backends.notices import LogMessage, Notice, request_logs
+from mcp_spec_proxy.backends.oauth import BackendAuth
 from mcp_spec_proxy.backends.relay import CALLER, CLIENT_ANSWERS, ClientLink, Kind, Relay, as_declared
 from mcp_spec_proxy.backends.transports import WatchedTransport, open_transport
 from mcp_spec_proxy.config.schema import ServerConfig
@@ -111,8 +112,10 @@ class SessionLegs:
         config: ServerConfig,
         in_process: Any,
         on_change: Callable[[], None],
+        auth: BackendAuth | None = None,
     ) -> None:
         self._name = name
+        self._auth = auth  # the backend's OAuth client: each client session's own session carries its tokens
         self._config = config
         self._in_process = in_process
         self._on_change = on_change  # a list change one of them announced: the shared listing is refreshed
@@ -197,7 +200,10 @@ class SessionLegs:
                 async with AsyncExitStack() as stack:
                     target: Any = self._in_process
                     if target is None:
-                        leg.transport = open_transport(self._name, self._config, sys.stderr, on_end=leg.done.set)
+                        auth = self._auth.provider if self._auth is not None else None
+                        leg.transport = open_transport(
+                            self._name, self._config, sys.stderr, on_end=leg.done.set, auth=auth
+                        )
                         target = leg.transport
                     handler = partial(self._on_leg_message, leg)
                     client = Client(target, mode="legacy", message_handler=handler, **leg.relay.callbacks())

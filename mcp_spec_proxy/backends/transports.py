@@ -18,6 +18,7 @@ from types import TracebackType
 from typing import Any, Self, TextIO
 
 import anyio
+import httpx2
 from mcp.client.sse import sse_client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
@@ -148,9 +149,11 @@ def open_transport(
     on_end: Callable[[], None],
     on_exit: Callable[[int | None], None] | None = None,
     early: Prespawned | None = None,
+    auth: httpx2.Auth | None = None,
 ) -> WatchedTransport:
     """The transport for one backend; raises `BackendError` if a stdio command cannot be found.
-    A stdio backend's first connection may adopt its process in `early` (the launcher's)."""
+    A stdio backend's first connection may adopt its process in `early` (the launcher's); a URL
+    backend's requests carry `auth` (its OAuth client, `backends/oauth.py`), else its `headers` alone."""
     if config.transport == "stdio":
         assert config.command is not None  # the config validator guarantees command or url
         params = StdioServerParameters(
@@ -164,10 +167,12 @@ def open_transport(
         return WatchedTransport(bounded, on_end, raw)
     assert config.url is not None
     if config.transport == "sse":
-        return WatchedTransport(sse_client(config.url, headers=config.headers or None), on_end)
+        return WatchedTransport(sse_client(config.url, headers=config.headers or None, auth=auth), on_end)
     # The SDK's own client settings (its timeouts; redirects it follows itself), lost connections
     # kept with their request and answers bounded as on stdio (`backends/http.py`).
-    http = GuardedClient(limit=message_bound(config), headers=config.headers or None, timeout=MCP_HTTP_TIMEOUT)
+    http = GuardedClient(
+        limit=message_bound(config), headers=config.headers or None, timeout=MCP_HTTP_TIMEOUT, auth=auth
+    )
     return WatchedTransport(_http(config.url, http), on_end, guard=http)
 
 

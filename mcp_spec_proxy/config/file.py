@@ -127,6 +127,12 @@ def expand(
     return value
 
 
+MISSING_FILE_FIX = (
+    "pass --config with the path of your servers.yaml (`mcp-spec-proxy shipped-config > servers.yaml` writes the"
+    " shipped one to start from)"
+)
+
+
 def error_at(loc: tuple[str, ...], message: str, value: Any) -> ValidationError:
     """A validation error at `loc`, for a check that needs the whole file but names one key."""
     error = InitErrorDetails(type=PydanticCustomError("value_error", message), loc=loc, input=value)

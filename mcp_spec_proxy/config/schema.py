@@ -18,8 +18,10 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from mcp_spec_proxy.config.backend_auth import OAuthSettings, oauth_settings
 from mcp_spec_proxy.config.clients import as_config
 from mcp_spec_proxy.config.file import (
+    MISSING_FILE_FIX,
     Lines,
     Loc,
     error_at,
@@ -88,6 +90,7 @@ class ServerConfig(_Strict):
     cwd: str | None = None
     url: str | None = None
     headers: dict[str, str] = Field(default_factory=dict)
+    auth: OAuthSettings | None = None  # an OAuth 2.1 login to a URL backend: `oauth`, or the long form (LOGIN.md)
     enabled: bool = True
     disabled: bool = False  # Claude Desktop's spelling of `enabled: false`
     timeout: float = Field(default=60.0, gt=0)
@@ -114,6 +117,8 @@ class ServerConfig(_Strict):
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
     relay: RelayConfig = Field(default_factory=RelayConfig)
 
+    _auth = field_validator("auth", mode="before")(oauth_settings)
+
     @model_validator(mode="after")
     def _one_transport(self) -> ServerConfig:
         if self.command is None and self.url is None:
@@ -126,6 +131,8 @@ class ServerConfig(_Strict):
             raise ValueError(f"says `type: {self.type}` but gives a `command`; use `url` for a remote server")
         if self.url is not None and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"url {self.url!r} must start with http:// or https://")
+        if self.auth is not None and self.url is None:
+            raise ValueError("has `auth:` but no `url`: a login is for a remote server; drop `auth` for a stdio one")
         return self
 
     @property
@@ -430,6 +437,7 @@ _SUGGESTIONS = tuple(
             ProxyConfig,
             TelemetryConfig,  # before ServerConfig: `otlp_url` meant `otlp`, not a server's `url`
             ServerConfig,
+            OAuthSettings,
             ReviewConfig,
             ToolsConfig,
             ToolOverride,
@@ -445,12 +453,6 @@ _SUGGESTIONS = tuple(
         )
         for name in model.model_fields
     )
-)
-
-
-MISSING_FILE_FIX = (
-    "pass --config with the path of your servers.yaml (`mcp-spec-proxy shipped-config > servers.yaml` writes the"
-    " shipped one to start from)"
 )
 
 

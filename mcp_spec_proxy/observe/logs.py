@@ -64,10 +64,20 @@ class JsonLines(logging.Formatter):
         return json.dumps(line, ensure_ascii=False)
 
 
+class _NoLoginTracebacks(logging.Filter):
+    """Drops the SDK OAuth client's tracebacks: a failed login is said in one line by the proxy
+    (`backend 'x' could not log in: ...`), and a traceback of a token endpoint's unreadable answer
+    quotes that answer, token and all."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and record.name.startswith("mcp.client.auth"))
+
+
 def configure(level: str, fmt: LogFormat = "text") -> None:
     """Log to stderr at `level`, in `fmt` (as `logging.basicConfig` would, once)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(_CallFields())
+    handler.addFilter(_NoLoginTracebacks())
     handler.setFormatter(JsonLines() if fmt == "json" else logging.Formatter(TEXT))
     logging.basicConfig(level=level, handlers=[handler])
     if logging.getLevelName(level) != logging.DEBUG:

@@ -41,7 +41,7 @@ from mcp_spec_proxy.errors import StateError
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TERMINAL = frozenset({"blocked", "forwarded", "unsent", "abandoned", "forward-interrupted", "awaiting-input"})
-STATES = ("starting", "connected", "reconnecting", "unavailable")
+STATES = ("starting", "connected", "reconnecting", "login", "unavailable")
 MAX_OPEN = 100_000  # held calls remembered for their labels; past this the oldest are forgotten
 REVIEW_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)  # a person may take minutes
 

@@ -1,0 +1,153 @@
+"""One backend's OAuth tokens and client registration, kept in the state directory.
+
+`TokenFile` is the SDK's `TokenStorage` over `<state>/oauth/<server>.json`: the folder is the
+owner's alone (0700), the file too (0600, made so before a byte is written), and every write
+replaces the file whole (a temporary file beside it, fsynced, then renamed), so a crash leaves the
+old tokens or the new, never half of either. The file is bound to the backend's URL: tokens kept
+for one URL are never handed out for another (a config whose `url` changed logs in afresh), and a
+client registration is kept for the same URL only.
+
+What it keeps is secret: nothing here logs a token, and `describe` says only whether there is one,
+when it expires and what scope it carries.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
+from pydantic import ValidationError
+
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+
+@dataclass(frozen=True)
+class LoginState:
+    """What `check` says of one backend's login: never the token itself."""
+
+    logged_in: bool
+    expires_at: float | None = None  # epoch seconds; None: the server gave no expiry
+    scope: str | None = None
+    refreshable: bool = False
+
+    def describe(self, now: float | None = None) -> str:
+        if not self.logged_in:
+            return "not logged in"
+        parts = ["logged in"]
+        if self.expires_at is not None:
+            left = self.expires_at - (time.time() if now is None else now)
+            parts.append(f"token expires in {_duration(left)}" if left > 0 else "token expired")
+        if self.refreshable:
+            parts.append("refreshable")
+        if self.scope:
+            parts.append(f"scope {self.scope!r}")
+        return ", ".join(parts)
+
+
+class TokenFile:
+    """The SDK's `TokenStorage` for one backend, in one file (see the module docstring)."""
+
+    def __init__(self, path: Path, resource: str) -> None:
+        self.path = path
+        self.resource = resource  # the backend's URL: what these tokens were got for
+
+    @classmethod
+    def of(cls, state_root: Path, server: str, url: str) -> TokenFile:
+        return cls(state_root / "oauth" / f"{server}.json", url)
+
+    async def get_tokens(self) -> OAuthToken | None:
+        data = self._read()
+        try:
+            return OAuthToken.model_validate(data["tokens"]) if data.get("tokens") else None
+        except ValidationError:
+            return None
+
+    async def set_tokens(self, tokens: OAuthToken) -> None:
+        expires_at = time.time() + tokens.expires_in if tokens.expires_in is not None else None
+        await anyio.to_thread.run_sync(
+            self._update, {"tokens": tokens.model_dump(mode="json"), "expires_at": expires_at}
+        )
+
+    async def get_client_info(self) -> OAuthClientInformationFull | None:
+        data = self._read()
+        try:
+            return OAuthClientInformationFull.model_validate(data["client"]) if data.get("client") else None
+        except ValidationError:
+            return None
+
+    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
+        await anyio.to_thread.run_sync(self._update, {"client": client_info.model_dump(mode="json", exclude_none=True)})
+
+    def expires_at(self) -> float | None:
+        """When the kept access token expires (epoch seconds), if the server said."""
+        value = self._read().get("expires_at")
+        return float(value) if isinstance(value, int | float) else None
+
+    def state(self) -> LoginState:
+        data = self._read()
+        tokens = data.get("tokens")
+        if not isinstance(tokens, dict) or not tokens.get("access_token"):
+            return LoginState(False)
+        scope = tokens.get("scope")
+        return LoginState(
+            True, self.expires_at(), scope if isinstance(scope, str) else None, bool(tokens.get("refresh_token"))
+        )
+
+    def forget_tokens(self) -> bool:
+        """Drop the tokens (the client registration stays, for the next login); True if there were any."""
+        data = self._read()
+        if not data.get("tokens"):
+            return False
+        data.pop("tokens", None)
+        data.pop("expires_at", None)
+        self._write(data)
+        return True
+
+    def _read(self) -> dict[str, Any]:
+        """The file's record when it is for this URL; else nothing (another URL's tokens are not ours)."""
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(data, dict) or data.get("resource") != self.resource:
+            return {}
+        return data
+
+    def _update(self, changes: dict[str, Any]) -> None:
+        self._write({**self._read(), **changes})
+
+    def _write(self, data: dict[str, Any]) -> None:
+        folder = self.path.parent
+        folder.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        os.chmod(folder, DIR_MODE)  # an existing folder is made the owner's alone too
+        record = {**data, "resource": self.resource}
+        fd, temporary = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=folder)  # mkstemp makes it 0600
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as file:
+                json.dump(record, file)
+                file.flush()
+                os.fsync(file.fileno())
+            os.chmod(temporary, FILE_MODE)
+            os.replace(temporary, self.path)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+__all__ = ["DIR_MODE", "FILE_MODE", "LoginState", "TokenFile"]
