@@ -31,6 +31,7 @@ from mcp_spec_proxy.backends.oauth import BackendAuth, backend_logins
 from mcp_spec_proxy.calls.access import Access
 from mcp_spec_proxy.calls.audit import AuditSink
 from mcp_spec_proxy.calls.gate import Gate
+from mcp_spec_proxy.config.identity import introspection_secret
 from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.engine import Engine
 from mcp_spec_proxy.errors import ConfigError
@@ -72,6 +73,7 @@ class Proxy:
     notices: list[OnNotice] = field(default_factory=list)  # told each backend's log message and resource update
     metrics: Metrics = field(default_factory=Metrics)  # what `/metrics` shows (observe/metrics.py)
     access: Access = field(default_factory=lambda: Access(()))  # what each principal sees (calls/access.py)
+    auth_secret: str | None = None  # the introspection client's secret (`auth.introspection`), read at start
 
     async def changed(self, what: str) -> None:
         for listener in list(self.listeners):
@@ -160,6 +162,7 @@ async def validate(config: ProxyConfig, environ: Mapping[str, str], source: str 
     """Everything `running_proxy` checks before it starts a backend: keys, LEASH's banks, the
     reviewers every review mode needs. `mcp-spec-proxy check` runs this, so `ok` means the proxy starts."""
     postgres_dsn(config, environ, source)  # its variable is set (the database is reached at start)
+    introspection_secret(config.auth, environ, source)
     _otlp(config, source)  # the exporter is installed (the receiver is reached only by the spans)
     models = open_models(config, environ, source)
     leash: Leash | None = None
@@ -192,6 +195,7 @@ async def running_proxy(
     tests may hand in `models` or an opened `leash` instead. `early` is the launcher's stdio
     processes, which the backends' first connections adopt."""
     environ = environ if environ is not None else {}
+    auth_secret = introspection_secret(config.auth, environ, source)
     models = models if models is not None else open_models(config, environ, source)
     logins = backend_logins(config.active_servers(), state.root, environ, source) if state is not None else {}
     events = Telemetry(telemetry)
@@ -208,6 +212,7 @@ async def running_proxy(
                     config, state, store, models, events, in_process, leash, source, tracing, early, logins
                 ) as proxy,
             ):
+                proxy.auth_secret = auth_secret
                 yield proxy
     finally:
         events.close()

@@ -28,6 +28,8 @@ from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 
 from tests import backends
 
+INTROSPECTION_CLIENT = ("mcp-proxy", "s3cret:with/odd chars&=")  # the one client its /introspect answers
+
 
 @dataclass
 class AuthServer:
@@ -55,8 +57,23 @@ class AuthServer:
         response = await self.http.post(f"{self.issuer}/test/rotate")
         return str(response.json()["kid"])
 
+    async def opaque(self, *, drop: tuple[str, ...] = (), **claims: Any) -> str:
+        """An opaque token: what the server's `/introspect` answers for it is `claims` over its defaults."""
+        response = await self.http.post(f"{self.issuer}/test/opaque", json={"claims": claims, "drop": list(drop)})
+        response.raise_for_status()
+        return str(response.json()["token"])
+
+    async def revoke(self, token: str) -> None:
+        """From now on `/introspect` answers `token` with `{"active": false}`."""
+        (await self.http.post(f"{self.issuer}/test/revoke", json={"token": token})).raise_for_status()
+
+    async def hang(self, on: bool = True) -> None:
+        """`/introspect` holds its requests unanswered (or answers again)."""
+        (await self.http.post(f"{self.issuer}/test/hang", json={"on": on})).raise_for_status()
+
     async def stats(self) -> dict[str, int]:
-        """How many times the JWKS (`jwks`) and the discovery documents (`discovery`) were fetched."""
+        """How many times the JWKS (`jwks`) and the discovery documents (`discovery`) were fetched,
+        and how many introspection requests came (`introspect`)."""
         return dict((await self.http.get(f"{self.issuer}/test/stats")).json())
 
     async def public_key_pem(self) -> bytes:

@@ -85,7 +85,13 @@ class Front:
 
 @asynccontextmanager
 async def protected(
-    tmp_path: Path, issuer: str, *, scopes: tuple[str, ...] = ("mcp",), servers: dict[str, Any] | None = None
+    tmp_path: Path,
+    issuer: str,
+    *,
+    scopes: tuple[str, ...] = ("mcp",),
+    servers: dict[str, Any] | None = None,
+    introspection: dict[str, Any] | None = None,
+    environ: dict[str, str] | None = None,
 ) -> AsyncIterator[Front]:
     """The proxy's HTTP front under `auth:`, its audience its own URL (the port is bound first)."""
     ledger = tmp_path / "rec"
@@ -97,10 +103,16 @@ async def protected(
             raw = {
                 "servers": servers or {"toy": toy(ledger)},
                 "review": {"default": "allow"},
-                "auth": {"issuer": issuer, "audience": url, "scopes": list(scopes)},
+                "auth": {
+                    "issuer": issuer,
+                    "audience": url,
+                    "scopes": list(scopes),
+                    **({"introspection": introspection} if introspection else {}),
+                },
             }
             config = ProxyConfig.model_validate(raw)
-            async with running_proxy(config, StatePaths(tmp_path / "state"), in_process=toy_twins(raw)) as proxy:
+            state = StatePaths(tmp_path / "state")
+            async with running_proxy(config, state, in_process=toy_twins(raw), environ=environ) as proxy:
                 front = McpFront(proxy)
                 await tg.start(
                     lambda task_status: serve_http(front, "127.0.0.1", port, door=door, task_status=task_status)

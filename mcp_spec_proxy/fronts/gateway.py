@@ -23,7 +23,7 @@ verdict on the line of the request that handed its call out, not of the one brin
 At the door (`Gateway.app`): the Host, and the Origin when a browser sends one, must name this
 server (DNS-rebinding protection; `--allow-host` adds names); with a token (`--token-env`) every
 request must carry `Authorization: Bearer <token>`; under the config's `auth:` every request must
-bear a JWT the issuer signed for `auth.audience`, checked as the MCP front checks it
+bear a token the issuer made for `auth.audience`, checked as the MCP front checks it
 (`identity.ResourceServer`: 401 with `WWW-Authenticate` naming the protected resource metadata,
 which the gateway serves too). Its principal opens and owns the session (`gateway_sessions.py`),
 sees what `access:` shows it, and its run's calls meet `rules:` as its own, their audit lines
@@ -71,6 +71,7 @@ from mcp_spec_proxy.fronts.gateway_sessions import (
     prefix_digests,
 )
 from mcp_spec_proxy.fronts.identity import ResourceServer, principal_of
+from mcp_spec_proxy.fronts.introspection import token_verifier
 from mcp_spec_proxy.fronts.own_tools import runnable_modes
 from mcp_spec_proxy.fronts.probes import Door
 from mcp_spec_proxy.observe.telemetry import Telemetry
@@ -189,7 +190,7 @@ class Gateway:
         if token:
             app = BearerToken(app, token)
         elif auth is not None:
-            app = ResourceServer(app, auth)
+            app = ResourceServer(app, auth, token_verifier(auth, self.proxy.auth_secret))
         return HostGuard(app, host_names(host, allowed_hosts or []))
 
     async def models(self, request: Request) -> Response:

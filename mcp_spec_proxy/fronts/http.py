@@ -34,7 +34,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from mcp_spec_proxy.calls.drain import Drain
 from mcp_spec_proxy.errors import SHUTTING_DOWN
 from mcp_spec_proxy.fronts.asgi import BearerToken, host_names
-from mcp_spec_proxy.fronts.identity import JwtVerifier, auth_settings, metadata_routes
+from mcp_spec_proxy.fronts.identity import auth_settings, metadata_routes
+from mcp_spec_proxy.fronts.introspection import token_verifier
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.fronts.probes import Door
 from mcp_spec_proxy.sdk import event_store_per_session
@@ -134,7 +135,7 @@ def http_app(front: McpFront, *, host: str, token: str | None, allowed_hosts: li
         event_store=events.session(),
         retry_interval=RETRY_MS,
         auth=auth_settings(auth) if auth is not None else None,
-        token_verifier=JwtVerifier(auth) if auth is not None else None,
+        token_verifier=token_verifier(auth, front.proxy.auth_secret) if auth is not None else None,
         custom_starlette_routes=metadata_routes(auth) if auth is not None else None,
     )
     event_store_per_session(front.server.session_manager, events.session)

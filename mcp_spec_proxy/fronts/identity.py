@@ -42,7 +42,7 @@ import anyio
 import httpx
 import jwt
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, BearerAuthBackend, RequireAuthMiddleware
-from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.provider import AccessToken, TokenVerifier
 from mcp.server.auth.routes import build_resource_metadata_url, create_protected_resource_routes
 from mcp.server.auth.settings import AuthSettings
 from starlette.applications import Starlette
@@ -138,23 +138,29 @@ class IssuerKeys:
 
     async def _discover(self, client: httpx.AsyncClient) -> str:
         """The `jwks_uri` of the issuer's RFC 8414 document, else of its OpenID one."""
-        problems = []
-        for url in discovery_urls(self._issuer):
-            try:
-                document = await _json(client, url)
-            except (IdentityError, httpx.HTTPError) as exc:
-                problems.append(f"{url}: {exc}")
-                continue
-            if _same_url(str(document.get("issuer", "")), self._issuer) is False:
-                raise IdentityError(
-                    f"{url} names issuer {document.get('issuer')!r}, not {self._issuer!r} — set auth.issuer"
-                    " to the issuer exactly as its tokens name it"
-                )
-            jwks_uri = document.get("jwks_uri")
-            if not isinstance(jwks_uri, str) or not secure_url(jwks_uri):
-                raise IdentityError(f"{url} names no https jwks_uri ({jwks_uri!r})")
-            return jwks_uri
-        raise IdentityError("no discovery document: " + "; ".join(problems))
+        url, document = await issuer_document(client, self._issuer)
+        jwks_uri = document.get("jwks_uri")
+        if not isinstance(jwks_uri, str) or not secure_url(jwks_uri):
+            raise IdentityError(f"{url} names no https jwks_uri ({jwks_uri!r})")
+        return jwks_uri
+
+
+async def issuer_document(client: httpx.AsyncClient, issuer: str) -> tuple[str, dict[str, Any]]:
+    """The issuer's RFC 8414 metadata, else its OpenID one, and where it was read; it must name `issuer`."""
+    problems = []
+    for url in discovery_urls(issuer):
+        try:
+            document = await _json(client, url)
+        except (IdentityError, httpx.HTTPError) as exc:
+            problems.append(f"{url}: {exc}")
+            continue
+        if _same_url(str(document.get("issuer", "")), issuer) is False:
+            raise IdentityError(
+                f"{url} names issuer {document.get('issuer')!r}, not {issuer!r} — set auth.issuer"
+                " to the issuer exactly as its tokens name it"
+            )
+        return url, document
+    raise IdentityError("no discovery document: " + "; ".join(problems))
 
 
 class JwtVerifier:
@@ -176,16 +182,7 @@ class JwtVerifier:
         if isinstance(claims, str):
             logger.info("bearer token refused: %s", claims)
             return None
-        principal = principal_from_claims(claims, self._config.groups_claim)
-        return AccessToken(
-            token="",  # not kept: nothing after this point needs it, and nothing may forward it
-            client_id=principal.client_id or "",
-            scopes=list(principal.scopes),
-            expires_at=int(claims["exp"]) + LEEWAY_S,  # the SDK refuses past it: the same skew forgiven
-            resource=self._config.audience,
-            subject=principal.sub,
-            claims={"iss": principal.issuer, "groups": list(principal.groups)},
-        )
+        return access_token(claims, self._config)
 
     async def claims(self, token: str) -> dict[str, Any] | str:
         """The token's claims once every check passed, or why it was refused (no secret in it)."""
@@ -234,6 +231,20 @@ class JwtVerifier:
             while len(self._verified) > VERIFIED_TOKENS:
                 self._verified.popitem(last=False)
         return claims
+
+
+def access_token(claims: Mapping[str, Any], config: AuthConfig) -> AccessToken:
+    """The SDK's `AccessToken` for a token whose `claims` passed every check (its own, or introspected)."""
+    principal = principal_from_claims(claims, config.groups_claim)
+    return AccessToken(
+        token="",  # not kept: nothing after this point needs it, and nothing may forward it
+        client_id=principal.client_id or "",
+        scopes=list(principal.scopes),
+        expires_at=int(claims["exp"]) + LEEWAY_S,  # the SDK refuses past it: the same skew forgiven
+        resource=config.audience,
+        subject=principal.sub,
+        claims={"iss": principal.issuer, "groups": list(principal.groups)},
+    )
 
 
 def principal_from_claims(claims: Mapping[str, Any], groups_claim: str) -> Principal:
@@ -299,13 +310,13 @@ def metadata_routes(config: AuthConfig) -> list[Route]:
 
 
 class ResourceServer:
-    """`app` behind `auth:`, as the MCP front is: every HTTP request must bear a JWT the verifier takes
+    """`app` behind `auth:`, as the MCP front is: every HTTP request must bear a token `verifier` takes
     (else 401 with `WWW-Authenticate: Bearer … resource_metadata="…"`, naming the metadata of the
     resource its tokens are for, `audience`; a missing scope is 403), and the protected resource
     metadata is served beside it, in its path and its root form. A request that passes carries
     its principal (`principal_of`). The lifespan goes to `app` untouched."""
 
-    def __init__(self, app: ASGIApp, config: AuthConfig) -> None:
+    def __init__(self, app: ASGIApp, config: AuthConfig, verifier: TokenVerifier) -> None:
         settings = auth_settings(config)
         assert settings.resource_server_url is not None
         metadata = create_protected_resource_routes(
@@ -318,7 +329,7 @@ class ResourceServer:
         self._metadata = Starlette(routes=routes)
         metadata_url = build_resource_metadata_url(settings.resource_server_url)
         required = RequireAuthMiddleware(app, list(config.scopes), metadata_url)
-        self._guarded = AuthenticationMiddleware(required, backend=BearerAuthBackend(JwtVerifier(config)))
+        self._guarded = AuthenticationMiddleware(required, backend=BearerAuthBackend(verifier))
         self._app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -377,13 +388,18 @@ async def _json(client: httpx.AsyncClient, url: str) -> dict[str, Any]:
     if not secure_url(url):
         raise IdentityError(f"{url} is not https")
     async with client.stream("GET", url, headers={"Accept": "application/json"}) as response:
-        if response.status_code != 200:
-            raise IdentityError(f"HTTP {response.status_code}")
-        body = b""
-        async for chunk in response.aiter_bytes():
-            body += chunk
-            if len(body) > MAX_DOCUMENT_BYTES:
-                raise IdentityError(f"more than {MAX_DOCUMENT_BYTES} bytes")
+        return await read_json(response)
+
+
+async def read_json(response: httpx.Response) -> dict[str, Any]:
+    """The JSON object a 200 `response` streams, read to at most `MAX_DOCUMENT_BYTES`."""
+    if response.status_code != 200:
+        raise IdentityError(f"HTTP {response.status_code}")
+    body = b""
+    async for chunk in response.aiter_bytes():
+        body += chunk
+        if len(body) > MAX_DOCUMENT_BYTES:
+            raise IdentityError(f"more than {MAX_DOCUMENT_BYTES} bytes")
     try:
         data = json.loads(body)
     except ValueError as exc:
@@ -398,9 +414,13 @@ __all__ = [
     "IssuerKeys",
     "JwtVerifier",
     "ResourceServer",
+    "access_token",
     "auth_settings",
     "discovery_urls",
+    "issuer_document",
     "metadata_routes",
     "principal_from_claims",
     "principal_of",
+    "read_json",
+    "secure_url",
 ]
