@@ -19,6 +19,10 @@ the token (`JwtVerifier`):
 * `iss`, `aud` (the configured audience: a token minted for another resource is refused),
   `exp` and `nbf` with `LEEWAY_S`, and `sub`; the scopes are the SDK's check.
 
+With `auth.introspection` an opaque token is asked of the issuer instead (`introspection.py`,
+whose `token_verifier` picks the verifier both doors use); the claims it accepts meet the same
+checks, and become a principal the same way (`access_token`).
+
 The gateway takes the same tokens (`ResourceServer`: the SDK's bearer middleware and its 401 and 403
 around any ASGI app, the metadata served beside it): a token minted for `audience` works on both doors.
 
