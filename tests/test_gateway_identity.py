@@ -28,7 +28,7 @@ from mcp_spec_proxy.principal import Principal
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
 from mcp_spec_proxy.testing import ChatRequest, Reply, Respond, ScriptedModelServer, ToolCall
 from tests.harness import PROXY_COMMAND, proxy_env, recorded, toy, toy_twins
-from tests.oauth import AuthServer, authorization_server
+from tests.oauth import INTROSPECTION_CLIENT, AuthServer, authorization_server
 
 pytestmark = pytest.mark.anyio
 
@@ -68,7 +68,7 @@ def answer(offered: dict[str, set[str]], request: ChatRequest) -> Reply | str:
 
 
 @asynccontextmanager
-async def gateway(tmp_path: Path) -> AsyncIterator[Gw]:
+async def gateway(tmp_path: Path, *, introspection: bool = False) -> AsyncIterator[Gw]:
     offered: dict[str, set[str]] = {}
     async with (
         authorization_server() as auth,
@@ -83,10 +83,15 @@ async def gateway(tmp_path: Path) -> AsyncIterator[Gw]:
             "rules": RULES,
             "models": {"strong": strong},
         }
+        environ: dict[str, str] = {}
+        if introspection:
+            client_id, secret = INTROSPECTION_CLIENT
+            raw["auth"]["introspection"] = {"client_id": client_id, "client_secret_env": "INTROSPECTION_SECRET"}
+            environ["INTROSPECTION_SECRET"] = secret
         config, state = ProxyConfig.model_validate(raw), StatePaths(tmp_path / "state")
         with anyio.fail_after(60):
             async with (
-                running_proxy(config, state, in_process=toy_twins(raw)) as proxy,
+                running_proxy(config, state, in_process=toy_twins(raw), environ=environ) as proxy,
                 anyio.create_task_group() as tg,
             ):
                 port = await tg.start(functools.partial(serve_gateway, Gateway(proxy), "127.0.0.1", 0))
@@ -138,6 +143,21 @@ async def test_each_principal_sees_its_tools_meets_its_rules_and_is_named_in_the
         json.dumps({"client_id": "cli-ann", "sub": "ann"}, sort_keys=True),
         json.dumps({"client_id": "cli-bob", "sub": "bob"}, sort_keys=True),
     }
+
+
+async def test_an_opaque_token_the_issuer_vouches_for_drives_the_gateway_as_its_principal(tmp_path: Path) -> None:
+    async with gateway(tmp_path, introspection=True) as gw:
+        fields: dict[str, Any] = {"client_id": "cli-ann", "aud": AUDIENCE, "scope": "mcp"}
+        ann = await gw.auth.opaque(sub="ann", groups=["finance", "admins"], **fields)
+        inactive = await gw.auth.opaque(sub="ann", groups=["finance", "admins"], active=False, **fields)
+        ann_pays = await gw.chat("ann asks: call bank__record", ann)
+        refused = await gw.chat("ann asks: call bank__record", inactive)
+    assert ann_pays.status_code == 200, ann_pays.text
+    assert refused.status_code == 401 and 'error="invalid_token"' in refused.headers["www-authenticate"]
+    assert recorded(tmp_path / "bank") == ['{"value": "ann via the gateway"}']  # its groups met `access:` and `rules:`
+    lines = read_audit(tmp_path / "state" / "audit.jsonl")
+    verdicts = [(v["principal"]["sub"], v["tool"], v.get("rule")) for v in lines if v["event"] == "verdict"]
+    assert verdicts == [("ann", "bank__record", "admins")]
 
 
 async def test_a_gateway_session_is_continued_only_by_the_principal_that_opened_it() -> None:
