@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import ssl
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -71,6 +72,7 @@ class Introspector:
         self._client = client
         self._clock = clock
         self._url = self._settings.url
+        self._tls: ssl.SSLContext | None = None
         self._answers: OrderedDict[str, tuple[dict[str, Any], float]] = OrderedDict()  # digest: claims, until
         self._turns = anyio.CapacityLimiter(ASKING_AT_ONCE)
         slashless = config.audience.rstrip("/")
@@ -111,7 +113,9 @@ class Introspector:
         async with AsyncExitStack() as stack:
             client = self._client
             if client is None:
-                made = httpx.AsyncClient(timeout=self._settings.timeout_s, follow_redirects=False)
+                if self._tls is None:  # made once: loading the CA bundle costs more than the request itself
+                    self._tls = httpx.create_ssl_context()
+                made = httpx.AsyncClient(verify=self._tls, timeout=self._settings.timeout_s, follow_redirects=False)
                 client = await stack.enter_async_context(made)
             url = await self._endpoint(client)
             form = {"token": token, "token_type_hint": "access_token"}
