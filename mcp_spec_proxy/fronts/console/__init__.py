@@ -107,7 +107,9 @@ class Console:
     async def index(self, request: Request) -> Response:
         items = self.queue.pending()
         changes = {item.id: await self._changes(item) for item in items}
-        page = pages.pending_page(items, self.queue.rules(), command=self.queue.link_command, changes=changes)
+        page = pages.pending_page(
+            items, self.queue.rules(), command=self.queue.link_command, changes=changes, logins=dict(self.queue.logins)
+        )
         return HTMLResponse(page)
 
     async def pending(self, request: Request) -> Response:
