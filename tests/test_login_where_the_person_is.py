@@ -194,3 +194,13 @@ async def test_a_client_that_takes_url_elicitation_is_asked_to_log_in_through_it
     assert "'remote'" in asked[0].message and listening.completed == [a.elicitation_id for a in asked]
     assert not result.is_error and recorded(tracker.ledger) == ['{"value": "after the elicitation"}']
     assert [a.get("scope") for a in tracker.authorizations] == ["read", "read write"]  # the write's step-up too
+
+
+def test_the_card_makes_only_an_http_link_and_escapes_what_a_server_names() -> None:
+    """A hostile authorization server's metadata may name any URL: only an http(s) one becomes a link,
+    and nothing it holds reaches the page as markup."""
+    from mcp_spec_proxy.fronts.console.pages import login_cards
+
+    page = login_cards({"evil": "javascript:alert(1)", "odd": 'https://id.example/a?x="><script>'})
+    assert 'href="javascript:' not in page and "<code>javascript:alert(1)</code>" in page
+    assert "<script>" not in page and 'href="https://id.example/a?x=&quot;&gt;&lt;script&gt;"' in page
