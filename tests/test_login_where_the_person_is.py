@@ -7,6 +7,7 @@ tests/test_backend_login_flow.py, and a browser program that only notes the page
 from __future__ import annotations
 
 import html
+import json
 import re
 import sys
 import urllib.error
@@ -55,6 +56,15 @@ def _get(url: str, cookie: str = "") -> tuple[int, str, str]:
             return answer.status, answer.read().decode(), ""
     except urllib.error.HTTPError as refused:
         return refused.code, refused.read().decode(), (refused.headers.get("set-cookie") or "").split(";")[0]
+
+
+def _first_event(url: str, cookie: str) -> Any:
+    """The data of the first event of the console's event stream."""
+    request = urllib.request.Request(url, headers={"cookie": cookie})
+    with urllib.request.urlopen(request, timeout=10) as stream:
+        while not (line := stream.readline().decode()).startswith("data: "):
+            pass
+    return json.loads(line.removeprefix("data: "))
 
 
 class Listening:
@@ -127,6 +137,12 @@ async def test_a_desktop_client_is_told_where_to_go_and_the_consoles_card_logs_i
                 found = re.search(r'class="login-link" href="([^"]+)"', page)
                 assert found is not None
                 authorize = html.unescape(found.group(1))
+                # A page opened earlier learns of it from its event stream and fetches the cards.
+                event = await anyio.to_thread.run_sync(_first_event, f"{origin}/events", cookie)
+                assert event["logins"] == ["remote"]
+                status, cards, _ = await anyio.to_thread.run_sync(_get, f"{origin}/logins", cookie)
+                assert status == 200 and f'href="{found.group(1)}"' in cards
+                assert (await anyio.to_thread.run_sync(_get, f"{origin}/logins"))[0] == 403
                 assert authorize == opened.read_text() and key.group(1) not in authorize
                 assert authorize.startswith(f"{tracker.base}/authorize?")
 
@@ -151,6 +167,7 @@ async def test_a_desktop_client_is_told_where_to_go_and_the_consoles_card_logs_i
                 [result] = results
                 status, page, _ = await anyio.to_thread.run_sync(_get, f"{origin}/", cookie)
                 assert status == 200 and "Log in to remote" not in page  # the card goes with the login
+                assert (await anyio.to_thread.run_sync(_first_event, f"{origin}/events", cookie))["logins"] == []
         tg.cancel_scope.cancel()
     assert not result.is_error, result
     assert recorded(tracker.ledger) == ['{"value": "after the card"}']

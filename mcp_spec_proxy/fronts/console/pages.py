@@ -75,8 +75,8 @@ def pending_page(
     cards = "".join(card(item, (changes or {}).get(item.id, "")) for item in items)
     empty = '<p id="empty" class="empty"' + (" hidden" if items else "") + ">Nothing is waiting. New calls appear"
     empty += " here by themselves; keep this page open.</p>"
-    body = f'{intro}{lost_notice(command)}{login_cards(logins or {})}{empty}<div id="pending">{cards}</div>'
-    body += f"{DECIDED}{rules_section(rules or [])}"
+    body = f'{intro}{lost_notice(command)}<div id="logins">{login_cards(logins or {})}</div>'
+    body += f'{empty}<div id="pending">{cards}</div>{DECIDED}{rules_section(rules or [])}'
     return page("Waiting for you", body, active="pending")
 
 
@@ -92,7 +92,7 @@ def login_cards(logins: dict[str, str]) -> str:
         else:
             link = f"<code>{shown(url)}</code> (not an http(s) link: not opened from this page)"
         cards.append(
-            f'<article class="login" id="login-{escape(server, quote=True)}"><h2>Log in to {shown(server)}</h2>'
+            f'<article class="login" data-server="{escape(server, quote=True)}"><h2>Log in to {shown(server)}</h2>'
             f"<p>The server <b>{shown(server)}</b> asks you to log in before its tools can be used. {link}"
             " opens its login page; once you are logged in its tools appear in your client by themselves.</p></article>"
         )
