@@ -70,6 +70,7 @@ class Proxy:
     leash: Leash | None = None
     listeners: list[ChangeListener] = field(default_factory=list)
     console: ConsoleQueue | None = None  # the held writes the approval console front shows
+    logins: Mapping[str, BackendAuth] = field(default_factory=dict)  # the URL backends' OAuth clients, by server
     notices: list[OnNotice] = field(default_factory=list)  # told each backend's log message and resource update
     metrics: Metrics = field(default_factory=Metrics)  # what `/metrics` shows (observe/metrics.py)
     access: Access = field(default_factory=lambda: Access(()))  # what each principal sees (calls/access.py)
@@ -301,6 +302,16 @@ async def _running(
     proxy = Proxy(config, catalog, backends, barrier, gate, audit, events, store, engine, leash, metrics=metrics)
     proxy.access = Access(config.access)
     proxy.console = console_queue(reviewers)
+    proxy.logins = logins or {}
+    waiting = [auth for auth in proxy.logins.values() if auth.interactive]
+    if waiting:
+        # A login a person finishes: shown on the approval console ("log in to SERVER"), served for
+        # that alone where no review waits there, and a call to the server's tools meanwhile says where.
+        queue = proxy.console if proxy.console is not None else ConsoleQueue(config.review.timeout)
+        proxy.console = queue
+        catalog.login_note = queue.login_note
+        for auth in waiting:
+            auth.watchers.append(queue.login)
     async with anyio.create_task_group() as tg:
         await tg.start(store.run)
         await tg.start(backends.run)

@@ -135,6 +135,10 @@ class BackendAuth:
         self._open_browser = open_browser
         self._pending: tuple[Redirect, str] | None = None
         self.on_login: Callable[[bool], None] | None = None
+        # Told `(server, authorization URL)` as a login waits for the person, `(server, None)` as it ends:
+        # the approval console's card and the clients' URL elicitation (`fronts/logins.py`).
+        self.watchers: list[Callable[[str, str | None], None]] = []
+        self.waiting_at: str | None = None  # the authorization URL while a login waits for the person
         self.provider: httpx2.Auth = self._build()
 
     @property
@@ -230,6 +234,7 @@ class BackendAuth:
         self._pending = (redirect, state)
         if self.on_login is not None:
             self.on_login(True)
+        self._tell(authorization_url)
         logger.warning(
             "backend %r needs a login: opening the authorization page in a browser; if none opens, visit %s"
             " (or run `mcp-spec-proxy login %s`)",
@@ -260,6 +265,15 @@ class BackendAuth:
             self._desk.release()
             if self.on_login is not None:
                 self.on_login(False)
+            self._tell(None)
+
+    def _tell(self, authorization_url: str | None) -> None:
+        self.waiting_at = authorization_url
+        for watcher in self.watchers:
+            try:
+                watcher(self.name, authorization_url)
+            except Exception:  # boundary: a card or a client that cannot be told must not stop the login
+                logger.debug("could not tell of %r's login", self.name, exc_info=True)
 
     async def _drop_pending(self) -> None:
         """A login whose flow ended between its redirect and its callback: its listener and its
@@ -269,6 +283,7 @@ class BackendAuth:
                 await self._pending[0].aclose()
             self._pending = None
             self._desk.release()
+            self._tell(None)
 
 
 def login_failure(exc: Exception) -> str:

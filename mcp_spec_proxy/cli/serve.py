@@ -88,6 +88,7 @@ def main(
     from mcp_spec_proxy.calls.drain import SETTLE_S, Answering
     from mcp_spec_proxy.fronts.asgi import host_names
     from mcp_spec_proxy.fronts.http import serve_http
+    from mcp_spec_proxy.fronts.logins import LoginAsks
     from mcp_spec_proxy.fronts.mcp import McpFront
     from mcp_spec_proxy.fronts.probes import Door
     from mcp_spec_proxy.fronts.stdio import serve_stdio
@@ -116,6 +117,7 @@ def main(
                 running.append(proxy)
                 await _start_console(tg, proxy, built.state, console_at)
                 front = McpFront(proxy, version=__version__)
+                tg.start_soon(LoginAsks(front).run)  # a backend's login, asked of the clients that take a URL
                 if address is None:
                     await serve_stdio(front, answering)
                 else:

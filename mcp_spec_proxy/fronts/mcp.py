@@ -146,7 +146,7 @@ class McpFront:
             from mcp_spec_proxy.fronts.catalog_search import CatalogSearch
 
             self.catalog_search = CatalogSearch(proxy)
-        self._connections: weakref.WeakSet[Connection] = weakref.WeakSet()
+        self.connections: weakref.WeakSet[Connection] = weakref.WeakSet()
         self._approvals = Approvals(proxy.config.review.timeout, proxy.store.approvals)
         self._named = NamedSessions(lambda name, principal: self.proxy.barrier.new_session(name, principal))
         self.stdio_session: Session | None = None  # set while serving stdio: one client, one session
@@ -210,7 +210,7 @@ class McpFront:
         if self.stdio_session is not None:
             if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
                 # The one stdio client still hears list changes pushed, as every handshake-era client does.
-                self._connections.add(server_connection(ctx))
+                self.connections.add(server_connection(ctx))
             return self.stdio_session
         principal = principal_of(ctx.request)  # only a token the front verified names one
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
@@ -220,7 +220,7 @@ class McpFront:
         if not isinstance(session, Session):
             session = self.proxy.barrier.new_session(connection.session_id, principal)  # the SDK binds it to them
             connection.state[_SESSION_KEY] = session
-            self._connections.add(connection)
+            self.connections.add(connection)
         return session
 
     async def _broadcast(self, what: str) -> None:
@@ -228,7 +228,7 @@ class McpFront:
             return  # in search mode the listed tools never change (see fronts/catalog_search.py)
         await self._bus.publish(_EVENTS[what])
         method = f"notifications/{what}/list_changed"
-        for connection in list(self._connections):
+        for connection in list(self.connections):
             if connection.protocol_version in MODERN_PROTOCOL_VERSIONS:
                 continue  # that era learns of changes through subscriptions/listen, not pushed notifications
             try:
@@ -236,7 +236,7 @@ class McpFront:
                     await connection.outbound.notify(method, None)
             except Exception:  # boundary: a client that went away must not stop the others hearing
                 logger.debug("could not notify a client of %s", method, exc_info=True)
-                self._connections.discard(connection)
+                self.connections.discard(connection)
 
     # -- tools -------------------------------------------------------------------------------
 

@@ -107,6 +107,9 @@ class ConsoleQueue:
         self.link_command = "mcp-spec-proxy console-url"
         self._pending: OrderedDict[str, Pending] = OrderedDict()
         self._rules: list[Rule] = []
+        # The remote backends waiting for a person's login: server -> its authorization URL (the
+        # authorization server's page; it never holds the console's key). The page shows each as a card.
+        self.logins: dict[str, str] = {}
         self._changed: anyio.Event | None = None  # made on first wait: the queue may be built outside a loop
         self.version = 0
 
@@ -183,6 +186,32 @@ class ConsoleQueue:
         except InvalidArguments as exc:
             raise ConsoleRefused(f"the edit was not applied: {exc}") from None
         return arguments
+
+    # -- the logins' side ----------------------------------------------------------------------
+
+    def login(self, server: str, authorization_url: str | None) -> None:
+        """A backend's login waits for the person at `authorization_url` (None: it no longer waits)."""
+        if authorization_url is None:
+            self.logins.pop(server, None)
+        else:
+            self.logins[server] = authorization_url
+        self._bump()
+
+    def login_note(self, server: str) -> str | None:
+        """The one line a client's call to a tool of `server` gets while its login waits: where to go,
+        the console's address, never its key (an agent holding it could approve its own writes)."""
+        if server not in self.logins:
+            return None
+        if not self.url:
+            return (
+                f"server {server!r} waits for a login: the proxy's log has the link, or run"
+                f" `mcp-spec-proxy login {server}`; its tools appear once it is logged in"
+            )
+        return (
+            f"server {server!r} waits for a login: open the proxy's approval console at {self.url} (its link, with"
+            f" the key: run `{self.link_command}`) and follow 'Log in to {server}'; its tools appear once it is"
+            " logged in"
+        )
 
     def _bump(self) -> None:
         self.version += 1

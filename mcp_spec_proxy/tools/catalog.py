@@ -129,6 +129,8 @@ class Catalog:
         # A shared store's copy changes off the request path (a merge may find a tool held that this
         # replica's rules accepted): its tools are classified again at once.
         fingerprints.subscribe(self._rebuild)
+        # Where a call to a tool of a server waiting for its login is sent (the console's queue says).
+        self.login_note: Callable[[str], str | None] = lambda server: None
 
     # -- updates -----------------------------------------------------------------------------
 
@@ -219,7 +221,9 @@ class Catalog:
         if owners:
             names = " or ".join(sorted(t.name for t in owners))
             raise ToolNotFound(f"unknown tool {name!r}: several servers have a tool of that name; call {names}")
-        raise ToolNotFound(f"unknown tool {name!r}: it is not in the catalog (is its backend running?)")
+        server = name.split(self._config.separator, 1)[0] if self._config.separator in name else ""
+        note = self.login_note(server) if server else None
+        raise ToolNotFound(note or f"unknown tool {name!r}: it is not in the catalog (is its backend running?)")
 
     def validate(self, tool: CatalogTool, arguments: Mapping[str, Any]) -> None:
         """Raise `InvalidArguments` naming every problem; nothing is forwarded or reviewed before this."""

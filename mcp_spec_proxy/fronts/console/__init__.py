@@ -93,6 +93,7 @@ class Console:
         routes = [
             Route("/", self.index),
             Route("/pending/{item}", self.pending),
+            Route("/logins", lambda _: HTMLResponse(pages.login_cards(dict(self.queue.logins)))),
             Route("/events", self.events),
             Route("/decide/{item}", self.decide, methods=["POST"]),
             Route("/history", self.history),
@@ -107,7 +108,9 @@ class Console:
     async def index(self, request: Request) -> Response:
         items = self.queue.pending()
         changes = {item.id: await self._changes(item) for item in items}
-        page = pages.pending_page(items, self.queue.rules(), command=self.queue.link_command, changes=changes)
+        page = pages.pending_page(
+            items, self.queue.rules(), command=self.queue.link_command, changes=changes, logins=dict(self.queue.logins)
+        )
         return HTMLResponse(page)
 
     async def pending(self, request: Request) -> Response:
@@ -128,7 +131,8 @@ class Console:
             while True:
                 ids = [item.id for item in self.queue.pending()]
                 version = self.queue.version
-                yield f"event: queue\ndata: {json.dumps({'ids': ids})}\n\n"
+                logins = sorted(self.queue.logins)  # the servers waiting for a login: the page fetches their cards
+                yield f"event: queue\ndata: {json.dumps({'ids': ids, 'logins': logins})}\n\n"
                 with anyio.move_on_after(KEEPALIVE_S):
                     await self.queue.changed_since(version)
 

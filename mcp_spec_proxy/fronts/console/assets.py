@@ -152,6 +152,16 @@ function decide(event) {
   }
   post(card, body);
 }
+function logins(servers) {
+  // A remote server's login began or ended: its cards, rendered by the server, replace the old ones.
+  const box = document.getElementById("logins");
+  if (!box || !servers) return;
+  const shown = [...box.querySelectorAll("article.login")].map(card => card.dataset.server).sort();
+  if (JSON.stringify(shown) === JSON.stringify(servers)) return;
+  fetch("/logins", {credentials: "same-origin"}).then(r => r.ok ? r.text() : "")
+    .then(html => { box.innerHTML = html; });
+}
+
 function refresh(ids) {
   const list = document.getElementById("pending");
   const empty = document.getElementById("empty");
@@ -223,7 +233,7 @@ function settle(card, text) {
 }
 if (document.getElementById("pending")) {
   const events = new EventSource("/events");
-  events.addEventListener("queue", e => refresh(JSON.parse(e.data).ids));
+  events.addEventListener("queue", e => { const data = JSON.parse(e.data); refresh(data.ids); logins(data.logins); });
   events.addEventListener("error", () => { events.close(); lost(); });
   setInterval(tick, 1000);
 }

@@ -59,7 +59,12 @@ def page(title: str, body: str, *, active: str) -> str:
 
 
 def pending_page(
-    items: list[Pending], rules: list[Rule] | None = None, *, command: str = "", changes: dict[str, str] | None = None
+    items: list[Pending],
+    rules: list[Rule] | None = None,
+    *,
+    command: str = "",
+    changes: dict[str, str] | None = None,
+    logins: dict[str, str] | None = None,
 ) -> str:
     intro = (
         "<h1>Changes waiting for your approval</h1>"
@@ -70,8 +75,28 @@ def pending_page(
     cards = "".join(card(item, (changes or {}).get(item.id, "")) for item in items)
     empty = '<p id="empty" class="empty"' + (" hidden" if items else "") + ">Nothing is waiting. New calls appear"
     empty += " here by themselves; keep this page open.</p>"
-    body = f'{intro}{lost_notice(command)}{empty}<div id="pending">{cards}</div>{DECIDED}{rules_section(rules or [])}'
+    body = f'{intro}{lost_notice(command)}<div id="logins">{login_cards(logins or {})}</div>'
+    body += f'{empty}<div id="pending">{cards}</div>{DECIDED}{rules_section(rules or [])}'
     return page("Waiting for you", body, active="pending")
+
+
+def login_cards(logins: dict[str, str]) -> str:
+    """A card for each remote server waiting for the person's login, with its authorization link (the
+    authorization server's page, which sends the browser back to the proxy's loopback redirect). Only an
+    http(s) link is a link: anything else a hostile server's metadata might name is shown as text."""
+    cards = []
+    for server, url in sorted(logins.items()):
+        if url.startswith(("https://", "http://")):
+            href = escape(url, quote=True)
+            link = f'<a class="login-link" href="{href}" rel="noreferrer">Log in to {shown(server)}</a>'
+        else:
+            link = f"<code>{shown(url)}</code> (not an http(s) link: not opened from this page)"
+        cards.append(
+            f'<article class="login" data-server="{escape(server, quote=True)}"><h2>Log in to {shown(server)}</h2>'
+            f"<p>The server <b>{shown(server)}</b> asks you to log in before its tools can be used. {link}"
+            " opens its login page; once you are logged in its tools appear in your client by themselves.</p></article>"
+        )
+    return "".join(cards)
 
 
 def lost_notice(command: str) -> str:
