@@ -150,3 +150,23 @@ async def test_two_principals_racing_one_login_each_call_with_their_own_tokens(
     outside = [p for p in (tmp_path / "state").rglob("*") if p.is_file() and "oauth" not in p.parts]
     assert outside and not [p for p in outside for token in secrets if token.encode() in p.read_bytes()]
     assert metrics.status_code == 200 and not [token for token in secrets if token in metrics.text]
+
+
+async def test_a_principals_call_never_rides_the_session_everyone_shares(tmp_path: Path) -> None:
+    """`isolation: shared` on a backend a person logs in to: the one session carries the operator's
+    login, so a principal's call is refused in one line naming the fix, and the backend hears no call."""
+    tracker = Heard(tmp_path / "remote-ledger")
+    tracker.issued["operator-token"] = "read write"
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(lambda task_status: serve_asgi(tracker.app(), "127.0.0.1", 0, task_status=task_status))
+        tracker.base = f"http://127.0.0.1:{port}"
+        url = f"{tracker.base}/mcp"
+        await TokenFile.of(tmp_path / "state", "far", url).set_tokens(OAuthToken(access_token="operator-token"))
+        servers = {"far": {"url": url, "auth": "oauth", "isolation": "shared"}}
+        async with authorization_server() as auth, protected(tmp_path, auth.issuer, servers=servers) as front:
+            token = await auth.mint(sub="alice", client_id="cli-alice", aud=front.url, scope="mcp")
+            outcome = await served(front, token, "alice-1", log_in=False)
+        tg.cancel_scope.cancel()
+    assert not outcome[0] and len(outcome[1]) == 1, outcome
+    assert "keeps one login per person" in outcome[1][0] and "isolation: per_session" in outcome[1][0]
+    assert tracker.calls == [] and recorded(tracker.ledger) == []

@@ -76,13 +76,19 @@ CLIENT_SESSION: contextvars.ContextVar[SessionRef | None] = contextvars.ContextV
 )
 
 
+ASKING: contextvars.ContextVar[Principal | None] = contextvars.ContextVar("mcp_spec_proxy.asking", default=None)
+"""Who the front verified the request as (under `auth:`); None where it identifies nobody."""
+
+
 @contextmanager
-def serving(ref: SessionRef | None) -> Iterator[None]:
-    """Around one request of the client session `ref` (None: one that has no backend sessions)."""
-    token = CLIENT_SESSION.set(ref)
+def serving(ref: SessionRef | None, principal: Principal | None = None) -> Iterator[None]:
+    """Around one request of the client session `ref` (None: one that has no backend sessions),
+    asked by `principal`."""
+    token, asking = CLIENT_SESSION.set(ref), ASKING.set(principal)
     try:
         yield
     finally:
+        ASKING.reset(asking)
         CLIENT_SESSION.reset(token)
 
 
@@ -198,6 +204,10 @@ class SessionLegs:
             raise BackendUnavailable(self._name, f"could not open a session for this client ({why}); nothing was sent")
         return leg.client
 
+    def personal(self, principal: Principal | None) -> bool:
+        """Whether `principal`'s requests carry a login of their own here (never the shared session's)."""
+        return principal is not None and self._auth is not None and self._auth.interactive
+
     def _auth_for(self, ref: SessionRef) -> BackendAuth | None:
         """The tokens `ref`'s session carries: its principal's own where the front knows who asks and
         a person logs in (the backend's one login, the operator's, is never lent to a principal); else
@@ -229,7 +239,7 @@ class SessionLegs:
 
     async def _run(self, leg: _Leg) -> None:
         # The task outlives the request that opened it: none of that request's context is its.
-        for var in (CALLER, CLIENT_ANSWERS, CLIENT_ERA, CLIENT_SESSION, request_logs):
+        for var in (ASKING, CALLER, CLIENT_ANSWERS, CLIENT_ERA, CLIENT_SESSION, request_logs):
             var.set(None)
         try:
             with anyio.CancelScope(deadline=anyio.current_time() + self._config.startup_timeout) as startup:
@@ -308,4 +318,4 @@ _LIST_CHANGES = (
     types.ResourceListChangedNotification,
 )
 
-__all__ = ["CLIENT_SESSION", "IDLE_S", "MAX_LEGS", "SessionLegs", "SessionRef", "declared_kinds", "serving"]
+__all__ = ["ASKING", "CLIENT_SESSION", "IDLE_S", "MAX_LEGS", "SessionLegs", "SessionRef", "declared_kinds", "serving"]
