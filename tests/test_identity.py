@@ -85,7 +85,12 @@ class Front:
 
 @asynccontextmanager
 async def protected(
-    tmp_path: Path, issuer: str, *, scopes: tuple[str, ...] = ("mcp",), servers: dict[str, Any] | None = None
+    tmp_path: Path,
+    issuer: str,
+    *,
+    scopes: tuple[str, ...] = ("mcp",),
+    servers: dict[str, Any] | None = None,
+    telemetry: Path | None = None,
 ) -> AsyncIterator[Front]:
     """The proxy's HTTP front under `auth:`, its audience its own URL (the port is bound first)."""
     ledger = tmp_path / "rec"
@@ -100,7 +105,9 @@ async def protected(
                 "auth": {"issuer": issuer, "audience": url, "scopes": list(scopes)},
             }
             config = ProxyConfig.model_validate(raw)
-            async with running_proxy(config, StatePaths(tmp_path / "state"), in_process=toy_twins(raw)) as proxy:
+            async with running_proxy(
+                config, StatePaths(tmp_path / "state"), telemetry=telemetry, in_process=toy_twins(raw)
+            ) as proxy:
                 front = McpFront(proxy)
                 await tg.start(
                     lambda task_status: serve_http(front, "127.0.0.1", port, door=door, task_status=task_status)

@@ -96,7 +96,7 @@ async def test_two_principals_racing_one_login_each_call_with_their_own_tokens(
     their own (0600, named by no one's name), every call of alice's reaches the backend with a token of
     hers, bob's with his, neither with the operator's; carol, who has not logged in, is refused in one
     line naming the login URL and no token is kept for her; no token reaches the logs, the audit
-    trail, the state directory outside the token files, or the metrics."""
+    trail, the telemetry file, the state directory outside the token files, or the metrics."""
     caplog.set_level(logging.DEBUG)
     tracker = Heard(tmp_path / "remote-ledger")
     tracker.issued["operator-token"] = "read write"
@@ -107,7 +107,11 @@ async def test_two_principals_racing_one_login_each_call_with_their_own_tokens(
         operator = TokenFile.of(tmp_path / "state", "far", url)
         await operator.set_tokens(OAuthToken(access_token="operator-token", expires_in=3600))
         servers = {"far": {"url": url, "auth": {"callback_port": _free_port()}}}
-        async with authorization_server() as auth, protected(tmp_path, auth.issuer, servers=servers) as front:
+        telemetry = tmp_path / "telemetry.jsonl"
+        async with (
+            authorization_server() as auth,
+            protected(tmp_path, auth.issuer, servers=servers, telemetry=telemetry) as front,
+        ):
             tokens = {
                 who: await auth.mint(sub=who, client_id=f"cli-{who}", aud=front.url, scope="mcp")
                 for who in ("alice", "bob", "carol")
@@ -150,6 +154,8 @@ async def test_two_principals_racing_one_login_each_call_with_their_own_tokens(
     outside = [p for p in (tmp_path / "state").rglob("*") if p.is_file() and "oauth" not in p.parts]
     assert outside and not [p for p in outside for token in secrets if token.encode() in p.read_bytes()]
     assert metrics.status_code == 200 and not [token for token in secrets if token in metrics.text]
+    said = telemetry.read_text()
+    assert "far__record" in said and not [token for token in secrets if token in said]
 
 
 async def test_a_principals_call_never_rides_the_session_everyone_shares(tmp_path: Path) -> None:
