@@ -22,6 +22,8 @@ from mcp.shared.auth import OAuthToken
 from mcp.shared.exceptions import MCPError
 from starlette.types import Scope, Send
 
+from mcp_spec_proxy.cli.login import login_lines
+from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.fronts.asgi import serve_asgi
 from mcp_spec_proxy.store.tokens import TokenFile
 from tests.harness import recorded
@@ -137,6 +139,8 @@ async def test_two_principals_racing_one_login_each_call_with_their_own_tokens(
     assert not files["carol"].state().logged_in  # only the client registration her login began with
     kept = {who: files[who].state() for who in ("alice", "bob")}
     assert all(state.logged_in for state in kept.values()), kept
+    [said_by_check] = login_lines(ProxyConfig.model_validate({"servers": servers}), tmp_path / "state")
+    assert said_by_check.endswith("; 2 principals logged in for themselves"), said_by_check
     for who in ("alice", "bob"):
         assert stat.S_IMODE(files[who].path.stat().st_mode) == 0o600 and who not in files[who].path.name
         assert stat.S_IMODE(files[who].path.parent.stat().st_mode) == 0o700

@@ -109,6 +109,12 @@ class TokenFile:
             True, self.expires_at(), scope if isinstance(scope, str) else None, bool(tokens.get("refresh_token"))
         )
 
+    def principals_logged_in(self) -> int:
+        """How many principals hold a login of their own for this backend (`of_principal`'s files)."""
+        folder = self.path.parent / self.path.stem
+        found = folder.glob("*.json") if folder.is_dir() else ()
+        return sum(1 for path in found if TokenFile(path, self.resource).state().logged_in)
+
     def forget_tokens(self) -> bool:
         """Drop the tokens (the client registration stays, for the next login); True if there were any."""
         data = self._read()
