@@ -27,7 +27,7 @@ from mcp import Client
 from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import OAuthToken
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mcp_spec_proxy.calls.audit import read_audit
 from mcp_spec_proxy.config.identity import AuthConfig
@@ -92,6 +92,7 @@ async def protected(
     servers: dict[str, Any] | None = None,
     introspection: dict[str, Any] | None = None,
     environ: dict[str, str] | None = None,
+    telemetry: Path | None = None,
 ) -> AsyncIterator[Front]:
     """The proxy's HTTP front under `auth:`, its audience its own URL (the port is bound first)."""
     ledger = tmp_path / "rec"
@@ -112,7 +113,9 @@ async def protected(
             }
             config = ProxyConfig.model_validate(raw)
             state = StatePaths(tmp_path / "state")
-            async with running_proxy(config, state, in_process=toy_twins(raw), environ=environ) as proxy:
+            async with running_proxy(
+                config, state, telemetry=telemetry, in_process=toy_twins(raw), environ=environ
+            ) as proxy:
                 front = McpFront(proxy)
                 await tg.start(
                     lambda task_status: serve_http(front, "127.0.0.1", port, door=door, task_status=task_status)
@@ -279,20 +282,37 @@ async def test_the_clients_token_never_reaches_a_backend(tmp_path: Path) -> None
 
 
 async def test_a_backend_with_auth_hears_its_own_token_and_never_the_clients(tmp_path: Path) -> None:
-    """A URL backend with `auth:` that takes only the proxy's token for it (the one its login kept):
-    every request it hears carries that token (each client session's own backend session too),
-    none the client's; the call runs."""
-    heard: list[bytes] = []
+    """A URL backend with `auth:` that takes only the tokens its logins kept: the shared session
+    carries the operator's, alice's own backend session carries alice's own (never the operator's,
+    never the client's), and her call runs."""
+    heard: list[tuple[bytes, bool]] = []  # (authorization, whether the request was a tool call)
 
     def guarded(app: ASGIApp) -> ASGIApp:
         async def guard(scope: Scope, receive: Receive, send: Send) -> None:
-            if scope["type"] == "http":
-                heard.append(dict(scope["headers"]).get(b"authorization", b""))
-                if heard[-1] != b"Bearer backend-token":
-                    await send({"type": "http.response.start", "status": 401, "headers": []})
-                    await send({"type": "http.response.body", "body": b""})
-                    return
-            await app(scope, receive, send)
+            if scope["type"] != "http":
+                await app(scope, receive, send)
+                return
+            body = b""
+            while True:
+                message = await receive()
+                body += message.get("body", b"")
+                if not message.get("more_body"):
+                    break
+            heard.append((dict(scope["headers"]).get(b"authorization", b""), b'"tools/call"' in body))
+            if heard[-1][0] not in (b"Bearer operator-token", b"Bearer alice-token"):
+                await send({"type": "http.response.start", "status": 401, "headers": []})
+                await send({"type": "http.response.body", "body": b""})
+                return
+            sent = False
+
+            async def replay() -> Message:
+                nonlocal sent
+                if sent:
+                    return await receive()
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+
+            await app(scope, replay, send)
 
         return guard
 
@@ -300,16 +320,20 @@ async def test_a_backend_with_auth_hears_its_own_token_and_never_the_clients(tmp
     async with anyio.create_task_group() as tg:
         port = await tg.start(lambda task_status: serve_asgi(guarded(backend), "127.0.0.1", 0, task_status=task_status))
         url = f"http://127.0.0.1:{port}/mcp"
-        await TokenFile.of(tmp_path / "state", "far", url).set_tokens(OAuthToken(access_token="backend-token"))
+        operator = TokenFile.of(tmp_path / "state", "far", url)
+        await operator.set_tokens(OAuthToken(access_token="operator-token"))
         servers = {"far": {"url": url, "auth": "oauth"}}
-        async with authorization_server() as auth, protected(tmp_path, auth.issuer, servers=servers) as front:
-            token = await alice(auth, front)
-            async with client_with(front.url, token, "legacy") as client:
-                written = await client.call_tool("far__record", {"value": "far"})
+        async with authorization_server() as auth:
+            await operator.of_principal(auth.issuer, "alice").set_tokens(OAuthToken(access_token="alice-token"))
+            async with protected(tmp_path, auth.issuer, servers=servers) as front:
+                token = await alice(auth, front)
+                async with client_with(front.url, token, "legacy") as client:
+                    written = await client.call_tool("far__record", {"value": "far"})
         tg.cancel_scope.cancel()
     assert not written.is_error and recorded(tmp_path / "rec") == ['{"value": "far"}']
-    assert heard and set(heard) == {b"Bearer backend-token"}
-    assert not any(token.encode() in value for value in heard)
+    assert {bearer for bearer, call in heard if call} == {b"Bearer alice-token"}
+    assert {bearer for bearer, _ in heard} == {b"Bearer operator-token", b"Bearer alice-token"}
+    assert not any(token.encode() in value for value, _ in heard)
 
 
 @pytest.mark.parametrize("field", ["issuer", "audience"])

@@ -21,6 +21,9 @@ here; what is here is where the person logs in and where the tokens live:
 Every session a URL backend opens (its first, its other era's, each client session's own) carries
 the one provider of its backend (`provider`); a new connection attempt of the first session takes a
 fresh one (`renew`), which reads the tokens again (a `login` run from the command line meanwhile).
+Where the front knows who asks, a principal's own sessions carry that principal's own client instead
+(`for_principal`: its own token file, `oauth/<server>/<digest>.json`): no browser is opened on this
+machine for it; its login's URL is said to the principal's call (`backends/session_legs.py`).
 No token is ever logged: the provider's own log lines carry none, and nothing here names one.
 """
 
@@ -124,8 +127,14 @@ class BackendAuth:
         secret: str | None = None,  # the client's secret, or its private key under `private_key_env`
         desk: anyio.Semaphore | None = None,
         open_browser: Callable[[str], object] = webbrowser.open,
+        person: str | None = None,
     ) -> None:
         self.name = name
+        # One principal's login (`for_principal`): the person is not at this machine, so no browser is
+        # opened here; the login's URL waits in `asking_url` for the call that needs it to say.
+        self.person = person
+        self.asking_url: str | None = None
+        self.asking = anyio.Event()  # set while `asking_url` waits for its person
         self.url = url
         self.settings = settings
         self.tokens = tokens
@@ -145,6 +154,20 @@ class BackendAuth:
     def interactive(self) -> bool:
         """Whether logging in needs a person (the authorization code grant)."""
         return self.settings.grant == "authorization_code"
+
+    def for_principal(self, issuer: str, subject: str) -> BackendAuth:
+        """The same backend's OAuth client for one principal, with that principal's own tokens (and
+        its own client registration); its logins share this one's loopback port."""
+        return BackendAuth(
+            self.name,
+            self.url,
+            self.settings,
+            self.tokens.of_principal(issuer, subject),
+            secret=self._secret,
+            desk=self._desk,
+            open_browser=self._open_browser,
+            person=subject,
+        )
 
     def renew(self) -> None:
         """A fresh provider, which reads the kept tokens again (for a new connection attempt)."""
@@ -218,7 +241,15 @@ class BackendAuth:
         """Bind the loopback redirect, then send the person to the authorization server."""
         state = parse_qs(urlsplit(authorization_url).query).get("state", [""])[0]
         await self._drop_pending()
-        await self._desk.acquire()
+        if self.person is None:
+            await self._desk.acquire()
+        else:
+            try:  # a person's call waits for no one else's login: it is told to come back
+                self._desk.acquire_nowait()
+            except anyio.WouldBlock:
+                raise OAuthFlowError(
+                    "needs your own login, and another login holds the login port now: call again in a minute"
+                ) from None
         try:
             try:
                 redirect = await Redirect.listen(self.settings.callback_port)
@@ -234,6 +265,13 @@ class BackendAuth:
         self._pending = (redirect, state)
         if self.on_login is not None:
             self.on_login(True)
+        if self.person is not None:
+            logger.info(
+                "backend %r needs a login of principal %r: the login URL is given to their call", self.name, self.person
+            )
+            self.asking_url = authorization_url
+            self.asking.set()
+            return
         self._tell(authorization_url)
         logger.warning(
             "backend %r needs a login: opening the authorization page in a browser; if none opens, visit %s"
@@ -263,6 +301,8 @@ class BackendAuth:
             with anyio.CancelScope(shield=True):
                 await redirect.aclose()
             self._desk.release()
+            if self.person is not None:
+                self.asking_url, self.asking = None, anyio.Event()
             if self.on_login is not None:
                 self.on_login(False)
             self._tell(None)
@@ -283,7 +323,10 @@ class BackendAuth:
                 await self._pending[0].aclose()
             self._pending = None
             self._desk.release()
-            self._tell(None)
+            if self.person is not None:
+                self.asking_url, self.asking = None, anyio.Event()
+            else:  # a person's login is given to their call, never to the console's card
+                self._tell(None)
 
 
 def login_failure(exc: Exception) -> str:

@@ -47,7 +47,7 @@ from mcp_spec_proxy.backends.raw import (
     without_envelope,
 )
 from mcp_spec_proxy.backends.relay import CLIENT_ANSWERS, Relay
-from mcp_spec_proxy.backends.session_legs import CLIENT_SESSION, SessionLegs
+from mcp_spec_proxy.backends.session_legs import ASKING, CLIENT_SESSION, SessionLegs
 from mcp_spec_proxy.backends.transports import WatchedTransport
 from mcp_spec_proxy.config.schema import ServerConfig
 from mcp_spec_proxy.errors import BackendClosed, BackendError, BackendTimeout, BackendUnavailable, ResultTooLarge
@@ -94,12 +94,19 @@ class Requests:
                 await self._back.wait()
         if self._client is not None:
             client = self._client
-            other = self.other_era.client
-            if other is not None and self._wants_other(other, tool):
-                client = other
             ref = CLIENT_SESSION.get()
+            personal = self.sessions is not None and self.sessions.personal(ASKING.get())
+            other = self.other_era.client
+            if other is not None and self._wants_other(other, tool) and not personal:
+                client = other  # (a person's request stays on their own session of the first leg's era)
             if self.sessions is not None and ref is not None and era_of(client.protocol_version) == "handshake":
                 return await self.sessions.client_for(ref, deadline)  # the client's own backend session
+            if personal or (self.sessions is None and _logs_in_people(self.config) and ASKING.get() is not None):
+                raise BackendUnavailable(
+                    self.name,
+                    f"keeps one login per person, and {what} would go out on the session every client shares"
+                    " (the operator's login); nothing was sent — set `isolation: per_session` on the server",
+                )
             return client
         if self.status == "reconnecting":
             raise BackendUnavailable(
@@ -456,6 +463,11 @@ class Requests:
             return True
         transport = self._transport_of(client)
         return transport is not None and transport.ended.is_set()
+
+
+def _logs_in_people(config: ServerConfig) -> bool:
+    """Whether the server's `auth:` is a person's login (the authorization code grant), not a machine's."""
+    return config.auth is not None and config.auth.grant == "authorization_code"
 
 
 __all__ = ["Requests"]

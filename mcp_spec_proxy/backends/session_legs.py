@@ -11,6 +11,10 @@ than `MAX_LEGS` sessions want one (the least recently used goes first). Its hand
 the sampling, elicitation and roots its client declared, and what the backend asks on it goes to
 that client alone (its own `Relay`). A leg is opened once per client session, never per request.
 
+Under `auth:` on the backend and at the front, a principal's sessions carry that principal's own
+tokens, never the operator's login nor another person's: a principal with no login is refused in one
+line naming the URL to log in at, and the login completes in the background (`BackendAuth.for_principal`).
+
 The stdio front's one client, and every 2026-07-28 client (that era keeps no session state on the
 server), use the backend's shared legs: a desktop client costs nothing extra.
 """
@@ -41,6 +45,7 @@ from mcp_spec_proxy.backends.relay import CALLER, CLIENT_ANSWERS, ClientLink, Ki
 from mcp_spec_proxy.backends.transports import WatchedTransport, open_transport
 from mcp_spec_proxy.config.schema import ServerConfig
 from mcp_spec_proxy.errors import BackendUnavailable
+from mcp_spec_proxy.principal import Principal
 from mcp_spec_proxy.sdk import restamp_capabilities
 
 logger = logging.getLogger(__name__)
@@ -63,6 +68,7 @@ class SessionRef:
     link: ClientLink | None = None  # its client, for what a backend asks outside any call
     hear: Callable[[Notice], Awaitable[None]] | None = None  # its client alone, for what its sessions log
     ephemeral: bool = False  # one request's (a 2026-07-28 request that named no session)
+    principal: Principal | None = None  # who the front verified it as (under `auth:`); None: nobody identified
 
 
 CLIENT_SESSION: contextvars.ContextVar[SessionRef | None] = contextvars.ContextVar(
@@ -70,13 +76,19 @@ CLIENT_SESSION: contextvars.ContextVar[SessionRef | None] = contextvars.ContextV
 )
 
 
+ASKING: contextvars.ContextVar[Principal | None] = contextvars.ContextVar("mcp_spec_proxy.asking", default=None)
+"""Who the front verified the request as (under `auth:`); None where it identifies nobody."""
+
+
 @contextmanager
-def serving(ref: SessionRef | None) -> Iterator[None]:
-    """Around one request of the client session `ref` (None: one that has no backend sessions)."""
-    token = CLIENT_SESSION.set(ref)
+def serving(ref: SessionRef | None, principal: Principal | None = None) -> Iterator[None]:
+    """Around one request of the client session `ref` (None: one that has no backend sessions),
+    asked by `principal`."""
+    token, asking = CLIENT_SESSION.set(ref), ASKING.set(principal)
     try:
         yield
     finally:
+        ASKING.reset(asking)
         CLIENT_SESSION.reset(token)
 
 
@@ -101,6 +113,8 @@ class _Leg:
     transport: WatchedTransport | None = None
     failure: str | None = None
     used: float = field(default_factory=anyio.current_time)
+    auth: BackendAuth | None = None  # whose tokens it carries: its principal's own, or the backend's one login
+    startup: anyio.CancelScope | None = None  # its handshake's clock, stopped while its principal's login waits
 
 
 class SessionLegs:
@@ -120,6 +134,7 @@ class SessionLegs:
         self._in_process = in_process
         self._on_change = on_change  # a list change one of them announced: the shared listing is refreshed
         self._legs: OrderedDict[str, _Leg] = OrderedDict()
+        self._personal: dict[tuple[str, str], BackendAuth] = {}  # each principal's own login, by (issuer, sub)
         self._host: anyio.abc.TaskGroup | None = None
         self.opened = 0  # backend sessions opened so far (the tests count them)
 
@@ -164,7 +179,7 @@ class SessionLegs:
         leg = self._legs.get(ref.id)
         if leg is None or leg.done.is_set():
             relay = Relay(self._name, self._config.relay.kinds() & declared_kinds(ref.capabilities), ref.link)
-            leg = self._legs[ref.id] = _Leg(ref, relay)
+            leg = self._legs[ref.id] = _Leg(ref, relay, auth=self._auth_for(ref))
             if len(self._legs) > MAX_LEGS and not self._evict():
                 del self._legs[ref.id]
                 raise BackendUnavailable(
@@ -175,12 +190,43 @@ class SessionLegs:
             host.start_soon(self._run, leg, name=f"backend:{self._name}:session")
         self._legs.move_to_end(ref.id)
         leg.used = anyio.current_time()
+        personal = leg.auth if leg.auth is not None and leg.auth.person is not None else None
         with anyio.move_on_after(max(0.0, deadline - anyio.current_time())):
-            await leg.ready.wait()
+            await (leg.ready.wait() if personal is None else _first_of(leg.ready, personal.asking))
+        if personal is not None and personal.asking_url is not None:  # a first login, or a step-up under a call
+            raise BackendUnavailable(
+                self._name,
+                f"needs your own login: open {personal.asking_url} in a browser that reaches this proxy's"
+                f" 127.0.0.1:{personal.settings.callback_port}, then call again; nothing was sent",
+            )
         if leg.client is None:
             why = leg.failure or "it did not open in time"
             raise BackendUnavailable(self._name, f"could not open a session for this client ({why}); nothing was sent")
         return leg.client
+
+    def personal(self, principal: Principal | None) -> bool:
+        """Whether `principal`'s requests carry a login of their own here (never the shared session's)."""
+        return principal is not None and self._auth is not None and self._auth.interactive
+
+    def _auth_for(self, ref: SessionRef) -> BackendAuth | None:
+        """The tokens `ref`'s session carries: its principal's own where the front knows who asks and
+        a person logs in (the backend's one login, the operator's, is never lent to a principal); else
+        the backend's one (a machine's client credentials, or a front that identifies nobody)."""
+        auth, principal = self._auth, ref.principal
+        if auth is None or principal is None or not auth.interactive:
+            return auth
+        key = (principal.issuer, principal.sub)
+        personal = self._personal.get(key)
+        if personal is None:
+            personal = self._personal[key] = auth.for_principal(principal.issuer, principal.sub)
+            personal.on_login = partial(self._login_waits, personal)
+        return personal
+
+    def _login_waits(self, auth: BackendAuth, waiting: bool) -> None:
+        """A principal's login began (its sessions' handshake clocks stand still) or ended (they run again)."""
+        for leg in self._legs.values():
+            if leg.auth is auth and leg.startup is not None and leg.client is None:
+                leg.startup.deadline = math.inf if waiting else anyio.current_time() + self._config.startup_timeout
 
     def _evict(self) -> bool:
         """Close the least recently used session with no call in flight; False when every one has one."""
@@ -193,14 +239,15 @@ class SessionLegs:
 
     async def _run(self, leg: _Leg) -> None:
         # The task outlives the request that opened it: none of that request's context is its.
-        for var in (CALLER, CLIENT_ANSWERS, CLIENT_ERA, CLIENT_SESSION, request_logs):
+        for var in (ASKING, CALLER, CLIENT_ANSWERS, CLIENT_ERA, CLIENT_SESSION, request_logs):
             var.set(None)
         try:
             with anyio.CancelScope(deadline=anyio.current_time() + self._config.startup_timeout) as startup:
+                leg.startup = startup
                 async with AsyncExitStack() as stack:
                     target: Any = self._in_process
                     if target is None:
-                        auth = self._auth.provider if self._auth is not None else None
+                        auth = leg.auth.provider if leg.auth is not None else None
                         leg.transport = open_transport(
                             self._name, self._config, sys.stderr, on_end=leg.done.set, auth=auth
                         )
@@ -218,6 +265,8 @@ class SessionLegs:
             if startup.cancelled_caught:
                 leg.failure = f"no handshake within {self._config.startup_timeout:g}s"
         except Exception as exc:  # boundary: one client's backend session failing is that client's
+            while isinstance(exc, ExceptionGroup) and exc.exceptions:  # the transport's task group: its first cause
+                exc = exc.exceptions[0]
             leg.failure = str(exc) or type(exc).__name__
             logger.info("backend %r: a client session's own session failed: %s", self._name, leg.failure)
         finally:
@@ -269,4 +318,4 @@ _LIST_CHANGES = (
     types.ResourceListChangedNotification,
 )
 
-__all__ = ["CLIENT_SESSION", "IDLE_S", "MAX_LEGS", "SessionLegs", "SessionRef", "declared_kinds", "serving"]
+__all__ = ["ASKING", "CLIENT_SESSION", "IDLE_S", "MAX_LEGS", "SessionLegs", "SessionRef", "declared_kinds", "serving"]

@@ -101,10 +101,13 @@ def login_lines(config: ProxyConfig, state_root: Path) -> list[str]:
     for name, server in config.active_servers().items():
         if server.auth is None or server.url is None:
             continue
-        state = TokenFile.of(state_root, name, server.url).state()
+        tokens = TokenFile.of(state_root, name, server.url)
+        state = tokens.state()
         line = f"{name}: {state.describe()}"
         if not state.logged_in and server.auth.grant == "authorization_code":
             line += f" — run `mcp-spec-proxy login {name}` (or the proxy asks when it first connects)"
+        if people := tokens.principals_logged_in():  # each person's own login, under `auth:` at the front
+            line += f"; {people} principal{'s' if people != 1 else ''} logged in for themselves"
         lines.append(line)
     return lines
 

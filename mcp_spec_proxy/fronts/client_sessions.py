@@ -53,10 +53,11 @@ class ClientSessions:
 
     def modern(self, ctx: ServerRequestContext[Any, Any]) -> SessionRef:
         capabilities = ctx.session.client_capabilities
-        name = session_name(ctx.request, ctx.meta, principal_of(ctx.request))
+        principal = principal_of(ctx.request)
+        name = session_name(ctx.request, ctx.meta, principal)
         if name is None:
-            return SessionRef(f"request-{secrets.token_hex(8)}", capabilities, ephemeral=True)
-        ref = self._named.pop(name, None) or SessionRef(f"named-{digest(name)[:16]}", capabilities)
+            return SessionRef(f"request-{secrets.token_hex(8)}", capabilities, ephemeral=True, principal=principal)
+        ref = self._named.pop(name, None) or SessionRef(f"named-{digest(name)[:16]}", capabilities, principal=principal)
         self._named[name] = ref
         while len(self._named) > MAX_NAMED_SESSIONS:
             self._named.popitem(last=False)[1].ended.set()
@@ -79,7 +80,10 @@ def session_ref(front: McpFront, ctx: ServerRequestContext[Any, Any]) -> Session
         ttl = front.proxy.config.review.timeout
         link = connection_link(session, connection, front.audit_relay(session), ttl, front.asked)
         hear = partial(front.notices.notice, only=connection)
-        ref = SessionRef(connection.session_id, connection.client_capabilities, link=link, hear=hear)
+        principal = principal_of(ctx.request)  # the session answers only the principal that opened it
+        ref = SessionRef(
+            connection.session_id, connection.client_capabilities, link=link, hear=hear, principal=principal
+        )
         connection.state[_SESSION_REF] = ref
         connection.exit_stack.callback(ref.ended.set)
     return ref

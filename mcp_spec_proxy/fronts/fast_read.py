@@ -43,6 +43,7 @@ from mcp_spec_proxy.calls.access import viewing
 from mcp_spec_proxy.calls.results import CALL_FAILED, CALL_META, as_wire, error_result, new_call_id
 from mcp_spec_proxy.errors import ShuttingDown, ToolNotFound
 from mcp_spec_proxy.fronts.client_sessions import adopt_stdio, session_ref
+from mcp_spec_proxy.fronts.identity import principal_of
 from mcp_spec_proxy.fronts.relay import declares_any
 from mcp_spec_proxy.fronts.replays import KEY_META
 from mcp_spec_proxy.fronts.wire import wire_error
@@ -112,7 +113,11 @@ class FastRead:
         # And what its principal may see (`calls/access.py`): every request, whatever its method.
         ref = session_ref(self._front, ctx)
         try:
-            with speaking(ctx.protocol_version), viewing(self._front.view_of(ctx.request)), serving(ref):
+            with (
+                speaking(ctx.protocol_version),
+                viewing(self._front.view_of(ctx.request)),
+                serving(ref, principal_of(ctx.request)),
+            ):
                 return await self._serve(ctx, call_next)
         finally:
             if ref is not None and ref.ephemeral:

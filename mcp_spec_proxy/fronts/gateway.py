@@ -56,6 +56,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
+from mcp_spec_proxy.backends.session_legs import ASKING
 from mcp_spec_proxy.calls.access import viewing
 from mcp_spec_proxy.engine import MODES, Engine, Mode
 from mcp_spec_proxy.errors import ProxyError, ShuttingDown, ToolNotFound
@@ -306,6 +307,7 @@ class Gateway:
 
         async def run() -> None:
             action: Action
+            ASKING.set(session.principal)  # its backend requests are its principal's (a person's login is theirs)
             try:
                 # In flight for the drain until it ends, between requests too (waiting for the client's tools).
                 with session.scope, self.proxy.gate.drain.continuing():  # cancelled when the session is let go

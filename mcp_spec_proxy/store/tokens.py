@@ -13,6 +13,7 @@ when it expires and what scope it carries.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -55,13 +56,20 @@ class LoginState:
 class TokenFile:
     """The SDK's `TokenStorage` for one backend, in one file (see the module docstring)."""
 
-    def __init__(self, path: Path, resource: str) -> None:
+    def __init__(self, path: Path, resource: str, private: Path | None = None) -> None:
         self.path = path
         self.resource = resource  # the backend's URL: what these tokens were got for
+        self.private = private or path.parent  # this folder and every one below it down to the file: 0700
 
     @classmethod
     def of(cls, state_root: Path, server: str, url: str) -> TokenFile:
         return cls(state_root / "oauth" / f"{server}.json", url)
+
+    def of_principal(self, issuer: str, subject: str) -> TokenFile:
+        """One person's tokens for the same backend: `oauth/<server>/<digest of issuer and subject>.json`
+        (the file's name says nothing of who; the folders are the owner's alone like this one's)."""
+        person = hashlib.sha256(f"{issuer}\n{subject}".encode()).hexdigest()[:32]
+        return TokenFile(self.path.parent / self.path.stem / f"{person}.json", self.resource, self.private)
 
     async def get_tokens(self) -> OAuthToken | None:
         data = self._read()
@@ -101,6 +109,12 @@ class TokenFile:
             True, self.expires_at(), scope if isinstance(scope, str) else None, bool(tokens.get("refresh_token"))
         )
 
+    def principals_logged_in(self) -> int:
+        """How many principals hold a login of their own for this backend (`of_principal`'s files)."""
+        folder = self.path.parent / self.path.stem
+        found = folder.glob("*.json") if folder.is_dir() else ()
+        return sum(1 for path in found if TokenFile(path, self.resource).state().logged_in)
+
     def forget_tokens(self) -> bool:
         """Drop the tokens (the client registration stays, for the next login); True if there were any."""
         data = self._read()
@@ -127,7 +141,10 @@ class TokenFile:
     def _write(self, data: dict[str, Any]) -> None:
         folder = self.path.parent
         folder.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-        os.chmod(folder, DIR_MODE)  # an existing folder is made the owner's alone too
+        for level in (folder, *folder.parents):
+            os.chmod(level, DIR_MODE)  # an existing folder is made the owner's alone too
+            if level == self.private or not level.is_relative_to(self.private):
+                break
         record = {**data, "resource": self.resource}
         fd, temporary = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=folder)  # mkstemp makes it 0600
         try:
