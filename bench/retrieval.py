@@ -361,12 +361,14 @@ def with_old_intent(tool: CatalogTool) -> types.Tool:
 
 
 class Remembered:
-    """An encoder whose vectors are kept by text, so two rankers over one model embed each text once."""
+    """An encoder whose vectors are kept by text, so two rankers over one model embed each text once;
+    `timings` holds (texts, seconds) of every call that reached the model."""
 
     def __init__(self, encoder: Encoder) -> None:
         self.encoder = encoder
         self.info = encoder.info
         self._seen: dict[str, np.ndarray] = {}
+        self.timings: list[tuple[int, float]] = []
 
     async def encode_steps(self, steps: list[StepView]) -> np.ndarray:
         return await self.encoder.encode_steps(steps)
@@ -374,7 +376,10 @@ class Remembered:
     async def encode_texts(self, texts: list[str]) -> np.ndarray:
         new = list(dict.fromkeys(t for t in texts if t not in self._seen))
         if new:
-            for text, vector in zip(new, await self.encoder.encode_texts(new), strict=True):
+            started = time.perf_counter()
+            vectors = await self.encoder.encode_texts(new)
+            self.timings.append((len(new), time.perf_counter() - started))
+            for text, vector in zip(new, vectors, strict=True):
                 self._seen[text] = vector
         return np.stack([self._seen[t] for t in texts])
 
@@ -417,8 +422,9 @@ async def measure(
         rankers += [("hybrid-emb", embedding, "hybrid", True, FUSION)]
         rankers += [(fusion_label(f), embedding, "hybrid", True, f) for f in fusions]
     default: list[list[Hit]] = []
+    timed = len(embedding.timings) if isinstance(embedding, Remembered) else 0
     for label, encoder, rank, group, fusion in rankers:
-        index = ToolIndex(catalog.tools, encoder, rank, fusion=fusion)
+        index = ToolIndex(catalog.tools, encoder, rank, fusion=fusion, embed_budget=None)
         started = time.perf_counter()
         await index.search("warm up: build the index", K)
         row[f"{label}-build-ms"] = (time.perf_counter() - started) * 1000
@@ -426,6 +432,10 @@ async def measure(
         row[label] = (recall([names(h) for h in hits], requests), per_query)
         if label == "words":  # what `rank: auto` does under the default (hashing) encoder
             default = hits
+    if isinstance(embedding, Remembered):  # the catalog's tools in batches, then each request alone
+        calls = embedding.timings[timed:]
+        row["embedded"] = [(n, s) for n, s in calls if n > 1]
+        row["request-ms"] = [s * 1000 for n, s in calls if n == 1]
     # Bytes: list mode (ours, old intent, the backends' own) against search mode.
     row["list-bytes"] = wire_bytes([t.definition for t in tools])
     row["list-bytes-old-intent"] = wire_bytes([with_old_intent(t) for t in tools])
@@ -450,6 +460,18 @@ def report(rows: list[dict[str, Any]], labels: list[str]) -> None:
             for row in rows
         )
     )
+    for row in rows:
+        if "embedded" in row:
+            texts, seconds, each = (
+                sum(n for n, _ in row["embedded"]),
+                sum(s for _, s in row["embedded"]),
+                row["request-ms"],
+            )
+            print(
+                f"Embedding at {row['size']} tools: {texts} new tool texts in {seconds:.1f} s"
+                f" ({seconds * 1000 / max(texts, 1):.1f} ms each); a request {np.median(each):.1f} ms median,"
+                f" {max(each):.1f} ms max ({len(each)} requests)"
+            )
     print("\n## Bytes a client reads (tokens ≈ bytes / 4)")
     print(
         "| tools | writes | full tools/list | its intent share | old intent | backends' own | search mode:"

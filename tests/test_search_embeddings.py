@@ -17,11 +17,11 @@ import pytest
 from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.fronts.catalog_search import search_encoder
 from mcp_spec_proxy.leash import local_model
-from mcp_spec_proxy.leash.encoders import HashingEncoder
+from mcp_spec_proxy.leash.encoders import EncoderInfo, HashingEncoder, StepView
 from mcp_spec_proxy.proxy import Proxy
 from mcp_spec_proxy.tools.catalog import Catalog
 from mcp_spec_proxy.tools.fingerprints import FingerprintStore
-from mcp_spec_proxy.tools.search import ToolIndex
+from mcp_spec_proxy.tools.search import EMBED_BATCH, ToolIndex
 
 pytestmark = pytest.mark.anyio
 
@@ -119,5 +119,42 @@ async def test_a_paraphrase_with_no_word_of_the_tool_finds_it(
     encoder: local_model.LocalEmbeddingEncoder, query: str, wanted: str
 ) -> None:
     tools = catalog()
-    assert wanted not in (await names(ToolIndex(tools.tools, None, "words"), query))[:1]  # words alone miss it
+    assert wanted not in await names(ToolIndex(tools.tools, None, "words"), query)  # no word of the tool's own
     assert (await names(ToolIndex(tools.tools, encoder, "auto"), query))[0] == wanted
+
+
+class Counting:
+    """The hashing encoder under an embedding's name (so `auto` fuses), counting the texts of each call."""
+
+    def __init__(self) -> None:
+        self.inner = HashingEncoder(dim=256)
+        self.calls: list[int] = []
+
+    @property
+    def info(self) -> EncoderInfo:
+        return EncoderInfo("embedding", "counting", 256)
+
+    async def encode_steps(self, steps: list[StepView]) -> np.ndarray[Any, Any]:
+        return await self.inner.encode_steps(steps)
+
+    async def encode_texts(self, texts: list[str]) -> np.ndarray[Any, Any]:
+        self.calls.append(len(texts))
+        return await self.inner.encode_texts(texts)
+
+
+async def test_a_large_catalog_is_embedded_a_batch_per_search_and_words_rank_until_it_is_done() -> None:
+    cfg = ProxyConfig.model_validate({"servers": {"s": {"command": "x"}}})
+    tools = Catalog(cfg, FingerprintStore(None))
+    many = [types.Tool(name=f"tool_{i}", description=f"Does thing number {i}.", input_schema={}) for i in range(300)]
+    tools.set_tools("s", many)
+    encoder = Counting()
+    index = ToolIndex(tools.tools, encoder, "encoder", embed_budget=0)  # one batch per search
+    words = ToolIndex(tools.tools, None, "words")
+    assert await names(index, "thing number 7") == await names(words, "thing number 7")
+    assert encoder.calls == [EMBED_BATCH]  # no vector for the request: the words ranked
+    await index.search("thing number 7", 5)
+    assert encoder.calls == [EMBED_BATCH] * 2
+    await index.search("thing number 7", 5)
+    assert encoder.calls == [EMBED_BATCH, EMBED_BATCH, 300 - 2 * EMBED_BATCH, 1]  # all in: the request is embedded
+    await index.search("thing number 8", 5)
+    assert encoder.calls[4:] == [1]  # each tool once, each request once

@@ -9,10 +9,13 @@ Under `catalog: {mode: search}` a client does not read every tool; it asks `sear
   words dropped; a request's words bring their synonyms from a small table of API verbs and
   nouns, and a tool whose effect is not the one the request's verb asks for (read, write) is
   nudged down;
-* `encoder` — cosine similarity under one of LEASH's encoders: `hashing` (the default, nothing
-  to install or serve: it hashes the same words and their bigrams) or, where `leash.encoder:
-  embedding` is configured, that very embedding endpoint (the tool's text in plain words);
-* `hybrid` — both, fused by reciprocal rank.
+* `encoder` — cosine similarity under one of LEASH's encoders: where `leash.encoder: embedding`
+  is configured, that very embedding endpoint; else, where the `embeddings` extra is installed, a
+  small model in process (all-MiniLM-L6-v2, `leash/local_model.py`); else `hashing` (nothing to
+  install or serve: it hashes the same words and their bigrams). A model reads the tool's text in
+  plain words;
+* `hybrid` — both, fused (`Fusion`): the words' scores over their best, plus the cosine at `FUSION`'s
+  weight.
 
 `auto` (the default) is `hybrid` under an embedding encoder and `words` under hashing: on
 `bench/retrieval.py` hashed words alone, and fused with BM25, ranked the right tool lower than
@@ -68,6 +71,12 @@ RRF_K = 60
 """Reciprocal rank fusion's constant: a hit's fused score is the sum of 1 / (RRF_K + its rank)."""
 FUSE_DEPTH = 100
 """Hits each ranker contributes to the fusion."""
+EMBED_BUDGET_S = 1.0
+"""Seconds one search spends embedding tools that have no vector yet (at least one batch of
+`EMBED_BATCH`). Until every tool has one, the words alone rank: the first searches over a large
+catalog answer at once instead of waiting for a small model on a CPU (about a minute per 5,000 tools)."""
+EMBED_BATCH = 128
+"""Tools embedded per encoder call."""
 ENCODER_RETRY_S = 60.0
 """After an encoder fails, the words alone rank for this long before the encoder is tried again."""
 
@@ -212,9 +221,11 @@ class ToolIndex:
         rank: Rank = "auto",
         trust: Mapping[str, int] | None = None,
         fusion: Fusion = FUSION,
+        embed_budget: float | None = EMBED_BUDGET_S,
     ) -> None:
         self._tools = tools
         self._fusion = fusion
+        self._embed_budget = embed_budget  # None: embed every tool before the first answer
         self._trust = dict(trust or {})
         self._hashing = encoder is not None and encoder.info.name == "hashing"
         if rank == "auto":
@@ -337,14 +348,19 @@ class ToolIndex:
         wanted = [(key, doc) for key, doc in zip(keys, docs, strict=True) if key not in self._vectors]
         if not wanted:
             return
-        try:
-            vectors = await self._encoder.encode_texts([self._encodable(doc) for _, doc in wanted])
-        except LeashError as exc:
-            self._encoder_failed(exc)
-            return
-        self._encoder_back()
-        for (key, _), vector in zip(wanted, vectors, strict=True):
-            self._vectors[key] = vector
+        started = time.monotonic()
+        for first in range(0, len(wanted), EMBED_BATCH):
+            batch = wanted[first : first + EMBED_BATCH]
+            try:
+                vectors = await self._encoder.encode_texts([self._encodable(doc) for _, doc in batch])
+            except LeashError as exc:
+                self._encoder_failed(exc)
+                return
+            self._encoder_back()
+            for (key, _), vector in zip(batch, vectors, strict=True):
+                self._vectors[key] = vector
+            if self._embed_budget is not None and time.monotonic() - started >= self._embed_budget:
+                return  # the rest at the next searches; the words rank until then
 
     async def _encode_query(self, query: str) -> np.ndarray | None:
         if self._encoder is None or not self._encoder_usable():
