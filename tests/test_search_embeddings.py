@@ -6,7 +6,9 @@ request with no word of the tool's own finds it; those tests are skipped where t
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -22,6 +24,7 @@ from mcp_spec_proxy.proxy import Proxy
 from mcp_spec_proxy.tools.catalog import Catalog
 from mcp_spec_proxy.tools.fingerprints import FingerprintStore
 from mcp_spec_proxy.tools.search import EMBED_BATCH, ToolIndex
+from tests.harness import proxied, text_of, toy
 
 pytestmark = pytest.mark.anyio
 
@@ -160,3 +163,20 @@ async def test_a_large_catalog_is_embedded_a_batch_per_search_and_words_rank_unt
     assert encoder.calls == [EMBED_BATCH, EMBED_BATCH, 20, 1]  # all in: the request is embedded
     await index.search("thing number 8", 5)
     assert encoder.calls[4:] == [1]  # each tool once, each request once
+
+
+@needs_model
+async def test_the_proxy_s_search_mode_finds_a_tool_by_meaning_with_the_extra(tmp_path: Path) -> None:
+    query = "how far along is the job"  # toy's `progress`: "Report progress."
+    answers = {}
+    for rank in ("words", "auto"):
+        cfg = {
+            "servers": {"toy": toy(tmp_path / "rec")},
+            "review": {"default": "human"},
+            "catalog": {"mode": "search", "rank": rank},
+        }
+        async with proxied(cfg, tmp_path / rank, twins=True) as p:
+            result = await p.client.call_tool("search_tools", {"query": query})
+            answers[rank] = [hit["name"] for hit in json.loads(text_of(result))["tools"]]
+    assert "toy__progress" not in answers["words"]
+    assert answers["auto"][0] == "toy__progress"
