@@ -1,7 +1,7 @@
 """Tool search at catalog scale: retrieval quality and the bytes a client reads, side by side.
 
     .venv/bin/python -m bench.retrieval [--sizes 1000,5000] [--dump] [--split dev|test|all]
-        [--requests FILE] [--minilm | --embedding-url URL --embedding-model NAME]
+        [--requests FILE] [--minilm | --embedding-url URL --embedding-model NAME] [--fusions rrf:1,sum:2]
 
 The catalog is the real servers the tests use — their tools/list as dumped into
 `bench/retrieval_servers.json` (`--dump` re-dumps it from `.backends/`: npm filesystem, memory,
@@ -13,7 +13,8 @@ small argument schema, read-only for list/get/search/count/export verbs and a wr
 Their words overlap the real tools' on purpose (files, folders, commits, branches, tables,
 queries, time zones, notes, contacts), so they are distractors, not noise.
 
-`bench/retrieval_requests.json` holds plain-language requests written for this benchmark, each
+`bench/retrieval_paraphrases.json` is held out: requests in an agent's words, measured once a ranking is
+final and never tuned on. `bench/retrieval_requests.json` holds plain-language requests written for this benchmark, each
 with the real tool(s) that serve it (a second tool only where two are equally right). Recall@5:
 the share of requests whose right tool is among the first five hits. `--requests FILE` measures
 another request set of the same shape. `--split` keeps part of them: `dev` the requests at

@@ -336,6 +336,8 @@ class ToolIndex:
         if self._encoder_usable():
             await self._encode_documents(keys, docs)
         self._matrix = np.stack([self._vectors[key] for key in keys]) if self._vectors_complete(keys) else None
+        if keys == self._keys:  # only vectors were added (a catalog embedded a batch per search)
+            return
         self._keys, self._listed = keys, listed
         self._group = lookalikes.groups(listed, [doc.keys for doc in docs])
         self._members = {}
