@@ -1,7 +1,7 @@
 """Tool search at catalog scale: retrieval quality and the bytes a client reads, side by side.
 
     .venv/bin/python -m bench.retrieval [--sizes 1000,5000] [--dump] [--split dev|test|all]
-        [--requests FILE] [--minilm | --embedding-url URL --embedding-model NAME]
+        [--requests FILE] [--minilm | --embedding-url URL --embedding-model NAME] [--fusions rrf:1,sum:2]
 
 The catalog is the real servers the tests use — their tools/list as dumped into
 `bench/retrieval_servers.json` (`--dump` re-dumps it from `.backends/`: npm filesystem, memory,
@@ -13,7 +13,8 @@ small argument schema, read-only for list/get/search/count/export verbs and a wr
 Their words overlap the real tools' on purpose (files, folders, commits, branches, tables,
 queries, time zones, notes, contacts), so they are distractors, not noise.
 
-`bench/retrieval_requests.json` holds plain-language requests written for this benchmark, each
+`bench/retrieval_paraphrases.json` is held out: requests in an agent's words, measured once a ranking is
+final and never tuned on. `bench/retrieval_requests.json` holds plain-language requests written for this benchmark, each
 with the real tool(s) that serve it (a second tool only where two are equally right). Recall@5:
 the share of requests whose right tool is among the first five hits. `--requests FILE` measures
 another request set of the same shape. `--split` keeps part of them: `dev` the requests at
@@ -33,7 +34,7 @@ misses and all), `test` those with i % 3 == 0 (held out: read its figure, not it
     words-ungrouped  `words` without grouping one tool served by several servers into one hit
     embedding      (with --minilm or --embedding-url) an embedding model alone, and fused with
                    words (hybrid-emb): --minilm runs all-MiniLM-L6-v2 in process
-                   (bench/minilm.py), --embedding-url any OpenAI-compatible /v1/embeddings
+                   (the `embeddings` extra), --embedding-url any OpenAI-compatible /v1/embeddings
 
 Bytes: the full tools/list a client reads in list mode (as the proxy serves it, with `intent`
 on writes; with the old, longer `intent`; and the backends' own, without it) against search
@@ -61,9 +62,10 @@ from bench.measure import machine_line
 from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.fronts.catalog_search import CALL_TOOL, results_text, search_tool
 from mcp_spec_proxy.leash.encoders import EmbeddingEncoder, Encoder, HashingEncoder, StepView
+from mcp_spec_proxy.leash.local_model import INSTALL, local_encoder
 from mcp_spec_proxy.tools.catalog import INTENT_ARGUMENT, Catalog, CatalogTool
 from mcp_spec_proxy.tools.fingerprints import FingerprintStore
-from mcp_spec_proxy.tools.search import SEARCH_HASH_DIM, Hit, Rank, ToolIndex, top
+from mcp_spec_proxy.tools.search import FUSION, SEARCH_HASH_DIM, Fusion, Hit, Rank, ToolIndex, top
 from mcp_spec_proxy.tools.words import Bm25
 
 HERE = Path(__file__).resolve().parent
@@ -360,12 +362,14 @@ def with_old_intent(tool: CatalogTool) -> types.Tool:
 
 
 class Remembered:
-    """An encoder whose vectors are kept by text, so two rankers over one model embed each text once."""
+    """An encoder whose vectors are kept by text, so two rankers over one model embed each text once;
+    `timings` holds (texts, seconds) of every call that reached the model."""
 
     def __init__(self, encoder: Encoder) -> None:
         self.encoder = encoder
         self.info = encoder.info
         self._seen: dict[str, np.ndarray] = {}
+        self.timings: list[tuple[int, float]] = []
 
     async def encode_steps(self, steps: list[StepView]) -> np.ndarray:
         return await self.encoder.encode_steps(steps)
@@ -373,12 +377,32 @@ class Remembered:
     async def encode_texts(self, texts: list[str]) -> np.ndarray:
         new = list(dict.fromkeys(t for t in texts if t not in self._seen))
         if new:
-            for text, vector in zip(new, await self.encoder.encode_texts(new), strict=True):
+            started = time.perf_counter()
+            vectors = await self.encoder.encode_texts(new)
+            self.timings.append((len(new), time.perf_counter() - started))
+            for text, vector in zip(new, vectors, strict=True):
                 self._seen[text] = vector
         return np.stack([self._seen[t] for t in texts])
 
 
-async def measure(size: int, requests: list[dict[str, Any]], embedding: Encoder | None) -> dict[str, Any]:
+def fusion_label(fusion: Fusion) -> str:
+    return f"hybrid-emb {fusion.how} {fusion.semantic:g}"
+
+
+def parse_fusions(text: str) -> list[Fusion]:
+    """`rrf:1,sum:0.5`: the fusions `--fusions` measures beside the default."""
+    fusions = []
+    for item in filter(None, text.split(",")):
+        how, _, weight = item.partition(":")
+        if how not in ("rrf", "sum"):
+            raise SystemExit(f"--fusions: {item!r} is not rrf:WEIGHT or sum:WEIGHT")
+        fusions.append(Fusion("rrf" if how == "rrf" else "sum", float(weight or 1)))
+    return fusions
+
+
+async def measure(
+    size: int, requests: list[dict[str, Any]], embedding: Encoder | None, fusions: Sequence[Fusion] = ()
+) -> dict[str, Any]:
     catalog = padded(size)
     tools = catalog.tools()
     queries = [r["request"] for r in requests]
@@ -388,17 +412,20 @@ async def measure(size: int, requests: list[dict[str, Any]], embedding: Encoder 
     found = [[t.name for t in baseline.search(q, K)] for q in queries]
     row["mcpproxy-bm25"] = (recall(found, requests), (time.perf_counter() - started) * 1000 / len(queries))
     hashing = HashingEncoder(dim=SEARCH_HASH_DIM)
-    rankers: list[tuple[str, Encoder | None, Rank, bool]] = [
-        ("words-ungrouped", None, "words", False),
-        ("words", None, "words", True),
-        ("hashing", hashing, "encoder", True),
-        ("hybrid", hashing, "hybrid", True),
+    rankers: list[tuple[str, Encoder | None, Rank, bool, Fusion]] = [
+        ("words-ungrouped", None, "words", False, FUSION),
+        ("words", None, "words", True, FUSION),
+        ("hashing", hashing, "encoder", True, FUSION),
+        ("hybrid", hashing, "hybrid", True, FUSION),
     ]
     if embedding is not None:
-        rankers += [("embedding", embedding, "encoder", True), ("hybrid-emb", embedding, "hybrid", True)]
+        rankers += [("embedding", embedding, "encoder", True, FUSION)]
+        rankers += [("hybrid-emb", embedding, "hybrid", True, FUSION)]
+        rankers += [(fusion_label(f), embedding, "hybrid", True, f) for f in fusions]
     default: list[list[Hit]] = []
-    for label, encoder, rank, group in rankers:
-        index = ToolIndex(catalog.tools, encoder, rank)
+    timed = len(embedding.timings) if isinstance(embedding, Remembered) else 0
+    for label, encoder, rank, group, fusion in rankers:
+        index = ToolIndex(catalog.tools, encoder, rank, fusion=fusion, embed_budget=None)
         started = time.perf_counter()
         await index.search("warm up: build the index", K)
         row[f"{label}-build-ms"] = (time.perf_counter() - started) * 1000
@@ -406,6 +433,10 @@ async def measure(size: int, requests: list[dict[str, Any]], embedding: Encoder 
         row[label] = (recall([names(h) for h in hits], requests), per_query)
         if label == "words":  # what `rank: auto` does under the default (hashing) encoder
             default = hits
+    if isinstance(embedding, Remembered):  # the catalog's tools in batches, then each request alone
+        calls = embedding.timings[timed:]
+        row["embedded"] = [(n, s) for n, s in calls if n > 1]
+        row["request-ms"] = [s * 1000 for n, s in calls if n == 1]
     # Bytes: list mode (ours, old intent, the backends' own) against search mode.
     row["list-bytes"] = wire_bytes([t.definition for t in tools])
     row["list-bytes-old-intent"] = wire_bytes([with_old_intent(t) for t in tools])
@@ -430,6 +461,19 @@ def report(rows: list[dict[str, Any]], labels: list[str]) -> None:
             for row in rows
         )
     )
+    for row in rows:
+        if "embedded" in row:
+            texts, seconds = sum(n for n, _ in row["embedded"]), sum(s for _, s in row["embedded"])
+            each = row["request-ms"]
+            requests = (
+                f"; a request {np.median(each):.1f} ms median, {max(each):.1f} ms max ({len(each)} requests)"
+                if each
+                else ""  # the requests were embedded at a smaller size
+            )
+            print(
+                f"Embedding at {row['size']} tools: {texts} new tool texts in {seconds:.1f} s"
+                f" ({seconds * 1000 / max(texts, 1):.1f} ms each){requests}"
+            )
     print("\n## Bytes a client reads (tokens ≈ bytes / 4)")
     print(
         "| tools | writes | full tools/list | its intent share | old intent | backends' own | search mode:"
@@ -455,7 +499,10 @@ async def main() -> None:
     parser.add_argument("--embedding-url", help="an OpenAI-compatible /v1 base URL serving embeddings")
     parser.add_argument("--embedding-model", default="", help="the embedding model's name")
     parser.add_argument(
-        "--minilm", action="store_true", help="embed with all-MiniLM-L6-v2 in process (bench/minilm.py)"
+        "--minilm", action="store_true", help="embed with all-MiniLM-L6-v2 in process (the embeddings extra)"
+    )
+    parser.add_argument(
+        "--fusions", default="", help="with an embedding: more fusions to measure, e.g. rrf:0.5,sum:1 (tools/search.py)"
     )
     parser.add_argument("--requests", type=Path, default=REQUESTS_FILE, help="the requests, as in the default file")
     parser.add_argument(
@@ -468,25 +515,31 @@ async def main() -> None:
         print(f"wrote {SERVERS_FILE.name}: " + ", ".join(f"{name} {len(tools)}" for name, tools in listings.items()))
         return
     requests = split(json.loads(args.requests.read_text()), args.split)
+    fusions = parse_fusions(args.fusions)
     embedding: Encoder | None = None
     if args.minilm:
-        from bench.minilm import MiniLmEncoder
-
-        embedding = MiniLmEncoder()
+        local = local_encoder()
+        if local is None:
+            raise SystemExit(f"--minilm needs the embeddings extra: {INSTALL}")
+        embedding = local
     elif args.embedding_url:
         embedding = EmbeddingEncoder(args.embedding_url, args.embedding_model)
     real = sum(map(len, real_listings().values()))
     sizes = [real, *(int(s) for s in args.sizes.split(","))]
     print(f"machine: {machine_line()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"{len(requests)} requests ({args.split} of {args.requests.name}) over {real} real tools")
+    if embedding is not None:  # load the model (a local one) before anything is timed
+        started = time.perf_counter()
+        await embedding.encode_texts(["load the model"])
+        print(f"embedding model ready in {time.perf_counter() - started:.1f} s")
     remembered = Remembered(embedding) if embedding else None  # the sizes share their real and first synthetic tools
     rows = []
     for size in sizes:
-        rows.append(await measure(size, requests, remembered))
+        rows.append(await measure(size, requests, remembered, fusions))
         recalls = ", ".join(f"{k} {v[0]:.3f}" for k, v in rows[-1].items() if isinstance(v, tuple))
         print(f"measured {rows[-1]['size']} tools: recall@5 {recalls}", flush=True)
     labels = ["mcpproxy-bm25", "words-ungrouped", "words", "hashing", "hybrid"]
-    labels += ["embedding", "hybrid-emb"] if embedding else []
+    labels += ["embedding", "hybrid-emb", *map(fusion_label, fusions)] if embedding else []
     report(rows, labels)
     print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 

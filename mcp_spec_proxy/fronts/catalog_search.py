@@ -35,6 +35,7 @@ from mcp_spec_proxy.calls.access import shown
 from mcp_spec_proxy.config.identity import OWN_SERVER
 from mcp_spec_proxy.errors import ToolNotFound
 from mcp_spec_proxy.leash.encoders import Encoder, HashingEncoder
+from mcp_spec_proxy.leash.local_model import local_encoder
 from mcp_spec_proxy.proxy import Proxy
 from mcp_spec_proxy.sessions.barrier import error_result
 from mcp_spec_proxy.tools.catalog import CatalogTool, is_held
@@ -88,10 +89,15 @@ CALL_TOOL = types.Tool(
 
 
 def search_encoder(proxy: Proxy) -> Encoder:
-    """LEASH's embedding encoder where one is configured (the same client), else hashing."""
+    """LEASH's embedding encoder where one is configured (the same client); else the small model in
+    process where the `embeddings` extra is installed (`leash/local_model.py`); else hashing."""
     leash = proxy.leash
     if leash is not None and leash.config.encoder == "embedding":
         return leash.encoder
+    if proxy.config.catalog.rank != "words":
+        local = local_encoder()
+        if local is not None:
+            return local
     return HashingEncoder(dim=SEARCH_HASH_DIM)
 
 

@@ -9,10 +9,13 @@ Under `catalog: {mode: search}` a client does not read every tool; it asks `sear
   words dropped; a request's words bring their synonyms from a small table of API verbs and
   nouns, and a tool whose effect is not the one the request's verb asks for (read, write) is
   nudged down;
-* `encoder` — cosine similarity under one of LEASH's encoders: `hashing` (the default, nothing
-  to install or serve: it hashes the same words and their bigrams) or, where `leash.encoder:
-  embedding` is configured, that very embedding endpoint (the tool's text in plain words);
-* `hybrid` — both, fused by reciprocal rank.
+* `encoder` — cosine similarity under one of LEASH's encoders: where `leash.encoder: embedding`
+  is configured, that very embedding endpoint; else, where the `embeddings` extra is installed, a
+  small model in process (all-MiniLM-L6-v2, `leash/local_model.py`); else `hashing` (nothing to
+  install or serve: it hashes the same words and their bigrams). A model reads the tool's text in
+  plain words;
+* `hybrid` — both, fused (`Fusion`): the words' scores over their best, plus the cosine at `FUSION`'s
+  weight.
 
 `auto` (the default) is `hybrid` under an embedding encoder and `words` under hashing: on
 `bench/retrieval.py` hashed words alone, and fused with BM25, ranked the right tool lower than
@@ -68,6 +71,12 @@ RRF_K = 60
 """Reciprocal rank fusion's constant: a hit's fused score is the sum of 1 / (RRF_K + its rank)."""
 FUSE_DEPTH = 100
 """Hits each ranker contributes to the fusion."""
+EMBED_BUDGET_S = 1.0
+"""Seconds one search spends embedding tools that have no vector yet (at least one batch of
+`EMBED_BATCH`). Until every tool has one, the words alone rank: the first searches over a large
+catalog answer at once instead of waiting for a small model on a CPU (about a minute per 5,000 tools)."""
+EMBED_BATCH = 32
+"""Tools embedded per encoder call (about 0.6 s for a small model on a loaded 2-core CPU)."""
 ENCODER_RETRY_S = 60.0
 """After an encoder fails, the words alone rank for this long before the encoder is tried again."""
 
@@ -128,13 +137,41 @@ def top(scores: np.ndarray, limit: int) -> list[int]:
     return [int(i) for i in order if scores[i] > 0]
 
 
-def fuse(rankings: Sequence[Sequence[int]], size: int, k: int = RRF_K) -> np.ndarray:
-    """Reciprocal rank fusion of best-first index lists into one score per document."""
+def fuse(
+    rankings: Sequence[Sequence[int]], size: int, k: int = RRF_K, weights: Sequence[float] | None = None
+) -> np.ndarray:
+    """Reciprocal rank fusion of best-first index lists into one score per document (each list's
+    share times its `weights` entry, 1 each without)."""
     fused = np.zeros(size, dtype=np.float64)
-    for ranking in rankings:
+    for position, ranking in enumerate(rankings):
+        weight = 1.0 if weights is None else weights[position]
         for rank, index in enumerate(ranking, 1):
-            fused[index] += 1.0 / (k + rank)
+            fused[index] += weight / (k + rank)
     return fused
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """How `hybrid` fuses the words' scores with the encoder's cosines, the words at weight 1.
+
+    `rrf`: reciprocal rank fusion of the two rankings, the encoder's at `semantic`; `sum`: the words'
+    scores over the best of them, plus `semantic` times the cosine (negative cosines count 0)."""
+
+    how: Literal["rrf", "sum"] = "rrf"
+    semantic: float = 1.0
+
+    def scores(self, lexical: np.ndarray, semantic: np.ndarray, depth: int) -> np.ndarray:
+        if self.how == "rrf":
+            return fuse([top(lexical, depth), top(semantic, depth)], len(lexical), weights=(1.0, self.semantic))
+        peak = float(lexical.max())
+        fused: np.ndarray = (lexical / peak if peak > 0 else lexical) + self.semantic * np.clip(semantic, 0.0, None)
+        return fused
+
+
+FUSION = Fusion("sum", 3.0)
+"""`hybrid`'s fusion: on the bench's development requests (docs/BENCHMARKS.md, a small embedding model
+in process) the weighted sum at 3 found the most at 1,000 tools and all but the most at 5,000; reciprocal
+rank fusion found less than the words alone at both."""
 
 
 @dataclass(frozen=True)
@@ -185,8 +222,12 @@ class ToolIndex:
         encoder: Encoder | None,
         rank: Rank = "auto",
         trust: Mapping[str, int] | None = None,
+        fusion: Fusion = FUSION,
+        embed_budget: float | None = EMBED_BUDGET_S,
     ) -> None:
         self._tools = tools
+        self._fusion = fusion
+        self._embed_budget = embed_budget  # None: embed every tool before the first answer
         self._trust = dict(trust or {})
         self._hashing = encoder is not None and encoder.info.name == "hashing"
         if rank == "auto":
@@ -223,17 +264,21 @@ class ToolIndex:
         if not listed or (seen_by is not None and not any(seen_by)):
             return []
         depth = max(limit, FUSE_DEPTH)
-        semantic: list[int] = []
+        cosines: np.ndarray | None = None
         if matrix is not None:
             vector = await self._encode_query(query)
             if vector is not None:
-                semantic = top(_only(matrix @ vector, seen_by), depth)
+                cosines = _only(matrix @ vector, seen_by)
+        semantic = top(cosines, depth) if cosines is not None else []
         if semantic and self._rank == "encoder":
             ranking = semantic
         else:  # words, hybrid, or an encoder that cannot answer now: the words rank
-            lexical = top(_only(self._words(query, listed, bm25), seen_by), depth)
-            fused = bool(semantic and lexical) and self._rank == "hybrid"
-            ranking = top(fuse([lexical, semantic], len(listed)), depth) if fused else lexical or semantic
+            scores = _only(self._words(query, listed, bm25), seen_by)
+            lexical = top(scores, depth)
+            if cosines is not None and semantic and lexical and self._rank == "hybrid":
+                ranking = top(self._fusion.scores(scores, cosines, depth), depth)
+            else:
+                ranking = lexical or semantic
         if not group:
             return bounded([Hit(listed[i]) for i in ranking], limit)
         hits, seen = [], set()
@@ -291,6 +336,8 @@ class ToolIndex:
         if self._encoder_usable():
             await self._encode_documents(keys, docs)
         self._matrix = np.stack([self._vectors[key] for key in keys]) if self._vectors_complete(keys) else None
+        if keys == self._keys:  # only vectors were added (a catalog embedded a batch per search)
+            return
         self._keys, self._listed = keys, listed
         self._group = lookalikes.groups(listed, [doc.keys for doc in docs])
         self._members = {}
@@ -305,14 +352,19 @@ class ToolIndex:
         wanted = [(key, doc) for key, doc in zip(keys, docs, strict=True) if key not in self._vectors]
         if not wanted:
             return
-        try:
-            vectors = await self._encoder.encode_texts([self._encodable(doc) for _, doc in wanted])
-        except LeashError as exc:
-            self._encoder_failed(exc)
-            return
-        self._encoder_back()
-        for (key, _), vector in zip(wanted, vectors, strict=True):
-            self._vectors[key] = vector
+        started = time.monotonic()
+        for first in range(0, len(wanted), EMBED_BATCH):
+            batch = wanted[first : first + EMBED_BATCH]
+            try:
+                vectors = await self._encoder.encode_texts([self._encodable(doc) for _, doc in batch])
+            except LeashError as exc:
+                self._encoder_failed(exc)
+                return
+            self._encoder_back()
+            for (key, _), vector in zip(batch, vectors, strict=True):
+                self._vectors[key] = vector
+            if self._embed_budget is not None and time.monotonic() - started >= self._embed_budget:
+                return  # the rest at the next searches; the words rank until then
 
     async def _encode_query(self, query: str) -> np.ndarray | None:
         if self._encoder is None or not self._encoder_usable():
