@@ -66,11 +66,7 @@ RATIO_PAIRS = [
 
 
 def _x(ratio: float) -> str:
-    return f"{ratio:.2f}x" if ratio != float("inf") else "n/a (the other's overhead is not above zero)"
-
-
-def _cell(ratio: float) -> str:
-    return f"{ratio:.2f}x" if ratio != float("inf") else "n/a"
+    return f"{ratio:.2f}x" if ratio != float("inf") else "n/a"  # the other's overhead is not above zero
 
 
 def report(
@@ -120,8 +116,7 @@ def report(
     for row in rows:
         cells = [row.backend.label, row.era]
         cells += [
-            f"**{_cell(row.ratio(a, b, 50))}** / {_cell(row.ratio(a, b, 99))}" if row.has(a, b) else "—"
-            for a, b in pairs
+            f"**{_x(row.ratio(a, b, 50))}** / {_x(row.ratio(a, b, 99))}" if row.has(a, b) else "—" for a, b in pairs
         ]
         print("| " + " | ".join(cells) + " |")
     if any(row.era not in row.backend.eras for row in rows):
