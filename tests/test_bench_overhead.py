@@ -40,7 +40,7 @@ def run_bench(*flags: str, bench_dir: Path | None = None) -> tuple[str, str]:
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=540,
     )
     assert "Traceback" not in done.stderr, done.stderr
     assert done.returncode == 0, done.stderr
