@@ -1,8 +1,9 @@
 """The baseline for bench/overhead.py: a bare pass-through MCP proxy on the `mcp` SDK alone.
 
     python bench/bare_proxy.py [--http PORT] -- <command> <args...>
+    python bench/bare_proxy.py [--http PORT] --url <streamable HTTP URL>
 
-Connects to ONE stdio backend (`mode="auto"`: whichever era it speaks) and serves it with the
+Connects to ONE stdio (or streamable HTTP) backend (`mode="auto"`: whichever era it speaks) and serves it with the
 SDK's low-level `Server`, over stdio or (with `--http`) streamable HTTP on 127.0.0.1:PORT/mcp,
 forwarding tools/list and tools/call as they come: no namespacing, no catalog, no validation,
 no review. What a hop costs when it does nothing else.
@@ -22,9 +23,9 @@ from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
 
-async def serve(argv: list[str], port: int | None) -> None:
-    params = StdioServerParameters(command=argv[0], args=argv[1:])
-    async with Client(params, mode="auto") as backend:
+async def serve(argv: list[str], port: int | None, url: str | None = None) -> None:
+    leg: StdioServerParameters | str = url if url is not None else StdioServerParameters(command=argv[0], args=argv[1:])
+    async with Client(leg, mode="auto") as backend:
 
         async def list_tools(
             ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
@@ -51,10 +52,13 @@ def main() -> None:
     port = None
     if argv[:1] == ["--http"]:
         port, argv = int(argv[1]), argv[2:]
+    if argv[:1] == ["--url"] and len(argv) == 2:
+        anyio.run(serve, [], port, argv[1])
+        return
     if argv[:1] == ["--"]:
         argv = argv[1:]
     if not argv:
-        sys.exit("usage: bare_proxy.py [--http PORT] -- <command> <args...>")
+        sys.exit("usage: bare_proxy.py [--http PORT] (-- <command> <args...> | --url URL)")
     anyio.run(serve, argv, port)
 
 

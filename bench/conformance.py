@@ -45,8 +45,9 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+from bench import peers
 from bench.measure import machine_line
-from bench.overhead import FASTMCP_PYTHON, FASTMCP_SPEC, FASTMCP_VENV, REPO, free_port, install_fastmcp
+from bench.overhead import free_port
 from tests.backends import node22
 from tests.conformance_runner import (
     PARITY_REVIEW,
@@ -74,7 +75,7 @@ Start = Callable[[Served, Path], AbstractContextManager[Served]]
 
 @contextmanager
 def fastmcp_proxy(url: str) -> Iterator[Served]:
-    argv = [str(FASTMCP_PYTHON), str(REPO / "bench" / "fastmcp_proxy.py"), "--http", str(free_port()), "--url", url]
+    argv = peers.fastmcp_argv([], url, free_port())
     with serving("fastmcp proxy", argv, UVICORN_SERVING, "{0}/mcp") as served:
         yield served
 
@@ -125,7 +126,7 @@ def rows(with_fastmcp: bool, reference: bool = False) -> dict[str, Start]:
         found["mcp-spec-proxy, protocol: auto"] = _ours(lambda: PARITY_REVIEW, "auto")
         found["mcp-spec-proxy, shipped review"] = _ours(shipped_review)
     if with_fastmcp:
-        found[f"fastmcp {FASTMCP_SPEC.split('==')[1]}"] = lambda direct, tmp: fastmcp_proxy(direct.url)
+        found[f"fastmcp {peers.FASTMCP_SPEC.split('==')[1]}"] = lambda direct, tmp: fastmcp_proxy(direct.url)
     return found
 
 
@@ -212,9 +213,7 @@ def report(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--install-fastmcp", action="store_true", help=f"first install {FASTMCP_SPEC} into {FASTMCP_VENV}"
-    )
+    parser.add_argument("--install-fastmcp", action="store_true", help=f"first install {peers.FASTMCP_SPEC}")
     parser.add_argument("--no-fastmcp", action="store_true", help="leave fastmcp out even where it is installed")
     parser.add_argument(
         "--reference",
@@ -248,10 +247,10 @@ def main() -> int:
     )
     args = parser.parse_args()
     if args.install_fastmcp:
-        install_fastmcp()
-    with_fastmcp = not args.no_fastmcp and FASTMCP_PYTHON.exists()
+        peers.install_fastmcp()
+    with_fastmcp = not args.no_fastmcp and peers.fastmcp_python().exists()
     if not with_fastmcp and not args.no_fastmcp:
-        print(f"fastmcp: not measured ({FASTMCP_VENV} is missing; add --install-fastmcp)", file=sys.stderr)
+        print(f"fastmcp: not measured, {peers.missing('fastmcp')}", file=sys.stderr)
     versions = [v for v in SUITES if v in (args.versions or SUITES)]
     reference = args.reference.resolve() if args.reference else None
     print(machine_line())

