@@ -14,6 +14,7 @@ from mcp.server import Server, ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
 from mcp_spec_proxy.backends import session_legs
+from mcp_spec_proxy.calls.provenance import own_blocks
 from mcp_spec_proxy.testing import ChatRequest, Respond, ScriptedModelServer
 from tests.harness import call_error, proxied, segment_length, text_of, toy, verdict
 from tests.test_remote_backends import everything_over
@@ -54,7 +55,9 @@ async def test_the_users_approval_answer_never_reaches_the_backend(tmp_path: Pat
             config, tmp_path, mode="2026-07-28", elicitation=_approve, in_process={"rec": answers_server(seen)}
         ) as p:
             result = await p.client.call_tool("rec__note", {})
-    assert text_of(result) == "noted", text_of(result)
+    # The backend's words: the proxy's own leading notice (this request named no session) aside.
+    theirs = result.model_copy(update={"content": result.content[own_blocks(result) :]})
+    assert text_of(theirs) == "noted", text_of(result)
     assert seen == [None]  # the backend asked nothing; the approval was the proxy's question
 
 

@@ -167,14 +167,13 @@ class Drain:
             return
         out = f", {self.out_with_clients} approval(s) out with their clients" if approvals and self._out else ""
         awaited = self.results_awaited()
-        if awaited:
-            out += (
-                f", {len(awaited)} waiting for the client to send back a tool result the gateway handed out"
-                f" ({', '.join(awaited)}; abandoned when the wait ends)"
-            )
-        logger.warning(
-            "draining: %d call(s) in flight, %d held%s; waiting up to %gs", self._calls, self.held, out, grace_s
+        waits = (
+            f", {len(awaited)} waiting for the client to send back a tool result the gateway handed out"
+            f" ({', '.join(awaited)}); waiting up to {grace_s:g}s for them, then they are abandoned"
+            if awaited
+            else f"; waiting up to {grace_s:g}s"
         )
+        logger.warning("draining: %d call(s) in flight, %d held%s%s", self._calls, self.held, out, waits)
         with anyio.move_on_after(grace_s):
             await self._idle_now(until_cut=True, approvals=approvals)
         if not self._calls:
