@@ -182,11 +182,7 @@ class JwtVerifier:
         self._keyed: dict[tuple[str, str | None], tuple[dict[str, Any], jwt.PyJWK]] = {}  # (alg, kid): its key
 
     async def verify_token(self, token: str) -> AccessToken | None:
-        claims = await self.claims(token)
-        if isinstance(claims, str):
-            logger.info("bearer token refused: %s", claims)
-            return None
-        return access_token(claims, self._config)
+        return access_token(await self.claims(token), self._config)
 
     async def claims(self, token: str) -> dict[str, Any] | str:
         """The token's claims once every check passed, or why it was refused (no secret in it)."""
@@ -237,8 +233,12 @@ class JwtVerifier:
         return claims
 
 
-def access_token(claims: Mapping[str, Any], config: AuthConfig) -> AccessToken:
-    """The SDK's `AccessToken` for a token whose `claims` passed every check (its own, or introspected)."""
+def access_token(claims: Mapping[str, Any] | str, config: AuthConfig) -> AccessToken | None:
+    """The SDK's `AccessToken` for a token whose `claims` passed every check (its own, or introspected);
+    None, logged, for one refused (`claims` is then why, which holds no secret)."""
+    if isinstance(claims, str):
+        logger.info("bearer token refused: %s", claims)
+        return None
     principal = principal_from_claims(claims, config.groups_claim)
     return AccessToken(
         token="",  # not kept: nothing after this point needs it, and nothing may forward it

@@ -168,11 +168,7 @@ class BearerVerifier:
         self._introspector = introspector
 
     async def verify_token(self, token: str) -> AccessToken | None:
-        claims = await self.claims(token)
-        if isinstance(claims, str):
-            logger.info("bearer token refused: %s", claims)
-            return None
-        return access_token(claims, self._config)
+        return access_token(await self.claims(token), self._config)
 
     async def claims(self, token: str) -> dict[str, Any] | str:
         if len(token) > MAX_TOKEN_BYTES:
