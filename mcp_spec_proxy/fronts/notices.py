@@ -143,7 +143,7 @@ class Notices:
         if self._watchers(uri):
             return  # the proxy is subscribed there already
         owner = self._proxy.catalog.resource_owner(uri)
-        if not self._proxy.backends.get(owner).subscribable:
+        if not self._proxy.backends.get(owner).subscribable_for():
             raise ToolNotFound(f"server {owner!r}, which serves {uri!r}, does not support subscriptions")
         await self._proxy.gate.reads.subscribe(session, owner, uri, principal)
         self._owners[uri] = owner
