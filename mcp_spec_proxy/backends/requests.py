@@ -29,7 +29,7 @@ from mcp_types import CONNECTION_CLOSED, LOG_LEVEL_META_KEY
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from mcp_spec_proxy.backends.era import CLIENT_ERA, era_of
+from mcp_spec_proxy.backends.era import CLIENT_ERA, Era, era_of
 from mcp_spec_proxy.backends.http import Lost
 from mcp_spec_proxy.backends.listing import Listing
 from mcp_spec_proxy.backends.notices import LogRoute, request_logs
@@ -372,26 +372,29 @@ class Requests:
         if client is not None:
             await self._apply_level(client)
 
-    def _subscription_leg(self, version: str | None) -> Client | None:
-        """The leg a client speaking `version` (None: the current request's client) subscribes on: the
-        other era's where that is a handshake-era leg and the client speaks the handshake era (the first
-        leg then speaks 2026-07-28, where a server may offer no subscriptions at all), else the first."""
-        era = era_of(version) if version is not None else CLIENT_ERA.get()
+    def _subscription_leg(self, era: Era | None) -> Client | None:
+        """The leg a client of `era` (None: no client, the proxy's own) subscribes on: the other era's
+        where that is a handshake-era leg and the client speaks the handshake era (the first leg then
+        speaks 2026-07-28, where a server may offer no subscriptions at all), else the first."""
         other = self.other_era.client
         if other is not None and era == "handshake" and era_of(other.protocol_version) == "handshake":
             return other
         return self._client
 
-    def subscribable_for(self, version: str | None = None) -> bool:
-        """Whether the leg a client speaking `version` subscribes on declares `resources.subscribe`."""
-        client = self._subscription_leg(version)
+    def subscribable_in(self, era: Era | None) -> bool:
+        """Whether the leg a client of `era` subscribes on declares `resources.subscribe`."""
+        client = self._subscription_leg(era)
         caps = client.server_capabilities if client is not None else None
         return bool(caps is not None and caps.resources is not None and caps.resources.subscribe)
+
+    def subscribable_to(self, protocol_version: str | None) -> bool:
+        """`subscribable_in` for a client that negotiated `protocol_version` (None: one initializing)."""
+        return self.subscribable_in(era_of(protocol_version))
 
     async def subscribe(self, uri: str) -> None:
         """Hear of changes to `uri` from now on (and after every reconnect) until `unsubscribe`, on
         the leg of the asking client's era (`_subscription_leg`)."""
-        client = self._subscription_leg(None)
+        client = self._subscription_leg(CLIENT_ERA.get())
         on_other = client is not None and client is self.other_era.client
         watched = self.other_era.watched if on_other else self._watched
         watched.add(uri)

@@ -89,7 +89,7 @@ _EVENTS: dict[str, ServerEvent] = {
 class ProxyServer(Server[Any]):
     """Announces list_changed for tools, prompts and resources on every transport, and computes
     what depends on the backends connected when a client arrives: the instructions (the proxy's
-    own, then each server's) and `resources.subscribe` (true only while some backend's is)."""
+    own, then each server's) and `resources.subscribe` (while some backend's session of its era offers it)."""
 
     live: McpFront | None = None
 
@@ -203,7 +203,7 @@ class McpFront:
         return self.proxy.access.view(principal_of(request)) if self.proxy.access else None
 
     def subscribable(self, protocol_version: str | None) -> bool:
-        return any(backend.subscribable_for(protocol_version) for backend in self.proxy.backends.connected())
+        return any(backend.subscribable_to(protocol_version) for backend in self.proxy.backends.connected())
 
     def session_for(self, ctx: Ctx) -> Session:
         self.notices.hear(server_connection(ctx))
