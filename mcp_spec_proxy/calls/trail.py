@@ -9,8 +9,9 @@ that it is late. So no call stays `held` for ever while the process lives, and n
 reported as not run.
 
 `ON_TRAIL` is told once the client's call served in the current context has a line on the trail
-(its `held`, or the `queued` of a keyed write waiting behind an earlier one of its session): the
-front tells a replay of a call still running which call that is only once the trail knows it.
+(its `held`, a read's `read`, or the `queued` of a keyed write waiting behind an earlier one of its
+session): the front tells a replay of a call still running which call that is only once the trail
+knows it.
 """
 
 from __future__ import annotations
