@@ -1,14 +1,16 @@
 """The MCP conformance suite behind the proxy passes as it passes directly (DESIGN.md, "Transparent").
 
 For each pinned suite version (tests/conformance_runner.py: `latest` and the newest release), every
-server scenario runs with `--suite all` three ways, each one `conformance` process:
+server scenario runs with `--suite all` five ways, each one `conformance` process:
 
 * direct: against tests/fixtures/conformance_server.py, the project's own implementation of the
   suite's "everything server" contract, on streamable HTTP;
 * proxy: through a real `mcp-spec-proxy --http 127.0.0.1:0` process wrapping the same fixture on
   stdio (backends `test` and `json`, separator `_`, so the scenarios find the names they call),
   with servers.yaml's defaults (the handshake era, `protocol: legacy`) and `review.default: allow`;
-* shipped: the same, with the `review:` section of the shipped servers.yaml.
+* shipped: the same, with the `review:` section of the shipped servers.yaml;
+* url and auto: the proxy in front of the direct run's fixture as a URL backend under its own names, as
+  the suite's reference server is wrapped, in `protocol: legacy` and in `protocol: auto`.
 
 A scenario passes when its checks.json holds at least one SUCCESS and no FAILURE or WARNING.
 What fails directly is a strict xfail in DIRECT_FAILS, naming what the fixture (or the SDK under
@@ -162,6 +164,7 @@ _RUN_OF = {
     "test_scenario_passing_directly_passes_behind_the_proxy": "proxy",
     "test_shipped_review_settings_change_only_where_the_gate_acts": "shipped",
     "test_scenario_passing_directly_passes_behind_the_proxy_over_http": "url",
+    "test_scenario_passing_directly_passes_behind_the_proxy_in_protocol_auto": "auto",
 }
 
 
@@ -191,12 +194,14 @@ def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     with ExitStack() as stack:
         served: dict[str, Served] = {}  # one process per run kind serves both versions' runs
         kinds = {key.split("/")[1] for key in needed}
-        for run in sorted(kinds | ({"direct"} if "url" in kinds else set())):
+        for run in sorted(kinds | ({"direct"} if kinds & {"url", "auto"} else set()), key=lambda run: run != "direct"):
             if run == "direct":
                 served[run] = stack.enter_context(fixture_server())
-            elif run == "url":  # as the suite's reference server is wrapped: a URL backend under its own names
-                url_config = {"servers": {"fixture": {"url": served["direct"].url, "namespace": False}}}
-                served[run] = stack.enter_context(mcp_spec_proxy({**url_config, "review": PARITY_REVIEW}, root / run))
+            elif run in ("url", "auto"):  # as the suite's reference server is wrapped: a URL backend, its own names
+                protocol = "auto" if run == "auto" else "legacy"
+                backend = {"url": served["direct"].url, "namespace": False, "protocol": protocol}
+                url_config = {"servers": {"fixture": backend}, "review": PARITY_REVIEW}
+                served[run] = stack.enter_context(mcp_spec_proxy(url_config, root / run))
             else:
                 config = proxy_config(PARITY_REVIEW if run == "proxy" else shipped_review())
                 served[run] = stack.enter_context(mcp_spec_proxy(config, root / run))
@@ -227,6 +232,17 @@ def test_scenario_passing_directly_passes_behind_the_proxy_over_http(
 ) -> None:
     """The fixture as a URL backend (its sessions per client session, in each client's era)."""
     made = runs[f"{version}/url"]
+    assert made.run.outcome(scenario).passed, made.report(scenario)
+
+
+@pytest.mark.parametrize(("version", "scenario"), BEHIND)
+def test_scenario_passing_directly_passes_behind_the_proxy_in_protocol_auto(
+    runs: dict[str, Made], version: str, scenario: str
+) -> None:
+    """The same URL backend under `protocol: auto`: its first session speaks 2026-07-28, on which the
+    fixture (as the reference server) offers no resource subscriptions; a handshake-era client's go
+    on its handshake-era session."""
+    made = runs[f"{version}/auto"]
     assert made.run.outcome(scenario).passed, made.report(scenario)
 
 

@@ -11,6 +11,8 @@ A write whose approval is out with the person behind its client (2026-07-28: the
 `input_required`) when SIGTERM comes is waited for: the SDK client's retry brings the approval, the
 write runs once, its result reaches the client, and the replica exits 0 — before, the drain saw
 nothing in flight and stopped under the retry, which ran while its client was told "Connection closed".
+That client never listed the tools: the SDK lists them after the result to check it, and the stopping
+replica answers that too before it stops (before, it answered 503 and the SDK raised, the write done).
 """
 
 from __future__ import annotations
@@ -102,9 +104,8 @@ async def test_a_write_approved_by_the_person_behind_its_client_during_the_drain
                 httpx2.AsyncClient(timeout=60) as http,
                 Client(streamable_http_client(url, http_client=http), elicitation_callback=person) as client,
             ):
-                # As a client does first: its call's result is then checked without asking again (the
-                # SDK lists the tools after a result it cannot check, a new request the stop may refuse).
-                await client.list_tools()
+                # It never listed the tools: after the result the SDK lists them to check it, a new request
+                # to a replica whose drain is over, answered before it stops (before, it was refused 503).
                 result = await client.call_tool("toy__record", {"value": "approved"})
             code = await proxy.wait()  # the drain ends once the call has run and answered: no second signal
     log = proxy.log()

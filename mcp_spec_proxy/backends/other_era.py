@@ -18,6 +18,7 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 import anyio
+import mcp_types as types
 from mcp.client.client import Client
 from mcp.client.session import MessageHandlerFnT
 from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
@@ -64,6 +65,9 @@ class OtherEra:
         self.client: Client | None = None
         self.transport: WatchedTransport | None = None
         self.listing: Listing | None = None
+        # The URIs handshake-era clients subscribed to on this leg (`Requests.subscribe`): subscribed
+        # again each time it opens.
+        self.watched: set[str] = set()
 
     async def run(self, first: Client, settled: anyio.Event, republish: Callable[[], Awaitable[None]]) -> None:
         """Open and keep the session in the era `first` does not speak, opened again (after a
@@ -97,6 +101,7 @@ class OtherEra:
                         logger.debug("backend %r speaks one era (%s)", self._name, first.protocol_version)
                         return False
                     self.listing = await list_all(other)
+                    await self._resubscribe(other)
                     startup.deadline = math.inf
                     self.client, self.transport = other, transport
                     logger.info("backend %r: a %s session beside the first", self._name, other.protocol_version)
@@ -116,6 +121,19 @@ class OtherEra:
         finally:
             settled.set()
         return was_up
+
+    async def _resubscribe(self, client: Client) -> None:
+        caps = client.server_capabilities
+        if caps.resources is None or not caps.resources.subscribe:
+            return
+        for uri in sorted(self.watched):
+            try:
+                with self._relay.calling():
+                    await client.session.send_request(
+                        types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri)), types.EmptyResult
+                    )
+            except MCPError as exc:
+                logger.warning("backend %r: could not restore the subscription to %s: %s", self._name, uri[:500], exc)
 
     async def relist(self) -> None:
         """List again (its server announced a change)."""

@@ -29,7 +29,7 @@ from mcp_types import CONNECTION_CLOSED, LOG_LEVEL_META_KEY
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from mcp_spec_proxy.backends.era import CLIENT_ERA, era_of
+from mcp_spec_proxy.backends.era import CLIENT_ERA, Era, era_of
 from mcp_spec_proxy.backends.http import Lost
 from mcp_spec_proxy.backends.listing import Listing
 from mcp_spec_proxy.backends.notices import LogRoute, request_logs
@@ -372,11 +372,33 @@ class Requests:
         if client is not None:
             await self._apply_level(client)
 
+    def _subscription_leg(self, era: Era | None) -> Client | None:
+        """The leg a client of `era` (None: no client, the proxy's own) subscribes on: the other era's
+        where that is a handshake-era leg and the client speaks the handshake era (the first leg then
+        speaks 2026-07-28, where a server may offer no subscriptions at all), else the first."""
+        other = self.other_era.client
+        if other is not None and era == "handshake" and era_of(other.protocol_version) == "handshake":
+            return other
+        return self._client
+
+    def subscribable_in(self, era: Era | None) -> bool:
+        """Whether the leg a client of `era` subscribes on declares `resources.subscribe`."""
+        client = self._subscription_leg(era)
+        caps = client.server_capabilities if client is not None else None
+        return bool(caps is not None and caps.resources is not None and caps.resources.subscribe)
+
+    def subscribable_to(self, protocol_version: str | None) -> bool:
+        """`subscribable_in` for a client that negotiated `protocol_version` (None: one initializing)."""
+        return self.subscribable_in(era_of(protocol_version))
+
     async def subscribe(self, uri: str) -> None:
-        """Hear of changes to `uri` from now on (and after every reconnect) until `unsubscribe`."""
-        self._watched.add(uri)
-        client = self._client
-        if client is not None and client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        """Hear of changes to `uri` from now on (and after every reconnect) until `unsubscribe`, on
+        the leg of the asking client's era (`_subscription_leg`)."""
+        client = self._subscription_leg(CLIENT_ERA.get())
+        on_other = client is not None and client is self.other_era.client
+        watched = self.other_era.watched if on_other else self._watched
+        watched.add(uri)
+        if client is not None and client.protocol_version in MODERN_PROTOCOL_VERSIONS:  # the first leg
             self._rewatch.set()
             # Subscribed once the reopened stream's ack names the URI: an update right after this
             # returns is heard.
@@ -385,27 +407,27 @@ class Requests:
                     await self._heard_changed.wait()
         elif client is not None:
             try:
-                with self.relay.calling():  # no client waits on it: a question it causes asks nobody
-                    await client.session.send_request(
-                        types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri)), types.EmptyResult
-                    )
+                await self._send_empty(client, types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri)))
             except MCPError as exc:
-                self._watched.discard(uri)
+                watched.discard(uri)
                 raise self._translate(exc, f"resources/subscribe {uri}", client) from exc
 
     async def unsubscribe(self, uri: str) -> None:
-        self._watched.discard(uri)
-        client = self._client
+        """Stop hearing of `uri`, on the leg it was subscribed on."""
+        on_other = uri in self.other_era.watched
+        (self.other_era.watched if on_other else self._watched).discard(uri)
+        client = self.other_era.client if on_other else self._client
         if client is not None and client.protocol_version in MODERN_PROTOCOL_VERSIONS:
             self._rewatch.set()
         elif client is not None:
             try:
-                with self.relay.calling():
-                    await client.session.send_request(
-                        types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri=uri)), types.EmptyResult
-                    )
+                await self._send_empty(client, types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri=uri)))
             except MCPError as exc:
                 raise self._translate(exc, f"resources/unsubscribe {uri}", client) from exc
+
+    async def _send_empty(self, client: Client, request: types.SubscribeRequest | types.UnsubscribeRequest) -> None:
+        with self.relay.calling():  # no client waits on it: a question it causes asks nobody
+            await client.session.send_request(request, types.EmptyResult)
 
     async def _apply_level(self, client: Client) -> None:
         caps = client.server_capabilities

@@ -18,7 +18,9 @@ A call is counted once, where it enters (the front's `Barrier.call`, a gateway r
 the gate calls it makes, and its substitutes, are part of it, so a write queued behind another of
 its session is in flight, not new. Work that continues a call admitted before the drain is let in
 and counted (`continuing`): a gateway turn between its requests, and a retry carrying an approval.
-After the calls, the command waits (bounded) for their answers to reach their clients (`Answering`).
+After the calls, the command waits (bounded) for their answers to reach their clients, and for the
+front to be quiet a moment (`Answering.quiet`): a client's next request after its answer — the `mcp`
+SDK's `tools/list` to check a result — is answered from the catalog, never refused as a call.
 
 An approval out with its client (a 2026-07-28 `input_required`: the call has returned, and its
 client is asking its person) is waited for too (`awaiting`): the retry that carries the answer is
@@ -48,6 +50,9 @@ SHUTTING_DOWN_REASON = "the replica is shutting down"
 """The reason on the audit trail of a new call the drain refused (`refused`): nothing ran."""
 SETTLE_S = 2.0
 """After the grace: how long the calls the drain stopped have to record it and answer their clients."""
+QUIET_S = 1.0
+"""After the answers: how long the front must have had no request before it stops, so that a client's
+next request after its answer (the `mcp` SDK lists the tools to check a result) is still answered."""
 
 _ADMITTED: ContextVar[bool] = ContextVar("mcp_spec_proxy_admitted", default=False)
 """Set inside an admitted call: the calls it makes (a gateway turn's or `delegate`'s steps, in
@@ -206,19 +211,36 @@ class Drain:
 
 class Answering:
     """The requests a front is answering now: after the drain, the command waits (bounded) until
-    the answers of the calls it let finish are written to their clients, then stops the fronts."""
+    the answers of the calls it let finish are written to their clients, and then (`quiet`) until
+    the front has had no request for a moment, then stops the fronts."""
 
     def __init__(self) -> None:
         self._open: set[object] = set()
         self._quiet = anyio.Event()
+        self._last = -math.inf  # when a request last began or ended (anyio's clock)
 
     def begin(self, request: object) -> None:
         self._open.add(request)
+        self._last = anyio.current_time()
 
     def end(self, request: object) -> None:
         self._open.discard(request)
+        self._last = anyio.current_time()
         if not self._open:
             self._quiet.set()
+
+    async def quiet(self, quiet_s: float = QUIET_S) -> None:
+        """Until no request is open and none began or ended for `quiet_s` (at once where the front has
+        been quiet that long). A client that got its call's answer during the drain may ask one more
+        thing before it is done — the `mcp` SDK lists the tools to check a result when it has never
+        listed them — and a list is answered from the catalog, drain or not (a new call is still
+        refused: the gate takes none once draining). Bound it: a client that keeps asking would keep it."""
+        while True:
+            await self.answered()
+            left = self._last + quiet_s - anyio.current_time()
+            if left <= 0:
+                return
+            await anyio.sleep(left)
 
     @property
     def open(self) -> int:

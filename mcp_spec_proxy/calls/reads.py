@@ -32,6 +32,7 @@ from mcp_spec_proxy.calls.drain import SHUTTING_DOWN_REASON, Drain
 from mcp_spec_proxy.calls.provenance import from_backend
 from mcp_spec_proxy.calls.results import CALL_FAILED, Author, Read, Report, WireResult, as_wire, capped, failed_result
 from mcp_spec_proxy.calls.rules import Decision
+from mcp_spec_proxy.calls.trail import on_trail
 from mcp_spec_proxy.errors import ShuttingDown
 from mcp_spec_proxy.observe.logs import about_call
 from mcp_spec_proxy.observe.telemetry import Tracing
@@ -70,6 +71,7 @@ class Reads:
         spans = self.tracing.call(call, tool, author, principal)
         with self.admitted(session, tool.name, call, principal), about_call(call, session), spans:
             self._note_read(session, tool, arguments, author, call, rule, principal)
+            on_trail()  # a replay of a keyed read may name it now (`fronts/replays.py`)
             started = time.perf_counter()
             result: WireResult
             try:

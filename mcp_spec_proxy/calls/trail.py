@@ -7,10 +7,17 @@ forwarded — and its terminal line (`abandoned`) is left to the sink to write w
 `blocked`) the backend's real outcome stands: the line is left to the sink, and the caller learns
 that it is late. So no call stays `held` for ever while the process lives, and nothing that ran is
 reported as not run.
+
+`ON_TRAIL` is told once the client's call served in the current context has a line on the trail
+(its `held`, a read's `read`, or the `queued` of a keyed write waiting behind an earlier one of its
+session): the front tells a replay of a call still running which call that is only once the trail
+knows it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 import anyio
@@ -20,6 +27,16 @@ from mcp_spec_proxy.calls.call import GateCall
 from mcp_spec_proxy.errors import CallReplayed, StateError
 from mcp_spec_proxy.principal import who
 from mcp_spec_proxy.tools.catalog import digest
+
+ON_TRAIL: ContextVar[Callable[[], None] | None] = ContextVar("mcp_spec_proxy_on_trail", default=None)
+"""Set by the front around a keyed client call: told once that call has a line on the trail."""
+
+
+def on_trail() -> None:
+    """The client's call served in this context has a line on the trail now (`ON_TRAIL`)."""
+    told = ON_TRAIL.get()
+    if told is not None:
+        told()
 
 
 class Trail:
@@ -35,6 +52,7 @@ class Trail:
         call = self._call
         try:
             await self._sink.record(kind, **fields)
+            on_trail()
         except StateError as exc:
             self._sink.later("abandoned", **ids(call), reason=f"its {kind} line: {exc}")
             raise StateError(
@@ -86,4 +104,4 @@ def ids(call: GateCall) -> dict[str, Any]:
     return {"call": call.id, "session": call.session, **who(call.principal)}
 
 
-__all__ = ["Trail", "ids"]
+__all__ = ["ON_TRAIL", "Trail", "ids", "on_trail"]

@@ -102,7 +102,9 @@ def main(
             for proxy in running:  # none while it starts: nothing is in flight then
                 await proxy.gate.drain.run(proxy.config.drain_s, approvals=True)
             with anyio.move_on_after(SETTLE_S):
-                await answering.answered()  # the results of the calls that finished reach their clients
+                # The results of the calls that finished reach their clients, and what those clients ask
+                # next (the SDK's tools/list to check a result) is answered: until the front is quiet.
+                await answering.quiet()
 
         def cut() -> None:
             for proxy in running:

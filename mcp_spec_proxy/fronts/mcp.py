@@ -89,7 +89,7 @@ _EVENTS: dict[str, ServerEvent] = {
 class ProxyServer(Server[Any]):
     """Announces list_changed for tools, prompts and resources on every transport, and computes
     what depends on the backends connected when a client arrives: the instructions (the proxy's
-    own, then each server's) and `resources.subscribe` (true only while some backend's is)."""
+    own, then each server's) and `resources.subscribe` (while some backend's session of its era offers it)."""
 
     live: McpFront | None = None
 
@@ -114,7 +114,7 @@ class ProxyServer(Server[Any]):
             notification_options, experimental_capabilities, extensions, protocol_version=protocol_version
         )
         if caps.resources is not None:
-            subscribe = self.live is not None and self.live.subscribable()
+            subscribe = self.live is not None and self.live.subscribable(protocol_version)
             caps = caps.model_copy(update={"resources": caps.resources.model_copy(update={"subscribe": subscribe})})
         return caps
 
@@ -202,8 +202,8 @@ class McpFront:
         nobody identified (stdio, a front without `auth:`)."""
         return self.proxy.access.view(principal_of(request)) if self.proxy.access else None
 
-    def subscribable(self) -> bool:
-        return any(backend.subscribable for backend in self.proxy.backends.connected())
+    def subscribable(self, protocol_version: str | None) -> bool:
+        return any(backend.subscribable_to(protocol_version) for backend in self.proxy.backends.connected())
 
     def session_for(self, ctx: Ctx) -> Session:
         self.notices.hear(server_connection(ctx))

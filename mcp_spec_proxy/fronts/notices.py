@@ -35,6 +35,7 @@ from mcp_types import LOG_LEVEL_META_KEY
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from mcp_spec_proxy.backends import LogMessage, LogRoute, Notice, ResourceUpdate
+from mcp_spec_proxy.backends.era import CLIENT_ERA
 from mcp_spec_proxy.backends.notices import LEVELS, admits
 from mcp_spec_proxy.errors import ProxyError, ToolNotFound
 from mcp_spec_proxy.fronts.identity import principal_of
@@ -143,7 +144,7 @@ class Notices:
         if self._watchers(uri):
             return  # the proxy is subscribed there already
         owner = self._proxy.catalog.resource_owner(uri)
-        if not self._proxy.backends.get(owner).subscribable:
+        if not self._proxy.backends.get(owner).subscribable_in(CLIENT_ERA.get()):
             raise ToolNotFound(f"server {owner!r}, which serves {uri!r}, does not support subscriptions")
         await self._proxy.gate.reads.subscribe(session, owner, uri, principal)
         self._owners[uri] = owner

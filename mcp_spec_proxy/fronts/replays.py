@@ -8,7 +8,11 @@ the same call again with the same key in the request's `_meta` (`KEY_META`). Wit
   and nothing runs, nothing is reviewed again;
 * a replay while the first still runs (held for review, waiting on its backend) is refused at
   once (`CallReplayed`, naming the first call): waiting here could wait on the very client that
-  replays (a suspended call waits for its answer); it asks again once the first has ended. The
+  replays (a suspended call waits for its answer); it asks again once the first has ended. Once
+  means once the trail knows the first call (`ON_TRAIL`: its `held` line, or the `queued` line of
+  a keyed write waiting behind an earlier one of its session, written before it waits), so the
+  call named is always one `mcp-spec-proxy audit` shows; until then (a moment: no person or
+  client is waited on before that line) the replay waits, and gets the result if the first ends. The
   call named is the one that holds the key at the gate where there is one (`holder`: on any
   replica, the call whose audit lines say what became of the key), so a replay that reached this
   replica first is never named as if it were the call that runs;
@@ -29,12 +33,14 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import anyio
 import mcp_types as types
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
+from mcp_spec_proxy.calls.trail import ON_TRAIL
 from mcp_spec_proxy.errors import CallReplayed, ToolNotFound
 from mcp_spec_proxy.tools.catalog import Catalog, digest, strip_intent
 
@@ -69,6 +75,8 @@ class _Keyed:
     first: str  # the call id of the first call with this key
     bound: Bound  # its tool and arguments
     result: types.CallToolResult | None = None  # None while it runs
+    # Set once the first call has a line on the audit trail (`calls/trail.py`, `ON_TRAIL`), or has ended.
+    on_trail: anyio.Event = field(default_factory=anyio.Event)
 
 
 class Replays:
@@ -91,6 +99,11 @@ class Replays:
         gate which call holds the key (on any replica), for a refusal to name it."""
         slot = (session, key)
         known = self._calls.get(slot)
+        if known is not None and known.result is None:
+            # A refusal names the first call: not before the trail knows it (its `queued` or `held` line,
+            # written without waiting on anyone), or it has ended (its result is then this replay's).
+            await known.on_trail.wait()
+            known = self._calls.get(slot)
         if known is not None:
             self._calls.move_to_end(slot)
             if known.bound != bound:
@@ -120,11 +133,15 @@ class Replays:
         entry = self._calls[slot] = _Keyed(call, bound)
         while len(self._calls) > self._limit:
             self._calls.popitem(last=False)
+        told = ON_TRAIL.set(entry.on_trail.set)
         try:
             served = await serve()
         except BaseException:
             self._forget(slot, entry)  # an error (or a client gone) is not kept: the gate's claim still holds
             raise
+        finally:
+            ON_TRAIL.reset(told)
+            entry.on_trail.set()
         if isinstance(served, types.CallToolResult):
             entry.result = served
         else:

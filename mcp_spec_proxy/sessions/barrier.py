@@ -52,11 +52,12 @@ from mcp_spec_proxy.calls.results import (
     new_call_id,
 )
 from mcp_spec_proxy.calls.rules import Decision
+from mcp_spec_proxy.calls.trail import on_trail
 from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.errors import InvalidArguments, ToolNotFound
 from mcp_spec_proxy.models import ModelCall
 from mcp_spec_proxy.observe.telemetry import Telemetry
-from mcp_spec_proxy.principal import Principal
+from mcp_spec_proxy.principal import Principal, who
 from mcp_spec_proxy.prompts import step_json
 from mcp_spec_proxy.review import ReviewRequest, UserChannel, Verdict
 from mcp_spec_proxy.review.strong import ProposedStep, Repairer, check_step
@@ -66,6 +67,10 @@ from mcp_spec_proxy.tools.classification import HELD_REASONS
 from mcp_spec_proxy.trajectory import History, Segment, Step
 
 logger = logging.getLogger(__name__)
+
+
+def _text(result: types.CallToolResult) -> str:
+    return " ".join(block.text for block in result.content if isinstance(block, types.TextContent))
 
 
 __all__ = ["ALONE_NOTE", "Barrier", "Report", "Session", "blocked_result", "error_result"]
@@ -163,15 +168,27 @@ class Barrier:
         if tool.effect == "read":  # the SDK's handler wants the model; the pipeline builds none
             return as_model(await self._read(session, tool, forwarded, report, call, rule))
         waited = session.writes.locked()
-        async with session.writes:
-            if waited:
-                # The catalog may have changed while the earlier write was decided (a rug pull
-                # makes the tool held): this call meets the tool as it is now, held like a write.
-                prepared = await self._prepare(session, name, arguments)
-                if isinstance(prepared, types.CallToolResult):
-                    return prepared
-                tool, forwarded, intent, rule = prepared
-            return await self._hold(session, tool, forwarded, intent, user, report, call, key, rule)
+        queued = call if waited and key is not None else None
+        if queued is not None:  # a replay of it may be told of it while it waits: the trail knows it first
+            fields = {"call": queued, "session": session.id, "tool": tool.name, **who(session.principal)}
+            await self.gate.record("queued", **fields, reason="it waits behind an earlier write of its session")
+            on_trail()
+        why = "it never reached its review: it ended while it waited behind an earlier write of its session"
+        try:
+            async with session.writes:
+                if waited:
+                    # The catalog may have changed while the earlier write was decided (a rug pull
+                    # makes the tool held): this call meets the tool as it is now, held like a write.
+                    prepared = await self._prepare(session, name, arguments)
+                    if isinstance(prepared, types.CallToolResult):
+                        why = f"it was refused before its review: {_text(prepared)}"
+                        return prepared
+                    tool, forwarded, intent, rule = prepared
+                why = ""
+                return await self._hold(session, tool, forwarded, intent, user, report, call, key, rule)
+        finally:
+            if queued is not None and why:  # its `queued` line does not stay without an end
+                self.gate.note("abandoned", **fields, reason=capped(why))
 
     async def _prepare(
         self, session: Session, name: str, arguments: dict[str, Any]
