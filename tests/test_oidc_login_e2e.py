@@ -263,6 +263,10 @@ def test_a_revoked_refresh_token_leads_back_to_the_login_in_one_line_and_the_wri
     assert story.after_revocation_was_error and "\n" not in said and "Traceback" not in said, said
     assert "it was not run" in said and "`mcp-spec-proxy login notes`" in said and "'Log in to notes'" in said, said
     assert "write after the revocation" not in story.ledger_at_the_end
+    audit = read_audit(story.tmp / "state" / "audit.jsonl")
+    writes = [row["call"] for row in audit if row["event"] == "held" and row.get("tool") == "notes__write"]
+    assert len(writes) == 2 and writes[0] == story.call_ids["write"]
+    assert [row["event"] for row in audit if row.get("call") == writes[1]] == ["held", "verdict", "unsent"]
 
 
 def test_no_token_is_in_the_logs_audit_spans_metrics_telemetry_or_console_pages(story: Seen) -> None:
