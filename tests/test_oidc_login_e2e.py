@@ -133,8 +133,9 @@ async def _tell(seen: Seen) -> None:
                     async with (
                         httpx2.AsyncClient(timeout=120) as http,
                         Client(streamable_http_client(url, http_client=http)) as client,
+                        Client(streamable_http_client(url, http_client=http), mode="legacy") as legacy,
                     ):
-                        await _story(seen, notes, authorization, client, tab, link)
+                        await _story(seen, notes, authorization, (client, legacy), tab, link)
                     seen.captured["metrics"] = (await proxy.get("/metrics")).content
                     proxy.terminate()
                     await proxy.wait()
@@ -157,15 +158,19 @@ async def _tell(seen: Seen) -> None:
         seen.captured[f"console page {number}"] = page.encode()
 
 
-async def _story(seen: Seen, notes: Notes, authorization: Any, client: Client, tab: Any, link: str) -> None:
+async def _story(
+    seen: Seen, notes: Notes, authorization: Any, clients: tuple[Client, Client], tab: Any, link: str
+) -> None:
+    client, legacy = clients  # a 2026-07-28 client, and a handshake-era one on a backend session of its own
     with anyio.fail_after(60):
         while "notes__read" not in [tool.name for tool in (await client.list_tools()).tools]:  # noqa: ASYNC110 -- the catalog is the sign
             await anyio.sleep(0.05)
-    # Reads while the access token expires: three readers at once, each call after its last, until the
-    # authorization server has answered a refresh and each reader has read three times since.
+    # Reads while the access token expires: three readers at once (one of them a handshake-era client),
+    # each call after its last, until the authorization server has answered a refresh and each reader has
+    # read three times since.
     numbers = iter(range(10_000))
 
-    async def reader() -> None:
+    async def reader(client: Client) -> None:
         after_refresh = 0
         while after_refresh < 3:
             seen.reads.append(await client.call_tool("notes__read", {"n": next(numbers)}))
@@ -175,8 +180,8 @@ async def _story(seen: Seen, notes: Notes, authorization: Any, client: Client, t
 
     with anyio.fail_after(90):
         async with anyio.create_task_group() as readers:
-            for _ in range(READERS):
-                readers.start_soon(reader)
+            for reading in [legacy, *[client] * (READERS - 1)]:
+                readers.start_soon(reader, reading)
     seen.ledger_before_write = list(notes.lines)
     # The write needs scope `write`: the server refuses the token it has, and a login for the wider scope
     # waits on the console's card while the write waits.
