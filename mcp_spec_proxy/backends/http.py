@@ -12,6 +12,10 @@ own request:
 * a request whose connection ended after it was written — before the response, inside a JSON
   body, inside its SSE stream — is answered with a marked error, *dropped*: the backend may have
   run it;
+* a request the server refused for want of a login that then failed (`auth:` on the server: the
+  person did not log in within `login_timeout`, the authorization server refused the login) is
+  answered with a marked error, *unauthorized*: the server ran nothing, and the next request asks
+  for a login again (a handshake's failed login still ends its connection attempt, in the login's words);
 * a notification or a response the proxy POSTs (nothing waits for an answer) is taken as
   delivered (202) and the loss logged, so the session goes on.
 
@@ -40,11 +44,13 @@ from typing import Any, Literal
 
 import httpx2
 import mcp_types as types
+from mcp.client.auth import OAuthFlowError
 from mcp.shared.message import SessionMessage
 from mcp_types import CONNECTION_CLOSED
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from mcp_spec_proxy.backends.events import Events, Lines
+from mcp_spec_proxy.backends.oauth import login_failure
 from mcp_spec_proxy.backends.raw import Oversized
 from mcp_spec_proxy.errors import RESULT_TOO_LARGE
 from mcp_spec_proxy.wire_types import RpcError
@@ -58,16 +64,22 @@ OVERSIZED_KEY = "mcp-spec-proxy/oversized"
 
 # Nothing was written: no connection was made, or none was free.
 _UNSENT = (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout)
+_HANDSHAKE = frozenset({"initialize", "server/discover"})
+_SAID = {"unsent": "not sent", "dropped": "dropped", "unauthorized": "refused: no login"}
 _LAST_EVENT_ID = "last-event-id"
 # The headers of a body that was read here: what is passed on is that body, decoded.
 _READ_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
 
 
+LostKind = Literal["unsent", "dropped", "unauthorized"]
+
+
 @dataclass(frozen=True)
 class Lost:
-    """What happened to one request's connection."""
+    """What happened to one request's connection (`unauthorized`: the login it needed failed, so the
+    server refused it and ran nothing)."""
 
-    kind: Literal["unsent", "dropped"]
+    kind: LostKind
     detail: str
 
 
@@ -114,6 +126,10 @@ class GuardedClient(httpx2.AsyncClient):
             return self._lost_answer(request, request_id, "unsent", exc)
         except httpx2.TransportError as exc:
             return self._lost_answer(request, request_id, "dropped", exc)
+        except OAuthFlowError as exc:  # the server refused it, and the login that would let it in failed
+            if message.get("method") in _HANDSHAKE:
+                raise  # no session yet: the connection fails, in its login's words (`backends/connection.py`)
+            return self._lost_answer(request, request_id, "unauthorized", exc)
         if request_id is None or 300 <= response.status_code < 400:
             return response
         kind = response.headers.get("content-type", "").lower()
@@ -159,11 +175,11 @@ class GuardedClient(httpx2.AsyncClient):
                 headers.append(("content-type", "text/event-stream"))
         return httpx2.Response(response.status_code, headers=headers, content=content, request=request)
 
-    def _mark(self, kind: Literal["unsent", "dropped"], exc: Exception, request_id: object) -> dict[str, Any]:
+    def _mark(self, kind: LostKind, exc: Exception, request_id: object) -> dict[str, Any]:
         detail = _detail(exc)
         key = secrets.token_hex(16)
         self._lost[key] = Lost(kind, detail)
-        logger.warning("HTTP request %r %s: %s", request_id, "not sent" if kind == "unsent" else "dropped", detail)
+        logger.warning("HTTP request %r %s: %s", request_id, _SAID[kind], detail)
         error: RpcError = {"code": CONNECTION_CLOSED, "message": f"connection lost ({detail})", "data": {LOST_KEY: key}}
         return {"jsonrpc": "2.0", "id": request_id, "error": error}
 
@@ -188,7 +204,7 @@ class GuardedClient(httpx2.AsyncClient):
         return b"event: message\ndata: " + json.dumps(answer).encode() + b"\n\n"
 
     def _lost_answer(
-        self, request: httpx2.Request, request_id: object, kind: Literal["unsent", "dropped"], exc: Exception
+        self, request: httpx2.Request, request_id: object, kind: LostKind, exc: Exception
     ) -> httpx2.Response:
         if request_id is None:  # a notification or a response: nothing waits for it
             logger.warning("HTTP message to %s lost (%s); the session goes on", request.url, _detail(exc))
@@ -239,6 +255,8 @@ def _lenient(body: bytes, modern: bool) -> tuple[bytes, bool]:
 
 
 def _detail(exc: Exception) -> str:
+    if isinstance(exc, OAuthFlowError):
+        return login_failure(exc)  # in words that quote no token endpoint's answer
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 

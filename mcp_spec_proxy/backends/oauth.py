@@ -14,6 +14,8 @@ here; what is here is where the person logs in and where the tokens live:
   backend's URL; the access token's expiry is kept with them and handed to each new provider, so a
   token that expired while the proxy was down is refreshed before it is sent; and a token the server
   refuses before its expiry is refreshed once before the provider asks for a new login (`RefreshOn401`).
+  A step-up beyond the scope a client was dynamically registered for registers a client anew first:
+  an authorization server may keep the registered `scope` as the client's ceiling.
 * `on_login(True)` is called as a login begins and `on_login(False)` when it ends, so the
   connection waiting for it stops its own startup clock and lets the other backends start
   (`backends/connection.py`).
@@ -44,6 +46,7 @@ from mcp.client.auth.extensions.client_credentials import (
     PrivateKeyJWTOAuthProvider,
     SignedJWTParameters,
 )
+from mcp.client.auth.utils import extract_field_from_www_auth, extract_scope_from_www_auth, union_scopes
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
 from pydantic import AnyUrl
 
@@ -107,11 +110,30 @@ class RefreshOn401(httpx2.Auth):
                     flow = self.provider.async_auth_flow(request)
                     outgoing = await flow.__anext__()
                     continue
+                if outgoing is request and response.status_code == 403:
+                    _register_anew_for_wider_scope(self.provider, response)
                 outgoing = await flow.asend(response)
         except StopAsyncIteration:
             return
         finally:
             await flow.aclose()
+
+
+def _register_anew_for_wider_scope(provider: OAuthClientProvider, response: httpx2.Response) -> None:
+    """A step-up (403 `insufficient_scope`) for scopes outside what the client was registered for:
+    the registration is dropped, so the SDK registers a client for the wider scope before it asks
+    for it. An authorization server that keeps the registered `scope` as the client's ceiling
+    (oidc-provider does) refuses a wider request from the old client with `invalid_scope`; a
+    pre-registered or CIMD client, registered with no scope of ours, is never dropped."""
+    context = provider.context
+    registered = context.client_info.scope if context.client_info is not None else None
+    if registered is None or extract_field_from_www_auth(response, "error") != "insufficient_scope":
+        return
+    granted = context.current_tokens.scope if context.current_tokens is not None else None
+    wanted = union_scopes(union_scopes(context.client_metadata.scope, granted), extract_scope_from_www_auth(response))
+    if not set((wanted or "").split()) <= set(registered.split()):
+        logger.info("the step-up asks for scope %r, beyond the registered client's: registering anew", wanted)
+        context.client_info = None
 
 
 class BackendAuth:
