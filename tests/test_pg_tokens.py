@@ -34,7 +34,7 @@ from starlette.types import Receive, Scope, Send
 
 from mcp_spec_proxy.backends.oauth import BackendAuth, backend_logins
 from mcp_spec_proxy.config.schema import ProxyConfig, parse_config_text
-from mcp_spec_proxy.errors import ConfigError
+from mcp_spec_proxy.errors import ConfigError, StateError
 from mcp_spec_proxy.fronts.asgi import serve_asgi
 from mcp_spec_proxy.store import TokenStores, token_stores
 from mcp_spec_proxy.store.pg_tokens import PgTokens
@@ -341,3 +341,9 @@ def test_the_key_variable_the_config_names_is_the_one_asked_for() -> None:
     )
     with pytest.raises(ConfigError, match=r"store\.postgres\.token_key_env.*TRACKER_TOKENS_KEY is not set"):
         token_stores(parsed, Path("unused"), {DSN_ENV: "postgresql://unused/db", KEY_ENV: "x"}, "servers.yaml")
+
+
+async def test_a_database_without_the_tokens_table_says_how_to_make_it(pg_dsn: str) -> None:
+    tokens = _row(pg_dsn, Fernet.generate_key().decode())  # a database no replica has migrated yet
+    with pytest.raises(StateError, match=r"no table of backend tokens yet: run `mcp-spec-proxy store migrate`"):
+        await tokens.get_tokens()

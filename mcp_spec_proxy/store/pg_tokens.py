@@ -164,7 +164,7 @@ class PgTokens:
                 self.dsn, autocommit=True, connect_timeout=max(1, round(self.timeout))
             )
         except DB_ERRORS as exc:
-            raise StateError(f"cannot reach the Postgres store for {self._whose()}'s tokens: {problem(exc)}") from None
+            raise StateError(f"cannot reach the tokens of {self._whose()} in Postgres: {problem(exc)}") from None
         try:
             with anyio.fail_after(REFRESH_WAIT_S):
                 await conn.execute(
@@ -174,7 +174,7 @@ class PgTokens:
             with anyio.CancelScope(shield=True):
                 await conn.close()  # a lock taken as the wait was cancelled goes with its connection
             if isinstance(exc, DB_ERRORS):
-                raise StateError(f"cannot hold {self._whose()}'s refresh in Postgres: {problem(exc)}") from None
+                raise StateError(f"cannot hold the refresh of {self._whose()} in Postgres: {problem(exc)}") from None
             raise
         return _Held(conn)
 
@@ -230,8 +230,13 @@ class PgTokens:
                 ) as conn:
                     cursor = await conn.execute(sql, args)
                     return await cursor.fetchall() if cursor.description is not None else []
+        except psycopg.errors.UndefinedTable:
+            raise StateError(
+                "the Postgres store has no table of backend tokens yet: run `mcp-spec-proxy store migrate`"
+                " (or start a replica, which applies it)"
+            ) from None
         except DB_ERRORS as exc:
-            raise StateError(f"cannot reach {self._whose()}'s tokens in the Postgres store: {problem(exc)}") from None
+            raise StateError(f"cannot reach the tokens of {self._whose()} in Postgres: {problem(exc)}") from None
 
 
 class _Held:
