@@ -43,7 +43,7 @@ from mcp_spec_proxy.review.build import build_reviewers, console_queue
 from mcp_spec_proxy.review.console import ConsoleQueue
 from mcp_spec_proxy.sessions.barrier import Barrier
 from mcp_spec_proxy.store import StatePaths as StatePaths  # where commands and tests have always found it
-from mcp_spec_proxy.store import Store, open_store, postgres_dsn
+from mcp_spec_proxy.store import Store, open_store, postgres_dsn, token_stores
 from mcp_spec_proxy.tools.catalog import Catalog
 from mcp_spec_proxy.tools.fingerprints import FingerprintStore
 
@@ -163,6 +163,7 @@ async def validate(config: ProxyConfig, environ: Mapping[str, str], source: str 
     """Everything `running_proxy` checks before it starts a backend: keys, LEASH's banks, the
     reviewers every review mode needs. `mcp-spec-proxy check` runs this, so `ok` means the proxy starts."""
     postgres_dsn(config, environ, source)  # its variable is set (the database is reached at start)
+    token_stores(config, Path(), environ, source)  # the key of the tokens it keeps in the database is set
     introspection_secret(config.auth, environ, source)
     _otlp(config, source)  # the exporter is installed (the receiver is reached only by the spans)
     models = open_models(config, environ, source)
@@ -198,7 +199,13 @@ async def running_proxy(
     environ = environ if environ is not None else {}
     auth_secret = introspection_secret(config.auth, environ, source)
     models = models if models is not None else open_models(config, environ, source)
-    logins = backend_logins(config.active_servers(), state.root, environ, source) if state is not None else {}
+    logins = (
+        backend_logins(
+            config.active_servers(), state.root, environ, source, token_stores(config, state.root, environ, source)
+        )
+        if state is not None
+        else {}
+    )
     events = Telemetry(telemetry)
     try:
         async with open_store(config, state, environ, source) as store:

@@ -98,10 +98,10 @@ async def test_the_token_file_is_the_owners_alone_and_written_whole(tmp_path: Pa
     kept = await tokens.get_tokens()
     assert kept is not None and kept.access_token == "at-1" and kept.refresh_token == "rt-1"
     assert (await tokens.get_client_info()) is not None
-    state = tokens.state()
+    state = await tokens.state()
     assert state.logged_in and state.refreshable and "token expires in" in state.describe()
     assert "at-1" not in state.describe() and "rt-1" not in state.describe()
-    assert tokens.forget_tokens()
+    assert await tokens.forget_tokens()
     assert await tokens.get_tokens() is None
     assert await tokens.get_client_info() is not None  # the registration stays for the next login
 
@@ -111,7 +111,7 @@ async def test_tokens_got_for_one_url_are_never_handed_out_for_another(tmp_path:
     await TokenFile.of(tmp_path, "tracker", URL).set_tokens(OAuthToken(access_token="for-tracker"))
     elsewhere = TokenFile.of(tmp_path, "tracker", "https://evil.example.com/mcp")
     assert await elsewhere.get_tokens() is None
-    assert not elsewhere.state().logged_in
+    assert not (await elsewhere.state()).logged_in
     config = parse_config_text(_config("oauth").replace(URL, "https://evil.example.com/mcp"), {})
     auth = backend_logins(config.servers, tmp_path, {})["tracker"]
     assert await auth.tokens.get_tokens() is None

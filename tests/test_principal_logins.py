@@ -136,10 +136,10 @@ async def test_two_principals_racing_one_login_each_call_with_their_own_tokens(
     assert again == {"alice": (True, []), "bob": (True, [])}  # logged in: served at once
     assert not carol[0] and len(carol[1]) == 1 and LOGIN_URL.search(carol[1][0]), carol
     files = {who: operator.of_principal(auth.issuer, who) for who in ("alice", "bob", "carol")}
-    assert not files["carol"].state().logged_in  # only the client registration her login began with
-    kept = {who: files[who].state() for who in ("alice", "bob")}
+    assert not (await files["carol"].state()).logged_in  # only the client registration her login began with
+    kept = {who: await files[who].state() for who in ("alice", "bob")}
     assert all(state.logged_in for state in kept.values()), kept
-    [said_by_check] = login_lines(ProxyConfig.model_validate({"servers": servers}), tmp_path / "state")
+    [said_by_check] = await login_lines(ProxyConfig.model_validate({"servers": servers}), tmp_path / "state")
     assert said_by_check.endswith("; 2 principals logged in for themselves"), said_by_check
     for who in ("alice", "bob"):
         assert stat.S_IMODE(files[who].path.stat().st_mode) == 0o600 and who not in files[who].path.name

@@ -10,12 +10,17 @@ here; what is here is where the person logs in and where the tokens live:
   authorization URL with Python's `webbrowser` (`BROWSER` picks the program) and says the URL in one
   line for a person with no browser at hand; the callback handler waits for the code, at most
   `login_timeout` seconds. One login at a time per process: the listener's port is one.
-* the tokens and the client registration live in a `TokenFile` (`store/tokens.py`), bound to the
-  backend's URL; the access token's expiry is kept with them and handed to each new provider, so a
+* the tokens and the client registration live in the store's `TokenStore` (`store/tokens.py`: a file
+  in the state directory, or under `store: postgres` an encrypted row every replica shares), bound to
+  the backend's URL; the access token's expiry is kept with them and handed to each new provider, so a
   token that expired while the proxy was down is refreshed before it is sent; and a token the server
   refuses before its expiry is refreshed once before the provider asks for a new login (`RefreshOn401`).
   A step-up beyond the scope a client was dynamically registered for registers a client anew first:
   an authorization server may keep the registered `scope` as the client's ceiling.
+* a refresh is held against every other process sharing the tokens (`TokenStore.hold_refresh`) and
+  the kept tokens are read again under the hold: where another replica refreshed first, its new
+  tokens are taken instead of spending a refresh token the server has rotated away (which would
+  lock this replica out); where the login was dropped meanwhile (`logout`), it needs a login again.
 * `on_login(True)` is called as a login begins and `on_login(False)` when it ends, so the
   connection waiting for it stops its own startup clock and lets the other backends start
   (`backends/connection.py`).
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import webbrowser
 from collections.abc import AsyncGenerator, Callable, Mapping
 from pathlib import Path
@@ -54,17 +60,19 @@ from mcp_spec_proxy.backends.loopback import LoginRefused, Redirect
 from mcp_spec_proxy.config.backend_auth import OAuthSettings
 from mcp_spec_proxy.config.schema import ServerConfig
 from mcp_spec_proxy.errors import ConfigError
-from mcp_spec_proxy.store.tokens import TokenFile
+from mcp_spec_proxy.store.tokens import TokenFile, TokenStore
 
 logger = logging.getLogger(__name__)
 
 CLIENT_NAME = "mcp-spec-proxy"
+FRESH_FOR_S = 10.0  # kept tokens another process refreshed are taken when they stay valid this long
+FORM = "application/x-www-form-urlencoded"
 
 
 class _Preregistered:
-    """The token file, with the client the operator registered in place of any stored one."""
+    """The token store, with the client the operator registered in place of any stored one."""
 
-    def __init__(self, tokens: TokenFile, client: OAuthClientInformationFull) -> None:
+    def __init__(self, tokens: TokenStore, client: OAuthClientInformationFull) -> None:
         self._tokens = tokens
         self._client = client
 
@@ -86,20 +94,38 @@ class RefreshOn401(httpx2.Auth):
     """The SDK's provider, with a refresh where it would ask for a new login: a 401 to a request that
     carried a token the provider can refresh (the server revoked or forgot it before its expiry) is
     answered by a refresh and one retry; only a second 401 goes to the provider's own answer, a new
-    login. Everything else is the provider's."""
+    login. Every refresh is held against the other processes sharing `tokens` (see the module
+    docstring). Everything else is the provider's."""
 
     requires_response_body = True
 
-    def __init__(self, provider: OAuthClientProvider) -> None:
+    def __init__(self, provider: OAuthClientProvider, tokens: TokenStore) -> None:
         self.provider = provider
+        self.tokens = tokens
+        self._primed = False
 
     async def async_auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
         context = self.provider.context
+        if not self._primed:
+            # The SDK keeps an expiry only for tokens it got in this process: a kept one's is handed over,
+            # so an expired token is refreshed before it is sent rather than refused by the server.
+            context.token_expiry_time = (await self.tokens.kept())[1]
+            self._primed = True
         flow = self.provider.async_auth_flow(request)
         retried = False
         try:
             outgoing = await flow.__anext__()
             while True:
+                spent = _spent_refresh_token(outgoing) if outgoing is not request else None
+                if spent is not None:
+                    hold = await self.tokens.hold_refresh()
+                    try:
+                        outgoing, answer = await self._after_others(outgoing, spent)
+                        response = answer if answer is not None else (yield outgoing)
+                        outgoing = await flow.asend(response)  # the provider keeps its new tokens, still held
+                    finally:
+                        await hold.release()
+                    continue
                 response = yield outgoing
                 refusing = outgoing is request and response.status_code == 401 and "authorization" in request.headers
                 if refusing and not retried and context.can_refresh_token():
@@ -117,6 +143,41 @@ class RefreshOn401(httpx2.Auth):
             return
         finally:
             await flow.aclose()
+
+    async def _after_others(self, refresh: httpx2.Request, spent: str) -> tuple[httpx2.Request, httpx2.Response | None]:
+        """The refresh to send now that it is held, or the answer it gets without being sent: the
+        tokens another process kept meanwhile (a refresh of its own), or a refusal (a logout)."""
+        kept, expires_at = await self.tokens.kept()
+        if kept is not None and kept.refresh_token == spent:
+            return refresh, None  # no one refreshed before us: ours to spend
+        if kept is None or not kept.access_token:
+            logger.info("the login this refresh belongs to was dropped meanwhile: it needs a login again")
+            return refresh, httpx2.Response(400, json={"error": "invalid_grant"}, request=refresh)
+        if expires_at is None or expires_at > time.time() + FRESH_FOR_S:
+            logger.info("another process refreshed these tokens first: using its new ones")
+            body = kept.model_dump(mode="json", exclude_none=True)
+            if expires_at is not None:
+                body["expires_in"] = int(expires_at - time.time())
+            return refresh, httpx2.Response(200, json=body, request=refresh)
+        if kept.refresh_token:  # refreshed elsewhere and expired since: refreshed again, with the newest
+            form = {key: values[0] for key, values in parse_qs(refresh.content.decode()).items()}
+            headers = {k: v for k, v in refresh.headers.items() if k.lower() not in ("content-length", "host")}
+            data = {**form, "refresh_token": kept.refresh_token}
+            return httpx2.Request("POST", refresh.url, data=data, headers=headers), None
+        return refresh, httpx2.Response(400, json={"error": "invalid_grant"}, request=refresh)
+
+
+def _spent_refresh_token(request: httpx2.Request) -> str | None:
+    """The refresh token a request to a token endpoint spends, if it is a refresh."""
+    if request.method != "POST" or not request.headers.get("content-type", "").startswith(FORM):
+        return None
+    try:
+        form = parse_qs(request.content.decode())
+    except (httpx2.RequestNotRead, UnicodeDecodeError):
+        return None
+    if form.get("grant_type") != ["refresh_token"]:
+        return None
+    return form.get("refresh_token", [""])[0] or None
 
 
 def _register_anew_for_wider_scope(provider: OAuthClientProvider, response: httpx2.Response) -> None:
@@ -144,7 +205,7 @@ class BackendAuth:
         name: str,
         url: str,
         settings: OAuthSettings,
-        tokens: TokenFile,
+        tokens: TokenStore,
         *,
         secret: str | None = None,  # the client's secret, or its private key under `private_key_env`
         desk: anyio.Semaphore | None = None,
@@ -254,10 +315,7 @@ class BackendAuth:
                 callback_handler=self._callback,
                 client_metadata_url=settings.client_metadata_url,
             )
-        # The SDK keeps an expiry only for tokens it got in this process: a kept one's is handed over,
-        # so an expired token is refreshed before it is sent rather than refused by the server.
-        provider.context.token_expiry_time = self.tokens.expires_at()
-        return RefreshOn401(provider)
+        return RefreshOn401(provider, self.tokens)
 
     async def _redirect(self, authorization_url: str) -> None:
         """Bind the loopback redirect, then send the person to the authorization server."""
@@ -366,9 +424,11 @@ def backend_logins(
     state_root: Path,
     environ: Mapping[str, str],
     source: str = "config",
+    tokens: Callable[[str, str], TokenStore] | None = None,
 ) -> dict[str, BackendAuth]:
     """Each URL backend's OAuth client, by server name; its secret read from `environ` (a
-    `ConfigError` when the variable it names is not set). One login at a time across them."""
+    `ConfigError` when the variable it names is not set). One login at a time across them. Its
+    tokens live where `tokens` (the store's `token_stores`) says: by default, files under `state_root`."""
     desk = anyio.Semaphore(1)
     logins: dict[str, BackendAuth] = {}
     for name, server in servers.items():
@@ -394,8 +454,8 @@ def backend_logins(
                     f"environment variable {variable} is not set",
                     f"export it with {what}",
                 )
-        tokens = TokenFile.of(state_root, name, server.url)
-        logins[name] = BackendAuth(name, server.url, settings, tokens, secret=secret, desk=desk)
+        kept = tokens(name, server.url) if tokens is not None else TokenFile.of(state_root, name, server.url)
+        logins[name] = BackendAuth(name, server.url, settings, kept, secret=secret, desk=desk)
     return logins
 
 

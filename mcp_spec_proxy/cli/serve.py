@@ -298,7 +298,7 @@ def check(ctx: click.Context) -> None:
         click.echo(f"note: server {name!r} is left out: it starts mcp-spec-proxy itself")
     from mcp_spec_proxy.cli.login import login_lines
 
-    for line in login_lines(config, built.state.root):
+    for line in run_loop(lambda: login_lines(config, built.state.root, os.environ, built.source)):
         click.echo(line)
     if not config.models and config.leash is None:
         return  # a plain MCP proxy: `run` and the gateway are not what this config is for

@@ -1,4 +1,5 @@
-"""`mcp-spec-proxy store migrate` (the Postgres schema) and `mcp-spec-proxy audit` (the audit trail).
+"""`mcp-spec-proxy store migrate` (the Postgres schema), `store token-key` (a key for the OAuth tokens
+kept there) and `mcp-spec-proxy audit` (the audit trail).
 
 Both read the configured `store:`: for `files`, the state directory; for `postgres`, the database
 named by `store.postgres.dsn_env`. psycopg is imported only when the config names Postgres.
@@ -90,6 +91,17 @@ def store_migrate(ctx: click.Context, to: int | None) -> None:
         click.echo(f"applied migration(s) {', '.join(map(str, applied))}: schema at version {latest}")
     else:
         click.echo(f"schema is current (version {latest})")
+
+
+@store.command("token-key")
+def store_token_key() -> None:
+    """Print a new key for the remote backends' OAuth tokens kept in Postgres (`store.postgres.token_key_env`).
+
+    To rotate: set the variable to the new key, a comma, then the old one, on every replica; the
+    old key may go once every login has been refreshed or made again."""
+    from cryptography.fernet import Fernet
+
+    click.echo(Fernet.generate_key().decode())
 
 
 @main.command("audit")

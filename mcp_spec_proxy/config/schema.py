@@ -245,6 +245,8 @@ class PostgresSettings(_Strict):
     # Seconds between a replica's liveness beats and its sweeps of stopped replicas' held calls. A
     # replica with no lock that has not beaten for 3 of these is presumed stopped.
     heartbeat: float = Field(default=5.0, gt=0, le=300)
+    # The variable holding the Fernet key(s), newest first, that encrypt remote backends' OAuth tokens in the database.
+    token_key_env: str = Field(default="MCP_SPEC_PROXY_TOKEN_KEY", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class PostgresStore(_Strict):

@@ -8,6 +8,10 @@ One seam, two stores (`store:` in servers.yaml):
   session's next request may land on any replica. psycopg is imported only there, so a user who
   never configures `store:` never needs it.
 
+Remote backends' OAuth tokens follow the same choice (`token_stores`): a file per login in the
+state directory (`tokens.py`), or under `postgres` a row per login in the database, encrypted with
+the key in `store.postgres.token_key_env`, which every replica reads and refreshes (`pg_tokens.py`).
+
 `open_store(config, state, environ)` is an async context manager yielding a `Store`; `run` is
 its background work (both write the audit lines of settled calls that could not be written at
 once; the Postgres store also batches read rows, sweeps the held calls of replicas that
@@ -17,7 +21,7 @@ task group.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +34,7 @@ from mcp_spec_proxy.calls.audit import AuditLog, AuditSink, read_audit
 from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.errors import ConfigError
 from mcp_spec_proxy.store.sessions import ApprovalStore, LocalApprovals, LocalSessions, SessionStore, Ticket
+from mcp_spec_proxy.store.tokens import TokenFile, TokenStore
 from mcp_spec_proxy.tools.fingerprints import FingerprintStore
 
 __all__ = [
@@ -39,9 +44,13 @@ __all__ = [
     "StatePaths",
     "Store",
     "Ticket",
+    "TokenStores",
     "open_store",
     "postgres_dsn",
+    "token_stores",
 ]
+
+TokenStores = Callable[[str, str], TokenStore]  # (server, its URL) -> where its OAuth tokens live
 
 
 @dataclass(frozen=True)
@@ -119,6 +128,27 @@ def postgres_dsn(config: ProxyConfig, environ: Mapping[str, str], source: str) -
             "export it with the database's DSN (postgresql://user:password@host/db), or remove `store:`",
         )
     return dsn
+
+
+def token_stores(config: ProxyConfig, state_root: Path, environ: Mapping[str, str], source: str) -> TokenStores:
+    """Where each URL backend's OAuth tokens live: its file in the state directory, or under
+    `store: postgres` its row in the database — with the key read from the variable that
+    `store.postgres.token_key_env` names (a `ConfigError` naming it, when a backend has `auth:` and
+    the variable is unset or holds no key)."""
+    dsn = postgres_dsn(config, environ, source)
+    if dsn is None or config.store == "files":
+        return lambda server, url: TokenFile.of(state_root, server, url)
+    settings = config.store.postgres
+    if not any(server.auth is not None and server.url is not None for server in config.active_servers().values()):
+        return lambda server, url: TokenFile.of(state_root, server, url)  # asked of no server: no key needed
+    try:
+        from mcp_spec_proxy.store.pg_tokens import PgTokens, token_cipher  # psycopg is needed only here
+    except ImportError as exc:
+        raise ConfigError(
+            source, "store.postgres", f"{exc.name} is not installed", "pip install 'mcp-spec-proxy[postgres]'"
+        ) from None
+    cipher = token_cipher(environ.get(settings.token_key_env), settings.token_key_env, source)
+    return lambda server, url: PgTokens(dsn, settings.timeout, cipher, server, url, key_env=settings.token_key_env)
 
 
 @asynccontextmanager

@@ -198,6 +198,25 @@ MIGRATIONS: list[Migration] = [
         """,
         part=LEASH,
     ),
+    Migration(
+        5,
+        "remote backends' OAuth tokens, shared by the replicas",
+        """
+        -- `store/pg_tokens.py`: one row per (server, principal); `person` is '' for the operator's own
+        -- login, else the digest of the principal's issuer and subject. `tokens` and `client` are Fernet
+        -- ciphertexts (the key is in the replicas' environment, never here); `expires_at` is not secret.
+        CREATE TABLE backend_tokens (
+            server text NOT NULL,
+            person text NOT NULL DEFAULT '',
+            resource text NOT NULL,
+            tokens bytea,
+            client bytea,
+            expires_at double precision,
+            updated_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+            PRIMARY KEY (server, person)
+        );
+        """,
+    ),
 ]
 LATEST = MIGRATIONS[-1].version
 

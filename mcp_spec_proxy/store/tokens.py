@@ -9,6 +9,12 @@ client registration is kept for the same URL only.
 
 What it keeps is secret: nothing here logs a token, and `describe` says only whether there is one,
 when it expires and what scope it carries.
+
+`TokenStore` is the contract both stores keep: this file, and under `store: postgres` a row of the
+database shared by every replica (`store/pg_tokens.py`), encrypted. `person_digest` names a
+principal's own tokens in both. `hold_refresh` serializes one login's refreshes across processes
+where the tokens are shared (`backends/oauth.py`, `RefreshOn401`); a file is one process's, so
+its hold is nothing.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
@@ -53,6 +59,61 @@ class LoginState:
         return ", ".join(parts)
 
 
+class RefreshHold(Protocol):
+    """One login's refresh, held against the other processes sharing its tokens until `release`."""
+
+    async def release(self) -> None: ...
+
+
+class TokenStore(Protocol):
+    """One backend's (or one principal's) tokens and client registration, bound to the backend's URL:
+    the SDK's `TokenStorage`, and what `login`, `logout` and `check` ask of it."""
+
+    @property
+    def resource(self) -> str:
+        """The backend's URL these tokens were got for."""
+        ...
+
+    async def get_tokens(self) -> OAuthToken | None: ...
+    async def set_tokens(self, tokens: OAuthToken) -> None: ...
+    async def get_client_info(self) -> OAuthClientInformationFull | None: ...
+    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None: ...
+
+    def of_principal(self, issuer: str, subject: str) -> TokenStore:
+        """The same backend's store for one principal (keyed by `person_digest`)."""
+        ...
+
+    async def kept(self) -> tuple[OAuthToken | None, float | None]:
+        """The kept tokens and when their access token expires (epoch seconds), in one read."""
+        ...
+
+    async def state(self) -> LoginState: ...
+
+    async def principals_logged_in(self) -> int: ...
+
+    async def forget_tokens(self) -> bool:
+        """Drop the tokens (the client registration stays, for the next login); True if there were any."""
+        ...
+
+    async def hold_refresh(self) -> RefreshHold: ...
+
+
+def person_digest(issuer: str, subject: str) -> str:
+    """A principal's key among a backend's logins: it says nothing of who."""
+    return hashlib.sha256(f"{issuer}\n{subject}".encode()).hexdigest()[:32]
+
+
+def login_state(tokens: OAuthToken | None, expires_at: float | None) -> LoginState:
+    if tokens is None or not tokens.access_token:
+        return LoginState(False)
+    return LoginState(True, expires_at, tokens.scope, bool(tokens.refresh_token))
+
+
+class _NoHold:
+    async def release(self) -> None:
+        return None
+
+
 class TokenFile:
     """The SDK's `TokenStorage` for one backend, in one file (see the module docstring)."""
 
@@ -68,7 +129,7 @@ class TokenFile:
     def of_principal(self, issuer: str, subject: str) -> TokenFile:
         """One person's tokens for the same backend: `oauth/<server>/<digest of issuer and subject>.json`
         (the file's name says nothing of who; the folders are the owner's alone like this one's)."""
-        person = hashlib.sha256(f"{issuer}\n{subject}".encode()).hexdigest()[:32]
+        person = person_digest(issuer, subject)
         return TokenFile(self.path.parent / self.path.stem / f"{person}.json", self.resource, self.private)
 
     async def get_tokens(self) -> OAuthToken | None:
@@ -94,29 +155,34 @@ class TokenFile:
     async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
         await anyio.to_thread.run_sync(self._update, {"client": client_info.model_dump(mode="json", exclude_none=True)})
 
-    def expires_at(self) -> float | None:
-        """When the kept access token expires (epoch seconds), if the server said."""
-        value = self._read().get("expires_at")
+    async def kept(self) -> tuple[OAuthToken | None, float | None]:
+        return await self.get_tokens(), self._expires_at(self._read())
+
+    @staticmethod
+    def _expires_at(data: dict[str, Any]) -> float | None:
+        value = data.get("expires_at")
         return float(value) if isinstance(value, int | float) else None
 
-    def state(self) -> LoginState:
+    async def state(self) -> LoginState:
+        return self._state()
+
+    def _state(self) -> LoginState:
         data = self._read()
         tokens = data.get("tokens")
         if not isinstance(tokens, dict) or not tokens.get("access_token"):
             return LoginState(False)
         scope = tokens.get("scope")
         return LoginState(
-            True, self.expires_at(), scope if isinstance(scope, str) else None, bool(tokens.get("refresh_token"))
+            True, self._expires_at(data), scope if isinstance(scope, str) else None, bool(tokens.get("refresh_token"))
         )
 
-    def principals_logged_in(self) -> int:
+    async def principals_logged_in(self) -> int:
         """How many principals hold a login of their own for this backend (`of_principal`'s files)."""
         folder = self.path.parent / self.path.stem
         found = folder.glob("*.json") if folder.is_dir() else ()
-        return sum(1 for path in found if TokenFile(path, self.resource).state().logged_in)
+        return sum(1 for path in found if TokenFile(path, self.resource)._state().logged_in)
 
-    def forget_tokens(self) -> bool:
-        """Drop the tokens (the client registration stays, for the next login); True if there were any."""
+    async def forget_tokens(self) -> bool:
         data = self._read()
         if not data.get("tokens"):
             return False
@@ -124,6 +190,9 @@ class TokenFile:
         data.pop("expires_at", None)
         self._write(data)
         return True
+
+    async def hold_refresh(self) -> RefreshHold:
+        return _NoHold()  # one process's file: its provider's own lock serializes its refreshes
 
     def _read(self) -> dict[str, Any]:
         """The file's record when it is for this URL; else nothing (another URL's tokens are not ours)."""
@@ -167,4 +236,13 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-__all__ = ["DIR_MODE", "FILE_MODE", "LoginState", "TokenFile"]
+__all__ = [
+    "DIR_MODE",
+    "FILE_MODE",
+    "LoginState",
+    "RefreshHold",
+    "TokenFile",
+    "TokenStore",
+    "login_state",
+    "person_digest",
+]
