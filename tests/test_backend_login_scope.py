@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator
+from typing import cast
 
 import httpx2
 import pytest
@@ -22,6 +23,7 @@ from pydantic import AnyUrl
 
 from mcp_spec_proxy.backends.http import LOST_KEY, GuardedClient
 from mcp_spec_proxy.backends.oauth import RefreshOn401
+from mcp_spec_proxy.store.tokens import TokenStore
 
 pytestmark = pytest.mark.anyio
 
@@ -38,6 +40,9 @@ class Kept:
     async def get_tokens(self) -> OAuthToken | None:
         return OAuthToken(access_token="at", token_type="Bearer", scope="read offline_access")
 
+    async def kept(self) -> tuple[OAuthToken | None, float | None]:
+        return await self.get_tokens(), None  # no expiry kept: the step-up is what is asked, not a refresh
+
     async def set_tokens(self, tokens: OAuthToken) -> None:
         pass
 
@@ -53,8 +58,9 @@ async def _step_up(registered_scope: str | None) -> OAuthClientInformationFull |
     (the SDK's flow goes on to its discovery request, which is not sent here)."""
     client = OAuthClientInformationFull(client_id="registered", redirect_uris=REDIRECT, scope=registered_scope)
     metadata = OAuthClientMetadata(redirect_uris=REDIRECT, scope="read offline_access")
-    provider = OAuthClientProvider("http://rs/mcp", metadata, Kept(client))
-    flow = RefreshOn401(provider).async_auth_flow(httpx2.Request("POST", "http://rs/mcp"))
+    kept = Kept(client)
+    provider = OAuthClientProvider("http://rs/mcp", metadata, kept)
+    flow = RefreshOn401(provider, cast(TokenStore, kept)).async_auth_flow(httpx2.Request("POST", "http://rs/mcp"))
     try:
         request = await flow.__anext__()
         assert request.headers["authorization"] == "Bearer at"
