@@ -45,13 +45,14 @@ def _normalised(text: str) -> str:
             continue
         if char in " \t\n\r" or unicodedata.category(char) == "Zs":
             out.append(" ")
-        elif unicodedata.category(char) in ("Cc", "Cf"):
+        elif unicodedata.category(char) in ("Cc", "Cf", "Co", "Cs"):  # control, format, private use, surrogate
             continue
         elif _is_cjk(code):
             out.append(f" {char} ")
         else:
             out.append(char)
-    folded = unicodedata.normalize("NFD", "".join(out).lower())
+    lowered = "".join(char.lower() for char in "".join(out))  # one character at a time: no final sigma
+    folded = unicodedata.normalize("NFD", lowered)
     return "".join(char for char in folded if unicodedata.category(char) != "Mn")
 
 
