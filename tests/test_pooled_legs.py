@@ -47,7 +47,7 @@ AS_READ = {"tools": {"overrides": {"record": {"read_only": True}}}}
 
 class HandshakeOnly:
     """An ASGI server that answers only the initialize handshake's era, as the npm servers do, and
-    counts the `initialize` requests (backend sessions opened) and `tools/call`s it passes on."""
+    counts the `initialize` requests (backend sessions opened) and keeps the `tools/call`s it passes on."""
 
     def __init__(self, inner: ASGIApp) -> None:
         self.inner = inner
@@ -75,7 +75,7 @@ class HandshakeOnly:
         if sent.get("method") == "initialize":
             self.initialized += 1
         elif sent.get("method") == "tools/call":
-            self.calls.append(sent["params"])
+            self.calls.append(sent)
         replayed = False
 
         async def again() -> Message:
@@ -128,7 +128,7 @@ async def test_reads_that_name_no_session_share_one_warm_backend_session_and_eac
     # Each read ran once at the backend (review: deny, so none went as a write); five in a row opened
     # one backend session, where each request named no session of its own.
     assert sorted(json.loads(line)["value"] for line in recorded(ledger)) == [f"read-{n}" for n in range(8)]
-    assert sorted(call["arguments"]["value"] for call in backend.calls) == [f"read-{n}" for n in range(8)]
+    assert sorted(call["params"]["arguments"]["value"] for call in backend.calls) == [f"read-{n}" for n in range(8)]
     assert sequential == 1, sequential
 
 
