@@ -19,6 +19,7 @@ from mcp import Client
 from mcp_spec_proxy.backends import lean_http
 from mcp_spec_proxy.calls.results import CALL_META
 from tests.fixtures import asking_server, toy_server
+from tests.harness import call_error, text_of
 from tests.test_pooled_legs import HandshakeOnly, front_over, over_http
 from tests.test_relay import ClientSide
 
@@ -78,3 +79,19 @@ async def test_a_read_past_the_sdk_client_gives_what_the_full_path_gives(
     # the SDK's path carries it. Every later one goes past the SDK client.
     assert ids_lean[1:] and all(key.startswith(lean_http.PREFIX) for key in ids_lean[1:]), ids_lean
     assert ids_full and not any(key.startswith(lean_http.PREFIX) for key in ids_full), ids_full
+
+
+async def test_a_read_past_the_sdk_client_that_runs_out_of_time_is_cancelled_at_the_backend(tmp_path: Path) -> None:
+    backend = HandshakeOnly(toy_server.build(tmp_path / "ledger").streamable_http_app(host="127.0.0.1"))
+    with anyio.fail_after(60):
+        async with (
+            over_http(backend) as url,
+            front_over({"far": {"url": url, "timeout": 2}}, tmp_path) as (_, front),
+            Client(front) as client,
+        ):
+            await client.call_tool("far__echo", {"text": "first"})  # the session's first read: the SDK's
+            error = await call_error(client, "far__hang", {})
+            cancelled = text_of(await client.call_tool("far__was_cancelled", {}))
+    assert "did not answer tools/call hang within 2s" in error.message, error.message
+    assert cancelled == "true"  # the backend heard notifications/cancelled for the read it was running
+    assert str(backend.calls[1]["id"]).startswith(lean_http.PREFIX)  # and the read went out past the SDK

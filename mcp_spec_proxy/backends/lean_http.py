@@ -50,6 +50,8 @@ CANCEL_S = 5.0
 class LeanLeg:
     """One established handshake-era session of a streamable HTTP backend, for reads."""
 
+    open = True  # as `RawCalls.open`: a session that ended fails its request as a lost connection
+
     def __init__(self, guard: GuardedClient, url: str, session_id: str, version: str, client: Client) -> None:
         self._guard = guard
         self._url = url
@@ -70,8 +72,6 @@ class LeanLeg:
             return None
         return cls(guard, guard.endpoint, guard.session_id, guard.version, client)
 
-    open = True  # as `RawCalls.open`: a session that ended fails its request as a lost connection
-
     def lost(self, error: object) -> Lost | None:
         """The lost connection an answer's error marks (the guard's own mark), once; else None."""
         return self._guard.claim(error.get("data")) if isinstance(error, dict) else None
@@ -86,7 +86,10 @@ class LeanLeg:
         except BaseException:
             with anyio.CancelScope(shield=True), anyio.move_on_after(CANCEL_S):
                 cancelled = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": key}}
-                await self._post(cancelled)
+                try:
+                    await self._post(cancelled)
+                except Exception:  # boundary: the read's own failure is what its caller hears
+                    logger.debug("could not tell the backend read %s was cancelled", key, exc_info=True)
             raise
 
     async def _exchange(self, key: str, body: bytes) -> Answer:
