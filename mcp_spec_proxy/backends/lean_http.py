@@ -208,7 +208,7 @@ class _Stream:
         self.retry_s = 1.0  # the SDK's transport's wait where the server names none
 
     def parse(self, event: bytes) -> Any:
-        """The message an event carries, or None (an event with no data)."""
+        """The message an event carries, or None (an event with no data, or empty data)."""
         data: list[str] = []
         for line in event.decode().splitlines():
             field, _, value = line.partition(":")
@@ -219,8 +219,11 @@ class _Stream:
                 self.last_id = value
             elif field == "retry" and value.isdigit():
                 self.retry_s = int(value) / 1000
+        said = "\n".join(data)
+        if not said.strip():
+            return None  # a priming event (its id only), a keep-alive
         try:
-            return json.loads("\n".join(data)) if data else None
+            return json.loads(said)
         except ValueError:
             logger.warning("an SSE event that is not JSON was dropped")
             return None
