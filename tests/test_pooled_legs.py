@@ -35,6 +35,7 @@ from mcp_spec_proxy.store.tokens import TokenFile
 from tests.fixtures import asking_server, toy_server
 from tests.harness import recorded, text_of
 from tests.oauth import authorization_server
+from tests.test_backend_login_flow import _free_port
 from tests.test_identity import client_with, protected
 from tests.test_principal_logins import Heard, browse
 
@@ -162,7 +163,7 @@ async def test_a_principals_pooled_session_never_serves_another_principal(tmp_pa
         tracker.base = f"http://127.0.0.1:{port}"
         url = f"{tracker.base}/mcp"
         await TokenFile.of(tmp_path / "state", "far", url).set_tokens(OAuthToken(access_token="operator-token"))
-        servers = {"far": {"url": url, "auth": "oauth", **AS_READ}}
+        servers = {"far": {"url": url, "auth": {"callback_port": _free_port()}, **AS_READ}}  # no shared default port
         async with authorization_server() as auth, protected(tmp_path, auth.issuer, servers=servers) as front:
             tokens = {
                 who: await auth.mint(sub=who, client_id=f"cli-{who}", aud=front.url, scope="mcp")
