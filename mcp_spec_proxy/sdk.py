@@ -27,13 +27,18 @@ modules or names comes from here, each under a public alias, with the reason it 
   2026-07-28 `_meta` envelope: protocol version, client info, capabilities). The fast path's
   reads (`backends/raw.py`) are written past the client and need the same envelope (`stamp_request`);
   and the capabilities in it follow the calling client, request by request (`restamp_capabilities`).
+* `ClientSession._on_notify`, `_on_request`: what the session does with a server's notification or
+  request its transport read. The lean HTTP reads (`backends/lean_http.py`) read a POST's answer
+  themselves, and give what else the server sent on it to the session (`deliver_notification`,
+  `answer_server_request`), so its handlers and callbacks hear it as they would.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
+from types import SimpleNamespace
 from typing import Any, BinaryIO, cast
 
 import httpx2
@@ -84,6 +89,21 @@ def stamp_request(client: Client, data: RpcRequest) -> None:
     client.session._stamp(cast("dict[str, Any]", data), {})  # pyright: ignore[reportPrivateUsage]
 
 
+async def deliver_notification(client: Client, method: str, params: Mapping[str, Any] | None) -> None:
+    """A server's notification heard past `client`'s transport (`backends/lean_http.py`), given to
+    its session's own handlers, as if the transport had read it."""
+    await client.session._on_notify(cast(Any, None), method, params)  # pyright: ignore[reportPrivateUsage]
+
+
+async def answer_server_request(
+    client: Client, request_id: object, method: str, params: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The result `client`'s session gives a server's request heard past its transport (its
+    callbacks: ping, sampling, elicitation, roots); raises `MCPError` with its error."""
+    context = SimpleNamespace(request_id=request_id)
+    return await client.session._on_request(cast(Any, context), method, params)  # pyright: ignore[reportPrivateUsage]
+
+
 def restamp_capabilities(client: Client, narrow: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
     """After `client` has negotiated: each request's 2026-07-28 `_meta` capabilities (which the
     SDK stamps with those the client was built with) become `narrow(stamped)`."""
@@ -123,8 +143,10 @@ __all__ = [
     "ReadStream",
     "Transport",
     "TransportStreams",
+    "answer_server_request",
     "claimed_stdio",
     "create_platform_compatible_process",
+    "deliver_notification",
     "drain_stdout",
     "event_store_per_session",
     "parse_line",

@@ -87,9 +87,12 @@ class GuardedClient(httpx2.AsyncClient):
     """An `httpx2.AsyncClient` whose lost POSTs, and answers over `limit` bytes, become marked
     JSON-RPC errors of their request."""
 
-    def __init__(self, *, limit: int, **kwargs: Any) -> None:
+    def __init__(self, *, limit: int, endpoint: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.limit = limit
+        self.endpoint = endpoint  # the MCP endpoint's URL: the lean read path posts there (`lean_http.py`)
+        self.session_id: str | None = None  # the established session's, as the SDK's transport last sent them
+        self.version: str | None = None
         self._lost: dict[str, Lost] = {}
         self._oversized: dict[str, Oversized] = {}
 
@@ -104,14 +107,26 @@ class GuardedClient(httpx2.AsyncClient):
         if not isinstance(message, SessionMessage) or not isinstance(message.message, types.JSONRPCError):
             return message
         error = message.message.error
-        key = error.data.get(OVERSIZED_KEY) if isinstance(error.data, dict) else None
-        oversized = self._oversized.pop(key, None) if isinstance(key, str) else None
+        oversized = self.oversized(error.data)
         if oversized is None:
             return message
         marked = types.ErrorData(code=error.code, message=error.message, data=oversized)
         return SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=message.message.id, error=marked))
 
+    def oversized(self, data: object) -> Oversized | None:
+        """The `raw.Oversized` an error's `data` marks, when this client marked it (once); else None."""
+        key = data.get(OVERSIZED_KEY) if isinstance(data, dict) else None
+        return self._oversized.pop(key, None) if isinstance(key, str) else None
+
     async def send(self, request: httpx2.Request, **kwargs: Any) -> httpx2.Response:
+        response = await self._guarded(request, **kwargs)
+        if response.status_code < 300 and (session := request.headers.get("mcp-session-id")) is not None:
+            # The session is established once the server has taken a message on it (the SDK's
+            # first: `notifications/initialized`): a request sent past the SDK then follows it.
+            self.session_id, self.version = session, request.headers.get("mcp-protocol-version")
+        return response
+
+    async def _guarded(self, request: httpx2.Request, **kwargs: Any) -> httpx2.Response:
         message = _message(request)
         if message is None:
             response = await super().send(request, **kwargs)

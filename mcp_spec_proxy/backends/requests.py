@@ -9,7 +9,8 @@ the `MCPError` it sent, whatever its code; only what the proxy observed becomes 
 size bound).
 
 A read has one door here, `call_tool_json`: wire JSON, past the SDK client on a stdio backend's
-raw channel (`raw.py`), through it where progress, a log route or the transport asks for it.
+raw channel (`raw.py`) or a handshake-era streamable HTTP session (`lean_http.py`), through it
+where progress, a log route or the transport asks for it.
 `call_tool` is the SDK client's call, which writes and that fallback use.
 """
 
@@ -31,6 +32,7 @@ from pydantic import ValidationError
 
 from mcp_spec_proxy.backends.era import CLIENT_ERA, Era, era_of
 from mcp_spec_proxy.backends.http import Lost
+from mcp_spec_proxy.backends.lean_http import LeanLeg
 from mcp_spec_proxy.backends.listing import Listing
 from mcp_spec_proxy.backends.notices import LogRoute, request_logs
 from mcp_spec_proxy.backends.other_era import OtherEra
@@ -202,7 +204,9 @@ class Requests:
         what = f"tools/call {tool}"
         deadline = self._deadline()
         client = await self._live(what, deadline, tool)
-        raw = self._raw if client is self._client else None  # the raw channel is the first leg's pipes
+        raw: RawCalls | LeanLeg | None = self._raw if client is self._client else None  # the first leg's pipes
+        if raw is None and (transport := self._transport_of(client)) is not None:
+            raw = LeanLeg.of(transport.guard, client)  # an established handshake-era HTTP session
         answering = self._answers_for(tool) is not None
         sdk = progress is not None or request_logs.get() is not None or answering
         if raw is None or not raw.open or sdk:
@@ -226,6 +230,8 @@ class Requests:
         if isinstance(answer, Oversized):
             raise self._too_large(tool, amount(answer.size))
         if "error" in answer:
+            if isinstance(raw, LeanLeg) and (lost := raw.lost(answer["error"])) is not None:
+                raise self._lost(lost, what, client)
             raise remote_error(answer["error"]) or BackendError(
                 self.name, f"answered {what} with a malformed JSON-RPC error"
             )

@@ -15,15 +15,30 @@ Under `auth:` on the backend and at the front, a principal's sessions carry that
 tokens, never the operator's login nor another person's: a principal with no login is refused in one
 line naming the URL to log in at, and the login completes in the background (`BackendAuth.for_principal`).
 
-The stdio front's one client, and every 2026-07-28 client (that era keeps no session state on the
-server), use the backend's shared legs: a desktop client costs nothing extra.
+A 2026-07-28 request that names no session (`SessionRef.ephemeral`) is a session of its own, but
+opening a backend session for each one costs a handshake a read. Such requests take a *pooled*
+leg instead: one of a few warm sessions kept per (principal, capabilities the client declared),
+lent to one request at a time and given back when the request ends (`SessionRef.end`). A leg
+lent to one request serves no other, so what the backend asks during a call (sampling,
+elicitation) reaches that request's own client; one given back with a call still in flight (a
+call suspended for the client's answer) is closed once that call ends, never lent again. A
+principal's pooled legs carry their own tokens and are never lent to anyone else. A client that
+declared roots keeps a leg of its own per request: a server may keep the roots it was told for
+the whole session.
+
+The stdio front's one client, and every 2026-07-28 client of a backend that speaks that era (it
+keeps no session state on the server), use the backend's shared legs: a desktop client costs
+nothing extra.
 """
 
 from __future__ import annotations
 
 import contextvars
+import hashlib
+import json
 import logging
 import math
+import secrets
 import sys
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
@@ -54,6 +69,8 @@ MAX_LEGS = 256
 """Backend sessions of one server at once; past it the least recently used is closed."""
 IDLE_S = 600.0
 """A backend session unused this long is closed (its client's next request opens another)."""
+POOL_IDLE = 4
+"""Pooled legs kept idle per (principal, capabilities); one given back past it is closed."""
 BUSY_CHECK_S = 1.0
 """How often a session whose client has gone, with a call still in flight, looks again."""
 
@@ -69,6 +86,14 @@ class SessionRef:
     hear: Callable[[Notice], Awaitable[None]] | None = None  # its client alone, for what its sessions log
     ephemeral: bool = False  # one request's (a 2026-07-28 request that named no session)
     principal: Principal | None = None  # who the front verified it as (under `auth:`); None: nobody identified
+    on_end: list[Callable[[], None]] = field(default_factory=list)  # what `end` gives back (its pooled legs)
+
+    def end(self) -> None:
+        """The client session is over: its own legs close, the pooled legs it was lent go back."""
+        self.ended.set()
+        given, self.on_end[:] = list(self.on_end), []
+        for give_back in given:
+            give_back()
 
 
 CLIENT_SESSION: contextvars.ContextVar[SessionRef | None] = contextvars.ContextVar(
@@ -115,6 +140,8 @@ class _Leg:
     used: float = field(default_factory=anyio.current_time)
     auth: BackendAuth | None = None  # whose tokens it carries: its principal's own, or the backend's one login
     startup: anyio.CancelScope | None = None  # its handshake's clock, stopped while its principal's login waits
+    pool: str | None = None  # the pool it is lent from (requests that name no session), else None
+    lent: bool = False  # lent to a request now: never evicted, never lent again until given back
 
 
 class SessionLegs:
@@ -134,6 +161,8 @@ class SessionLegs:
         self._in_process = in_process
         self._on_change = on_change  # a list change one of them announced: the shared listing is refreshed
         self._legs: OrderedDict[str, _Leg] = OrderedDict()
+        self._idle: dict[str, list[_Leg]] = {}  # pooled legs waiting for a request, by pool
+        self._lent: dict[str, _Leg] = {}  # pooled legs lent now, by the id of the request's session
         self._personal: dict[tuple[str, str], BackendAuth] = {}  # each principal's own login, by (issuer, sub)
         self._host: anyio.abc.TaskGroup | None = None
         self.opened = 0  # backend sessions opened so far (the tests count them)
@@ -172,23 +201,12 @@ class SessionLegs:
         return any(leg.client is client for leg in self._legs.values())
 
     async def client_for(self, ref: SessionRef, deadline: float) -> Client:
-        """`ref`'s own backend session, opened on first use (waiting for it until `deadline`)."""
-        host = self._host
-        if host is None:
+        """`ref`'s own backend session, opened on first use (waiting for it until `deadline`); for a
+        request that names no session, a pooled one lent to it until it ends."""
+        if self._host is None:
             raise BackendUnavailable(self._name, "is not connected; nothing was sent")
-        leg = self._legs.get(ref.id)
-        if leg is None or leg.done.is_set():
-            relay = Relay(self._name, self._config.relay.kinds() & declared_kinds(ref.capabilities), ref.link)
-            leg = self._legs[ref.id] = _Leg(ref, relay, auth=self._auth_for(ref))
-            if len(self._legs) > MAX_LEGS and not self._evict():
-                del self._legs[ref.id]
-                raise BackendUnavailable(
-                    self._name,
-                    f"has {MAX_LEGS} client sessions' own sessions open, each with a call in flight;"
-                    " nothing was sent — try again when one ends",
-                )
-            host.start_soon(self._run, leg, name=f"backend:{self._name}:session")
-        self._legs.move_to_end(ref.id)
+        leg = self._lend(ref) if ref.ephemeral and self._poolable(ref) else self._own(ref)
+        self._legs.move_to_end(leg.ref.id)
         leg.used = anyio.current_time()
         personal = leg.auth if leg.auth is not None and leg.auth.person is not None else None
         with anyio.move_on_after(max(0.0, deadline - anyio.current_time())):
@@ -203,6 +221,65 @@ class SessionLegs:
             why = leg.failure or "it did not open in time"
             raise BackendUnavailable(self._name, f"could not open a session for this client ({why}); nothing was sent")
         return leg.client
+
+    def _own(self, ref: SessionRef) -> _Leg:
+        leg = self._legs.get(ref.id)
+        return leg if leg is not None and not leg.done.is_set() else self._open(ref)
+
+    def _open(self, ref: SessionRef, pool: str | None = None) -> _Leg:
+        assert self._host is not None
+        relay = Relay(self._name, self._kinds(ref), ref.link)
+        leg = self._legs[ref.id] = _Leg(ref, relay, auth=self._auth_for(ref), pool=pool, lent=pool is not None)
+        if len(self._legs) > MAX_LEGS and not self._evict():
+            del self._legs[ref.id]
+            raise BackendUnavailable(
+                self._name,
+                f"has {MAX_LEGS} client sessions' own sessions open, each with a call in flight;"
+                " nothing was sent — try again when one ends",
+            )
+        self._host.start_soon(self._run, leg, name=f"backend:{self._name}:session")
+        return leg
+
+    def _kinds(self, ref: SessionRef) -> frozenset[Kind]:
+        return self._config.relay.kinds() & declared_kinds(ref.capabilities)
+
+    def _poolable(self, ref: SessionRef) -> bool:
+        """Roots are session state a server may keep: a client that declared them has legs of its own."""
+        return "roots" not in self._kinds(ref)
+
+    def _lend(self, ref: SessionRef) -> _Leg:
+        """A warm leg of `ref`'s pool lent to `ref` until it ends (the same one for all its requests)."""
+        lent = self._lent.get(ref.id)
+        if lent is not None and not lent.done.is_set():
+            return lent
+        pool = _pool_key(ref, self._kinds(ref))
+        idle = self._idle.get(pool, [])
+        while idle and (idle[-1].done.is_set() or idle[-1].client is None):
+            idle.pop()  # closed while it waited (idle, evicted, its backend session gone)
+        if idle:
+            leg = idle.pop()
+            leg.lent = True
+        else:
+            own = SessionRef(f"pool-{secrets.token_hex(8)}", ref.capabilities, principal=ref.principal)
+            leg = self._open(own, pool)
+        self._lent[ref.id] = leg
+        ref.on_end.append(partial(self._give_back, ref.id, leg))
+        return leg
+
+    def _give_back(self, lessee: str, leg: _Leg) -> None:
+        """`lessee`'s request ended: its leg waits for the next one, or closes when a call it left
+        is still in flight there (a suspended call: nobody else's calls may share the leg with it)."""
+        if self._lent.get(lessee) is leg:
+            del self._lent[lessee]
+        leg.lent = False
+        if leg.done.is_set() or leg.pool is None:
+            return
+        idle = self._idle.setdefault(leg.pool, [])
+        if leg.relay.busy or leg.client is None or len(idle) >= POOL_IDLE:
+            leg.ref.end()  # closed once its calls are done (`_until_closed`)
+        else:
+            leg.used = anyio.current_time()
+            idle.append(leg)
 
     def personal(self, principal: Principal | None) -> bool:
         """Whether `principal`'s requests carry a login of their own here (never the shared session's)."""
@@ -231,7 +308,7 @@ class SessionLegs:
     def _evict(self) -> bool:
         """Close the least recently used session with no call in flight; False when every one has one."""
         for key, leg in self._legs.items():
-            if leg.client is not None and not leg.relay.busy:
+            if leg.client is not None and not leg.relay.busy and not leg.lent:
                 del self._legs[key]
                 leg.done.set()
                 return True
@@ -275,6 +352,9 @@ class SessionLegs:
             leg.ready.set()
             if self._legs.get(leg.ref.id) is leg:
                 del self._legs[leg.ref.id]
+            idle = self._idle.get(leg.pool) if leg.pool is not None else None
+            if idle is not None and leg in idle:
+                idle.remove(leg)
 
     async def _on_leg_message(self, leg: _Leg, message: IncomingMessage) -> None:
         """What a client session's own backend session sends: its log lines go to that client alone
@@ -301,6 +381,14 @@ class SessionLegs:
                 break
 
 
+def _pool_key(ref: SessionRef, kinds: frozenset[Kind]) -> str:
+    """Whose pooled legs `ref`'s request may take: the same principal (their tokens), with the same
+    capabilities declared to the backend at the handshake."""
+    declared = ref.capabilities.model_dump(mode="json", by_alias=True, exclude_none=True) if ref.capabilities else {}
+    said = json.dumps([ref.principal.key if ref.principal else None, sorted(kinds), declared], sort_keys=True)
+    return hashlib.sha256(said.encode()).hexdigest()
+
+
 async def _first_of(*events: anyio.Event) -> None:
     async with anyio.create_task_group() as tg:
         for event in events:
@@ -318,4 +406,14 @@ _LIST_CHANGES = (
     types.ResourceListChangedNotification,
 )
 
-__all__ = ["ASKING", "CLIENT_SESSION", "IDLE_S", "MAX_LEGS", "SessionLegs", "SessionRef", "declared_kinds", "serving"]
+__all__ = [
+    "ASKING",
+    "CLIENT_SESSION",
+    "IDLE_S",
+    "MAX_LEGS",
+    "POOL_IDLE",
+    "SessionLegs",
+    "SessionRef",
+    "declared_kinds",
+    "serving",
+]

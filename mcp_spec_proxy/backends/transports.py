@@ -171,7 +171,11 @@ def open_transport(
     # The SDK's own client settings (its timeouts; redirects it follows itself), lost connections
     # kept with their request and answers bounded as on stdio (`backends/http.py`).
     http = GuardedClient(
-        limit=message_bound(config), headers=config.headers or None, timeout=MCP_HTTP_TIMEOUT, auth=auth
+        limit=message_bound(config),
+        endpoint=config.url,
+        headers=config.headers or None,
+        timeout=MCP_HTTP_TIMEOUT,
+        auth=auth,
     )
     return WatchedTransport(_http(config.url, http), on_end, guard=http)
 

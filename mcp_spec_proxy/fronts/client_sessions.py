@@ -3,7 +3,7 @@ what it declared, how to ask it something outside any call, and when it ends.
 
 A handshake-era HTTP client session gets a `SessionRef` on its first request after the handshake,
 kept in its connection's state and ended with it; its backend sessions are its own. A 2026-07-28
-client gets one per named session, or per request (`ClientSessions`): it is used only where such a
+client gets one per named session, or per request, ended with it (`ClientSessions`): it is used only where such a
 client reaches a backend in the handshake era. The stdio front's one client has none: the backends'
 shared sessions are its own. A
 client's `notifications/roots/list_changed` is passed to its own backend sessions, or, for the
@@ -44,8 +44,9 @@ class ClientSessions:
     A 2026-07-28 client reaches a backend that speaks only the handshake era on a handshake-era
     session, which keeps state per session: it gets one of its own, as a handshake-era client
     does. A named session's is kept while the name is (the least recently used forgotten past
-    `MAX_NAMED_SESSIONS`); a request that names none is a session of its own, whose backend
-    session ends with the request (and any call it left suspended)."""
+    `MAX_NAMED_SESSIONS`); a request that names none is a session of its own, lent a warm
+    backend session of its principal's pool until it ends (`SessionLegs`; a call it left suspended
+    keeps that session to itself until the call ends)."""
 
     def __init__(self, needed: bool) -> None:
         self.needed = needed  # some backend keeps a session per client session: else none is made

@@ -121,7 +121,7 @@ class FastRead:
                 return await self._serve(ctx, call_next)
         finally:
             if ref is not None and ref.ephemeral:
-                ref.ended.set()  # a request that named no session was its own session
+                ref.end()  # a request that named no session was its own session: its pooled legs go back
 
     async def _serve(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         if ctx.method == "tools/call":
