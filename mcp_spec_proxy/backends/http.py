@@ -52,7 +52,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from mcp_spec_proxy.backends.events import Events, Lines
 from mcp_spec_proxy.backends.oauth import login_failure
 from mcp_spec_proxy.backends.raw import Oversized
-from mcp_spec_proxy.errors import RESULT_TOO_LARGE
+from mcp_spec_proxy.errors import RESULT_TOO_LARGE, BackendClosed, BackendError, BackendUnavailable
 from mcp_spec_proxy.wire_types import RpcError
 
 logger = logging.getLogger(__name__)
@@ -81,6 +81,22 @@ class Lost:
 
     kind: LostKind
     detail: str
+
+    def error(self, server: str, what: str) -> BackendError | None:
+        """What the call `what` to `server` is told where the session goes on (None: no connection could be
+        made, which the session's owner answers, as it must also end the transport)."""
+        if self.kind == "unauthorized":  # the server refused it; the next request asks for a login again
+            return BackendUnavailable(
+                server,
+                f"could not log in for {what}: {self.detail}; it was not run — call again to be asked to log in"
+                f" (the approval console's 'Log in to {server}'), or run `mcp-spec-proxy login {server}`",
+            )
+        if self.kind == "dropped":
+            ran = ", so it may have run; the proxy did not send it again" if what.startswith("tools/call") else ""
+            return BackendClosed(
+                server, f"lost the HTTP connection carrying {what} before answering ({self.detail}){ran}"
+            )
+        return None
 
 
 class GuardedClient(httpx2.AsyncClient):

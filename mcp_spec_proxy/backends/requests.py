@@ -318,17 +318,8 @@ class Requests:
 
     def _lost(self, lost: Lost, what: str, client: Client) -> BackendError:
         """One HTTP request's connection lost: the session goes on, unless nothing could be sent."""
-        if lost.kind == "unauthorized":  # the server refused it; the next request asks for a login again
-            return BackendUnavailable(
-                self.name,
-                f"could not log in for {what}: {lost.detail}; it was not run — call again to be asked to log in"
-                f" (the approval console's 'Log in to {self.name}'), or run `mcp-spec-proxy login {self.name}`",
-            )
-        if lost.kind == "dropped":
-            ran = ", so it may have run; the proxy did not send it again" if what.startswith("tools/call") else ""
-            return BackendClosed(
-                self.name, f"lost the HTTP connection carrying {what} before answering ({lost.detail}){ran}"
-            )
+        if (error := lost.error(self.name, what)) is not None:
+            return error
         # No connection could be made: the server may be down or restarted, its session with it.
         if (transport := self._transport_of(client)) is not None:
             transport.ended.set()
