@@ -1,4 +1,4 @@
-"""The numpy BERT behind the `embeddings` extra (`leash/bert.py`) and its tokenizer (`leash/wordpiece.py`).
+"""The numpy BERT behind the `embeddings` extra (`leash/bert.py`) and how it loads the model's tokenizer.
 
 These run without the extra, on a tiny random model and vocabulary written here in the formats the real
 model ships in; `tests/test_search_embeddings.py` runs the real all-MiniLM-L6-v2 where its weights are."""
@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-from mcp_spec_proxy.leash.bert import Bert, read_safetensors
-from mcp_spec_proxy.leash.wordpiece import WordPiece
+from mcp_spec_proxy.leash.bert import Bert, load_tokenizer, read_safetensors
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "un", "##aff", "##able", "cafe", "rename", "the", "file", ",", "!", "日"]
 HIDDEN, HEADS, LAYERS, INNER = 8, 2, 2, 16
@@ -66,9 +66,23 @@ def tiny_model(folder: Path, *, max_tokens: int = 16, act: str = "gelu") -> Path
     (folder / "1_Pooling").mkdir()
     (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
     (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_tokens}))
-    vocab = {token: i for i, token in enumerate(VOCAB)}
-    (folder / "tokenizer.json").write_text(json.dumps({"model": {"type": "WordPiece", "vocab": vocab}}))
+    (folder / "tokenizer.json").write_text(tiny_tokenizer())
     return folder
+
+
+def tiny_tokenizer() -> str:
+    """A `tokenizer.json` as all-MiniLM-L6-v2's is saved: uncased BERT WordPiece, truncation and padding at 128."""
+    vocab = {token: i for i, token in enumerate(VOCAB)}
+    tokenizer = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])]
+    )
+    tokenizer.decoder = decoders.WordPiece()
+    tokenizer.enable_truncation(max_length=128)
+    tokenizer.enable_padding(length=128, pad_id=vocab["[PAD]"], pad_token="[PAD]")
+    return tokenizer.to_str()
 
 
 def test_safetensors_read_back_as_written(tmp_path: Path) -> None:
@@ -79,23 +93,29 @@ def test_safetensors_read_back_as_written(tmp_path: Path) -> None:
     assert all(np.array_equal(read[name], array) for name, array in written.items())
 
 
-def test_wordpiece_splits_words_into_the_longest_pieces_as_bert_does(tmp_path: Path) -> None:
+def test_the_tokenizer_cuts_at_the_model_length_and_leaves_padding_to_the_batch(tmp_path: Path) -> None:
     tiny_model(tmp_path)
-    pieces = WordPiece.load(tmp_path / "tokenizer.json", 16)
-    ids = pieces.ids("Unaffable, CAFÉ!\x00 rename\tthe  file zzz 日")
-    assert [VOCAB[i] for i in ids] == [
+    tokenizer = load_tokenizer(tmp_path / "tokenizer.json", 16)
+    ids = tokenizer.encode("Unaffable, CAFÉ!\x00 rename\tthe  file zzz 日").ids
+    assert [VOCAB[i] for i in ids] == [  # the file's own padding to 128 is not applied
         "[CLS]",
         *("un", "##aff", "##able", ","),  # lower case, split at punctuation, longest pieces first
         *("cafe", "!"),  # accents stripped, a control character dropped
         *("rename", "the", "file", "[UNK]", "日", "[SEP]"),  # a word with no pieces is unknown
     ]
-    assert len(WordPiece.load(tmp_path / "tokenizer.json", 5).ids("the file the file the file")) == 5
+    cut = load_tokenizer(tmp_path / "tokenizer.json", 5).encode("the file the file the file").ids
+    assert [VOCAB[i] for i in cut] == ["[CLS]", "the", "file", "the", "[SEP]"]
 
 
-def test_a_tokenizer_of_another_kind_is_refused_by_name(tmp_path: Path) -> None:
-    (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"type": "BPE", "vocab": {}}}))
-    with pytest.raises(ValueError, match="BPE tokenizer, not WordPiece"):
-        WordPiece.load(tmp_path / "tokenizer.json", 16)
+def test_a_file_that_is_no_tokenizer_is_refused_by_name(tmp_path: Path) -> None:
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"type": "WordPiece", "vocab": {}}}))
+    with pytest.raises(ValueError, match=r"tokenizer\.json: not a tokenizer this package reads"):
+        load_tokenizer(tmp_path / "tokenizer.json", 16)
+
+
+def test_a_model_shorter_than_the_tokenizer_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="more ids than the model has positions for"):
+        Bert.load(tiny_model(tmp_path, max_tokens=64))
 
 
 def test_a_text_embeds_the_same_alone_and_beside_a_longer_one(tmp_path: Path) -> None:

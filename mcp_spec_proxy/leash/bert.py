@@ -2,7 +2,7 @@
 
 `Bert.load(folder)` reads a sentence-transformers model as it is saved (`config.json`,
 `model.safetensors`, `tokenizer.json`, `1_Pooling/config.json`, `sentence_bert_config.json`);
-`Bert.encode(texts)` tokenizes with the model's own vocabulary (`wordpiece.py`) and runs the
+`Bert.encode(texts)` tokenizes with the model's own `tokenizer.json` (run by the `tokenizers` package) and runs the
 embeddings, the encoder layers (self-attention, GELU feed-forward, layer norms) and mean pooling in
 float32 numpy, as `SentenceTransformer.encode` does with torch. Texts are batched by length so a
 short request does not pay for a long description's padding.
@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from mcp_spec_proxy.leash.wordpiece import WordPiece
+from tokenizers import Tokenizer
 
 Array = np.ndarray[Any, np.dtype[np.float32]]
 
@@ -46,6 +45,20 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray[Any, Any]]:
         start, end = spec["data_offsets"]
         tensors[name] = np.frombuffer(body[start:end], dtype=dtype).reshape(spec["shape"])
     return tensors
+
+
+def load_tokenizer(path: Path, max_tokens: int) -> Tokenizer:
+    """The model's own tokenizer (`tokenizer.json`), cut at `max_tokens` ids, `[CLS]` and `[SEP]` included.
+
+    The file's own truncation and padding (128, fixed) are the export's, not the model's: sentence-transformers
+    cuts at `max_seq_length` (256 for all-MiniLM-L6-v2) and pads each batch to its longest text, as here."""
+    try:
+        tokenizer = Tokenizer.from_str(path.read_text())
+    except Exception as exc:  # the Rust side raises a bare Exception for any file it cannot read
+        raise ValueError(f"{path.name}: not a tokenizer this package reads ({exc})") from None
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length=max_tokens)
+    return tokenizer
 
 
 def _erf(x: Array) -> Array:
@@ -87,13 +100,14 @@ class _Layer:
 class Bert:
     """A loaded sentence-transformers BERT model; `encode` is pure computation (thread-safe)."""
 
-    def __init__(self, tensors: dict[str, np.ndarray[Any, Any]], config: dict[str, Any], tokenizer: WordPiece):
+    def __init__(self, tensors: dict[str, np.ndarray[Any, Any]], config: dict[str, Any], tokenizer: Tokenizer):
         if config.get("hidden_act") != "gelu" or config.get("position_embedding_type", "absolute") != "absolute":
             raise ValueError("only BERT with the exact GELU and absolute positions is run here")
         self.heads = int(config["num_attention_heads"])
         self.eps = float(config.get("layer_norm_eps", 1e-12))
-        if tokenizer.max_tokens > int(config["max_position_embeddings"]):
-            raise ValueError(f"{tokenizer.max_tokens} tokens is more than the model has positions for")
+        cut = tokenizer.truncation
+        if cut is None or int(cut["max_length"]) > int(config["max_position_embeddings"]):
+            raise ValueError("the tokenizer may give more ids than the model has positions for")
         self.tokenizer = tokenizer
 
         def get(name: str) -> Array:
@@ -134,12 +148,12 @@ class Bert:
         settings = folder / "sentence_bert_config.json"
         max_tokens = int(json.loads(settings.read_text()).get("max_seq_length", 512)) if settings.exists() else 512
         config = json.loads((folder / "config.json").read_text())
-        tokenizer = WordPiece.load(folder / "tokenizer.json", max_tokens)
+        tokenizer = load_tokenizer(folder / "tokenizer.json", max_tokens)
         return cls(read_safetensors(folder / "model.safetensors"), config, tokenizer)
 
     def encode(self, texts: Sequence[str], batch: int = 32) -> Array:
         """Mean-pooled embeddings of `texts` (not normalised), one row each, in their order."""
-        ids = [self.tokenizer.ids(text) for text in texts]
+        ids = [encoding.ids for encoding in self.tokenizer.encode_batch(list(texts))]
         out = np.zeros((len(ids), self.dim), dtype=np.float32)
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # similar lengths share a batch
         for first in range(0, len(order), batch):

