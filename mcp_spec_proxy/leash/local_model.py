@@ -23,12 +23,15 @@ import threading
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 import numpy as np
 
-from mcp_spec_proxy.leash.bert import Bert
 from mcp_spec_proxy.leash.encoders import EncoderError, EncoderInfo, StepView, normalise_rows, step_text, task_text
+
+if TYPE_CHECKING:  # the runtime needs the extra's packages: imported when the model loads, never without the extra
+    from mcp_spec_proxy.leash.bert import Bert
 
 MODEL = "all-MiniLM-L6-v2"
 DIM = 384
@@ -91,6 +94,8 @@ class LocalEmbeddingEncoder:
             return self._model
 
     def _load(self) -> Bert:
+        from mcp_spec_proxy.leash.bert import Bert
+
         source = _weights_zip()
         try:
             with tempfile.TemporaryDirectory(prefix="minilm-") as folder:
