@@ -11,9 +11,10 @@ run by the `tokenizers` package. Nothing is downloaded at run time and nothing i
 as it would an embedding endpoint. Without the extra, `local_encoder()` answers None and search ranks
 by words alone, as before.
 
-The model is loaded on the first encoding, in a worker thread (under a second, and some 100 MB of
-memory). Every encoding runs in a worker thread, off the event loop. A model that cannot be loaded is
-an `EncoderError` naming the fix, which the index logs once before ranking by words alone.
+The model is loaded on the first encoding, in a worker thread (under a second; some 175 MB of memory,
+up to 265 MB once the runtime has run its longest batches). Every encoding runs in a worker thread, off
+the event loop. A model that cannot be loaded is an `EncoderError` naming the fix, which the index logs
+once before ranking by words alone.
 """
 
 from __future__ import annotations
