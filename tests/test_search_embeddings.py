@@ -1,8 +1,8 @@
 """Tool search with a small embedding model in process (the `embeddings` extra), and without it.
 
 Without the extra, search mode ranks by words exactly as before (the module is hidden here, so this
-runs whatever is installed). With it, all-MiniLM-L6-v2 runs in numpy (`leash/bert.py`; the test
-extra installs its weights), and a request with no word of the tool's own finds it; those tests are
+runs whatever is installed). With it, all-MiniLM-L6-v2 runs in onnxruntime (`leash/onnx_model.py`; the
+test extra installs it), and a request with no word of the tool's own finds it; those tests are
 skipped where the extra is absent."""
 
 from __future__ import annotations
