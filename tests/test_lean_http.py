@@ -129,7 +129,11 @@ CASES: list[tuple[str, Any, str]] = [
 ]
 
 
-async def handshake_answers(url: str, headers: dict[str, str] | None = None) -> list[Answer]:
+async def handshake_answers(
+    url: str, headers: dict[str, str] | None = None, intruder: dict[str, str] | None = None
+) -> list[Answer]:
+    """The answers to `CASES` on a session of the client's own; and, with `intruder`'s headers, to a
+    read another credential sends on that session."""
     async with httpx.AsyncClient(headers=headers) as http:
         base = {"accept": BOTH, "content-type": "application/json"}
         opened = await http.post(
@@ -153,6 +157,9 @@ async def handshake_answers(url: str, headers: dict[str, str] | None = None) -> 
         answers = []
         for n, (name, arguments, accept) in enumerate(CASES, start=2):
             response = await http.post(url, json=call(n, name, arguments), headers={**ours, "accept": accept})
+            answers.append(normal(response, session))
+        if intruder is not None:
+            response = await http.post(url, json=call(99, "toy__echo", {"text": "x"}), headers={**ours, **intruder})
             answers.append(normal(response, session))
         return answers
 
@@ -244,7 +251,10 @@ async def test_under_auth_a_forged_token_is_refused_as_before_and_never_reaches_
             auth = {"issuer": issuer.issuer, "audience": audience, "scopes": ["mcp"]}
             async with front(tmp_path / str(lean), lean=lean, auth=auth) as (url, lane):
                 token = await issuer.mint(sub="alice", client_id="cli-a", aud=audience, scope="mcp")
-                good = await handshake_answers(url, {"authorization": f"Bearer {token}"})
+                bob = await issuer.mint(sub="bob", client_id="cli-b", aud=audience, scope="mcp")
+                good = await handshake_answers(
+                    url, {"authorization": f"Bearer {token}"}, intruder={"authorization": f"Bearer {bob}"}
+                )
                 forged = unsigned(
                     {"sub": "alice", "client_id": "cli-a", "aud": audience, "scope": "mcp", "iss": issuer.issuer}
                 )
@@ -252,8 +262,9 @@ async def test_under_auth_a_forged_token_is_refused_as_before_and_never_reaches_
                 answers[lean] = [*good, *refused]
                 before = len(lane.took)
         assert answers[True] == answers[False]
+        assert answers[True][len(CASES)].status == 404  # another principal's read on alice's session
         assert all(
-            answer.status == 401 and "www-authenticate" in answer.headers for answer in answers[True][len(CASES) :]
+            answer.status == 401 and "www-authenticate" in answer.headers for answer in answers[True][len(CASES) + 1 :]
         )
         assert len([t for t in lane.took[:before] if t]) == 3  # the good token's reads went the lean way
 
