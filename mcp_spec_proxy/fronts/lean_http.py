@@ -296,15 +296,24 @@ def _param_rejected(front: McpFront, request: Request, params: Mapping[str, Any]
     return validate_mcp_param_headers(schema, arguments or {}, request.headers) is not None
 
 
-def _sse_headers(session_id: str) -> list[tuple[bytes, bytes]]:
-    """The headers the transport's `EventSourceResponse` sends for a POST's stream."""
+def _sse_template() -> list[tuple[bytes, bytes]]:
+    """The headers the transport's `EventSourceResponse` sends for a POST's stream, the session's id
+    left empty (made once: building the response object for each read costs more than the read's JSON)."""
     headers = {
         "Cache-Control": "no-cache, no-transform",
         "Connection": "keep-alive",
         "Content-Type": "text/event-stream",
-        "mcp-session-id": session_id,
+        _SESSION_ID: "",
     }
     return list(EventSourceResponse(content=iter(()), headers=headers).raw_headers)
+
+
+_SSE_HEADERS = _sse_template()
+
+
+def _sse_headers(session_id: str) -> list[tuple[bytes, bytes]]:
+    named = session_id.encode("latin-1")
+    return [(name, named if name == _SESSION_ID.encode() else value) for name, value in _SSE_HEADERS]
 
 
 async def _send_whole(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
