@@ -48,6 +48,7 @@ from mcp.shared.inbound import (
     validate_mcp_param_headers,
 )
 from mcp_types import (
+    DEFAULT_NEGOTIATED_VERSION,
     ClientCapabilities,
     ErrorData,
     JSONRPCError,
@@ -166,7 +167,9 @@ class LeanHttp:
             headers = {"Content-Type": "application/json", "mcp-session-id": session_id}
             await Response(text, status_code=200, headers=headers)(request.scope, _no_receive, send)
             return True
-        events = await answer_events(transport, str(request_id), version, message)
+        # The priming event follows the version the request's header names, as the transport's does.
+        named = request.headers.get(_VERSION, DEFAULT_NEGOTIATED_VERSION)
+        events = await answer_events(transport, str(request_id), named, message)
         await _send_whole(send, 200, _sse_headers(session_id), b"".join(ensure_bytes(e, _SSE_SEP) for e in events))
         return True
 
