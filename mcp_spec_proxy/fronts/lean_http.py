@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 import anyio
+import pydantic_core
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, authorization_context
 from mcp.server.streamable_http import REQUEST_CANCELLED, check_accept_headers
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
@@ -136,7 +137,7 @@ class LeanHttp:
         json_body = self._manager.json_response
         if not has_json or not (json_body or has_sse):
             return False  # the SDK's 406
-        data = _request_of(body)
+        data = _request_of(body, pydantic_core.from_json)  # the transport's parser
         if data is None:
             self._cancelled(session_id, body)
             return False
@@ -219,7 +220,7 @@ class LeanHttp:
         has_json, has_sse = check_accept_headers(request)
         if not has_json or not (self._manager.json_response or has_sse):
             return False
-        data = _request_of(body)
+        data = _request_of(body, json.loads)  # the 2026-07-28 entry's parser
         if data is None or find_duplicated_routing_header(request.headers.items()) is not None:
             return False
         route = classify_inbound_request(data, headers=dict(request.headers))
@@ -257,12 +258,13 @@ class LeanHttp:
             CALLER.reset(token)
 
 
-def _request_of(body: bytes) -> dict[str, Any] | None:
-    """The body as one well-formed `tools/call` request, or None."""
+def _request_of(body: bytes, parse: Callable[[bytes], Any]) -> dict[str, Any] | None:
+    """The body, read by the parser the SDK's path would read it with, as one well-formed `tools/call`
+    request; or None."""
     if b'"tools/call"' not in body:
         return None
     try:
-        data = json.loads(body)
+        data = parse(body)
     except (ValueError, RecursionError):
         return None
     if not isinstance(data, dict) or data.keys() != _REQUEST_KEYS or data["jsonrpc"] != "2.0":
