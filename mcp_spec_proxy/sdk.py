@@ -31,16 +31,25 @@ modules or names comes from here, each under a public alias, with the reason it 
   request its transport read. The lean HTTP reads (`backends/lean_http.py`) read a POST's answer
   themselves, and give what else the server sent on it to the session (`deliver_notification`,
   `answer_server_request`), so its handlers and callbacks hear it as they would.
+* `StreamableHTTPSessionManager._handle_request`, `_server_instances`, `_session_owners` and a
+  transport's `_event_store`, `_mint_priming_event`, `_create_event_data`, `_idle_timeout`,
+  `_requests_in_flight`: `fronts/lean_http.py` answers a handshake-era read on an established session
+  itself, so it finds the session's transport and owner as the manager does, holds the session
+  against its idle timeout as the transport does, and writes the priming and answer events the
+  transport would write (stored for resumption alike). `mcp.server._streamable_http_modern._write`
+  and `_to_jsonrpc_response`: a 2026-07-28 read answered with the SDK's own bytes and status.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from types import SimpleNamespace
 from typing import Any, BinaryIO, cast
 
+import anyio
 import httpx2
 from mcp.client._transport import Transport, TransportStreams
 from mcp.client.client import Client
@@ -48,14 +57,19 @@ from mcp.client.stdio import _create_platform_compatible_process as create_platf
 from mcp.client.stdio import _drain_stdout as drain_stdout
 from mcp.client.stdio import _parse_line as parse_line
 from mcp.client.stdio import _stop_server_process as stop_server_process
+from mcp.server._streamable_http_modern import _to_jsonrpc_response as modern_answer
+from mcp.server._streamable_http_modern import _write as modern_write
+from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
 from mcp.server.connection import Connection
 from mcp.server.context import ServerRequestContext
 from mcp.server.stdio import _claim_fd, _open_stdin_diversion, _open_stdout_diversion
-from mcp.server.streamable_http import EventStore, StreamableHTTPServerTransport
+from mcp.server.streamable_http import EventMessage, EventStore, SSEEvent, StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import RequestBodyLimitMiddleware
 from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 from mcp.shared._stream_protocols import ReadStream
-from mcp_types import CLIENT_CAPABILITIES_META_KEY
+from mcp_types import CLIENT_CAPABILITIES_META_KEY, JSONRPCMessage
+from starlette.types import ASGIApp
 
 from mcp_spec_proxy.wire_types import RpcRequest
 
@@ -138,17 +152,73 @@ def event_store_per_session(manager: StreamableHTTPSessionManager, store: Callab
     manager._admit_session = admitted  # type: ignore[method-assign]  # see the module docstring
 
 
+def front_of_sessions(manager: StreamableHTTPSessionManager, lane: Callable[[ASGIApp], ASGIApp]) -> None:
+    """Put `lane` in front of `manager`'s request handling: past the routing and the bearer
+    middleware (the caller is authenticated as for every request), inside the body size limit."""
+    inner = manager._handle_request  # pyright: ignore[reportPrivateUsage]
+    manager.asgi_app = RequestBodyLimitMiddleware(lane(inner), manager.max_request_body_size)
+
+
+def http_session(
+    manager: StreamableHTTPSessionManager, session_id: str
+) -> tuple[StreamableHTTPServerTransport, AuthorizationContext | None] | None:
+    """The transport of the handshake-era session `session_id` and the credential that opened it."""
+    transport = manager._server_instances.get(session_id)  # pyright: ignore[reportPrivateUsage]
+    if transport is None:
+        return None
+    return transport, manager._session_owners.get(session_id)  # pyright: ignore[reportPrivateUsage]
+
+
+@contextmanager
+def holding(transport: StreamableHTTPServerTransport) -> Iterator[None]:
+    """A request in flight on `transport`'s session: its idle countdown waits, as the transport's own does."""
+    idle = transport.idle_scope
+    timeout = transport._idle_timeout  # pyright: ignore[reportPrivateUsage]
+    if idle is None or timeout is None:
+        yield
+        return
+    transport._requests_in_flight += 1  # pyright: ignore[reportPrivateUsage]
+    idle.deadline = math.inf
+    try:
+        yield
+    finally:
+        transport._requests_in_flight -= 1  # pyright: ignore[reportPrivateUsage]
+        if not transport._requests_in_flight:  # pyright: ignore[reportPrivateUsage]
+            idle.deadline = anyio.current_time() + timeout
+
+
+async def answer_events(
+    transport: StreamableHTTPServerTransport, stream: str, version: str, message: JSONRPCMessage
+) -> list[SSEEvent]:
+    """The SSE events the transport writes for a request answered at once: its priming event
+    (stored, where the client may resume) and the answer's (stored under the request's stream)."""
+    events: list[SSEEvent] = []
+    priming = await transport._mint_priming_event(stream, version)  # pyright: ignore[reportPrivateUsage]
+    if priming is not None:
+        events.append(priming)
+    store = transport._event_store  # pyright: ignore[reportPrivateUsage]
+    event_id = await store.store_event(stream, message) if store is not None else None
+    events.append(transport._create_event_data(EventMessage(message, event_id)))  # pyright: ignore[reportPrivateUsage]
+    return events
+
+
 __all__ = [
     "MCP_HTTP_TIMEOUT",
     "ReadStream",
     "Transport",
     "TransportStreams",
+    "answer_events",
     "answer_server_request",
     "claimed_stdio",
     "create_platform_compatible_process",
     "deliver_notification",
     "drain_stdout",
     "event_store_per_session",
+    "front_of_sessions",
+    "holding",
+    "http_session",
+    "modern_answer",
+    "modern_write",
     "parse_line",
     "restamp_capabilities",
     "server_connection",

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import mcp_types as types
+from mcp.server.connection import Connection
 from mcp.server.context import ServerRequestContext
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
@@ -52,10 +53,10 @@ class ClientSessions:
         self.needed = needed  # some backend keeps a session per client session: else none is made
         self._named: OrderedDict[str, SessionRef] = OrderedDict()
 
-    def modern(self, ctx: ServerRequestContext[Any, Any]) -> SessionRef:
-        capabilities = ctx.session.client_capabilities
-        principal = principal_of(ctx.request)
-        name = session_name(ctx.request, ctx.meta, principal)
+    def modern(self, request: object, meta: object, capabilities: types.ClientCapabilities | None) -> SessionRef:
+        """The session a 2026-07-28 request (its HTTP request, `_meta` and declared capabilities) names."""
+        principal = principal_of(request)
+        name = session_name(request, meta, principal)
         if name is None:
             return SessionRef(f"request-{secrets.token_hex(8)}", capabilities, ephemeral=True, principal=principal)
         ref = self._named.pop(name, None) or SessionRef(f"named-{digest(name)[:16]}", capabilities, principal=principal)
@@ -71,7 +72,7 @@ def session_ref(front: McpFront, ctx: ServerRequestContext[Any, Any]) -> Session
     if not front.client_sessions.needed or front.stdio_session is not None or ctx.request_id is None:
         return None
     if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
-        return front.client_sessions.modern(ctx)
+        return front.client_sessions.modern(ctx.request, ctx.meta, ctx.session.client_capabilities)
     connection = server_connection(ctx)
     if connection.session_id is None or not connection.initialize_accepted:
         return None
@@ -88,6 +89,12 @@ def session_ref(front: McpFront, ctx: ServerRequestContext[Any, Any]) -> Session
         connection.state[_SESSION_REF] = ref
         connection.exit_stack.callback(ref.ended.set)
     return ref
+
+
+def established(connection: Connection) -> SessionRef | None:
+    """The client session of a handshake-era connection, once a request of its own has made it."""
+    ref = connection.state.get(_SESSION_REF)
+    return ref if isinstance(ref, SessionRef) else None
 
 
 def adopt_stdio(front: McpFront) -> None:

@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from mcp.server.connection import Connection
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp_types import CLIENT_CAPABILITIES_META_KEY, LOG_LEVEL_META_KEY, methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
@@ -103,6 +104,8 @@ class FastRead:
 
     def __init__(self, front: McpFront) -> None:
         self._front = front
+        # Each handshake-era HTTP session's connection, by its session id, while it lives (`lean_http.py`).
+        self.http_connections: dict[str, Connection] = {}
 
     @property
     def front(self) -> McpFront:
@@ -112,6 +115,8 @@ class FastRead:
         # The client's era (its listing, its era's backend legs) and its session (its own backend sessions).
         # And what its principal may see (`calls/access.py`): every request, whatever its method.
         ref = session_ref(self._front, ctx)
+        if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS and self._front.stdio_session is None:
+            self._know(server_connection(ctx))
         try:
             with (
                 speaking(ctx.protocol_version),
@@ -122,6 +127,12 @@ class FastRead:
         finally:
             if ref is not None and ref.ephemeral:
                 ref.end()  # a request that named no session was its own session: its pooled legs go back
+
+    def _know(self, connection: Connection) -> None:
+        session_id = connection.session_id
+        if session_id is not None and session_id not in self.http_connections:
+            self.http_connections[session_id] = connection
+            connection.exit_stack.callback(self.http_connections.pop, session_id, None)
 
     async def _serve(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         if ctx.method == "tools/call":

@@ -33,6 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mcp_spec_proxy.calls.drain import Drain
 from mcp_spec_proxy.errors import SHUTTING_DOWN
+from mcp_spec_proxy.fronts import lean_http
 from mcp_spec_proxy.fronts.asgi import BearerToken, host_names
 from mcp_spec_proxy.fronts.identity import auth_settings, metadata_routes
 from mcp_spec_proxy.fronts.introspection import token_verifier
@@ -139,6 +140,7 @@ def http_app(front: McpFront, *, host: str, token: str | None, allowed_hosts: li
         custom_starlette_routes=metadata_routes(auth) if auth is not None else None,
     )
     event_store_per_session(front.server.session_manager, events.session)
+    lean_http.install(front, front.server.session_manager)  # reads answered at the manager's door
     app = NoNewSessions(app, front.proxy.gate.drain)
     return BearerToken(app, token) if token else app
 

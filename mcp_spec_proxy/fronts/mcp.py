@@ -75,7 +75,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_SESSION_KEY = "mcp_spec_proxy.session"
+SESSION_KEY = "mcp_spec_proxy.session"
 
 Ctx = ServerRequestContext[Any, Any]
 
@@ -148,7 +148,7 @@ class McpFront:
             self.catalog_search = CatalogSearch(proxy)
         self.connections: weakref.WeakSet[Connection] = weakref.WeakSet()
         self._approvals = Approvals(proxy.config.review.timeout, proxy.store.approvals)
-        self._named = NamedSessions(lambda name, principal: self.proxy.barrier.new_session(name, principal))
+        self.named = NamedSessions(lambda name, principal: self.proxy.barrier.new_session(name, principal))
         self.stdio_session: Session | None = None  # set while serving stdio: one client, one session
         self.stdio_connection: Connection | None = None  # its connection, from its `initialize` on
         self.suspensions, self.asked = Suspensions(proxy.config.review.timeout), Asked()  # what waits for clients
@@ -214,12 +214,12 @@ class McpFront:
             return self.stdio_session
         principal = principal_of(ctx.request)  # only a token the front verified names one
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
-            return self._named.session(ctx.request, ctx.meta, principal)  # named_sessions.py
+            return self.named.session(ctx.request, ctx.meta, principal)  # named_sessions.py
         connection = server_connection(ctx)
-        session = connection.state.get(_SESSION_KEY)
+        session = connection.state.get(SESSION_KEY)
         if not isinstance(session, Session):
             session = self.proxy.barrier.new_session(connection.session_id, principal)  # the SDK binds it to them
-            connection.state[_SESSION_KEY] = session
+            connection.state[SESSION_KEY] = session
             self.connections.add(connection)
         return session
 

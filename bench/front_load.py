@@ -1,0 +1,204 @@
+"""The HTTP front under reads: CPU per 1,000 reads and throughput at many sessions, side by side in one run.
+
+    .venv/bin/python -m bench.front_load [--calls 1000] [--levels 16,64] [--reads 20] [--rounds 2]
+                                         [--era legacy] [--baseline DIR]
+
+Targets, each serving streamable HTTP on 127.0.0.1 in front of mcp-server-time over stdio:
+ours-http (mcp-spec-proxy, `review: {default: deny}`: reads go at once), ours-before-http (another
+checkout's `mcp_spec_proxy`, `--baseline DIR`), bare-http (bench/bare_proxy.py: the SDK alone),
+fastmcp-http and mcp-proxy-http (the peers bench/peers.py installs under `.bench/`, when there).
+
+1. CPU: sequential `get_current_time` reads, `--calls` per target in rotating blocks, and the CPU
+   time (user + system, from /proc, Linux only) the serving process spent on them, its children
+   (the backend) left out; per 1,000 reads, beside the wall time per read.
+2. Throughput: for each level, that many client sessions open on one target at a time, each sending
+   `--reads` reads one after another, all sessions at once; reads per second over the whole level.
+   Targets take turns level by level, `--rounds` times; the best round is reported (the load of a
+   shared machine only ever slows a round down). The clients run in this process, so a target can
+   only be seen as fast as one Python process can drive it (the fastest peer shows that ceiling).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+from mcp import Client
+
+from bench import peers
+from bench.measure import machine_line
+from bench.overhead import (
+    DEFAULT_TIME,
+    _caller,
+    _stop,
+    backends,
+    free_port,
+    load_average,
+    spawn_argv,
+    spawn_env,
+    wait_for_port,
+)
+from bench.overhead_report import Backend
+
+TICKS = os.sysconf("SC_CLK_TCK")
+BLOCK = 50
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` itself (not its children)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def targets(baseline: Path | None) -> tuple[list[str], list[str]]:
+    """The targets measured, and one line for each left out."""
+    chosen, left = ["ours-http"], []
+    if baseline is not None:
+        chosen.append("ours-before-http")
+    chosen.append("bare-http")
+    if peers.fastmcp_python().exists():
+        chosen.append("fastmcp-http")
+    else:
+        left.append("fastmcp-http: skipped, not installed (add --install-fastmcp to bench.overhead)")
+    if peers.mcp_proxy_entry().exists():
+        chosen.append("mcp-proxy-http")
+    else:
+        left.append("mcp-proxy-http: skipped, not installed (add --install-mcp-proxy to bench.overhead)")
+    return chosen, left
+
+
+class Served:
+    """One target's process and its URL."""
+
+    def __init__(self, name: str, process: anyio.abc.Process, url: str, tool: str) -> None:
+        self.name, self.process, self.url, self.tool = name, process, url, tool
+
+
+async def start(stack: AsyncExitStack, name: str, backend: Backend, tmp: Path, baseline: Path | None) -> Served:
+    port = free_port()
+    argv = spawn_argv(name, backend, tmp, port)
+    env = spawn_env(name, baseline)
+    process = await anyio.open_process(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
+    )
+    stack.push_async_callback(_stop, process)
+    await wait_for_port(port, process)
+    tool = f"{backend.name}__{backend.tool}" if name.startswith("ours") else backend.tool
+    return Served(name, process, f"http://127.0.0.1:{port}/mcp", tool)
+
+
+async def cpu_per_reads(served: list[Served], backend: Backend, era: str, calls: int) -> dict[str, tuple[float, float]]:
+    """Per target: CPU seconds per 1,000 reads, and wall milliseconds per read."""
+    async with AsyncExitStack() as stack:
+        callers: dict[str, Callable[[], Any]] = {}
+        for target in served:
+            client = await stack.enter_async_context(Client(target.url, mode=era))
+            callers[target.name] = _caller(client, target.tool, backend.arguments)
+            for _ in range(30):
+                await callers[target.name]()
+        used = dict.fromkeys(callers, 0.0)
+        wall = dict.fromkeys(callers, 0.0)
+        done = 0
+        while done < calls:
+            for target in served:
+                pid = target.process.pid
+                before, started = cpu_seconds(pid), time.perf_counter()
+                for _ in range(BLOCK):
+                    await callers[target.name]()
+                wall[target.name] += time.perf_counter() - started
+                used[target.name] += cpu_seconds(pid) - before
+            done += BLOCK
+    return {name: (used[name] / done * 1000, wall[name] / done * 1000) for name in callers}
+
+
+async def throughput(target: Served, backend: Backend, era: str, sessions: int, reads: int) -> float:
+    """Reads per second with `sessions` client sessions reading at once."""
+    async with AsyncExitStack() as stack:
+        callers = []
+        for _ in range(sessions):
+            client = await stack.enter_async_context(Client(target.url, mode=era))
+            callers.append(_caller(client, target.tool, backend.arguments))
+        for call in callers:
+            await call()
+
+        async def session(call: Callable[[], Any]) -> None:
+            for _ in range(reads):
+                await call()
+
+        started = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for call in callers:
+                tg.start_soon(session, call)
+        return sessions * reads / (time.perf_counter() - started)
+
+
+async def run(args: argparse.Namespace, tmp: Path) -> None:
+    chosen = argparse.Namespace(backends="time", backend_command=args.backend_command)
+    backend = backends(chosen, tmp, None)[0]
+    names, left = targets(args.baseline)
+    print(machine_line())
+    print(f"load average (1, 5, 15 min) before: {load_average()}")
+    for line in left:
+        print(line)
+    started = time.monotonic()
+    async with AsyncExitStack() as stack:
+        served = [await start(stack, name, backend, tmp, args.baseline) for name in names]
+        cpu = await cpu_per_reads(served, backend, args.era, args.calls)
+        rates: dict[tuple[str, int], list[float]] = {}
+        for _ in range(args.rounds):
+            for level in args.levels:
+                for target in served:
+                    rate = await throughput(target, backend, args.era, level, args.reads)
+                    rates.setdefault((target.name, level), []).append(rate)
+                    print(f"  {level} sessions, {target.name}: {rate:.1f} reads/s", flush=True)
+    print(f"load average (1, 5, 15 min) after: {load_average()}; {time.monotonic() - started:.0f}s")
+    print(f"\n{backend.label}, client era {args.era}, {args.calls} sequential reads per target for CPU\n")
+    levels = " | ".join(f"{n} sessions, reads/s" for n in args.levels)
+    print(f"| target | CPU s per 1,000 reads | wall ms per read | {levels} |")
+    print("|---|---|---|" + "---|" * len(args.levels))
+    for name in names:
+        best = [f"{max(rates[(name, level)]):.0f}" for level in args.levels]
+        print(f"| {name} | {cpu[name][0]:.2f} | {cpu[name][1]:.2f} | " + " | ".join(best) + " |")
+    print()
+    for other in names[1:]:
+        ratios = [max(rates[("ours-http", n)]) / max(rates[(other, n)]) for n in args.levels]
+        shown = ", ".join(f"{n} sessions {r:.2f}x" for n, r in zip(args.levels, ratios, strict=True))
+        print(f"ours-http / {other}: CPU per read {cpu['ours-http'][0] / cpu[other][0]:.2f}x; throughput {shown}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=1000, help="sequential reads per target for CPU (default 1000)")
+    parser.add_argument("--levels", default="16,64", help="concurrent sessions, comma-separated (default 16,64)")
+    parser.add_argument("--reads", type=int, default=20, help="reads per session at each level (default 20)")
+    parser.add_argument("--rounds", type=int, default=2, help="turns of every target at every level (default 2)")
+    parser.add_argument("--era", choices=("legacy", "2026-07-28"), default="legacy", help="the clients' era")
+    parser.add_argument("--baseline", type=Path, help="also measure ours from DIR/mcp_spec_proxy (ours-before-http)")
+    parser.add_argument("--backend-command", default=str(DEFAULT_TIME), help="the stdio backend (mcp-server-time)")
+    args = parser.parse_args()
+    try:
+        args.levels = [int(n) for n in args.levels.split(",")]
+    except ValueError:
+        parser.error(f"--levels {args.levels!r}: give numbers of sessions, comma-separated, such as 16,64")
+    if args.calls < BLOCK or min(args.levels) < 1 or args.reads < 1 or args.rounds < 1:
+        parser.error(f"--calls must be at least {BLOCK}; --levels, --reads and --rounds at least 1")
+    if not sys.platform.startswith("linux"):
+        parser.error("CPU time is read from /proc: Linux only")
+    if args.baseline is not None and not (args.baseline / "mcp_spec_proxy" / "__init__.py").exists():
+        parser.error(f"--baseline {args.baseline}: no mcp_spec_proxy package there")
+    with tempfile.TemporaryDirectory() as tmp:
+        anyio.run(run, args, Path(tmp))
+
+
+if __name__ == "__main__":
+    main()
