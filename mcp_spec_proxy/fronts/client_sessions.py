@@ -62,7 +62,7 @@ class ClientSessions:
         ref = self._named.pop(name, None) or SessionRef(f"named-{digest(name)[:16]}", capabilities, principal=principal)
         self._named[name] = ref
         while len(self._named) > MAX_NAMED_SESSIONS:
-            self._named.popitem(last=False)[1].ended.set()
+            self._named.popitem(last=False)[1].end()
         return ref
 
 
@@ -87,7 +87,7 @@ def session_ref(front: McpFront, ctx: ServerRequestContext[Any, Any]) -> Session
             connection.session_id, connection.client_capabilities, link=link, hear=hear, principal=principal
         )
         connection.state[_SESSION_REF] = ref
-        connection.exit_stack.callback(ref.ended.set)
+        connection.exit_stack.callback(ref.end)
     return ref
 
 

@@ -246,7 +246,7 @@ class LeanHttp:
                 message = await modern_answer(data["id"], self._run_muted(read, session))
         finally:
             if ref is not None and ref.ephemeral:
-                ref.ended.set()  # a request that named no session was its own session
+                ref.end()  # a request that named no session was its own session: its pooled legs go back
         await modern_write(message, request.scope, _no_receive, send)
         return True
 
