@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from mcp_spec_proxy.errors import StateError
-from mcp_spec_proxy.store.migrations import check_vector
+from mcp_spec_proxy.store.migrations import MIGRATIONS, check_vector
 from mcp_spec_proxy.store.postgres import migrate_database
 
 pytestmark = pytest.mark.anyio
@@ -61,7 +61,7 @@ def test_the_tests_pgvector_uses_wide_vector_instructions_only_where_it_dispatch
 
 
 async def test_a_working_pgvector_passes_the_check_at_migration(pg_dsn: str) -> None:
-    assert await migrate_database(pg_dsn, 5, leash=True) == [1, 2, 3, 4]
+    assert await migrate_database(pg_dsn, 5, leash=True) == [m.version for m in MIGRATIONS]
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
         await check_vector(conn)
 
