@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -160,8 +160,16 @@ def _normal(text: str) -> str:
     return re.sub(rf'"{re.escape(CALL_META)}":"[0-9a-f]+"', f'"{CALL_META}":"CALL"', text)
 
 
-async def _raw_reads(url: str) -> tuple[list[str], list[dict[str, str]]]:
-    """A raw client that declares roots: each read's SSE answer as sent, its question answered mid-stream."""
+Respond = Callable[[int, dict[str, Any]], dict[str, Any]]
+
+
+async def _raw_reads(
+    url: str,
+    tools: tuple[str, ...] = ("ask__ask_roots", "ask__ask_roots", "ask__ask_user"),
+    respond: Respond | None = None,
+) -> tuple[list[str], list[dict[str, str]]]:
+    """A raw client that declares roots: each read's SSE answer as sent, what it posts on a question
+    mid-stream `respond(read id, question)` (by default its answer)."""
     async with httpx.AsyncClient(timeout=30) as http:
         base = {"accept": BOTH, "content-type": "application/json"}
         init = {
@@ -175,7 +183,7 @@ async def _raw_reads(url: str) -> tuple[list[str], list[dict[str, str]]]:
         ours = {**base, "mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": HANDSHAKE}
         await http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=ours)
         bodies, heads = [], []
-        for n, tool in enumerate(("ask__ask_roots", "ask__ask_roots", "ask__ask_user"), start=1):
+        for n, tool in enumerate(tools, start=1):
             call = {"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": {"name": tool, "arguments": {}}}
             async with http.stream("POST", url, json=call, headers=ours) as response:
                 text, answered = "", set()
@@ -185,13 +193,13 @@ async def _raw_reads(url: str) -> tuple[list[str], list[dict[str, str]]]:
                         message = json.loads(line[6:]) if line.startswith("data: {") else {}
                         if "method" in message and message["id"] not in answered:
                             answered.add(message["id"])
-                            await http.post(url, json=_answer(message), headers=ours)
+                            await http.post(url, json=(respond or _answer)(n, message), headers=ours)
             bodies.append(_normal(text))
             heads.append({name: response.headers[name] for name in ("content-type", "cache-control")})
         return bodies, heads
 
 
-def _answer(question: dict[str, Any]) -> dict[str, Any]:
+def _answer(read: int, question: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = (
         {"roots": [{"uri": "file:///raw", "name": "raw"}]}
         if question["method"] == "roots/list"
@@ -210,3 +218,25 @@ async def test_a_raw_client_s_answers_with_a_question_mid_read_are_the_sdk_s_byt
     bodies = lean[0]
     assert '"method":"roots/list"' in bodies[1] and "roots: file:///raw" in bodies[1]
     assert '"method":"elicitation/create"' in bodies[2] and 'content={\\"username\\": \\"raw\\"}' in bodies[2]
+
+
+def _cancel(read: int, question: dict[str, Any]) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": read}}
+
+
+def _cancel_the_second(read: int, question: dict[str, Any]) -> dict[str, Any]:
+    return _cancel(read, question) if read == 2 else _answer(read, question)
+
+
+async def test_a_lean_read_cancelled_while_its_question_waits_ends_as_on_the_sdk_s_path(tmp_path: Path) -> None:
+    tools = ("ask__ask_roots", "ask__ask_user", "ask__ask_roots")  # the read asked, then cancelled; then one more
+    answers: dict[bool, list[str]] = {}
+    for lean in (False, True):
+        async with front(tmp_path / str(lean), lean=lean) as (url, lane):
+            answers[lean] = (await _raw_reads(url, tools, _cancel_the_second))[0]
+        if lean:
+            assert lane.took.count(True) == 2, lane.took
+    assert answers[True] == answers[False]
+    cancelled = answers[True][1]
+    assert '"method":"elicitation/create"' in cancelled and '"code":-32800' in cancelled
+    assert "roots: file:///raw" in answers[True][2]  # the session goes on
