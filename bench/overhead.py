@@ -282,7 +282,7 @@ async def measure(
     roots: bool = False,
 ) -> None:
     backend = row.backend
-    declared: dict[str, Any] = {"list_roots_callback": _roots} if roots else {}  # as most IDE clients declare
+    declared = declaring(roots)
     async with AsyncExitStack() as stack:
         wants_auth = guarded and "ours-guarded-http" in row.targets
         auth = await stack.enter_async_context(authorization_server()) if wants_auth else None
@@ -343,6 +343,11 @@ async def measure(
                     samples.append((time.perf_counter() - started) * 1000)
             done += block
             rounds += 1
+
+
+def declaring(roots: bool) -> dict[str, Any]:
+    """What a client is built with: roots declared where `roots` (as most IDE clients declare them)."""
+    return {"list_roots_callback": _roots} if roots else {}
 
 
 async def _roots(context: Any) -> types.ListRootsResult:
