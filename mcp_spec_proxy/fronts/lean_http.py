@@ -4,9 +4,10 @@ The stdio front takes a read off the wire before the SDK parses it (`stdio._Lean
 the same for streamable HTTP. `LeanHttp` sits where the SDK's session manager takes a request:
 past Starlette's routing, the bearer middleware of `auth:` (a forged token is refused there, as
 for every request) and the SDK's body size limit. A POST that is one JSON-RPC `tools/call` the lean
-path claims (`FastRead.claim`: a catalog read, no progress token, no idempotency key, nothing a
-backend could ask the client) is answered here — no memory streams, no dispatcher task, no
-per-request task group, no SSE machinery — with the bytes and headers the SDK writes for it:
+path claims (`FastRead.claim`: a catalog read, no progress token, no idempotency key, not from a
+2026-07-28 client a backend could ask) is answered here — no memory streams, no dispatcher task, no
+per-request task group, no SSE machinery (a client that can be asked: one task group, and a stream
+once its backend asks) — with the bytes and headers the SDK writes for it:
 
 * handshake era: a known, initialized `Mcp-Session-Id` whose owner is the caller (the manager's
   own check), the transport's DNS-rebinding, Content-Type and Accept checks passed. The answer is
