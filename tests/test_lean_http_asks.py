@@ -25,6 +25,7 @@ import pytest
 from mcp import Client
 from pydantic import FileUrl
 
+from mcp_spec_proxy.calls.audit import read_audit
 from mcp_spec_proxy.calls.results import CALL_META
 from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.fronts import lean_http
@@ -111,7 +112,7 @@ class Person:
 
 
 async def test_a_client_that_declares_roots_gets_the_lane_and_its_backend_s_questions(tmp_path: Path) -> None:
-    results: dict[bool, tuple[list[str], list[str]]] = {}
+    results: dict[bool, tuple[list[str], list[str], list[str]]] = {}
     for lean in (False, True):
         person = Person("ada")
         async with front(tmp_path / str(lean), lean) as (url, lane), person.client(url) as client:
@@ -121,15 +122,21 @@ async def test_a_client_that_declares_roots_gets_the_lane_and_its_backend_s_ques
                 text_of(await client.call_tool("ask__ask_user", {})),
                 text_of(await client.call_tool("ask__ask_model", {"prompt": "hello"})),
             ]
-        results[lean] = (got, person.asked)
+        relayed = [
+            row["method"]
+            for row in read_audit(tmp_path / str(lean) / "state" / "audit.jsonl")
+            if row["event"] == "relayed"
+        ]
+        results[lean] = (got, person.asked, relayed)
         if lean:
             assert lane.took.count(True) == 3, lane.took  # every read after the first went the lean way
     assert results[True] == results[False]
-    got, asked = results[True]
+    got, asked, relayed = results[True]
     assert got[1] == "roots: file:///home/ada"
     assert got[2] == 'user: action=accept content={"username": "ada"}'
     assert got[3] == "model m said: ada says hi"
     assert asked == ["roots", "roots", "elicitation: ask_user: who are you?", "sampling"]
+    assert relayed == ["roots/list", "roots/list", "elicitation/create", "sampling/createMessage"]  # each audited
 
 
 async def test_a_backend_s_question_reaches_only_the_client_whose_read_asked(tmp_path: Path) -> None:
