@@ -1,7 +1,7 @@
 """The HTTP front under reads: CPU per 1,000 reads and throughput at many sessions, side by side in one run.
 
     .venv/bin/python -m bench.front_load [--calls 1000] [--levels 16,64] [--reads 20] [--rounds 2]
-                                         [--era legacy] [--baseline DIR]
+                                         [--era legacy] [--baseline DIR] [--roots]
 
 Targets, each serving streamable HTTP on 127.0.0.1 in front of mcp-server-time over stdio:
 ours-http (mcp-spec-proxy, `review: {default: deny}`: reads go at once), ours-before-http (another
@@ -42,6 +42,7 @@ from bench.overhead import (
     _caller,
     _stop,
     backends,
+    declaring,
     free_port,
     load_average,
     spawn_argv,
@@ -97,12 +98,14 @@ async def start(stack: AsyncExitStack, name: str, backend: Backend, tmp: Path, b
     return Served(name, process, f"http://127.0.0.1:{port}/mcp", tool)
 
 
-async def cpu_per_reads(served: list[Served], backend: Backend, era: str, calls: int) -> dict[str, tuple[float, float]]:
+async def cpu_per_reads(
+    served: list[Served], backend: Backend, era: str, calls: int, roots: bool = False
+) -> dict[str, tuple[float, float]]:
     """Per target: CPU seconds per 1,000 reads, and wall milliseconds per read."""
     async with AsyncExitStack() as stack:
         callers: dict[str, Callable[[], Any]] = {}
         for target in served:
-            client = await stack.enter_async_context(Client(target.url, mode=era))
+            client = await stack.enter_async_context(Client(target.url, mode=era, **declaring(roots)))
             callers[target.name] = _caller(client, target.tool, backend.arguments)
             for _ in range(30):
                 await callers[target.name]()
@@ -121,12 +124,14 @@ async def cpu_per_reads(served: list[Served], backend: Backend, era: str, calls:
     return {name: (used[name] / done * 1000, wall[name] / done * 1000) for name in callers}
 
 
-async def throughput(target: Served, backend: Backend, era: str, sessions: int, reads: int) -> float:
+async def throughput(
+    target: Served, backend: Backend, era: str, sessions: int, reads: int, roots: bool = False
+) -> float:
     """Reads per second with `sessions` client sessions reading at once."""
     async with AsyncExitStack() as stack:
         callers = []
         for _ in range(sessions):
-            client = await stack.enter_async_context(Client(target.url, mode=era))
+            client = await stack.enter_async_context(Client(target.url, mode=era, **declaring(roots)))
             callers.append(_caller(client, target.tool, backend.arguments))
         for call in callers:
             await call()
@@ -153,16 +158,17 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
     started = time.monotonic()
     async with AsyncExitStack() as stack:
         served = [await start(stack, name, backend, tmp, args.baseline) for name in names]
-        cpu = await cpu_per_reads(served, backend, args.era, args.calls)
+        cpu = await cpu_per_reads(served, backend, args.era, args.calls, args.roots)
         rates: dict[tuple[str, int], list[float]] = {}
         for _ in range(args.rounds):
             for level in args.levels:
                 for target in served:
-                    rate = await throughput(target, backend, args.era, level, args.reads)
+                    rate = await throughput(target, backend, args.era, level, args.reads, args.roots)
                     rates.setdefault((target.name, level), []).append(rate)
                     print(f"  {level} sessions, {target.name}: {rate:.1f} reads/s", flush=True)
     print(f"load average (1, 5, 15 min) after: {load_average()}; {time.monotonic() - started:.0f}s")
-    print(f"\n{backend.label}, client era {args.era}, {args.calls} sequential reads per target for CPU\n")
+    roots = ", clients declare roots" if args.roots else ""
+    print(f"\n{backend.label}, client era {args.era}{roots}, {args.calls} sequential reads per target for CPU\n")
     levels = " | ".join(f"{n} sessions, reads/s" for n in args.levels)
     print(f"| target | CPU s per 1,000 reads | wall ms per read | {levels} |")
     print("|---|---|---|" + "---|" * len(args.levels))
@@ -185,6 +191,7 @@ def main() -> None:
     parser.add_argument("--era", choices=("legacy", "2026-07-28"), default="legacy", help="the clients' era")
     parser.add_argument("--baseline", type=Path, help="also measure ours from DIR/mcp_spec_proxy (ours-before-http)")
     parser.add_argument("--backend-command", default=str(DEFAULT_TIME), help="the stdio backend (mcp-server-time)")
+    parser.add_argument("--roots", action="store_true", help="every client declares roots (as most IDE clients do)")
     args = parser.parse_args()
     try:
         args.levels = [int(n) for n in args.levels.split(",")]

@@ -48,9 +48,11 @@ from typing import Any, TextIO
 import anyio
 import anyio.abc
 import httpx2
+import mcp_types as types
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from pydantic import FileUrl
 
 from bench import peers
 from bench.measure import machine_line
@@ -277,8 +279,10 @@ async def measure(
     block_size: int,
     baseline: Path | None = None,
     guarded: bool = False,
+    roots: bool = False,
 ) -> None:
     backend = row.backend
+    declared = declaring(roots)
     async with AsyncExitStack() as stack:
         wants_auth = guarded and "ours-guarded-http" in row.targets
         auth = await stack.enter_async_context(authorization_server()) if wants_auth else None
@@ -288,7 +292,7 @@ async def measure(
             mode = row.era if target != "direct" or row.era in backend.eras else "legacy"
             if target == "direct" and backend.url is not None:
                 argv = [backend.url]
-                client = await stack.enter_async_context(Client(backend.url, mode=mode))
+                client = await stack.enter_async_context(Client(backend.url, mode=mode, **declared))
             elif target.endswith("-http"):
                 port = free_port()
                 issuer = auth.issuer if auth is not None and target == "ours-guarded-http" else None
@@ -306,14 +310,16 @@ async def measure(
                         httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"})
                     )
                     client = await stack.enter_async_context(
-                        Client(streamable_http_client(url, http_client=http), mode=mode)
+                        Client(streamable_http_client(url, http_client=http), mode=mode, **declared)
                     )
                 else:
-                    client = await stack.enter_async_context(Client(url, mode=mode))
+                    client = await stack.enter_async_context(Client(url, mode=mode, **declared))
             else:
                 argv = spawn_argv(target, backend, tmp)
                 params = StdioServerParameters(command=argv[0], args=argv[1:], env=spawn_env(target, baseline))
-                client = await stack.enter_async_context(Client(stdio_client(params, errlog=errlog), mode=mode))
+                client = await stack.enter_async_context(
+                    Client(stdio_client(params, errlog=errlog), mode=mode, **declared)
+                )
             name = f"{backend.name}__{backend.tool}" if target.startswith("ours") else backend.tool
             listed = {tool.name for tool in (await client.list_tools()).tools}
             if name not in listed:
@@ -337,6 +343,15 @@ async def measure(
                     samples.append((time.perf_counter() - started) * 1000)
             done += block
             rounds += 1
+
+
+def declaring(roots: bool) -> dict[str, Any]:
+    """What a client is built with: roots declared where `roots` (as most IDE clients declare them)."""
+    return {"list_roots_callback": _roots} if roots else {}
+
+
+async def _roots(context: Any) -> types.ListRootsResult:
+    return types.ListRootsResult(roots=[types.Root(uri=FileUrl("file:///tmp/bench"), name="bench")])
 
 
 async def _stop(process: anyio.abc.Process) -> None:
@@ -393,6 +408,7 @@ def main() -> int:
         help=f"also measure ours with {GUARD_RULES} rules (ours-guarded) and, over HTTP, auth: against a real"
         " authorization server (npm oauth2-mock-server, as the tests install it)",
     )
+    parser.add_argument("--roots", action="store_true", help="every client declares roots (as most IDE clients do)")
     args = parser.parse_args()
     if args.calls < 2:
         parser.error("--calls must be at least 2")
@@ -449,7 +465,9 @@ def main() -> int:
             rows += [Row(backend, era, tuple(here)) for era in ERAS]
         for row in rows:
             print(f"measuring {row.backend.name}, era {row.era} ...", file=sys.stderr, flush=True)
-            anyio.run(measure, row, tmp, errlog, args.calls, args.warmup, args.block, args.baseline, args.guarded)
+            anyio.run(
+                measure, row, tmp, errlog, args.calls, args.warmup, args.block, args.baseline, args.guarded, args.roots
+            )
     elapsed = time.perf_counter() - started
     return report(rows, args, machine, (load_before, load_average()), elapsed, skipped, PROXIES)
 

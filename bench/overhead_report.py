@@ -81,6 +81,8 @@ def report(
     print(f"machine: {machine}")
     print(f"load average (1, 5, 15 min): before {load[0]}; after {load[1]}")
     print(f"calls per target: {args.calls} (+{args.warmup} warmup), blocks of {args.block} rotating; {elapsed:.0f}s")
+    if args.roots:
+        print("clients declare roots (--roots)")
     for line in skipped:
         print(line)
     for row in rows:

@@ -38,6 +38,10 @@ modules or names comes from here, each under a public alias, with the reason it 
   against its idle timeout as the transport does, and writes the priming and answer events the
   transport would write (stored for resumption alike). `mcp.server._streamable_http_modern._write`
   and `_to_jsonrpc_response`: a 2026-07-28 read answered with the SDK's own bytes and status.
+* A transport's `_request_streams` and the dispatcher's `send_raw_request(_related_request_id=)`: a
+  lean read whose backend asks the client something opens the read's SSE stream as the transport
+  would, registers it where the transport's router delivers what the session sends for a request
+  (`open_request_stream`), and asks on it as a handler's own request context does (`ask_related`).
 """
 
 from __future__ import annotations
@@ -45,12 +49,13 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from types import SimpleNamespace
 from typing import Any, BinaryIO, cast
 
 import anyio
 import httpx2
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.client._transport import Transport, TransportStreams
 from mcp.client.client import Client
 from mcp.client.stdio import _create_platform_compatible_process as create_platform_compatible_process
@@ -63,12 +68,19 @@ from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
 from mcp.server.connection import Connection
 from mcp.server.context import ServerRequestContext
 from mcp.server.stdio import _claim_fd, _open_stdin_diversion, _open_stdout_diversion
-from mcp.server.streamable_http import EventMessage, EventStore, SSEEvent, StreamableHTTPServerTransport
+from mcp.server.streamable_http import (
+    REQUEST_STREAM_BUFFER_SIZE,
+    EventMessage,
+    EventStore,
+    SSEEvent,
+    StreamableHTTPServerTransport,
+)
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import RequestBodyLimitMiddleware
 from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 from mcp.shared._stream_protocols import ReadStream
-from mcp_types import CLIENT_CAPABILITIES_META_KEY, JSONRPCMessage
+from mcp_types import CLIENT_CAPABILITIES_META_KEY, JSONRPCMessage, RequestId
+from mcp_types.methods import validate_client_result
 from starlette.types import ASGIApp
 
 from mcp_spec_proxy.wire_types import RpcRequest
@@ -192,14 +204,60 @@ async def answer_events(
 ) -> list[SSEEvent]:
     """The SSE events the transport writes for a request answered at once: its priming event
     (stored, where the client may resume) and the answer's (stored under the request's stream)."""
-    events: list[SSEEvent] = []
-    priming = await transport._mint_priming_event(stream, version)  # pyright: ignore[reportPrivateUsage]
-    if priming is not None:
-        events.append(priming)
+    priming = await priming_event(transport, stream, version)
+    return [*([] if priming is None else [priming]), event_data(transport, await stored(transport, stream, message))]
+
+
+async def priming_event(transport: StreamableHTTPServerTransport, stream: str, version: str) -> SSEEvent | None:
+    """The priming event the transport writes first on a request's stream (stored), where the client may resume."""
+    return await transport._mint_priming_event(stream, version)  # pyright: ignore[reportPrivateUsage]
+
+
+async def stored(transport: StreamableHTTPServerTransport, stream: str, message: JSONRPCMessage) -> EventMessage:
+    """`message`, stored under the request's stream as the transport's router stores it."""
     store = transport._event_store  # pyright: ignore[reportPrivateUsage]
-    event_id = await store.store_event(stream, message) if store is not None else None
-    events.append(transport._create_event_data(EventMessage(message, event_id)))  # pyright: ignore[reportPrivateUsage]
-    return events
+    return EventMessage(message, await store.store_event(stream, message) if store is not None else None)
+
+
+def event_data(transport: StreamableHTTPServerTransport, event: EventMessage) -> SSEEvent:
+    """The SSE event the transport writes for `event`."""
+    return transport._create_event_data(event)  # pyright: ignore[reportPrivateUsage]
+
+
+def open_request_stream(
+    transport: StreamableHTTPServerTransport, stream: str
+) -> tuple[MemoryObjectSendStream[EventMessage], MemoryObjectReceiveStream[EventMessage]]:
+    """From now until `close_request_stream`, what the session sends for request `stream` (its
+    requests to the client, their cancellations) is stored and delivered here by the transport's
+    router, as for a request the transport dispatched itself."""
+    pair = anyio.create_memory_object_stream[EventMessage](REQUEST_STREAM_BUFFER_SIZE)
+    transport._request_streams[stream] = pair  # pyright: ignore[reportPrivateUsage]
+    return pair
+
+
+def close_request_stream(
+    transport: StreamableHTTPServerTransport,
+    stream: str,
+    pair: tuple[MemoryObjectSendStream[EventMessage], MemoryObjectReceiveStream[EventMessage]],
+) -> None:
+    streams = transport._request_streams  # pyright: ignore[reportPrivateUsage]
+    if streams.get(stream) is pair:
+        del streams[stream]
+    pair[0].close()
+    pair[1].close()
+
+
+async def ask_related(
+    connection: Connection, related: RequestId, version: str, method: str, params: dict[str, Any] | None
+) -> dict[str, Any]:
+    """Send the client a request on the stream of its request `related`, as a handler's request
+    context sends one (`ServerSession.send_request`), and check its result as that does."""
+    result: dict[str, Any] = await cast(Any, connection.outbound).send_raw_request(
+        method, params, None, _related_request_id=related
+    )
+    with suppress(KeyError):  # a method the SDK has no result type for is passed as it came
+        validate_client_result(method, version, result)
+    return result
 
 
 __all__ = [
@@ -209,19 +267,25 @@ __all__ = [
     "TransportStreams",
     "answer_events",
     "answer_server_request",
+    "ask_related",
     "claimed_stdio",
+    "close_request_stream",
     "create_platform_compatible_process",
     "deliver_notification",
     "drain_stdout",
+    "event_data",
     "event_store_per_session",
     "front_of_sessions",
     "holding",
     "http_session",
     "modern_answer",
     "modern_write",
+    "open_request_stream",
     "parse_line",
+    "priming_event",
     "restamp_capabilities",
     "server_connection",
     "stamp_request",
     "stop_server_process",
+    "stored",
 ]

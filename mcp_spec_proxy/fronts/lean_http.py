@@ -4,16 +4,20 @@ The stdio front takes a read off the wire before the SDK parses it (`stdio._Lean
 the same for streamable HTTP. `LeanHttp` sits where the SDK's session manager takes a request:
 past Starlette's routing, the bearer middleware of `auth:` (a forged token is refused there, as
 for every request) and the SDK's body size limit. A POST that is one JSON-RPC `tools/call` the lean
-path claims (`FastRead.claim`: a catalog read, no progress token, no idempotency key, nothing a
-backend could ask the client) is answered here — no memory streams, no dispatcher task, no
-per-request task group, no SSE machinery — with the bytes and headers the SDK writes for it:
+path claims (`FastRead.claim`: a catalog read, no progress token, no idempotency key, not from a
+2026-07-28 client a backend could ask) is answered here — no memory streams, no dispatcher task, no
+per-request task group, no SSE machinery (a client that can be asked: one task group, and a stream
+once its backend asks) — with the bytes and headers the SDK writes for it:
 
 * handshake era: a known, initialized `Mcp-Session-Id` whose owner is the caller (the manager's
-  own check), a client that declared nothing a backend may ask (a question would travel on the
-  request's SSE stream, which only the SDK's path keeps open), the transport's DNS-rebinding,
-  Content-Type and Accept checks passed. The answer is the SDK's: one SSE response holding the
-  priming event and the answer's event, both stored for resumption (`Last-Event-ID`) as the
-  transport stores them; a JSON body where the manager answers JSON. A posted
+  own check), the transport's DNS-rebinding, Content-Type and Accept checks passed. The answer is
+  the SDK's: one SSE response holding the priming event and the answer's event, both stored for
+  resumption (`Last-Event-ID`) as the transport stores them; a JSON body where the manager answers
+  JSON. A client that declared roots, sampling or elicitation is served too (on a session answered
+  in SSE): what its backend asks during the read goes on the read's own stream, opened at the first
+  question as the transport opens it, and the client's answer comes back through its session
+  (`fronts/lean_asks.py`); a session answered in JSON, which has no wire for a question, keeps the
+  SDK's path for such a client. A posted
   `notifications/cancelled` naming a read in flight here cancels it (the backend is told), and
   the read's stream ends with the SDK's -32800, as for a request the SDK cancels.
 * 2026-07-28: the SDK's own checks in its order (DNS rebinding, Accept, the routing headers,
@@ -31,13 +35,15 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import anyio
+import anyio.abc
 import pydantic_core
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, authorization_context
+from mcp.server.connection import Connection
 from mcp.server.streamable_http import REQUEST_CANCELLED, check_accept_headers
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecurityMiddleware
@@ -65,12 +71,13 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mcp_spec_proxy.backends.era import speaking
-from mcp_spec_proxy.backends.relay import CALLER
+from mcp_spec_proxy.backends.relay import CALLER, ClientLink
 from mcp_spec_proxy.backends.session_legs import serving
 from mcp_spec_proxy.calls.access import viewing
 from mcp_spec_proxy.fronts.client_sessions import established
 from mcp_spec_proxy.fronts.fast_read import Read, input_schema
 from mcp_spec_proxy.fronts.identity import principal_of
+from mcp_spec_proxy.fronts.lean_asks import AskingAnswer, LaneLink
 from mcp_spec_proxy.fronts.mcp import SESSION_KEY, McpFront
 from mcp_spec_proxy.fronts.relay import declares_any, mute_link
 from mcp_spec_proxy.sdk import answer_events, front_of_sessions, holding, http_session, modern_answer, modern_write
@@ -145,10 +152,13 @@ class LeanHttp:
         ref = established(connection)
         if not isinstance(session, Session) or (ref is None and self._front.client_sessions.needed):
             return False  # the first call of a session makes them, on the SDK's path
-        if declares_any(connection.client_capabilities):
-            return False  # a backend's question travels on this request's stream: the SDK's path keeps it open
+        asks = declares_any(connection.client_capabilities)
+        if asks and json_body:
+            return False  # a JSON body has no wire for a backend's question: the SDK's path says what it says
         principal = principal_of(request)
         version = connection.protocol_version
+        # The priming event follows the version the request's header names, as the transport's does.
+        named = request.headers.get(_VERSION, DEFAULT_NEGOTIATED_VERSION)
         with speaking(version), viewing(self._front.view_of(request)), serving(ref, principal):
             read = self._fast.claim(data["params"], version, initialized=True)
             if read is None:
@@ -156,26 +166,40 @@ class LeanHttp:
             request_id: RequestId = data["id"]
             if (session_id, request_id) in self._inflight:
                 return False  # the same id twice at once: the SDK says what it says to that
-            message: JSONRPCMessage | None = None
-            with holding(transport), self._cancellable(session_id, request_id):
-                message = await self._answer(read, session, request_id)
-            if message is None:  # cancelled: the transport's answer to a request that settled unanswered
-                message = JSONRPCError(
-                    jsonrpc="2.0", id=request_id, error=ErrorData(code=REQUEST_CANCELLED, message="Request cancelled")
-                )
+            async with _hosting(asks) as host:
+                answer = AskingAnswer(transport, send, request_id, named, _sse_headers(session_id), host)
+                link = self._link(session, connection, answer) if asks else mute_link(session)
+                message: JSONRPCMessage | None = None
+                with holding(transport), self._cancellable(session_id, request_id):
+                    message = await self._answer(read, session, request_id, link)
+                if message is None:  # cancelled: the transport's answer to a request that settled unanswered
+                    message = JSONRPCError(
+                        jsonrpc="2.0",
+                        id=request_id,
+                        error=ErrorData(code=REQUEST_CANCELLED, message="Request cancelled"),
+                    )
+                if answer.opened:  # a backend asked: the stream is open, the answer ends it
+                    await answer.finish(message)
+        if answer.opened:
+            return True
         if json_body:  # the transport's `_create_json_response`
             text = message.model_dump_json(by_alias=True, exclude_unset=True)
             headers = {"Content-Type": "application/json", "mcp-session-id": session_id}
             await Response(text, status_code=200, headers=headers)(request.scope, _no_receive, send)
             return True
-        # The priming event follows the version the request's header names, as the transport's does.
-        named = request.headers.get(_VERSION, DEFAULT_NEGOTIATED_VERSION)
         events = await answer_events(transport, str(request_id), named, message)
         await _send_whole(send, 200, _sse_headers(session_id), b"".join(ensure_bytes(e, _SSE_SEP) for e in events))
         return True
 
-    async def _answer(self, read: Read, session: Session, request_id: RequestId) -> JSONRPCMessage:
-        token = CALLER.set(mute_link(session))  # this client declared nothing a backend may ask
+    def _link(self, session: Session, connection: Connection, answer: AskingAnswer) -> ClientLink:
+        """This client, asked on the read's own stream (opened at the first question)."""
+        front = self._front
+        return LaneLink(
+            session, connection, answer, front.audit_relay(session), front.proxy.config.review.timeout, front.asked
+        )
+
+    async def _answer(self, read: Read, session: Session, request_id: RequestId, link: ClientLink) -> JSONRPCMessage:
+        token = CALLER.set(link)  # what its backend asks reaches this client, on this read's stream
         try:
             result = await self._fast.run(read, session)
         except MCPError as exc:  # the backend's own error as it sent it, or the proxy's own
@@ -256,6 +280,16 @@ class LeanHttp:
             return await self._fast.run(read, session)
         finally:
             CALLER.reset(token)
+
+
+@asynccontextmanager
+async def _hosting(needed: bool) -> AsyncIterator[anyio.abc.TaskGroup | None]:
+    """Where a read's SSE stream is written once its backend asks (a client that can be asked)."""
+    if not needed:
+        yield None
+        return
+    async with anyio.create_task_group() as host:
+        yield host
 
 
 def _request_of(body: bytes, parse: Callable[[bytes], Any]) -> dict[str, Any] | None:

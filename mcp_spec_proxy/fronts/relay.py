@@ -69,7 +69,7 @@ _REQUESTS: dict[str, type[BaseModel]] = {
 }
 
 
-class _Passthrough(BaseModel):
+class Passthrough(BaseModel):
     """A client's result as it came (the SDK has checked it against the method's result type)."""
 
     model_config = ConfigDict(extra="allow")
@@ -80,14 +80,16 @@ def declares_any(capabilities: types.ClientCapabilities | None) -> bool:
     return any(admits(capabilities, kind) for kind in ("sampling", "elicitation", "roots"))
 
 
-def _request(method: str, params: dict[str, Any] | None) -> Any:
+def server_request(method: str, params: dict[str, Any] | None) -> Any:
+    """A backend's question as the SDK's typed request (refused as the SDK's path refuses it)."""
     body: dict[str, Any] = {"method": method}
     if params is not None:
         body["params"] = params
     return _REQUESTS[method].model_validate(body, by_name=False)
 
 
-def _unanswered(method: str, ttl: float) -> MCPError:
+def unanswered(method: str, ttl: float) -> MCPError:
+    """What a backend hears when the client left its question unanswered for `ttl` seconds."""
     return MCPError(REQUEST_TIMEOUT, f"the client did not answer {method} within {ttl:g}s (review.timeout)")
 
 
@@ -144,12 +146,12 @@ class _RequestLink:
         with self.asked.one(self.client, method):
             await self.audit(server, method)
             metadata = ServerMessageMetadata(related_request_id=self.ctx.request_id)
-            request = _request(method, params)
+            request = server_request(method, params)
             try:
                 with anyio.fail_after(self.ttl):
-                    result = await self.ctx.session.send_request(request, _Passthrough, metadata=metadata)
+                    result = await self.ctx.session.send_request(request, Passthrough, metadata=metadata)
             except TimeoutError:
-                raise _unanswered(method, self.ttl) from None
+                raise unanswered(method, self.ttl) from None
         dumped: dict[str, Any] = result.model_dump(by_alias=True, mode="json", exclude_none=True)
         return dumped
 
@@ -175,7 +177,7 @@ class _ConnectionLink:
                 with anyio.fail_after(self.ttl):
                     return await self.connection.outbound.send_raw_request(method, params, None)
             except TimeoutError:
-                raise _unanswered(method, self.ttl) from None
+                raise unanswered(method, self.ttl) from None
 
 
 @dataclass
@@ -263,7 +265,7 @@ class _SuspendingLink:
         if key is None or key in self.keys or key.startswith("mcp-spec-proxy/"):
             key = f"{RELAY_KEY_PREFIX}{server}/{len(self.keys) + 1}"
         self.keys.add(key)
-        question = _Question(key, _request(method, params), time.monotonic() + self.ttl)
+        question = _Question(key, server_request(method, params), time.monotonic() + self.ttl)
         try:
             await self.events.send(question)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
@@ -273,7 +275,7 @@ class _SuspendingLink:
         if question.answer is None:
             if question.why:
                 raise MCPError(REQUEST_TIMEOUT, f"the client did not answer {method}: {question.why}")
-            raise _unanswered(method, self.ttl)
+            raise unanswered(method, self.ttl)
         return question.answer
 
 
@@ -456,9 +458,12 @@ __all__ = [
     "RELAY_KEY_PREFIX",
     "STATE_PREFIX",
     "Asked",
+    "Passthrough",
     "Suspensions",
     "connection_link",
     "declares_any",
     "mute_link",
     "request_link",
+    "server_request",
+    "unanswered",
 ]
