@@ -7,12 +7,17 @@ call to the gate, which names it (`who`) on every audit line it caused: each lin
 prompts, resources, completions, subscriptions, log levels, replays and relayed requests. The
 approval console's card names it, and the call's spans by its subject alone; LEASH counts its
 labels by `key`. A front that authenticates nobody (stdio, the shared `--token-env` token) gives none.
+`principal_of` reads it off a request here, not in `fronts/identity.py`, so that a front without `auth:`
+never loads the resource server's HTTP client and JWT library.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 
 
 @dataclass(frozen=True)
@@ -43,4 +48,23 @@ def who(principal: Principal | None) -> dict[str, Any]:
     return {"principal": principal.audit_fields()} if principal is not None else {}
 
 
-__all__ = ["Principal", "who"]
+def principal_of(request: object) -> Principal | None:
+    """The principal the bearer middleware authenticated for `request` (a Starlette request), if any.
+    Only the verified token counts: no header or `_meta` the client writes is read."""
+    scope = getattr(request, "scope", None)
+    user = scope.get("user") if isinstance(scope, Mapping) else None
+    if not isinstance(user, AuthenticatedUser):
+        return None
+    token = user.access_token
+    claims = token.claims or {}
+    groups = claims.get("groups")
+    return Principal(
+        issuer=str(claims.get("iss", "")),
+        sub=token.subject or "",
+        client_id=token.client_id or None,
+        scopes=tuple(token.scopes),
+        groups=tuple(groups) if isinstance(groups, list) else (),
+    )
+
+
+__all__ = ["Principal", "principal_of", "who"]

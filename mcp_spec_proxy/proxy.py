@@ -36,7 +36,6 @@ from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.engine import Engine
 from mcp_spec_proxy.errors import ConfigError
 from mcp_spec_proxy.models import ChatModel
-from mcp_spec_proxy.observe.metrics import MeteredAudit, Metrics
 from mcp_spec_proxy.observe.telemetry import Telemetry, Tracing, open_tracing, otel_missing
 from mcp_spec_proxy.prespawn import Prespawned
 from mcp_spec_proxy.review.build import build_reviewers, console_queue
@@ -49,6 +48,7 @@ from mcp_spec_proxy.tools.fingerprints import FingerprintStore
 
 if TYPE_CHECKING:  # LEASH (numpy, FAISS) loads only where a `leash:` section opens it
     from mcp_spec_proxy.leash.layers import Leash
+    from mcp_spec_proxy.observe.metrics import Metrics  # the Prometheus client: only where `/metrics` is served
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class Proxy:
     console: ConsoleQueue | None = None  # the held writes the approval console front shows
     logins: Mapping[str, BackendAuth] = field(default_factory=dict)  # the URL backends' OAuth clients, by server
     notices: list[OnNotice] = field(default_factory=list)  # told each backend's log message and resource update
-    metrics: Metrics = field(default_factory=Metrics)  # what `/metrics` shows (observe/metrics.py)
+    metrics: Metrics | None = None  # what `/metrics` shows (observe/metrics.py); None where nothing serves it
     access: Access = field(default_factory=lambda: Access(()))  # what each principal sees (calls/access.py)
     auth_secret: str | None = None  # the introspection client's secret (`auth.introspection`), read at start
 
@@ -191,11 +191,14 @@ async def running_proxy(
     leash: Leash | None = None,
     environ: Mapping[str, str] | None = None,
     early: Prespawned | None = None,
+    metered: bool = True,
 ) -> AsyncIterator[Proxy]:
     """Start the proxy. Models and LEASH are built from the config with the keys in `environ`
     (the CLI hands it the process environment; a key named but not there is a `ConfigError`);
     tests may hand in `models` or an opened `leash` instead. `early` is the launcher's stdio
-    processes, which the backends' first connections adopt."""
+    processes, which the backends' first connections adopt. `metered`: count calls, verdicts and
+    backend states for `/metrics` (a front on stdio, which serves no `/metrics`, leaves it off, and
+    with it the Prometheus client's import)."""
     environ = environ if environ is not None else {}
     auth_secret = introspection_secret(config.auth, environ, source)
     models = models if models is not None else open_models(config, environ, source)
@@ -217,7 +220,7 @@ async def running_proxy(
             async with (
                 open_tracing(_otlp(config, source), getattr(store, "replica", None)) as tracing,
                 _running(
-                    config, state, store, models, events, in_process, leash, source, tracing, early, logins
+                    config, state, store, models, events, in_process, leash, source, tracing, early, logins, metered
                 ) as proxy,
             ):
                 proxy.auth_secret = auth_secret
@@ -252,12 +255,18 @@ async def _running(
     tracing: Tracing,
     early: Prespawned | None = None,
     logins: Mapping[str, BackendAuth] | None = None,
+    metered: bool = True,
 ) -> AsyncIterator[Proxy]:
     catalog = Catalog(config, store.fingerprints)
     reviewers, repairer = build_reviewers(config, catalog, models, source, leash)
-    metrics = Metrics()
-    audit = MeteredAudit(store.audit, metrics)
-    events.listeners.append(metrics.telemetry)
+    metrics: Metrics | None = None
+    audit: AuditSink = store.audit
+    if metered:
+        from mcp_spec_proxy.observe.metrics import MeteredAudit, Metrics
+
+        metrics = Metrics()
+        audit = MeteredAudit(store.audit, metrics)
+        events.listeners.append(metrics.telemetry)
     proxy: Proxy | None = None
 
     async def on_listing(server: str, listing: Listing | None) -> None:
@@ -284,7 +293,8 @@ async def _running(
         early=early,
         logins=logins,
     )
-    metrics.watch_backends(backends)
+    if metrics is not None:
+        metrics.watch_backends(backends)
     gate = Gate(config, backends, reviewers, audit, leash, catalog, tracing)
     barrier = Barrier(config, catalog, gate, events, repairer, store.sessions)
     engine = None

@@ -1,8 +1,9 @@
 """Start-up: what a plain proxy loads, and backends that are slow or hang in their handshake.
 
-A proxy without models or LEASH never imports `openai`, numpy or FAISS (the probe runs the real
-command in its own process and reads its `sys.modules` at exit; the same probe sees them load
-when the config names a model or LEASH). A backend still in its handshake does not hold up the
+A proxy without models or LEASH never imports `openai`, numpy or FAISS, and one serving stdio without
+`auth:` or a `client_credentials` login never imports httpx, PyJWT or the Prometheus client (the probe
+runs the real command in its own process and reads its `sys.modules` at exit; the same probe sees
+them load when the config names a model or LEASH). A backend still in its handshake does not hold up the
 first `tools/list`: the others are served, and its tools arrive later as a list change, through
 the same catalog checks (classification, rug-pull guard) as tools listed at start.
 """
@@ -31,7 +32,9 @@ from tests.test_resilience import ToolChanges
 
 pytestmark = pytest.mark.anyio
 
-HEAVY = ("openai", "numpy", "faiss")
+# Loaded only where a config asks for them: a model, LEASH; `auth:` at an HTTP front (httpx, jwt), a
+# `client_credentials` login (jwt), `/metrics` (prometheus_client).
+HEAVY = ("openai", "numpy", "faiss", "httpx", "jwt", "prometheus_client")
 
 # Runs the real command line in its own process; at exit, writes which heavy modules it imported.
 PROBE = f"""
@@ -64,7 +67,7 @@ async def _heavy_modules_after_serving(tmp: Path, extra: dict[str, Any]) -> list
     return found
 
 
-async def test_plain_proxy_never_imports_openai_numpy_or_faiss(tmp_path: Path) -> None:
+async def test_plain_stdio_proxy_imports_no_model_client_leash_http_client_jwt_or_metrics(tmp_path: Path) -> None:
     assert await _heavy_modules_after_serving(tmp_path, {}) == []
 
 

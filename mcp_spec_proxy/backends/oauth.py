@@ -47,11 +47,6 @@ from urllib.parse import parse_qs, urlsplit
 import anyio
 import httpx2
 from mcp.client.auth import OAuthClientProvider, OAuthFlowError, TokenStorage
-from mcp.client.auth.extensions.client_credentials import (
-    ClientCredentialsOAuthProvider,
-    PrivateKeyJWTOAuthProvider,
-    SignedJWTParameters,
-)
 from mcp.client.auth.utils import extract_field_from_www_auth, extract_scope_from_www_auth, union_scopes
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
 from pydantic import AnyUrl
@@ -260,6 +255,14 @@ class BackendAuth:
         settings = self.settings
         scope = " ".join(settings.scopes) or None
         provider: OAuthClientProvider
+        if settings.grant == "client_credentials":
+            # Imported only for this grant: the SDK's extension loads PyJWT and cryptography, which a
+            # proxy without a `client_credentials` backend would otherwise pay for at every start.
+            from mcp.client.auth.extensions.client_credentials import (
+                ClientCredentialsOAuthProvider,
+                PrivateKeyJWTOAuthProvider,
+                SignedJWTParameters,
+            )
         if settings.grant == "client_credentials" and settings.private_key_env is not None:
             assert settings.client_id is not None and self._secret is not None  # the config validator's
             signed = SignedJWTParameters(

@@ -87,7 +87,6 @@ def main(
         logger.info("`auth:` applies to the HTTP front (--http); on stdio the one local client is served as before")
     from mcp_spec_proxy.calls.drain import SETTLE_S, Answering
     from mcp_spec_proxy.fronts.asgi import host_names
-    from mcp_spec_proxy.fronts.http import serve_http
     from mcp_spec_proxy.fronts.logins import LoginAsks
     from mcp_spec_proxy.fronts.mcp import McpFront
     from mcp_spec_proxy.fronts.probes import Door
@@ -115,7 +114,7 @@ def main(
             if address is not None:  # the probes answer while the backends start (`/readyz`: starting)
                 door = Door(token=token, hosts=host_names(address[0], allow_host), answering=answering)
                 port = await tg.start(door.serve, *address)
-            async with built.running() as proxy:
+            async with built.running(metered=address is not None) as proxy:  # stdio serves no `/metrics`
                 running.append(proxy)
                 await _start_console(tg, proxy, built.state, console_at)
                 front = McpFront(proxy, version=__version__)
@@ -123,6 +122,9 @@ def main(
                 if address is None:
                     await serve_stdio(front, answering)
                 else:
+                    # Here, not above: the HTTP front loads its identity (httpx, PyJWT), which stdio never needs.
+                    from mcp_spec_proxy.fronts.http import serve_http
+
                     await tg.start(
                         lambda task_status: serve_http(
                             front,

@@ -94,13 +94,19 @@ class Setup:
     telemetry: Path | None
     early: Prespawned | None = None  # the launcher's stdio processes (`launch.main` hands them down in `obj`)
 
-    def running(self) -> AbstractAsyncContextManager[Proxy]:
+    def running(self, *, metered: bool = True) -> AbstractAsyncContextManager[Proxy]:
         """The proxy: models with their keys and LEASH are built from the config and the environment
-        (`running_proxy`, the one place), before any backend starts."""
+        (`running_proxy`, the one place), before any backend starts. `metered`: counted for `/metrics`."""
         from mcp_spec_proxy.proxy import running_proxy
 
         return running_proxy(
-            self.config, self.state, source=self.source, telemetry=self.telemetry, environ=os.environ, early=self.early
+            self.config,
+            self.state,
+            source=self.source,
+            telemetry=self.telemetry,
+            environ=os.environ,
+            early=self.early,
+            metered=metered,
         )
 
 

@@ -25,8 +25,8 @@ from mcp.server.context import ServerRequestContext
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from mcp_spec_proxy.backends.session_legs import SessionRef
-from mcp_spec_proxy.fronts.identity import principal_of
 from mcp_spec_proxy.fronts.relay import connection_link
+from mcp_spec_proxy.principal import principal_of
 from mcp_spec_proxy.sdk import server_connection
 from mcp_spec_proxy.sessions.named_sessions import MAX_NAMED_SESSIONS, session_name
 from mcp_spec_proxy.tools.catalog import digest

@@ -44,11 +44,11 @@ from mcp_spec_proxy.calls.access import viewing
 from mcp_spec_proxy.calls.results import CALL_FAILED, CALL_META, as_wire, error_result, new_call_id
 from mcp_spec_proxy.errors import ShuttingDown, ToolNotFound
 from mcp_spec_proxy.fronts.client_sessions import adopt_stdio, session_ref
-from mcp_spec_proxy.fronts.identity import principal_of
 from mcp_spec_proxy.fronts.relay import declares_any
 from mcp_spec_proxy.fronts.replays import KEY_META
 from mcp_spec_proxy.fronts.wire import wire_error
 from mcp_spec_proxy.observe.telemetry import tracing_configured
+from mcp_spec_proxy.principal import principal_of
 from mcp_spec_proxy.sdk import server_connection
 from mcp_spec_proxy.sessions.barrier import Session
 from mcp_spec_proxy.tools.catalog import CatalogTool

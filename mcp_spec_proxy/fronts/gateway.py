@@ -71,12 +71,12 @@ from mcp_spec_proxy.fronts.gateway_sessions import (
     ToolCallOut,
     prefix_digests,
 )
-from mcp_spec_proxy.fronts.identity import ResourceServer, principal_of
+from mcp_spec_proxy.fronts.identity import ResourceServer
 from mcp_spec_proxy.fronts.introspection import token_verifier
 from mcp_spec_proxy.fronts.own_tools import runnable_modes
 from mcp_spec_proxy.fronts.probes import Door
 from mcp_spec_proxy.observe.telemetry import Telemetry
-from mcp_spec_proxy.principal import who
+from mcp_spec_proxy.principal import principal_of, who
 from mcp_spec_proxy.proxy import Proxy
 from mcp_spec_proxy.tools.arguments import check_arguments
 from mcp_spec_proxy.tools.catalog import CLIENT, Catalog, CatalogTool

@@ -26,8 +26,9 @@ checks, and become a principal the same way (`access_token`).
 The gateway takes the same tokens (`ResourceServer`: the SDK's bearer middleware and its 401 and 403
 around any ASGI app, the metadata served beside it): a token minted for `audience` works on both doors.
 
-The principal (`principal.Principal`) is made from the verified claims alone; `principal_of`
-reads it off a request the middleware authenticated. The token itself is never kept, logged or
+The principal (`principal.Principal`) is made from the verified claims alone; `principal.principal_of`
+reads it off a request the middleware authenticated (there, so that a front without `auth:` need not
+import this module's HTTP client and JWT library). The token itself is never kept, logged or
 forwarded: backends are reached with the proxy's own connections and headers.
 """
 
@@ -45,7 +46,7 @@ from urllib.parse import urlsplit
 import anyio
 import httpx
 import jwt
-from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, BearerAuthBackend, RequireAuthMiddleware
+from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend, RequireAuthMiddleware
 from mcp.server.auth.provider import AccessToken, TokenVerifier
 from mcp.server.auth.routes import build_resource_metadata_url, create_protected_resource_routes
 from mcp.server.auth.settings import AuthSettings
@@ -267,25 +268,6 @@ def principal_from_claims(claims: Mapping[str, Any], groups_claim: str) -> Princ
     )
 
 
-def principal_of(request: object) -> Principal | None:
-    """The principal the bearer middleware authenticated for `request` (a Starlette request), if any.
-    Only the verified token counts: no header or `_meta` the client writes is read."""
-    scope = getattr(request, "scope", None)
-    user = scope.get("user") if isinstance(scope, Mapping) else None
-    if not isinstance(user, AuthenticatedUser):
-        return None
-    token = user.access_token
-    claims = token.claims or {}
-    groups = claims.get("groups")
-    return Principal(
-        issuer=str(claims.get("iss", "")),
-        sub=token.subject or "",
-        client_id=token.client_id or None,
-        scopes=tuple(token.scopes),
-        groups=tuple(groups) if isinstance(groups, list) else (),
-    )
-
-
 def auth_settings(config: AuthConfig) -> AuthSettings:
     """The SDK's resource-server settings for `config`: the verifier checks the audience itself."""
     return AuthSettings.model_validate(
@@ -318,7 +300,7 @@ class ResourceServer:
     (else 401 with `WWW-Authenticate: Bearer … resource_metadata="…"`, naming the metadata of the
     resource its tokens are for, `audience`; a missing scope is 403), and the protected resource
     metadata is served beside it, in its path and its root form. A request that passes carries
-    its principal (`principal_of`). The lifespan goes to `app` untouched."""
+    its principal (`principal.principal_of`). The lifespan goes to `app` untouched."""
 
     def __init__(self, app: ASGIApp, config: AuthConfig, verifier: TokenVerifier) -> None:
         settings = auth_settings(config)
@@ -424,7 +406,6 @@ __all__ = [
     "issuer_document",
     "metadata_routes",
     "principal_from_claims",
-    "principal_of",
     "read_json",
     "secure_url",
 ]

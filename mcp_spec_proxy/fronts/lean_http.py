@@ -76,10 +76,10 @@ from mcp_spec_proxy.backends.session_legs import serving
 from mcp_spec_proxy.calls.access import viewing
 from mcp_spec_proxy.fronts.client_sessions import established
 from mcp_spec_proxy.fronts.fast_read import Read, input_schema
-from mcp_spec_proxy.fronts.identity import principal_of
 from mcp_spec_proxy.fronts.lean_asks import AskingAnswer, LaneLink
 from mcp_spec_proxy.fronts.mcp import SESSION_KEY, McpFront
 from mcp_spec_proxy.fronts.relay import declares_any, mute_link
+from mcp_spec_proxy.principal import principal_of
 from mcp_spec_proxy.sdk import answer_events, front_of_sessions, holding, http_session, modern_answer, modern_write
 from mcp_spec_proxy.sessions.barrier import Session
 

@@ -13,7 +13,7 @@ Sessions (the trajectory a reviewer sees: the reads that led to a write):
   (or `_meta["mcp-spec-proxy/session"]`); a request that names none is a session of its own
   (`named_sessions.py`).
 
-Under `auth:` each session carries its principal (`identity.principal_of`: the verified token's).
+Under `auth:` each session carries its principal (`principal.principal_of`: the verified token's).
 
 Human review reaches the user by elicitation (handshake era) or by `input_required` with a
 single-use approval ticket (2026-07-28 era): `approvals.py`.
@@ -55,13 +55,12 @@ from mcp_spec_proxy.calls.results import CALL_META, new_call_id
 from mcp_spec_proxy.errors import BackendError, CallReplayed, ProxyError, ShuttingDown, StateError, ToolNotFound
 from mcp_spec_proxy.fronts import client_sessions, fast_read
 from mcp_spec_proxy.fronts.approvals import Approvals, UserChannel, approval_of
-from mcp_spec_proxy.fronts.identity import principal_of
 from mcp_spec_proxy.fronts.notices import Notices
 from mcp_spec_proxy.fronts.own_tools import OwnTools
 from mcp_spec_proxy.fronts.relay import Asked, Suspensions, answering, connection_link, mute_link, request_link
 from mcp_spec_proxy.fronts.replays import Bound, Replays, Served, idempotency_key
 from mcp_spec_proxy.fronts.wire import wire_error
-from mcp_spec_proxy.principal import who
+from mcp_spec_proxy.principal import principal_of, who
 from mcp_spec_proxy.proxy import Proxy
 from mcp_spec_proxy.review import InputNeeded
 from mcp_spec_proxy.sdk import server_connection

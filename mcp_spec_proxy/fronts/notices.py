@@ -38,8 +38,7 @@ from mcp_spec_proxy.backends import LogMessage, LogRoute, Notice, ResourceUpdate
 from mcp_spec_proxy.backends.era import CLIENT_ERA
 from mcp_spec_proxy.backends.notices import LEVELS, admits
 from mcp_spec_proxy.errors import ProxyError, ToolNotFound
-from mcp_spec_proxy.fronts.identity import principal_of
-from mcp_spec_proxy.principal import Principal
+from mcp_spec_proxy.principal import Principal, principal_of
 
 if TYPE_CHECKING:
     from mcp_spec_proxy.proxy import Proxy

@@ -126,7 +126,7 @@ class Door:
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         proxy = self.readiness.proxy
-        body = proxy.metrics.render() if proxy is not None else b""
+        body = proxy.metrics.render() if proxy is not None and proxy.metrics is not None else b""
         from mcp_spec_proxy.observe.metrics import CONTENT_TYPE
 
         await Response(body, media_type=CONTENT_TYPE, headers=_NO_STORE)(scope, receive, send)

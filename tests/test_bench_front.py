@@ -1,0 +1,113 @@
+"""bench.front_load and bench.front_profile in their smallest modes, run as a reader runs them: the report's
+shape, not its timings. Every target front_load names has a row with its CPU, its wall time and a rate at each
+level, and a ratio against ours; a peer that is not installed is named in one line. front_profile's table has a
+column for each client era, and each column holds time spent in the proxy's own code: the reads ran while the
+profiler was on. Real processes: the time backend, the bare hop, ours over streamable HTTP and, for
+`--baseline`, ours again from a named tree (this one)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import overhead
+
+REPO = Path(__file__).resolve().parent.parent
+NUMBER = r"(\d+\.\d+|\d+)"
+LOAD_ROW = re.compile(rf"^\| (\S+) \| {NUMBER} \| {NUMBER} \| {NUMBER} \| {NUMBER} \|$")
+LEVEL_LINE = re.compile(r"^  (\d+) sessions, (\S+): (\d+\.\d) reads/s$")
+X = r"\d+\.\d\dx"
+RATIO = re.compile(rf"^ours-http / (\S+): CPU per read {X}; throughput 1 sessions {X}, 2 sessions {X}$")
+
+
+def _time_server() -> Path:
+    time_server = overhead.DEFAULT_TIME if overhead.DEFAULT_TIME.exists() else overhead.FALLBACK_TIME
+    if not time_server.exists():
+        pytest.skip(f"{time_server} is missing: run scripts/install-test-backends.sh")
+    return time_server
+
+
+def run_bench(module: str, *flags: str, bench_dir: Path | None = None, timeout: int = 300) -> tuple[int, str, str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    if bench_dir is not None:
+        env["MCP_BENCH_DIR"] = str(bench_dir)
+    done = subprocess.run(
+        [sys.executable, "-m", module, *flags],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_front_load_reports_cpu_wall_and_each_level_for_every_target_and_names_the_peers_left_out(
+    tmp_path: Path,
+) -> None:
+    backend = _time_server()
+    code, report, err = run_bench(
+        "bench.front_load",
+        *("--calls", "50", "--levels", "1,2", "--reads", "2", "--rounds", "1"),
+        *("--baseline", str(REPO), "--backend-command", str(backend)),
+        bench_dir=tmp_path,  # an empty bench folder: no peers
+    )
+    assert "Traceback" not in err, err
+    assert code == 0, err
+    lines = report.splitlines()
+    assert any(line.startswith("fastmcp-http: skipped, not installed") for line in lines), report
+    assert any(line.startswith("mcp-proxy-http: skipped, not installed") for line in lines), report
+    targets = ["ours-http", "ours-before-http", "bare-http"]
+    assert "| target | CPU s per 1,000 reads | wall ms per read | 1 sessions, reads/s | 2 sessions, reads/s |" in lines
+    rows = {m[1]: m.groups()[1:] for line in lines if (m := LOAD_ROW.match(line))}
+    assert sorted(rows) == sorted(targets), report
+    for name, (cpu, wall, *rates) in rows.items():
+        # Each target served its reads: its process spent CPU on them, and every level moved reads.
+        assert float(cpu) > 0 and float(wall) > 0, (name, cpu, wall)
+        assert all(float(rate) > 0 for rate in rates), (name, rates)
+    levels = {(m[2], m[1]) for line in lines if (m := LEVEL_LINE.match(line))}
+    assert levels == {(name, level) for name in targets for level in ("1", "2")}, report
+    ratios = {m[1] for line in lines if (m := RATIO.match(line))}
+    assert ratios == {"ours-before-http", "bare-http"}, report
+
+
+def test_front_profile_gives_each_client_era_a_column_with_the_proxys_own_time(tmp_path: Path) -> None:
+    backend = _time_server()
+    code, report, err = run_bench("bench.front_profile", "--reads", "5", "--backend-command", str(backend))
+    assert "Traceback" not in err, err
+    assert code == 0, err
+    lines = report.splitlines()
+    assert "self time per read (ms, profiled), 5 reads per era after 50 unmeasured" in lines, report
+    assert "| part | ours, legacy | ours, 2026-07-28 |" in lines, report
+    table = {
+        cells[0]: [float(cell) for cell in cells[1:]]
+        for line in lines
+        if line.startswith("| ") and not line.startswith("| part")
+        for cells in [[cell.strip() for cell in line.strip("|").split("|")]]
+    }
+    assert "**total**" in table, report
+    assert all(total > 0 for total in table["**total**"]), report
+    # The profiler saw the reads themselves: the proxy's front and its backend leg ran in each era.
+    for part in ("mcp-spec-proxy: the front", "mcp-spec-proxy: the backend leg"):
+        assert part in table and all(value > 0 for value in table[part]), (part, report)
+
+
+@pytest.mark.parametrize(
+    ("module", "flags", "says"),
+    [
+        ("bench.front_load", ["--levels", "16,many"], "--levels '16,many': give numbers of sessions"),
+        ("bench.front_load", ["--calls", "10"], "--calls must be at least 50"),
+        ("bench.front_profile", ["--reads", "0"], "--reads must be at least 1"),
+        ("bench.front_profile", ["--baseline", "/nonexistent"], "--baseline /nonexistent: no mcp_spec_proxy package"),
+    ],
+)
+def test_bad_flags_are_one_line_naming_the_fix(module: str, flags: list[str], says: str) -> None:
+    code, _, err = run_bench(module, *flags, timeout=60)
+    assert code == 2
+    assert "Traceback" not in err
+    assert says in err
