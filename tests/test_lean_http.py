@@ -163,6 +163,9 @@ async def handshake_answers(
         answers.append(
             normal(await http.post(url, json=call(98, "toy__echo", {"text": "no header"}), headers=bare), session)
         )
+        # A Content-Type the security check lets by (a prefix) and the transport refuses (not exactly JSON): 415.
+        odd = {**ours, "content-type": "application/json-patch+json"}
+        answers.append(normal(await http.post(url, json=call(97, "toy__echo", {"text": "odd"}), headers=odd), session))
         if intruder is not None:
             response = await http.post(url, json=call(99, "toy__echo", {"text": "x"}), headers={**ours, **intruder})
             answers.append(normal(response, session))
@@ -193,7 +196,9 @@ async def test_the_lean_lane_answers_with_the_sdk_s_bytes(tmp_path: Path, era: s
         full = await answers(url)
     async with front(tmp_path / "lean", lean=True) as (url, lane):
         lean = await answers(url)
-    for case, expected, got in zip([*CASES, "no version header"], full, lean, strict=False):
+    for case, expected, got in zip(
+        [*CASES, "no version header", "a Content-Type not exactly JSON"], full, lean, strict=False
+    ):
         assert got == expected, case
     assert len(full) == len(lean)
     # The reads with an Accept the SDK takes went the lean way; nothing else did.
@@ -268,9 +273,10 @@ async def test_under_auth_a_forged_token_is_refused_as_before_and_never_reaches_
                 answers[lean] = [*good, *refused]
                 before = len(lane.took)
         assert answers[True] == answers[False]
-        assert answers[True][len(CASES) + 1].status == 404  # another principal's read on alice's session
+        assert answers[True][len(CASES) + 1].status == 415  # a Content-Type not exactly JSON, as the SDK says
+        assert answers[True][len(CASES) + 2].status == 404  # another principal's read on alice's session
         assert all(
-            answer.status == 401 and "www-authenticate" in answer.headers for answer in answers[True][len(CASES) + 2 :]
+            answer.status == 401 and "www-authenticate" in answer.headers for answer in answers[True][len(CASES) + 3 :]
         )
         assert len([t for t in lane.took[:before] if t]) == 4  # the good token's reads went the lean way
 

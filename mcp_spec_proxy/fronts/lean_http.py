@@ -44,7 +44,7 @@ import anyio.abc
 import pydantic_core
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, authorization_context
 from mcp.server.connection import Connection
-from mcp.server.streamable_http import REQUEST_CANCELLED, check_accept_headers
+from mcp.server.streamable_http import CONTENT_TYPE_JSON, REQUEST_CANCELLED, check_accept_headers
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecurityMiddleware
 from mcp.shared.exceptions import MCPError
@@ -144,6 +144,8 @@ class LeanHttp:
         json_body = self._manager.json_response
         if not has_json or not (json_body or has_sse):
             return False  # the SDK's 406
+        if not _json_content(request):
+            return False  # the SDK's 415: it takes exactly `application/json`, where the security check takes a prefix
         data = _request_of(body, pydantic_core.from_json)  # the transport's parser
         if data is None:
             self._cancelled(session_id, body)
@@ -371,6 +373,13 @@ def _replaying(first: Message, receive: Receive) -> Receive:
         return taken.pop() if taken else await receive()
 
     return replay
+
+
+def _json_content(request: Request) -> bool:
+    """The handshake-era transport's own Content-Type check (`_check_content_type`): one of the type's
+    comma-separated parts, before any parameter, is exactly `application/json`."""
+    kind = request.headers.get("content-type", "").split(";")[0]
+    return any(part.strip() == CONTENT_TYPE_JSON for part in kind.split(","))
 
 
 __all__ = ["LeanHttp", "install"]
