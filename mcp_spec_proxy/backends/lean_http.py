@@ -26,8 +26,10 @@ import anyio
 import httpx2
 from mcp.client.client import Client
 from mcp.shared.exceptions import MCPError
+from mcp.shared.jsonrpc_dispatcher import handler_exception_to_error_data
 from mcp_types import INTERNAL_ERROR, INVALID_REQUEST
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
 
 from mcp_spec_proxy.backends.events import event_end
 from mcp_spec_proxy.backends.http import GuardedClient, Lost
@@ -167,12 +169,17 @@ class LeanLeg:
             return
         method, params = message["method"], message.get("params")
         if "id" not in message:
-            await deliver_notification(self._client, method, params)
+            try:
+                await deliver_notification(self._client, method, params)
+            except ValidationError:  # as the SDK's dispatcher: a malformed notification is dropped
+                logger.debug("backend sent a malformed %s notification; dropped", method)
             return
         try:
             reply: dict[str, Any] = {"result": await answer_server_request(self._client, message["id"], method, params)}
-        except MCPError as exc:
-            reply = {"error": exc.error.model_dump(by_alias=True, mode="json", exclude_none=True)}
+        except (MCPError, ValidationError) as exc:  # the SDK's own mapping: a malformed request is INVALID_PARAMS
+            error = handler_exception_to_error_data(exc)
+            assert error is not None
+            reply = {"error": error.model_dump(by_alias=True, mode="json", exclude_none=True)}
         await self._post({"jsonrpc": "2.0", "id": message["id"], **reply})
 
     async def _post(self, message: dict[str, Any]) -> None:
@@ -210,7 +217,12 @@ class _Stream:
     def parse(self, event: bytes) -> Any:
         """The message an event carries, or None (an event with no data, or empty data)."""
         data: list[str] = []
-        for line in event.decode().splitlines():
+        try:
+            text = event.decode()
+        except UnicodeDecodeError:
+            logger.warning("an SSE event that is not UTF-8 was dropped")
+            return None
+        for line in text.splitlines():
             field, _, value = line.partition(":")
             value = value.removeprefix(" ")
             if field == "data":
