@@ -199,15 +199,6 @@ def holding(transport: StreamableHTTPServerTransport) -> Iterator[None]:
             idle.deadline = anyio.current_time() + timeout
 
 
-async def answer_events(
-    transport: StreamableHTTPServerTransport, stream: str, version: str, message: JSONRPCMessage
-) -> list[SSEEvent]:
-    """The SSE events the transport writes for a request answered at once: its priming event
-    (stored, where the client may resume) and the answer's (stored under the request's stream)."""
-    priming = await priming_event(transport, stream, version)
-    return [*([] if priming is None else [priming]), event_data(transport, await stored(transport, stream, message))]
-
-
 async def priming_event(transport: StreamableHTTPServerTransport, stream: str, version: str) -> SSEEvent | None:
     """The priming event the transport writes first on a request's stream (stored), where the client may resume."""
     return await transport._mint_priming_event(stream, version)  # pyright: ignore[reportPrivateUsage]
@@ -265,7 +256,6 @@ __all__ = [
     "ReadStream",
     "Transport",
     "TransportStreams",
-    "answer_events",
     "answer_server_request",
     "ask_related",
     "claimed_stdio",

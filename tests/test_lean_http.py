@@ -1,10 +1,12 @@
 """The lean HTTP read path (`fronts/lean_http.py`): the same bytes as the SDK's path, from outside.
 
-Each scenario runs twice over real HTTP, with raw requests: against a proxy whose reads take the
-lean lane and against one where every request takes the SDK's path. The answers must be the same
-bytes (event ids, call ids and session ids aside) with the same status and headers, in both eras and
-for both kinds of Accept; a spy on the lane says which requests it answered, and the toy's ledger
-and the audit log say what ran. Under `auth:`, a forged token is refused as before, and the lane
+Each scenario runs over real HTTP, with raw requests: against a proxy whose reads take the lean
+lane and against ones where every request takes the SDK's path. The answers must be the same bytes
+(event ids, call ids and session ids aside) with the same status and headers, in both eras and for
+every kind of Accept; a handshake-era read the lane answers is one JSON body, the bytes the SDK's
+transport sends in JSON mode (a second SDK-path proxy, its manager set to JSON answers, says what
+they are), and everything else the bytes of the SDK's path as this front runs it. A spy on the lane
+says which requests it answered, and the toy's ledger and the audit log say what ran. Under `auth:`, a forged token is refused as before, and the lane
 never serves it.
 """
 
@@ -38,7 +40,15 @@ pytestmark = pytest.mark.anyio
 HANDSHAKE = "2025-11-25"
 MODERN = "2026-07-28"
 BOTH = "application/json, text/event-stream"
-HEADERS = ("content-type", "cache-control", "connection", "x-accel-buffering", "www-authenticate", "allow")
+HEADERS = (
+    "content-type",
+    "content-length",
+    "cache-control",
+    "connection",
+    "x-accel-buffering",
+    "www-authenticate",
+    "allow",
+)
 
 
 @dataclass
@@ -57,7 +67,11 @@ class Lane:
 
 
 @asynccontextmanager
-async def front(tmp_path: Path, lean: bool, auth: dict[str, Any] | None = None) -> AsyncIterator[tuple[str, Lane]]:
+async def front(
+    tmp_path: Path, lean: bool, auth: dict[str, Any] | None = None, json_mode: bool = False
+) -> AsyncIterator[tuple[str, Lane]]:
+    """A proxy on HTTP: its reads on the lean lane, or every request on the SDK's path (`json_mode`:
+    the SDK's transport answering each request with one JSON body)."""
     raw: dict[str, Any] = {"servers": {"toy": toy(tmp_path / "rec")}, "review": {"default": "deny"}}
     if auth is not None:
         raw["auth"] = auth
@@ -66,6 +80,7 @@ async def front(tmp_path: Path, lean: bool, auth: dict[str, Any] | None = None) 
 
     def spied(front: McpFront, manager: Any) -> None:
         if not lean:
+            manager.json_response = json_mode
             return  # every request takes the SDK's path
         install(front, manager)
         app = manager.asgi_app.app  # the lane, inside the SDK's body limit
@@ -189,23 +204,41 @@ async def modern_answers(url: str, headers: dict[str, str] | None = None) -> lis
         return answers
 
 
+# The handshake-era answers the lane gives (the reads with an Accept the SDK takes: `CASES` 0-2 and the
+# read without a version header); each is the SDK's JSON-mode answer.
+LANE_READS = (0, 1, 2, len(CASES))
+
+
+def sdk_answers(sse: list[Answer], json_mode: list[Answer], era: str) -> list[Answer]:
+    """What the SDK's path answers, each request as the lean lane must: its JSON mode for the reads the
+    lane answers in the handshake era (2026-07-28 answers are JSON in both), its SSE mode for the rest."""
+    return [json_mode[n] if era == "handshake" and n in LANE_READS else answer for n, answer in enumerate(sse)]
+
+
 @pytest.mark.parametrize("era", ["handshake", "modern"])
 async def test_the_lean_lane_answers_with_the_sdk_s_bytes(tmp_path: Path, era: str) -> None:
     answers = handshake_answers if era == "handshake" else modern_answers
     async with front(tmp_path / "full", lean=False) as (url, lane):
         full = await answers(url)
+    async with front(tmp_path / "json", lean=False, json_mode=True) as (url, lane):
+        full_json = await answers(url)
     async with front(tmp_path / "lean", lean=True) as (url, lane):
         lean = await answers(url)
-    for case, expected, got in zip(
-        [*CASES, "no version header", "a Content-Type not exactly JSON"], full, lean, strict=False
+    expected = sdk_answers(full, full_json, era)
+    for case, wanted, got in zip(
+        [*CASES, "no version header", "a Content-Type not exactly JSON"], expected, lean, strict=False
     ):
-        assert got == expected, case
+        assert got == wanted, case
     assert len(full) == len(lean)
     # The reads with an Accept the SDK takes went the lean way; nothing else did.
     taken = [answered for answered in lane.took if answered]
     assert len(taken) == (4 if era == "handshake" else 3), lane.took
     assert '"isError":true' in lean[2].body and "text" in lean[2].body
     assert "héllo 😀" in json.loads(_data(lean[1].body))["result"]["content"][0]["text"]
+    if era == "handshake":  # one JSON body, where the SDK's path as this front runs it sends an SSE stream
+        assert all(lean[n].headers["content-type"] == "application/json" for n in LANE_READS)
+        assert all(full[n].headers["content-type"] == "text/event-stream" for n in LANE_READS)
+        assert json.loads(_data(full[0].body)) == json.loads(lean[0].body)
     assert recorded(tmp_path / "lean" / "rec") == recorded(tmp_path / "full" / "rec") == []  # the write never ran
     events = [(e["event"], e.get("tool")) for e in read_audit(tmp_path / "lean" / "state" / "audit.jsonl")]
     assert events.count(("read", "toy__echo")) == (4 if era == "handshake" else 2)
@@ -255,12 +288,13 @@ async def test_a_cancelled_lean_read_ends_with_the_sdk_s_answer_and_the_backend_
 
 async def test_under_auth_a_forged_token_is_refused_as_before_and_never_reaches_the_lane(tmp_path: Path) -> None:
     async with authorization_server() as issuer:
-        answers: dict[bool, list[Answer]] = {}
-        for lean in (False, True):
+        answers: dict[str, list[Answer]] = {}
+        for kind in ("sse", "json", "lean"):
             port = _free_port()
             audience = f"http://127.0.0.1:{port}/mcp"
             auth = {"issuer": issuer.issuer, "audience": audience, "scopes": ["mcp"]}
-            async with front(tmp_path / str(lean), lean=lean, auth=auth) as (url, lane):
+            lean = kind == "lean"
+            async with front(tmp_path / kind, lean=lean, auth=auth, json_mode=kind == "json") as (url, lane):
                 token = await issuer.mint(sub="alice", client_id="cli-a", aud=audience, scope="mcp")
                 bob = await issuer.mint(sub="bob", client_id="cli-b", aud=audience, scope="mcp")
                 good = await handshake_answers(
@@ -270,13 +304,14 @@ async def test_under_auth_a_forged_token_is_refused_as_before_and_never_reaches_
                     {"sub": "alice", "client_id": "cli-a", "aud": audience, "scope": "mcp", "iss": issuer.issuer}
                 )
                 refused = await modern_answers(url, {"authorization": f"Bearer {forged}"})
-                answers[lean] = [*good, *refused]
+                answers[kind] = [*good, *refused]
                 before = len(lane.took)
-        assert answers[True] == answers[False]
-        assert answers[True][len(CASES) + 1].status == 415  # a Content-Type not exactly JSON, as the SDK says
-        assert answers[True][len(CASES) + 2].status == 404  # another principal's read on alice's session
+        assert answers["lean"] == sdk_answers(answers["sse"], answers["json"], "handshake")
+        assert answers["lean"][len(CASES) + 1].status == 415  # a Content-Type not exactly JSON, as the SDK says
+        assert answers["lean"][len(CASES) + 2].status == 404  # another principal's read on alice's session
         assert all(
-            answer.status == 401 and "www-authenticate" in answer.headers for answer in answers[True][len(CASES) + 3 :]
+            answer.status == 401 and "www-authenticate" in answer.headers
+            for answer in answers["lean"][len(CASES) + 3 :]
         )
         assert len([t for t in lane.took[:before] if t]) == 4  # the good token's reads went the lean way
 

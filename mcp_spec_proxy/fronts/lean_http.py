@@ -10,14 +10,17 @@ per-request task group, no SSE machinery (a client that can be asked: one task g
 once its backend asks) — with the bytes and headers the SDK writes for it:
 
 * handshake era: a known, initialized `Mcp-Session-Id` whose owner is the caller (the manager's
-  own check), the transport's DNS-rebinding, Content-Type and Accept checks passed. The answer is
-  the SDK's: one SSE response holding the priming event and the answer's event, both stored for
-  resumption (`Last-Event-ID`) as the transport stores them; a JSON body where the manager answers
-  JSON. A client that declared roots, sampling or elicitation is served too (on a session answered
-  in SSE): what its backend asks during the read goes on the read's own stream, opened at the first
-  question as the transport opens it, and the client's answer comes back through its session
-  (`fronts/lean_asks.py`); a session answered in JSON, which has no wire for a question, keeps the
-  SDK's path for such a client. A posted
+  own check), the transport's DNS-rebinding, Content-Type and Accept checks passed (the client
+  accepts `application/json` and, unless the manager answers JSON, `text/event-stream`). A read
+  that is one answer and nothing before it is answered as the transport answers in JSON mode: one
+  `application/json` body with its length, the bytes of `_create_json_response` — the protocol lets
+  a server answer a POST either way, and a single answer framed as an SSE stream (a priming event,
+  chunked encoding, the client's event parser) costs both ends a quarter of a read's CPU. A client
+  that declared roots, sampling or elicitation is served too (on a session answered in SSE): what
+  its backend asks during the read goes on the read's own SSE stream, opened at the first question
+  as the transport opens it (its events stored for resumption, `Last-Event-ID`), and the client's
+  answer comes back through its session (`fronts/lean_asks.py`); a session answered in JSON, which
+  has no wire for a question, keeps the SDK's path for such a client. A posted
   `notifications/cancelled` naming a read in flight here cancels it (the backend is told), and
   the read's stream ends with the SDK's -32800, as for a request the SDK cancels.
 * 2026-07-28: the SDK's own checks in its order (DNS rebinding, Accept, the routing headers,
@@ -65,9 +68,7 @@ from mcp_types import (
 )
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from sse_starlette import EventSourceResponse
-from sse_starlette.event import ensure_bytes
 from starlette.requests import Request
-from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mcp_spec_proxy.backends.era import speaking
@@ -80,7 +81,7 @@ from mcp_spec_proxy.fronts.lean_asks import AskingAnswer, LaneLink
 from mcp_spec_proxy.fronts.mcp import SESSION_KEY, McpFront
 from mcp_spec_proxy.fronts.relay import declares_any, mute_link
 from mcp_spec_proxy.principal import principal_of
-from mcp_spec_proxy.sdk import answer_events, front_of_sessions, holding, http_session, modern_answer, modern_write
+from mcp_spec_proxy.sdk import front_of_sessions, holding, http_session, modern_answer, modern_write
 from mcp_spec_proxy.sessions.barrier import Session
 
 logger = logging.getLogger(__name__)
@@ -182,15 +183,9 @@ class LeanHttp:
                     )
                 if answer.opened:  # a backend asked: the stream is open, the answer ends it
                     await answer.finish(message)
-        if answer.opened:
-            return True
-        if json_body:  # the transport's `_create_json_response`
-            text = message.model_dump_json(by_alias=True, exclude_unset=True)
-            headers = {"Content-Type": "application/json", "mcp-session-id": session_id}
-            await Response(text, status_code=200, headers=headers)(request.scope, _no_receive, send)
-            return True
-        events = await answer_events(transport, str(request_id), named, message)
-        await _send_whole(send, 200, _sse_headers(session_id), b"".join(ensure_bytes(e, _SSE_SEP) for e in events))
+        if not answer.opened:  # one answer and nothing before it: the transport's `_create_json_response`
+            body = message.model_dump_json(by_alias=True, exclude_unset=True).encode()
+            await _send_whole(send, 200, _json_headers(session_id, len(body)), body)
         return True
 
     def _link(self, session: Session, connection: Connection, answer: AskingAnswer) -> ClientLink:
@@ -355,6 +350,16 @@ _SSE_HEADERS = _sse_template()
 def _sse_headers(session_id: str) -> list[tuple[bytes, bytes]]:
     named = session_id.encode("latin-1")
     return [(name, named if name == _SESSION_ID.encode() else value) for name, value in _SSE_HEADERS]
+
+
+def _json_headers(session_id: str, length: int) -> list[tuple[bytes, bytes]]:
+    """The headers Starlette's `Response` sends for the transport's JSON answer (made here: building the
+    response object for each read costs more than the read's JSON)."""
+    return [
+        (b"content-type", CONTENT_TYPE_JSON.encode()),
+        (_SESSION_ID.encode(), session_id.encode("latin-1")),
+        (b"content-length", str(length).encode()),
+    ]
 
 
 async def _send_whole(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
