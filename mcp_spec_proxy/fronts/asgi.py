@@ -10,11 +10,13 @@ a browser never hands a foreign page an answer.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import logging
 import socket
 from collections.abc import Iterable, Iterator
+from typing import Literal
 from urllib.parse import urlsplit
 
 import anyio
@@ -160,7 +162,9 @@ async def serve_asgi(
     sock.bind((host, port))
     sock.listen(128)
     sock.setblocking(False)
-    config = uvicorn.Config(app, log_level="warning", lifespan="on" if lifespan else "off", log_config=None)
+    config = uvicorn.Config(
+        app, log_level="warning", lifespan="on" if lifespan else "off", log_config=None, http=_http_protocol()
+    )
     server = _Server(config)
     served = anyio.Event()
     shield = anyio.CancelScope(shield=True)
@@ -185,6 +189,16 @@ async def serve_asgi(
         finally:
             with anyio.CancelScope(shield=True):
                 await _shut_down(server, served, shield)
+
+
+def _http_protocol() -> type[asyncio.Protocol] | Literal["h11"]:
+    """What uvicorn parses HTTP with: httptools where it is installed (the `fast` extra), with the
+    bound on a request's head that h11 keeps (`fronts/bounded_head.py`); else h11."""
+    try:
+        from mcp_spec_proxy.fronts.bounded_head import BoundedHttpTools
+    except ImportError:
+        return "h11"
+    return BoundedHttpTools
 
 
 STOP_GRACE_S = 1.0
