@@ -180,10 +180,8 @@ class LeanHttp:
                         id=request_id,
                         error=ErrorData(code=REQUEST_CANCELLED, message="Request cancelled"),
                     )
-                if answer.opened:  # a backend asked: the stream is open, the answer ends it
-                    await answer.finish(message)
-        if answer.opened:
-            return True
+                if await answer.settle(message):  # a backend asked: the stream is open, the answer ends it
+                    return True
         if json_body:  # the transport's `_create_json_response`
             text = message.model_dump_json(by_alias=True, exclude_unset=True)
             headers = {"Content-Type": "application/json", "mcp-session-id": session_id}
