@@ -9,6 +9,7 @@ itself that the cancel reached it.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,9 +18,11 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from sse_starlette import EventSourceResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tests.test_lean_http_asks import BOTH, CAPABILITIES, HANDSHAKE, _answer, front
+from mcp_spec_proxy.fronts import lean_asks
+from tests.test_lean_http_asks import BOTH, CAPABILITIES, HANDSHAKE, _answer, _normal, front
 
 pytestmark = pytest.mark.anyio
 
@@ -122,3 +125,40 @@ async def test_a_read_cancelled_while_its_stream_opens_ends_with_32800_and_its_b
     assert events[-1] == {"jsonrpc": "2.0", "id": 2, "error": {"code": -32800, "message": "Request cancelled"}}
     assert all(event.get("id") != 2 or "error" in event for event in events)  # no result for the cancelled read
     assert "roots: file:///raw" in after  # the session goes on
+
+
+PING = re.compile(r": ping - \d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)?\+00:00\r\n\r\n")
+
+
+async def _answered_after_a_ping(url: str) -> str:
+    """A read's stream as sent, whose question the client answers only once a keep-alive comment came after it."""
+    call = _call(2, "ask__ask_user")
+    async with session(url) as (http, ours), http.stream("POST", url, json=call, headers=ours) as response:
+        raw, question, since = "", None, 0  # `since`: where the stream stood when the question came
+        async for chunk in response.aiter_raw():
+            raw += chunk.decode()
+            if question is None:
+                asked = [event for event in _events(raw[: raw.rfind("\n") + 1]) if "method" in event]
+                question, since = (asked[0], len(raw)) if asked else (None, 0)
+            elif since >= 0 and PING.search(raw, since):
+                await http.post(url, json=_answer(2, question), headers=ours)
+                since = -1  # answered
+        return raw
+
+
+async def test_a_lean_stream_sends_the_sdk_s_keep_alive_comment_while_its_question_waits(tmp_path: Path) -> None:
+    """The interval shortened for the lane and for the SDK's own streams alike: the same comment on both."""
+    assert lean_asks.PING_S == EventSourceResponse.DEFAULT_PING_INTERVAL  # the lane's is the SDK's
+    bodies: dict[bool, str] = {}
+    for lean in (False, True):
+        with pytest.MonkeyPatch.context() as patch, anyio.fail_after(60):
+            patch.setattr(lean_asks, "PING_S", 0.2)
+            patch.setattr(EventSourceResponse, "DEFAULT_PING_INTERVAL", 0.2)
+            async with front(tmp_path / str(lean), lean=lean) as (url, lane):
+                bodies[lean] = await _answered_after_a_ping(url)
+            assert lane.took.count(True) == (1 if lean else 0), lane.took
+    for body in bodies.values():
+        question = body.index('"method":"elicitation/create"')
+        assert PING.search(body, question), body  # a keep-alive comment while the question waited
+        assert 'content={\\"username\\": \\"raw\\"}' in body  # then the read's answer
+    assert [_normal(PING.sub("", body)) for body in bodies.values()] == [_normal(PING.sub("", bodies[True]))] * 2

@@ -10,7 +10,9 @@ session's dispatcher. The lane keeps exactly that, and opens the stream only whe
 * at the first question the lane registers the request's stream with the transport (so the router
   delivers there what the session sends for this request), writes the SSE response's head and its
   priming event as the transport would, and from then on writes each event the router delivers;
-  the read's answer, stored like the router stores it, is the stream's last event.
+  the read's answer, stored like the router stores it, is the stream's last event;
+* while the stream is open it sends the transport's keep-alive comment every `PING_S` (the SDK's
+  15 s), so a proxy's idle-read timeout does not close it while a question waits for its client.
 
 A question so goes to this request's stream only, which only this client holds open, and its answer
 is settled only by this session's dispatcher: no other client hears it or can answer it. A session
@@ -20,6 +22,7 @@ the manager answers in JSON keeps the SDK's path, which has no wire for such a q
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -30,13 +33,15 @@ from mcp.server.connection import Connection
 from mcp.server.streamable_http import REQUEST_CANCELLED, EventMessage, StreamableHTTPServerTransport
 from mcp.shared.exceptions import MCPError
 from mcp_types import JSONRPCError, JSONRPCMessage, JSONRPCResponse, RequestId
-from sse_starlette.event import ensure_bytes
+from sse_starlette.event import ServerSentEvent, ensure_bytes
 from starlette.types import Send
 
 from mcp_spec_proxy.fronts.relay import Asked, Audit, Passthrough, server_request, unanswered
 from mcp_spec_proxy.sdk import ask_related, close_request_stream, event_data, open_request_stream, priming_event, stored
 
 _SSE_SEP = "\r\n"
+PING_S: float = 15
+"""How often an open stream sends its keep-alive comment: the SDK's (`EventSourceResponse.DEFAULT_PING_INTERVAL`)."""
 
 
 class AskingAnswer:
@@ -62,6 +67,7 @@ class AskingAnswer:
         self._host = host
         self._events: MemoryObjectSendStream[EventMessage] | None = None
         self._opening = anyio.Lock()
+        self._sending = anyio.Lock()
         self._settled = False  # the read has its answer: no stream opens from now on
 
     async def open(self) -> bool:
@@ -106,16 +112,31 @@ class AskingAnswer:
         self, pair: tuple[MemoryObjectSendStream[EventMessage], MemoryObjectReceiveStream[EventMessage]]
     ) -> None:
         try:
-            async for event in pair[1]:
-                await self._chunk(ensure_bytes(event_data(self._transport, event), _SSE_SEP))
-                if isinstance(event.message, JSONRPCResponse | JSONRPCError) and event.message.id == self.request_id:
-                    break
+            async with anyio.create_task_group() as pings:
+                pings.start_soon(self._ping)
+                async for event in pair[1]:
+                    await self._chunk(ensure_bytes(event_data(self._transport, event), _SSE_SEP))
+                    if (
+                        isinstance(event.message, JSONRPCResponse | JSONRPCError)
+                        and event.message.id == self.request_id
+                    ):
+                        break
+                pings.cancel_scope.cancel()
             await self._send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             close_request_stream(self._transport, self._stream, pair)
 
+    async def _ping(self) -> None:
+        """The keep-alive comment the transport's `EventSourceResponse` sends every `PING_S` while
+        its stream is open, so a proxy's idle-read timeout does not close it under a waiting question."""
+        while True:
+            await anyio.sleep(PING_S)
+            comment = ServerSentEvent(comment=f"ping - {datetime.now(UTC)}", sep=_SSE_SEP)
+            await self._chunk(ensure_bytes(comment, _SSE_SEP))
+
     async def _chunk(self, body: bytes) -> None:
-        await self._send({"type": "http.response.body", "body": body, "more_body": True})
+        async with self._sending:  # a ping and an event never interleave (sse-starlette's `_send_lock`)
+            await self._send({"type": "http.response.body", "body": body, "more_body": True})
 
 
 @dataclass
@@ -153,4 +174,4 @@ class LaneLink:
         return dumped
 
 
-__all__ = ["AskingAnswer", "LaneLink"]
+__all__ = ["PING_S", "AskingAnswer", "LaneLink"]
