@@ -72,7 +72,7 @@ class _Pings:
 
     def __init__(self, send: Send) -> None:
         self._send = send
-        self._sending = anyio.Lock()
+        self._sending: anyio.Lock | None = None  # made by the pinger: most reads never need one
         self._scope: anyio.CancelScope | None = None
         self._committed = False  # the SSE head is out: the answer is its last event
         self._answered = False  # no ping may follow
@@ -93,7 +93,7 @@ class _Pings:
 
     async def _stop(self) -> None:
         """No ping from now on: one on the wire is waited for (the answer follows it)."""
-        if self._sending.locked():
+        if self._sending is not None and self._sending.locked():
             with anyio.CancelScope(shield=True):
                 async with self._sending:
                     self._answered = True
@@ -102,9 +102,10 @@ class _Pings:
             self._scope.cancel()
 
     async def _ping(self) -> None:
+        sending = self._sending = anyio.Lock()
         with anyio.CancelScope() as self._scope:
             while True:
-                async with self._sending:
+                async with sending:
                     if self._answered:
                         return
                     if not self._committed:
