@@ -37,7 +37,8 @@ modules or names comes from here, each under a public alias, with the reason it 
   itself, so it finds the session's transport and owner as the manager does, holds the session
   against its idle timeout as the transport does, and writes the priming and answer events the
   transport would write (stored for resumption alike). `mcp.server._streamable_http_modern._write`
-  and `_to_jsonrpc_response`: a 2026-07-28 read answered with the SDK's own bytes and status.
+  and `_to_jsonrpc_response`: a 2026-07-28 read answered with the SDK's own bytes and status; its
+  `_SSE_HEADERS` and `_sse_event`: one that outlasts the SDK's deferral window, as its SSE stream.
 * A transport's `_request_streams` and the dispatcher's `send_raw_request(_related_request_id=)`: a
   lean read whose backend asks the client something opens the read's SSE stream as the transport
   would, registers it where the transport's router delivers what the session sends for a request
@@ -62,6 +63,8 @@ from mcp.client.stdio import _create_platform_compatible_process as create_platf
 from mcp.client.stdio import _drain_stdout as drain_stdout
 from mcp.client.stdio import _parse_line as parse_line
 from mcp.client.stdio import _stop_server_process as stop_server_process
+from mcp.server._streamable_http_modern import _SSE_HEADERS as MODERN_SSE_HEADERS
+from mcp.server._streamable_http_modern import _sse_event as modern_sse_event
 from mcp.server._streamable_http_modern import _to_jsonrpc_response as modern_answer
 from mcp.server._streamable_http_modern import _write as modern_write
 from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
@@ -253,6 +256,7 @@ async def ask_related(
 
 __all__ = [
     "MCP_HTTP_TIMEOUT",
+    "MODERN_SSE_HEADERS",
     "ReadStream",
     "Transport",
     "TransportStreams",
@@ -269,6 +273,7 @@ __all__ = [
     "holding",
     "http_session",
     "modern_answer",
+    "modern_sse_event",
     "modern_write",
     "open_request_stream",
     "parse_line",

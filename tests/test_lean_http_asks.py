@@ -24,6 +24,7 @@ import mcp_types as types
 import pytest
 from mcp import Client
 from pydantic import FileUrl
+from starlette.types import ASGIApp
 
 from mcp_spec_proxy.calls.audit import read_audit
 from mcp_spec_proxy.calls.results import CALL_META
@@ -48,8 +49,12 @@ class Lane:
 
 
 @asynccontextmanager
-async def front(tmp_path: Path, lean: bool) -> AsyncIterator[tuple[str, Lane]]:
-    backend = {"command": sys.executable, "args": [str(ASKING)], "isolation": "per_session"}
+async def front(
+    tmp_path: Path, lean: bool, env: dict[str, str] | None = None, wrap: Callable[[ASGIApp], ASGIApp] | None = None
+) -> AsyncIterator[tuple[str, Lane]]:
+    """A real HTTP front before the asking server (`env`: its environment); `wrap`: around the session
+    manager's request handling, the lane inside it."""
+    backend = {"command": sys.executable, "args": [str(ASKING)], "isolation": "per_session", "env": env or {}}
     raw: dict[str, Any] = {"servers": {"ask": backend}, "review": {"default": "deny"}}
     lane = Lane()
     install = lean_http.install
@@ -67,6 +72,8 @@ async def front(tmp_path: Path, lean: bool) -> AsyncIterator[tuple[str, Lane]]:
             return answered
 
         app._took = counted
+        if wrap is not None:
+            manager.asgi_app = wrap(manager.asgi_app)
 
     with anyio.fail_after(90), pytest.MonkeyPatch.context() as patch:
         patch.setattr(lean_http, "install", spied)

@@ -26,6 +26,8 @@ from mcp.shared.auth import OAuthToken
 from mcp.shared.exceptions import MCPError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from mcp_spec_proxy.backends.era import speaking
+from mcp_spec_proxy.backends.session_legs import SessionRef, serving
 from mcp_spec_proxy.config.schema import ProxyConfig
 from mcp_spec_proxy.fronts.asgi import serve_asgi
 from mcp_spec_proxy.fronts.http import serve_http
@@ -217,3 +219,31 @@ async def test_a_read_that_asks_its_client_reaches_its_own_client_on_a_pooled_se
     for name in ("ada", "bob"):
         assert heard[name] == [f'user: action=accept content={{"username": "{name}"}}'] * 3, heard
     assert len(backend.calls) == 6  # each call ran once: the answer reached the call that asked
+
+
+async def test_a_call_that_outlives_its_request_gives_back_the_pooled_session_it_took_after(tmp_path: Path) -> None:
+    """A 2026-07-28 call suspended for its client's answer goes on after its request ended (the retry
+    resumes it); when it reaches a second backend only then, the pooled session it is lent there goes
+    back when that call ends, and the next request is served on it. Each backend counts the sessions
+    opened on it: the ledger."""
+    one = HandshakeOnly(toy_server.build(tmp_path / "one").streamable_http_app(host="127.0.0.1"))
+    two = HandshakeOnly(toy_server.build(tmp_path / "two").streamable_http_app(host="127.0.0.1"))
+    with anyio.fail_after(90):
+        async with (
+            over_http(one) as first,
+            over_http(two) as second,
+            front_over({"one": {"url": first, **AS_READ}, "two": {"url": second, **AS_READ}}, tmp_path) as (proxy, _),
+        ):
+            before = (one.initialized, two.initialized)  # the proxy's own sessions
+            suspended = SessionRef("request-1", None, ephemeral=True)
+            with speaking(MODERN), serving(suspended):
+                await proxy.backends.get("one").call_tool("record", {"value": "during"})
+                suspended.end()  # its request is answered `input_required`; the call goes on
+                await proxy.backends.get("two").call_tool("record", {"value": "after"})
+            for n in range(2):
+                later = SessionRef(f"request-{n + 2}", None, ephemeral=True)
+                with speaking(MODERN), serving(later):
+                    await proxy.backends.get("two").call_tool("record", {"value": f"next-{n}"})
+                later.end()
+    assert [json.loads(line)["value"] for line in recorded(tmp_path / "two")] == ["after", "next-0", "next-1"]
+    assert (one.initialized - before[0], two.initialized - before[1]) == (1, 1)  # one session each, lent again

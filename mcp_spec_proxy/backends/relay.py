@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
@@ -138,6 +138,7 @@ class Relay:
         self._server = server
         self._enabled = enabled
         self._in_flight: list[_InFlight] = []
+        self._when_idle: list[Callable[[], None]] = []
         # The one client a client session's own backend session serves: asked what the backend asks
         # outside any call (its roots after the handshake or a roots/list_changed).
         self.fallback = fallback
@@ -156,6 +157,14 @@ class Relay:
         finally:
             _CURRENT.reset(token)
             self._in_flight.remove(entry)
+            if not self._in_flight and self._when_idle:
+                due, self._when_idle = self._when_idle, []
+                for callback in due:
+                    callback()
+
+    def when_idle(self, callback: Callable[[], None]) -> None:
+        """`callback()` once, when the last request in flight ends: those in flight now, else the next."""
+        self._when_idle.append(callback)
 
     @property
     def busy(self) -> bool:

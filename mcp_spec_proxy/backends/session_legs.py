@@ -21,7 +21,9 @@ leg instead: one of a few warm sessions kept per (principal, capabilities the cl
 lent to one request at a time and given back when the request ends (`SessionRef.end`). A leg
 lent to one request serves no other, so what the backend asks during a call (sampling,
 elicitation) reaches that request's own client; one given back with a call still in flight (a
-call suspended for the client's answer) is closed once that call ends, never lent again. A
+call suspended for the client's answer) is closed once that call ends, never lent again. A call
+that outlives its request (suspended, then resumed by the client's retry) and reaches a backend
+only then is lent a leg for that call alone, given back when the call ends. A
 principal's pooled legs carry their own tokens and are never lent to anyone else. A client that
 declared roots keeps a leg of its own per request: a server may keep the roots it was told for
 the whole session.
@@ -263,7 +265,11 @@ class SessionLegs:
             own = SessionRef(f"pool-{secrets.token_hex(8)}", ref.capabilities, principal=ref.principal)
             leg = self._open(own, pool)
         self._lent[ref.id] = leg
-        ref.on_end.append(partial(self._give_back, ref.id, leg))
+        give_back = partial(self._give_back, ref.id, leg)
+        if ref.ended.is_set():  # a call that outlived its request (suspended for its client's answer)
+            leg.relay.when_idle(give_back)  # back when the call it is lent for ends: nothing else would
+        else:
+            ref.on_end.append(give_back)
         return leg
 
     def _give_back(self, lessee: str, leg: _Leg) -> None:
@@ -355,6 +361,8 @@ class SessionLegs:
             idle = self._idle.get(leg.pool) if leg.pool is not None else None
             if idle is not None and leg in idle:
                 idle.remove(leg)
+            for lessee in [lessee for lessee, lent in self._lent.items() if lent is leg]:
+                del self._lent[lessee]  # (a request whose lease no end gives back: a call that outlived it)
 
     async def _on_leg_message(self, leg: _Leg, message: IncomingMessage) -> None:
         """What a client session's own backend session sends: its log lines go to that client alone

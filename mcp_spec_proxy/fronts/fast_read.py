@@ -44,6 +44,7 @@ from mcp_spec_proxy.calls.access import viewing
 from mcp_spec_proxy.calls.results import CALL_FAILED, CALL_META, as_wire, error_result, new_call_id
 from mcp_spec_proxy.errors import ShuttingDown, ToolNotFound
 from mcp_spec_proxy.fronts.client_sessions import adopt_stdio, session_ref
+from mcp_spec_proxy.fronts.lean_modern import LeanAnswers
 from mcp_spec_proxy.fronts.relay import declares_any
 from mcp_spec_proxy.fronts.replays import KEY_META
 from mcp_spec_proxy.fronts.wire import wire_error
@@ -106,6 +107,8 @@ class FastRead:
         self._front = front
         # Each handshake-era HTTP session's connection, by its session id, while it lives (`lean_http.py`).
         self.http_connections: dict[str, Connection] = {}
+        # Where the HTTP lane's 2026-07-28 reads are answered (their pings, past the SDK's window, hosted).
+        self.modern_answers = LeanAnswers()
 
     @property
     def front(self) -> McpFront:

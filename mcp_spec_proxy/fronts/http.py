@@ -220,8 +220,13 @@ async def serve_http(
         if door is None:
             door = Door(token=token, hosts=host_names(host, allowed_hosts or []))
             port = await tg.start(door.serve, host, port)
-        # The 2026-07-28 calls waiting for their client's answers are hosted while `/mcp` serves.
-        async with front.suspensions.hosting(), door.mounted(app, front.proxy):
+        # The 2026-07-28 calls waiting for their client's answers are hosted while `/mcp` serves, and
+        # the pings of the lean lane's 2026-07-28 reads that outlast the SDK's window.
+        async with (
+            front.suspensions.hosting(),
+            front.fast_read.modern_answers.hosting(),
+            door.mounted(app, front.proxy),
+        ):
             logger.info("serving streamable HTTP on http://%s:%d/mcp", host, port)
             task_status.started(port)
             await anyio.sleep_forever()

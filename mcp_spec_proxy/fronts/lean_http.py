@@ -27,7 +27,8 @@ once its backend asks) — with the bytes and headers the SDK writes for it:
   the `_meta` envelope, `Mcp-Param-*` against the tool's schema), the session the request names
   (`Mcp-Spec-Proxy-Session`, each principal's own), and the answer through the SDK's own writer:
   plain JSON with the status its table maps an error to, as the SDK answers a handler that
-  emitted nothing.
+  emitted nothing; on a front that answers SSE, a read that outlasts the SDK's deferral window
+  gets its SSE stream, pings and all (`fronts/lean_modern.py`).
 
 Everything else — another method, a batch, a write, a request any check would refuse — goes on to
 the SDK untouched, its body replayed. The read itself is the gate's, as on every path: the same
@@ -81,7 +82,7 @@ from mcp_spec_proxy.fronts.lean_asks import AskingAnswer, LaneLink
 from mcp_spec_proxy.fronts.mcp import SESSION_KEY, McpFront
 from mcp_spec_proxy.fronts.relay import declares_any, mute_link
 from mcp_spec_proxy.principal import principal_of
-from mcp_spec_proxy.sdk import front_of_sessions, holding, http_session, modern_answer, modern_write
+from mcp_spec_proxy.sdk import front_of_sessions, holding, http_session
 from mcp_spec_proxy.sessions.barrier import Session
 
 logger = logging.getLogger(__name__)
@@ -181,11 +182,11 @@ class LeanHttp:
                         id=request_id,
                         error=ErrorData(code=REQUEST_CANCELLED, message="Request cancelled"),
                     )
-                if answer.opened:  # a backend asked: the stream is open, the answer ends it
-                    await answer.finish(message)
-        if not answer.opened:  # one answer and nothing before it: the transport's `_create_json_response`
-            body = message.model_dump_json(by_alias=True, exclude_unset=True).encode()
-            await _send_whole(send, 200, _json_headers(session_id, len(body)), body)
+                if await answer.settle(message):  # a backend asked: the stream is open, the answer ends it
+                    return True
+        # One answer and nothing before it: the transport's `_create_json_response`.
+        body = message.model_dump_json(by_alias=True, exclude_unset=True).encode()
+        await _send_whole(send, 200, _json_headers(session_id, len(body)), body)
         return True
 
     def _link(self, session: Session, connection: Connection, answer: AskingAnswer) -> ClientLink:
@@ -264,11 +265,12 @@ class LeanHttp:
                 if read is None:
                     return False
                 session = front.named.session(request, meta, principal)
-                message = await modern_answer(data["id"], self._run_muted(read, session))
+                running = self._run_muted(read, session)
+                sse = not self._manager.json_response  # the SDK's SSE mode: a slow read's answer streams
+                await self._fast.modern_answers.write(data["id"], running, sse, request.scope, send)
         finally:
             if ref is not None and ref.ephemeral:
                 ref.end()  # a request that named no session was its own session: its pooled legs go back
-        await modern_write(message, request.scope, _no_receive, send)
         return True
 
     async def _run_muted(self, read: Read, session: Session) -> dict[str, Any]:

@@ -1,0 +1,116 @@
+"""A 2026-07-28 read that outlasts the SDK's deferral window, on the lean HTTP lane and on the SDK's path.
+
+On a front that answers SSE, the SDK's 2026-07-28 writer answers a request that is still running
+after `_SSE_PING_INTERVAL` with an SSE stream: a `: ping` comment at once and at each interval,
+then the answer as one event. The lane must answer such a read with the same bytes. The backend is
+a real process (tests/fixtures/slow_server.py) whose read answers only when the test writes to a
+named pipe, which it does once the client has seen a ping: no clock decides the outcome.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from mcp.server import _streamable_http_modern as sdk_modern
+
+from mcp_spec_proxy.calls.results import CALL_META
+from mcp_spec_proxy.config.schema import ProxyConfig
+from mcp_spec_proxy.fronts import lean_http, lean_modern
+from mcp_spec_proxy.fronts.http import serve_http
+from mcp_spec_proxy.fronts.mcp import McpFront
+from mcp_spec_proxy.proxy import StatePaths, running_proxy
+from tests.test_lean_http import BOTH, ENVELOPE, MODERN, call
+
+pytestmark = pytest.mark.anyio
+
+SLOW = Path(__file__).parent / "fixtures" / "slow_server.py"
+PINGS = re.compile(rb"(: ping\r\n\r\n)+")
+HEADERS = ("content-type", "cache-control", "connection", "x-accel-buffering")
+
+
+@asynccontextmanager
+async def front(tmp_path: Path, lean: bool, release: Path) -> AsyncIterator[tuple[str, list[bool]]]:
+    """A real HTTP front before the slow server; what the lane answered itself."""
+    backend = {"command": sys.executable, "args": [str(SLOW), str(release)]}
+    raw: dict[str, Any] = {"servers": {"slow": backend}, "review": {"default": "deny"}}
+    took: list[bool] = []
+    install = lean_http.install
+
+    def spied(front: McpFront, manager: Any) -> None:
+        if not lean:
+            return  # every request takes the SDK's path
+        install(front, manager)
+        app = manager.asgi_app.app
+        lane = app._took
+
+        async def counted(*args: Any) -> bool:
+            answered: bool = await lane(*args)
+            took.append(answered)
+            return answered
+
+        app._took = counted
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lean_http, "install", spied)
+        async with (
+            running_proxy(ProxyConfig.model_validate(raw), StatePaths(tmp_path / "state")) as proxy,
+            anyio.create_task_group() as tg,
+        ):
+            mcp = McpFront(proxy)
+            port = await tg.start(lambda task_status: serve_http(mcp, "127.0.0.1", 0, task_status=task_status))
+            yield f"http://127.0.0.1:{port}/mcp", took
+            tg.cancel_scope.cancel()
+
+
+async def _slow_read(url: str, release: Path) -> tuple[int, dict[str, str], bytes]:
+    """A 2026-07-28 read of `slow__slow` as sent, released once a ping has come (or at once, when
+    its answer has started without one)."""
+    routing = {
+        "accept": BOTH,
+        "content-type": "application/json",
+        "mcp-protocol-version": MODERN,
+        "mcp-method": "tools/call",
+        "mcp-name": "slow__slow",
+    }
+    async with (
+        httpx.AsyncClient(timeout=30) as http,
+        http.stream("POST", url, json=call(1, "slow__slow", {}, ENVELOPE), headers=routing) as response,
+    ):
+        body, released = b"", False
+        async for chunk in response.aiter_raw():
+            body += chunk
+            if not released and PINGS.search(body):
+                await anyio.to_thread.run_sync(release.write_text, "go\n")
+                released = True
+        headers = {name: response.headers[name] for name in HEADERS if name in response.headers}
+        return response.status_code, headers, body
+
+
+async def test_a_slow_2026_read_answers_with_the_sdk_s_pings_and_stream(tmp_path: Path) -> None:
+    """The window shortened for the SDK's writer and the lane's alike (the lane's is the SDK's)."""
+    assert lean_modern.PING_S == sdk_modern._SSE_PING_INTERVAL
+    answers = {}
+    for lean in (False, True):
+        release = tmp_path / f"release-{lean}"
+        os.mkfifo(release)
+        with pytest.MonkeyPatch.context() as patch, anyio.fail_after(60):
+            patch.setattr(sdk_modern, "_SSE_PING_INTERVAL", 0.2)
+            patch.setattr(lean_modern, "PING_S", 0.2)
+            async with front(tmp_path / str(lean), lean, release) as (url, took):
+                status, headers, body = await _slow_read(url, release)
+            assert took == ([True] if lean else []), took
+        body = re.sub(rb'"' + re.escape(CALL_META.encode()) + rb'":"[0-9a-f]+"', b'"CALL"', body)
+        answers[lean] = (status, headers, PINGS.sub(b": ping\r\n\r\n", body))  # as many as the wait took
+    assert answers[True] == answers[False]
+    status, headers, body = answers[True]
+    assert (status, headers["content-type"]) == (200, "text/event-stream")
+    assert body.startswith(b": ping\r\n\r\n") and b"done: go" in body
