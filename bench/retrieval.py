@@ -1,7 +1,8 @@
 """Tool search at catalog scale: retrieval quality and the bytes a client reads, side by side.
 
     .venv/bin/python -m bench.retrieval [--sizes 1000,5000] [--dump] [--split dev|test|all]
-        [--requests FILE] [--minilm | --embedding-url URL --embedding-model NAME] [--fusions rrf:1,sum:2]
+        [--requests FILE ...] [--minilm | --onnx DIR | --embedding-url URL --embedding-model NAME]
+        [--fusions rrf:1,sum:2]
 
 The catalog is the real servers the tests use — their tools/list as dumped into
 `bench/retrieval_servers.json` (`--dump` re-dumps it from `.backends/`) — padded to each size with
@@ -10,13 +11,13 @@ the real tools' on purpose (files, folders, commits, branches, tables, queries, 
 contacts), so they are distractors, not noise: `bench/retrieval_catalog.py` builds it.
 
 `bench/retrieval_paraphrases.json` is held out: requests in an agent's words, measured once a ranking is
-final and never tuned on. `bench/retrieval_requests.json` holds plain-language requests written for this benchmark, each
-with the real tool(s) that serve it (a second tool only where two are equally right). Recall@5:
-the share of requests whose right tool is among the first five hits. `--requests FILE` measures
-another request set of the same shape. `--split` keeps part of them: `dev` the requests at
-0-based index i with i % 3 != 0 (two in three: the ones a ranking change may be tuned on,
-misses and all), `test` those with i % 3 == 0 (held out: read its figure, not its misses), `all`
-(the default) every one. Rankers, on one catalog:
+final and never tuned on. `bench/retrieval_requests.json` holds plain-language requests written for this
+benchmark, each with the real tool(s) that serve it (a second tool only where two are equally right).
+Recall@5: the share of requests whose right tool is among the first five hits. `--requests FILE ...`
+measures other request sets of the same shape, each in its own table (a model embeds the catalog once
+for all). `--split` keeps part of them: `dev` the requests at 0-based index i with i % 3 != 0 (two in
+three: the ones a ranking change may be tuned on, misses and all), `test` those with i % 3 == 0 (held
+out: read its figure, not its misses), `all` (the default) every one. Rankers, on one catalog:
 
     mcpproxy-bm25  the baseline, in the style of mcpproxy-go's `retrieve_tools` (Bleve): BM25
                    over tool name, full name, description and parameter JSON with a standard
@@ -30,7 +31,8 @@ misses and all), `test` those with i % 3 == 0 (held out: read its figure, not it
     words-ungrouped  `words` without grouping one tool served by several servers into one hit
     embedding      (with --minilm or --embedding-url) an embedding model alone, and fused with
                    words (hybrid-emb): --minilm runs all-MiniLM-L6-v2 in process
-                   (the `embeddings` extra), --embedding-url any OpenAI-compatible /v1/embeddings
+                   (the `embeddings` extra), --onnx DIR another model exported to ONNX (bench/onnx_encoder.py),
+                   --embedding-url any OpenAI-compatible /v1/embeddings
 
 Bytes: the full tools/list a client reads in list mode (as the proxy serves it, with `intent`
 on writes; with the old, longer `intent`; and the backends' own, without it) against search
@@ -43,6 +45,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -53,6 +56,7 @@ import mcp_types as types
 import numpy as np
 
 from bench.measure import machine_line
+from bench.onnx_encoder import MAX_TOKENS, OnnxDirEncoder, onnx_dir
 from bench.retrieval_catalog import SERVERS_FILE, dump, padded, real_listings
 from mcp_spec_proxy.fronts.catalog_search import CALL_TOOL, results_text, search_tool
 from mcp_spec_proxy.leash.encoders import EmbeddingEncoder, Encoder, HashingEncoder, StepView
@@ -340,9 +344,15 @@ async def main() -> None:
         "--minilm", action="store_true", help="embed with all-MiniLM-L6-v2 in process (the embeddings extra)"
     )
     parser.add_argument(
+        "--onnx", type=onnx_dir, help="embed with the ONNX sentence model in DIR (model.onnx, tokenizer.json)"
+    )
+    parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help="with --onnx: ids per text")
+    parser.add_argument(
         "--fusions", default="", help="with an embedding: more fusions to measure, e.g. rrf:0.5,sum:1 (tools/search.py)"
     )
-    parser.add_argument("--requests", type=Path, default=REQUESTS_FILE, help="the requests, as in the default file")
+    parser.add_argument(
+        "--requests", type=Path, nargs="+", default=[REQUESTS_FILE], help="request sets, as in the default file"
+    )
     parser.add_argument(
         "--split", choices=("dev", "test", "all"), default="all", help="dev: i %% 3 != 0; test: i %% 3 == 0"
     )
@@ -352,7 +362,6 @@ async def main() -> None:
         SERVERS_FILE.write_text(json.dumps(listings, indent=1) + "\n")
         print(f"wrote {SERVERS_FILE.name}: " + ", ".join(f"{name} {len(tools)}" for name, tools in listings.items()))
         return
-    requests = split(json.loads(args.requests.read_text()), args.split)
     fusions = parse_fusions(args.fusions)
     embedding: Encoder | None = None
     if args.minilm:
@@ -360,26 +369,35 @@ async def main() -> None:
         if local is None:
             raise SystemExit(f"--minilm needs the embeddings extra: {INSTALL}")
         embedding = local
+    elif args.onnx:
+        embedding = OnnxDirEncoder(args.onnx, max_tokens=args.max_tokens)
     elif args.embedding_url:
         embedding = EmbeddingEncoder(args.embedding_url, args.embedding_model)
     real = sum(map(len, real_listings().values()))
     sizes = [real, *(int(s) for s in args.sizes.split(","))]
     print(f"machine: {machine_line()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"{len(requests)} requests ({args.split} of {args.requests.name}) over {real} real tools")
     if embedding is not None:  # load the model (a local one) before anything is timed
         started = time.perf_counter()
         await embedding.encode_texts(["load the model"])
-        print(f"embedding model ready in {time.perf_counter() - started:.1f} s")
+        print(f"embedding model ready in {time.perf_counter() - started:.1f} s; {resident()}")
     remembered = Remembered(embedding) if embedding else None  # the sizes share their real and first synthetic tools
-    rows = []
-    for size in sizes:
-        rows.append(await measure(size, requests, remembered, fusions))
-        recalls = ", ".join(f"{k} {v[0]:.3f}" for k, v in rows[-1].items() if isinstance(v, tuple))
-        print(f"measured {rows[-1]['size']} tools: recall@5 {recalls}", flush=True)
-    labels = ["mcpproxy-bm25", "words-ungrouped", "words", "hashing", "hybrid"]
-    labels += ["embedding", "hybrid-emb", *map(fusion_label, fusions)] if embedding else []
-    report(rows, labels)
-    print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    for file in args.requests:
+        requests = split(json.loads(file.read_text()), args.split)
+        print(f"\n# {len(requests)} requests ({args.split} of {file.name}) over {real} real tools")
+        rows = []
+        for size in sizes:
+            rows.append(await measure(size, requests, remembered, fusions))
+            recalls = ", ".join(f"{k} {v[0]:.3f}" for k, v in rows[-1].items() if isinstance(v, tuple))
+            print(f"measured {rows[-1]['size']} tools: recall@5 {recalls}", flush=True)
+        labels = ["mcpproxy-bm25", "words-ungrouped", "words", "hashing", "hybrid"]
+        labels += ["embedding", "hybrid-emb", *map(fusion_label, fusions)] if embedding else []
+        report(rows, labels)
+    print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {resident()}")
+
+
+def resident() -> str:
+    """This process's peak resident memory."""
+    return f"peak resident memory {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB"
 
 
 if __name__ == "__main__":

@@ -104,3 +104,27 @@ def test_a_file_that_is_no_onnx_model_is_refused_by_name(tmp_path: Path) -> None
     (tmp_path / "model.onnx").write_bytes(b"not a model")
     with pytest.raises(ValueError, match=r"model\.onnx: not an ONNX model onnxruntime runs"):
         onnx_model.OnnxSentenceModel.load(tmp_path / "model.onnx", tiny_tokenizer(), 16)
+
+
+LOOKUP = Path(__file__).parent / "fixtures" / "lookup_no_segments.onnx"
+"""A graph as an MPNet export declares it (inputs `input_ids` and `attention_mask`, no `token_type_ids`) whose
+last hidden state is a lookup: id i gives the row [i, 1, -i, i²]. Made with the `onnx` package: a `Gather` over
+that table; `lookup_position_ids.onnx` asks for `position_ids` as well."""
+
+
+def lookup_row(i: int) -> list[float]:
+    return [i, 1, -i, i * i]
+
+
+def test_a_model_without_segment_ids_is_fed_ids_and_mask_alone_and_pooled_over_the_mask() -> None:
+    model = onnx_model.OnnxSentenceModel.load(LOOKUP, tiny_tokenizer(), 16)
+    assert (model.dim, model.segments) == (4, False)
+    vectors = model.encode(["the file", "rename the file"], batch=2)  # one batch: the first text padded
+    for row, words in zip(vectors, (["the", "file"], ["rename", "the", "file"]), strict=True):
+        ids = [VOCAB.index(token) for token in ["[CLS]", *words, "[SEP]"]]
+        assert np.allclose(row, np.mean([lookup_row(i) for i in ids], axis=0))
+
+
+def test_a_model_that_asks_for_inputs_it_would_not_be_given_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match=r"the model takes \['attention_mask', 'input_ids', 'position_ids'\]"):
+        onnx_model.OnnxSentenceModel.load(LOOKUP.with_name("lookup_position_ids.onnx"), tiny_tokenizer(), 16)

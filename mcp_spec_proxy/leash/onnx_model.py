@@ -1,7 +1,7 @@
 """A sentence encoder run by onnxruntime: a BERT exported to ONNX, its tokenizer, mean pooling.
 
 `OnnxSentenceModel.load(model, tokenizer, max_tokens)` opens an ONNX export of a sentence-transformers
-BERT (inputs `input_ids`, `attention_mask`, `token_type_ids`; output the last hidden state) and the
+encoder (inputs `input_ids`, `attention_mask` and, for a BERT, `token_type_ids`; output the last hidden state) and the
 model's own `tokenizer.json` (run by the `tokenizers` package); `encode(texts)` pools each text's hidden
 states over its attention mask, as `SentenceTransformer.encode` does. Texts are batched by length so a
 short request does not pay for a long description's padding.
@@ -22,7 +22,9 @@ from tokenizers import Tokenizer
 
 Array = np.ndarray[Any, np.dtype[np.float32]]
 
-INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+INPUTS = ("input_ids", "attention_mask")
+SEGMENTS = "token_type_ids"
+"""A BERT's third input (all zeros: one segment); an MPNet has none."""
 
 
 def load_tokenizer(text: str, max_tokens: int) -> Tokenizer:
@@ -45,14 +47,15 @@ class OnnxSentenceModel:
 
     def __init__(self, session: onnxruntime.InferenceSession, tokenizer: Tokenizer) -> None:
         names = {node.name for node in session.get_inputs()}
-        if not set(INPUTS) <= names:
-            raise ValueError(f"the model takes {sorted(names)}, not BERT's {list(INPUTS)}")
+        if not set(INPUTS) <= names or not names <= {*INPUTS, SEGMENTS}:
+            raise ValueError(f"the model takes {sorted(names)}, not {list(INPUTS)} (and {SEGMENTS})")
         shape = session.get_outputs()[0].shape
         if len(shape) != 3 or not isinstance(shape[2], int):
             raise ValueError(f"the model's output is shaped {shape}, not (batch, tokens, dims)")
         self.session = session
         self.tokenizer = tokenizer
         self.dim = int(shape[2])
+        self.segments = SEGMENTS in names
 
     @classmethod
     def load(cls, model: Path, tokenizer: str, max_tokens: int) -> OnnxSentenceModel:
@@ -83,7 +86,9 @@ class OnnxSentenceModel:
         for i, row in enumerate(rows):
             ids[i, : len(row)] = row
             mask[i, : len(row)] = 1
-        feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        if self.segments:
+            feeds[SEGMENTS] = np.zeros_like(ids)
         hidden = np.asarray(self.session.run(None, feeds)[0], dtype=np.float32)
         weights = mask.astype(np.float32)[..., None]  # padding takes no share of the mean
         pooled: Array = (hidden * weights).sum(1) / np.maximum(weights.sum(1), 1.0)

@@ -1,0 +1,68 @@
+"""Any sentence-transformers model exported to ONNX, as a search encoder: what `bench.retrieval --onnx DIR` ranks by.
+
+DIR holds `model.onnx` (inputs `input_ids`, `attention_mask` and, for a BERT, `token_type_ids`; output the last
+hidden state) and the model's `tokenizer.json`. It is run as the `embeddings` extra runs all-MiniLM-L6-v2
+(`leash/onnx_model.py`: onnxruntime on one CPU thread, mean pooling, unit rows), without the extra's pinned file,
+so a candidate model is measured on the same footing before anything ships it. Exporting one (all-mpnet-base-v2,
+from its safetensors, with torch and transformers in a separate environment) is described in docs/BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import anyio
+import numpy as np
+
+from mcp_spec_proxy.leash.encoders import EncoderInfo, StepView, normalise_rows, step_text, task_text
+from mcp_spec_proxy.leash.onnx_model import OnnxSentenceModel
+
+MAX_TOKENS = 384
+"""Ids per text unless told: all-mpnet-base-v2's `max_seq_length` in sentence-transformers."""
+
+
+def onnx_dir(text: str) -> Path:
+    """`--onnx DIR`, checked: the one line that names what is missing."""
+    folder = Path(text).expanduser()
+    missing = [name for name in ("model.onnx", "tokenizer.json") if not (folder / name).is_file()]
+    if missing:
+        raise SystemExit(f"--onnx {text}: no {' or '.join(missing)} there — export the model into that folder first")
+    return folder
+
+
+class OnnxDirEncoder:
+    """The model in `folder`, loaded at the first encoding; texts as `task_text`, steps as `step_text`."""
+
+    def __init__(self, folder: Path, *, max_tokens: int = MAX_TOKENS, batch: int = 32) -> None:
+        self.folder = folder
+        self.max_tokens = max_tokens
+        self.batch = batch
+        self._model: OnnxSentenceModel | None = None
+        self._loading = threading.Lock()
+
+    @property
+    def info(self) -> EncoderInfo:
+        return EncoderInfo("embedding", self.folder.name, self._loaded().dim)
+
+    async def encode_steps(self, steps: list[StepView]) -> np.ndarray:
+        return await anyio.to_thread.run_sync(self.encode_sync, [step_text(s) for s in steps])
+
+    async def encode_texts(self, texts: list[str]) -> np.ndarray:
+        return await anyio.to_thread.run_sync(self.encode_sync, [task_text(t) for t in texts])
+
+    def encode_sync(self, texts: Sequence[str]) -> np.ndarray:
+        model = self._loaded()
+        out = np.zeros((len(texts), model.dim), dtype=np.float32)
+        wanted = [i for i, text in enumerate(texts) if text.strip()]
+        if wanted:
+            out[wanted] = model.encode([texts[i] for i in wanted], batch=self.batch)
+        return normalise_rows(out)
+
+    def _loaded(self) -> OnnxSentenceModel:
+        with self._loading:
+            if self._model is None:
+                tokenizer = (self.folder / "tokenizer.json").read_text()
+                self._model = OnnxSentenceModel.load(self.folder / "model.onnx", tokenizer, self.max_tokens)
+            return self._model
