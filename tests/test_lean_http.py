@@ -6,8 +6,8 @@ lane and against ones where every request takes the SDK's path. The answers must
 every kind of Accept; a handshake-era read the lane answers is one JSON body, the bytes the SDK's
 transport sends in JSON mode (a second SDK-path proxy, its manager set to JSON answers, says what
 they are), and everything else the bytes of the SDK's path as this front runs it. A spy on the lane
-says which requests it answered, and the toy's ledger and the audit log say what ran. Under `auth:`, a forged token is refused as before, and the lane
-never serves it.
+says which requests it answered, and the toy's ledger and the audit log say what ran. Under `auth:`,
+a forged token is refused as before, and the lane never serves it.
 """
 
 from __future__ import annotations
