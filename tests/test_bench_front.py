@@ -23,6 +23,7 @@ LOAD_ROW = re.compile(rf"^\| (\S+) \| {NUMBER} \| {NUMBER} \| {NUMBER} \| {NUMBE
 LEVEL_LINE = re.compile(r"^  (\d+) sessions, (\S+): (\d+\.\d) reads/s$")
 X = r"\d+\.\d\dx"
 RATIO = re.compile(rf"^ours-http / (\S+): CPU per read {X}; throughput 1 sessions {X}, 2 sessions {X}$")
+SHARE_ROW = re.compile(rf"^\| (\S+) \| (\d+) \| {NUMBER} \| {NUMBER} \| {NUMBER} \| {NUMBER} \| (\d+) \|$")
 
 
 def _time_server() -> Path:
@@ -53,7 +54,7 @@ def test_front_load_reports_cpu_wall_and_each_level_for_every_target_and_names_t
     backend = _time_server()
     code, report, err = run_bench(
         "bench.front_load",
-        *("--calls", "50", "--levels", "1,2", "--reads", "2", "--rounds", "1"),
+        *("--calls", "50", "--levels", "1,2", "--reads", "2", "--rounds", "1", "--clients", "2"),
         *("--baseline", str(REPO), "--backend-command", str(backend)),
         bench_dir=tmp_path,  # an empty bench folder: no peers
     )
@@ -74,6 +75,15 @@ def test_front_load_reports_cpu_wall_and_each_level_for_every_target_and_names_t
     assert levels == {(name, level) for name in targets for level in ("1", "2")}, report
     ratios = {m[1] for line in lines if (m := RATIO.match(line))}
     assert ratios == {"ours-before-http", "bare-http"}, report
+    assert "throughput sessions shared out among 2 client processes" in lines, report
+    # The sessions ran in the client processes: each level of each target has its CPU row, and the
+    # clients' CPU is theirs (this process makes no throughput read; a few reads may take the target
+    # less than one tick of /proc, so only the clients' figure, from their own clocks, must be above 0).
+    shares = {(m[1], m[2]): m.groups()[2:] for line in lines if (m := SHARE_ROW.match(line))}
+    assert set(shares) == {(name, level) for name in targets for level in ("1", "2")}, report
+    for (name, level), (rate, clients, _target, _backend, busy) in shares.items():
+        assert float(rate) > 0 and float(clients) > 0, (name, level, rate, clients)
+        assert 0 <= int(busy) <= 100, (name, level, busy)
 
 
 def test_front_profile_gives_each_client_era_a_column_with_the_proxys_own_time(tmp_path: Path) -> None:
@@ -102,6 +112,7 @@ def test_front_profile_gives_each_client_era_a_column_with_the_proxys_own_time(t
     [
         ("bench.front_load", ["--levels", "16,many"], "--levels '16,many': give numbers of sessions"),
         ("bench.front_load", ["--calls", "10"], "--calls must be at least 50"),
+        ("bench.front_load", ["--clients", "0"], "--clients at least 1"),
         ("bench.front_profile", ["--reads", "0"], "--reads must be at least 1"),
         ("bench.front_profile", ["--baseline", "/nonexistent"], "--baseline /nonexistent: no mcp_spec_proxy package"),
     ],
