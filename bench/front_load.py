@@ -18,8 +18,8 @@ fastmcp-http and mcp-proxy-http (the peers bench/peers.py installs under `.bench
    by level, `--rounds` times; the best round is reported (the load of a shared machine only ever
    slows a round down), with the CPU per read its clients, the target and the target's backend spent
    and how busy the whole machine was: where the client processes, the target and its backend
-   together fill the machine's cores, the figure is the machine's, and a ratio between targets is
-   a ratio of their whole read's CPU, the client's included.
+   together fill the machine's cores, the figure is the machine's, and a ratio between targets tends
+   to the ratio of their whole read's CPU (clients + target + backend), the client's included.
 """
 
 from __future__ import annotations
@@ -141,6 +141,10 @@ class Rate:
     backend_ms: float  # its children: the backend
     busy: float  # the whole machine's CPU in use, % of all its cores (everyone's work, not only this run's)
 
+    @property
+    def whole_ms(self) -> float:
+        return self.client_ms + self.target_ms + self.backend_ms
+
 
 def descendants_cpu(pid: int) -> float:
     """CPU seconds of every live descendant of `pid` (a target's backend)."""
@@ -225,14 +229,14 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
         print(f"ours-http / {other}: CPU per read {cpu['ours-http'][0] / cpu[other][0]:.2f}x; throughput {shown}")
     cores = os.cpu_count()
     print(f"\nCPU per read in the best throughput round (ms), and the machine's CPU in use (% of {cores} cores)\n")
-    print("| target | sessions | reads/s | clients | target | its backend | machine busy % |")
-    print("|---|---|---|---|---|---|---|")
+    print("| target | sessions | reads/s | clients | target | its backend | the whole read | machine busy % |")
+    print("|---|---|---|---|---|---|---|---|")
     for name in names:
         for level in args.levels:
             rate = best[(name, level)]
             print(
                 f"| {name} | {level} | {rate.reads_per_s:.0f} | {rate.client_ms:.2f} | {rate.target_ms:.2f}"
-                f" | {rate.backend_ms:.2f} | {rate.busy:.0f} |"
+                f" | {rate.backend_ms:.2f} | {rate.whole_ms:.2f} | {rate.busy:.0f} |"
             )
 
 

@@ -23,7 +23,7 @@ LOAD_ROW = re.compile(rf"^\| (\S+) \| {NUMBER} \| {NUMBER} \| {NUMBER} \| {NUMBE
 LEVEL_LINE = re.compile(r"^  (\d+) sessions, (\S+): (\d+\.\d) reads/s$")
 X = r"\d+\.\d\dx"
 RATIO = re.compile(rf"^ours-http / (\S+): CPU per read {X}; throughput 1 sessions {X}, 2 sessions {X}$")
-SHARE_ROW = re.compile(rf"^\| (\S+) \| (\d+) \| {NUMBER} \| {NUMBER} \| {NUMBER} \| {NUMBER} \| (\d+) \|$")
+SHARE_ROW = re.compile(rf"^\| (\S+) \| (\d+) \| {NUMBER} \| {NUMBER} \| {NUMBER} \| {NUMBER} \| {NUMBER} \| (\d+) \|$")
 
 
 def _time_server() -> Path:
@@ -81,8 +81,10 @@ def test_front_load_reports_cpu_wall_and_each_level_for_every_target_and_names_t
     # less than one tick of /proc, so only the clients' figure, from their own clocks, must be above 0).
     shares = {(m[1], m[2]): m.groups()[2:] for line in lines if (m := SHARE_ROW.match(line))}
     assert set(shares) == {(name, level) for name in targets for level in ("1", "2")}, report
-    for (name, level), (rate, clients, _target, _backend, busy) in shares.items():
+    for (name, level), (rate, clients, target, backend_ms, whole, busy) in shares.items():
         assert float(rate) > 0 and float(clients) > 0, (name, level, rate, clients)
+        parts = float(clients) + float(target) + float(backend_ms)
+        assert abs(float(whole) - parts) <= 0.02, (name, level, whole, parts)
         assert 0 <= int(busy) <= 100, (name, level, busy)
 
 
