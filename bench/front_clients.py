@@ -34,8 +34,10 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import httpx2
 from anyio.streams.buffered import BufferedByteReceiveStream
 from mcp import Client
+from mcp.shared.exceptions import MCPError
 
 from bench.overhead import declaring
 
@@ -127,7 +129,7 @@ async def _serve() -> None:
     while line := await anyio.to_thread.run_sync(sys.stdin.readline):
         try:
             await _Level(json.loads(line)).run()
-        except* (ReadFailed, TimeoutError, OSError) as group:
+        except* (ReadFailed, MCPError, httpx2.HTTPError, TimeoutError, OSError) as group:
             error = _first(group)
             _say({"error": f"{type(error).__name__}: {error}"})
 

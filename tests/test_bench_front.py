@@ -7,15 +7,18 @@ profiler was on. Real processes: the time backend, the bare hop, ours over strea
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
 import sys
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
 
-from bench import overhead
+from bench import front_load, overhead
+from bench.front_clients import ClientPool
 
 REPO = Path(__file__).resolve().parent.parent
 NUMBER = r"(\d+\.\d+|\d+)"
@@ -124,3 +127,18 @@ def test_bad_flags_are_one_line_naming_the_fix(module: str, flags: list[str], sa
     assert code == 2
     assert "Traceback" not in err
     assert says in err
+
+
+@pytest.mark.anyio
+async def test_a_client_process_whose_read_fails_is_named_in_one_line(tmp_path: Path) -> None:
+    chosen = argparse.Namespace(backends="time", backend_command=str(_time_server()))
+    backend = overhead.backends(chosen, tmp_path, None)[0]
+    order = {"url": "", "tool": "no_such_tool", "arguments": {}, "era": "2026-07-28", "roots": False, "reads": 2}
+    with pytest.raises(SystemExit) as raised:
+        async with AsyncExitStack() as stack:
+            target = await front_load.start(stack, "bare-http", backend, tmp_path, None)
+            pool = await ClientPool.start(stack, 2)
+            await pool.open({**order, "url": target.url}, 3)
+    said = str(raised.value)
+    assert said.startswith("a client process (pid ") and said.endswith("Unknown tool: no_such_tool"), said
+    assert "\n" not in said
