@@ -1,7 +1,7 @@
 """The HTTP front under reads: CPU per 1,000 reads and throughput at many sessions, side by side in one run.
 
     .venv/bin/python -m bench.front_load [--calls 1000] [--levels 16,64] [--reads 20] [--rounds 2]
-                                         [--era legacy] [--baseline DIR] [--roots]
+                                         [--era legacy] [--baseline DIR] [--roots] [--clients 4]
 
 Targets, each serving streamable HTTP on 127.0.0.1 in front of mcp-server-time over stdio:
 ours-http (mcp-spec-proxy, `review: {default: deny}`: reads go at once), ours-before-http (another
@@ -11,11 +11,15 @@ fastmcp-http and mcp-proxy-http (the peers bench/peers.py installs under `.bench
 1. CPU: sequential `get_current_time` reads, `--calls` per target in rotating blocks, and the CPU
    time (user + system, from /proc, Linux only) the serving process spent on them, its children
    (the backend) left out; per 1,000 reads, beside the wall time per read.
-2. Throughput: for each level, that many client sessions open on one target at a time, each sending
-   `--reads` reads one after another, all sessions at once; reads per second over the whole level.
-   Targets take turns level by level, `--rounds` times; the best round is reported (the load of a
-   shared machine only ever slows a round down). The clients run in this process, so a target can
-   only be seen as fast as one Python process can drive it (the fastest peer shows that ceiling).
+2. Throughput: for each level, that many client sessions open on one target at a time, shared out
+   among `--clients` client processes (bench/front_clients.py, each session in a task of its own),
+   each sending `--reads` reads one after another, all sessions from a common start; reads per
+   second = all reads / the time from the first start to the last answer. Targets take turns level
+   by level, `--rounds` times; the best round is reported (the load of a shared machine only ever
+   slows a round down), with the CPU per read its clients, the target and the target's backend spent
+   and how busy the whole machine was: where the client processes, the target and its backend
+   together fill the machine's cores, the figure is the machine's, and a ratio between targets tends
+   to the ratio of their whole read's CPU (clients + target + backend), the client's included.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +41,7 @@ import anyio.abc
 from mcp import Client
 
 from bench import peers
+from bench.front_clients import ClientPool
 from bench.measure import machine_line
 from bench.overhead import (
     DEFAULT_TIME,
@@ -53,6 +59,7 @@ from bench.overhead_report import Backend
 
 TICKS = os.sysconf("SC_CLK_TCK")
 BLOCK = 50
+CLIENTS = 4
 
 
 def cpu_seconds(pid: int) -> float:
@@ -124,27 +131,64 @@ async def cpu_per_reads(
     return {name: (used[name] / done * 1000, wall[name] / done * 1000) for name in callers}
 
 
+@dataclass(frozen=True)
+class Rate:
+    """One target at one level: reads per second, and the CPU each side spent per read meanwhile."""
+
+    reads_per_s: float
+    client_ms: float  # the client processes, CPU ms per read
+    target_ms: float  # the serving process itself
+    backend_ms: float  # its children: the backend
+    busy: float  # the whole machine's CPU in use, % of all its cores (everyone's work, not only this run's)
+
+    @property
+    def whole_ms(self) -> float:
+        return self.client_ms + self.target_ms + self.backend_ms
+
+
+def descendants_cpu(pid: int) -> float:
+    """CPU seconds of every live descendant of `pid` (a target's backend)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # it ended meanwhile
+            children.setdefault(parent, []).append(int(entry.name))
+    total, todo = 0.0, list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        todo += children.get(child, [])
+        with suppress(OSError, IndexError, ValueError):  # it ended meanwhile
+            total += cpu_seconds(child)
+    return total
+
+
+def machine_ticks() -> tuple[int, int]:
+    """All CPU ticks of the machine so far, and the idle ones among them (/proc/stat)."""
+    fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return sum(fields), fields[3] + fields[4]
+
+
 async def throughput(
-    target: Served, backend: Backend, era: str, sessions: int, reads: int, roots: bool = False
-) -> float:
-    """Reads per second with `sessions` client sessions reading at once."""
-    async with AsyncExitStack() as stack:
-        callers = []
-        for _ in range(sessions):
-            client = await stack.enter_async_context(Client(target.url, mode=era, **declaring(roots)))
-            callers.append(_caller(client, target.tool, backend.arguments))
-        for call in callers:
-            await call()
-
-        async def session(call: Callable[[], Any]) -> None:
-            for _ in range(reads):
-                await call()
-
-        started = time.perf_counter()
-        async with anyio.create_task_group() as tg:
-            for call in callers:
-                tg.start_soon(session, call)
-        return sessions * reads / (time.perf_counter() - started)
+    pool: ClientPool, target: Served, backend: Backend, era: str, sessions: int, reads: int, roots: bool = False
+) -> Rate:
+    """`sessions` client sessions, shared out among the pool's processes, reading at once from a common start;
+    reads per second from the first start to the last answer."""
+    order = {"url": target.url, "tool": target.tool, "arguments": backend.arguments, "era": era, "roots": roots}
+    order["reads"] = reads
+    await pool.open(order, sessions)
+    pid = target.process.pid
+    served, backed, ticks = cpu_seconds(pid), descendants_cpu(pid), machine_ticks()
+    shares = await pool.go()
+    served, backed = cpu_seconds(pid) - served, descendants_cpu(pid) - backed
+    total, idle = (now - then for now, then in zip(machine_ticks(), ticks, strict=True))
+    done = sum(share.reads for share in shares)
+    wall = max(share.end for share in shares) - min(share.start for share in shares)
+    per_read = 1000 / done
+    client = sum(share.cpu for share in shares) * per_read
+    return Rate(done / wall, client, served * per_read, backed * per_read, 100 * (total - idle) / max(total, 1))
 
 
 async def run(args: argparse.Namespace, tmp: Path) -> None:
@@ -159,27 +203,41 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
     async with AsyncExitStack() as stack:
         served = [await start(stack, name, backend, tmp, args.baseline) for name in names]
         cpu = await cpu_per_reads(served, backend, args.era, args.calls, args.roots)
-        rates: dict[tuple[str, int], list[float]] = {}
+        pool = await ClientPool.start(stack, args.clients)
+        rates: dict[tuple[str, int], list[Rate]] = {}
         for _ in range(args.rounds):
             for level in args.levels:
                 for target in served:
-                    rate = await throughput(target, backend, args.era, level, args.reads, args.roots)
+                    rate = await throughput(pool, target, backend, args.era, level, args.reads, args.roots)
                     rates.setdefault((target.name, level), []).append(rate)
-                    print(f"  {level} sessions, {target.name}: {rate:.1f} reads/s", flush=True)
+                    print(f"  {level} sessions, {target.name}: {rate.reads_per_s:.1f} reads/s", flush=True)
     print(f"load average (1, 5, 15 min) after: {load_average()}; {time.monotonic() - started:.0f}s")
+    best = {key: max(rounds, key=lambda rate: rate.reads_per_s) for key, rounds in rates.items()}
     roots = ", clients declare roots" if args.roots else ""
-    print(f"\n{backend.label}, client era {args.era}{roots}, {args.calls} sequential reads per target for CPU\n")
+    print(f"\n{backend.label}, client era {args.era}{roots}, {args.calls} sequential reads per target for CPU,")
+    print(f"throughput sessions shared out among {args.clients} client processes\n")
     levels = " | ".join(f"{n} sessions, reads/s" for n in args.levels)
     print(f"| target | CPU s per 1,000 reads | wall ms per read | {levels} |")
     print("|---|---|---|" + "---|" * len(args.levels))
     for name in names:
-        best = [f"{max(rates[(name, level)]):.0f}" for level in args.levels]
-        print(f"| {name} | {cpu[name][0]:.2f} | {cpu[name][1]:.2f} | " + " | ".join(best) + " |")
+        cells = [f"{best[(name, level)].reads_per_s:.0f}" for level in args.levels]
+        print(f"| {name} | {cpu[name][0]:.2f} | {cpu[name][1]:.2f} | " + " | ".join(cells) + " |")
     print()
     for other in names[1:]:
-        ratios = [max(rates[("ours-http", n)]) / max(rates[(other, n)]) for n in args.levels]
+        ratios = [best[("ours-http", n)].reads_per_s / best[(other, n)].reads_per_s for n in args.levels]
         shown = ", ".join(f"{n} sessions {r:.2f}x" for n, r in zip(args.levels, ratios, strict=True))
         print(f"ours-http / {other}: CPU per read {cpu['ours-http'][0] / cpu[other][0]:.2f}x; throughput {shown}")
+    cores = os.cpu_count()
+    print(f"\nCPU per read in the best throughput round (ms), and the machine's CPU in use (% of {cores} cores)\n")
+    print("| target | sessions | reads/s | clients | target | its backend | the whole read | machine busy % |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in names:
+        for level in args.levels:
+            rate = best[(name, level)]
+            print(
+                f"| {name} | {level} | {rate.reads_per_s:.0f} | {rate.client_ms:.2f} | {rate.target_ms:.2f}"
+                f" | {rate.backend_ms:.2f} | {rate.whole_ms:.2f} | {rate.busy:.0f} |"
+            )
 
 
 def main() -> None:
@@ -192,13 +250,19 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, help="also measure ours from DIR/mcp_spec_proxy (ours-before-http)")
     parser.add_argument("--backend-command", default=str(DEFAULT_TIME), help="the stdio backend (mcp-server-time)")
     parser.add_argument("--roots", action="store_true", help="every client declares roots (as most IDE clients do)")
+    parser.add_argument(
+        "--clients",
+        type=int,
+        default=CLIENTS,
+        help=f"client processes the sessions are shared out among (default {CLIENTS})",
+    )
     args = parser.parse_args()
     try:
         args.levels = [int(n) for n in args.levels.split(",")]
     except ValueError:
         parser.error(f"--levels {args.levels!r}: give numbers of sessions, comma-separated, such as 16,64")
-    if args.calls < BLOCK or min(args.levels) < 1 or args.reads < 1 or args.rounds < 1:
-        parser.error(f"--calls must be at least {BLOCK}; --levels, --reads and --rounds at least 1")
+    if args.calls < BLOCK or min(args.levels) < 1 or args.reads < 1 or args.rounds < 1 or args.clients < 1:
+        parser.error(f"--calls must be at least {BLOCK}; --levels, --reads, --rounds and --clients at least 1")
     if not sys.platform.startswith("linux"):
         parser.error("CPU time is read from /proc: Linux only")
     if args.baseline is not None and not (args.baseline / "mcp_spec_proxy" / "__init__.py").exists():

@@ -7,15 +7,18 @@ profiler was on. Real processes: the time backend, the bare hop, ours over strea
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
 import sys
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
 
-from bench import overhead
+from bench import front_load, overhead
+from bench.front_clients import ClientPool
 
 REPO = Path(__file__).resolve().parent.parent
 NUMBER = r"(\d+\.\d+|\d+)"
@@ -23,6 +26,7 @@ LOAD_ROW = re.compile(rf"^\| (\S+) \| {NUMBER} \| {NUMBER} \| {NUMBER} \| {NUMBE
 LEVEL_LINE = re.compile(r"^  (\d+) sessions, (\S+): (\d+\.\d) reads/s$")
 X = r"\d+\.\d\dx"
 RATIO = re.compile(rf"^ours-http / (\S+): CPU per read {X}; throughput 1 sessions {X}, 2 sessions {X}$")
+SHARE_ROW = re.compile(rf"^\| (\S+) \| (\d+) \| {NUMBER} \| {NUMBER} \| {NUMBER} \| {NUMBER} \| {NUMBER} \| (\d+) \|$")
 
 
 def _time_server() -> Path:
@@ -53,7 +57,7 @@ def test_front_load_reports_cpu_wall_and_each_level_for_every_target_and_names_t
     backend = _time_server()
     code, report, err = run_bench(
         "bench.front_load",
-        *("--calls", "50", "--levels", "1,2", "--reads", "2", "--rounds", "1"),
+        *("--calls", "50", "--levels", "1,2", "--reads", "2", "--rounds", "1", "--clients", "2"),
         *("--baseline", str(REPO), "--backend-command", str(backend)),
         bench_dir=tmp_path,  # an empty bench folder: no peers
     )
@@ -74,6 +78,17 @@ def test_front_load_reports_cpu_wall_and_each_level_for_every_target_and_names_t
     assert levels == {(name, level) for name in targets for level in ("1", "2")}, report
     ratios = {m[1] for line in lines if (m := RATIO.match(line))}
     assert ratios == {"ours-before-http", "bare-http"}, report
+    assert "throughput sessions shared out among 2 client processes" in lines, report
+    # The sessions ran in the client processes: each level of each target has its CPU row, and the
+    # clients' CPU is theirs (this process makes no throughput read; a few reads may take the target
+    # less than one tick of /proc, so only the clients' figure, from their own clocks, must be above 0).
+    shares = {(m[1], m[2]): m.groups()[2:] for line in lines if (m := SHARE_ROW.match(line))}
+    assert set(shares) == {(name, level) for name in targets for level in ("1", "2")}, report
+    for (name, level), (rate, clients, target, backend_ms, whole, busy) in shares.items():
+        assert float(rate) > 0 and float(clients) > 0, (name, level, rate, clients)
+        parts = float(clients) + float(target) + float(backend_ms)
+        assert abs(float(whole) - parts) <= 0.02, (name, level, whole, parts)
+        assert 0 <= int(busy) <= 100, (name, level, busy)
 
 
 def test_front_profile_gives_each_client_era_a_column_with_the_proxys_own_time(tmp_path: Path) -> None:
@@ -102,6 +117,7 @@ def test_front_profile_gives_each_client_era_a_column_with_the_proxys_own_time(t
     [
         ("bench.front_load", ["--levels", "16,many"], "--levels '16,many': give numbers of sessions"),
         ("bench.front_load", ["--calls", "10"], "--calls must be at least 50"),
+        ("bench.front_load", ["--clients", "0"], "--clients at least 1"),
         ("bench.front_profile", ["--reads", "0"], "--reads must be at least 1"),
         ("bench.front_profile", ["--baseline", "/nonexistent"], "--baseline /nonexistent: no mcp_spec_proxy package"),
     ],
@@ -111,3 +127,18 @@ def test_bad_flags_are_one_line_naming_the_fix(module: str, flags: list[str], sa
     assert code == 2
     assert "Traceback" not in err
     assert says in err
+
+
+@pytest.mark.anyio
+async def test_a_client_process_whose_read_fails_is_named_in_one_line(tmp_path: Path) -> None:
+    chosen = argparse.Namespace(backends="time", backend_command=str(_time_server()))
+    backend = overhead.backends(chosen, tmp_path, None)[0]
+    order = {"url": "", "tool": "no_such_tool", "arguments": {}, "era": "2026-07-28", "roots": False, "reads": 2}
+    with pytest.raises(SystemExit) as raised:
+        async with AsyncExitStack() as stack:
+            target = await front_load.start(stack, "bare-http", backend, tmp_path, None)
+            pool = await ClientPool.start(stack, 2)
+            await pool.open({**order, "url": target.url}, 3)
+    said = str(raised.value)
+    assert said.startswith("a client process (pid ") and said.endswith("Unknown tool: no_such_tool"), said
+    assert "\n" not in said
