@@ -175,3 +175,12 @@ async def test_a_chunked_requests_trailers_do_not_become_its_headers(parser: str
         answer = await exchange(port, chunked("/trailer", b"Authorization: Bearer smuggled\r\n"))
     assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"3")
     assert app.headers == [[b"host", b"transfer-encoding"]]
+
+
+async def test_a_refusal_waits_for_the_answers_to_the_pipelined_requests_before_it() -> None:
+    # The first request's app has not run when the second's head passes the bound in the same read.
+    # (h11 bounds only a head it holds incomplete: one that arrives whole in a read, as this one may, it serves.)
+    async with served() as (port, app):
+        answer = await exchange(port, request("/first") + request("/second", padding=4 * MAX_HEAD_BYTES))
+    assert answer.startswith(b"HTTP/1.1 200 ") and refused(answer[answer.index(b"\r\n\r\n") + 5 :])
+    assert app.paths == ["/first"]

@@ -12,7 +12,9 @@ the parser skips before a request line count toward the head that follows, and a
 request's body is never taken for its head. A chunked body's trailer section is bounded the same
 way (h11 bounds it too), and its fields are dropped, as uvicorn's h11 protocol drops them: on
 httptools they would join the request's headers, where a field an intermediary strips from a head
-could come back. A body is never counted (the SDK's body limit bounds it).
+could come back. A body is never counted (the SDK's body limit bounds it). A refused head that
+follows pipelined requests still being answered waits for their answers, so the 431 never stands in
+for the answer to a request that ran.
 
 One approximation, which h11 shares (it bounds only what it holds of a head not yet complete): the
 bytes of a head that begins in the same read as the end of what came before it on the connection
@@ -38,9 +40,10 @@ class BoundedHttpTools(HttpToolsProtocol):
         self._counted = 0  # bytes that are not body since the parser last passed a boundary, as far as known
         self._crossed = False  # the parser passed a boundary (a head's end, a chunk's size line, a message's end)
         self._body = 0  # body bytes the feed in progress handed on
+        self._refusing = False  # a head past the bound waits for the answers to the requests before it
 
     def data_received(self, data: bytes) -> None:
-        while data:
+        while data and not self._refusing:
             piece, data = data, b""
             room = MAX_HEAD_BYTES - self._counted
             if self._in_head and len(piece) > room:  # the head must end within `room`: feed no more first
@@ -73,7 +76,21 @@ class BoundedHttpTools(HttpToolsProtocol):
         self._in_head, self._crossed = True, True
         super().on_message_complete()
 
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._refusing and not self.pipeline and not self.transport.is_closing():
+            self._refused()
+
     def _refuse(self) -> None:
+        """Refuse now, or — where pipelined requests before this head are still being answered — once
+        their answers are written: the 431 must not stand in for the answer to a request that ran."""
+        if self._in_head and self.cycle is not None and not self.cycle.response_complete:
+            self._refusing = True
+            self.flow.pause_reading()
+            return
+        self._refused()
+
+    def _refused(self) -> None:
         message = b"Request header fields too large."
         self.transport.write(
             STATUS_LINE[431]
