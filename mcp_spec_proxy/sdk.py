@@ -35,8 +35,9 @@ modules or names comes from here, each under a public alias, with the reason it 
   transport's `_event_store`, `_mint_priming_event`, `_create_event_data`, `_idle_timeout`,
   `_requests_in_flight`: `fronts/lean_http.py` answers a handshake-era read on an established session
   itself, so it finds the session's transport and owner as the manager does, holds the session
-  against its idle timeout as the transport does, and writes the priming and answer events the
-  transport would write (stored for resumption alike). `mcp.server._streamable_http_modern._write`
+  against its idle timeout as the transport does, and — where the read's backend asks the client
+  something — writes the priming, question and answer events the transport would write (stored for
+  resumption alike). `mcp.server._streamable_http_modern._write`
   and `_to_jsonrpc_response`: a 2026-07-28 read answered with the SDK's own bytes and status; its
   `_SSE_HEADERS` and `_sse_event`: one that outlasts the SDK's deferral window, as its SSE stream.
 * A transport's `_request_streams` and the dispatcher's `send_raw_request(_related_request_id=)`: a
