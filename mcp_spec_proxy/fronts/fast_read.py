@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from mcp.server.connection import Connection
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
-from mcp_types import CLIENT_CAPABILITIES_META_KEY, LOG_LEVEL_META_KEY, methods
+from mcp_types import CLIENT_CAPABILITIES_META_KEY, LOG_LEVEL_META_KEY, InputRequiredResult, methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
@@ -156,8 +156,10 @@ class FastRead:
             adopt_stdio(self._front)  # and what a backend asks outside any call: the shared sessions are its
         return await call_next(ctx)
 
-    def claim(self, params: Any, version: str, *, initialized: bool) -> Read | None:
-        """The read these `tools/call` params ask for, or None: the SDK's path takes the call."""
+    def claim(self, params: Any, version: str, *, initialized: bool, suspendable: bool = False) -> Read | None:
+        """The read these `tools/call` params ask for, or None: the SDK's path takes the call.
+        `suspendable`: the caller runs a 2026-07-28 client's read as a call its backend may suspend
+        (`Suspensions`), so a client that can be asked is claimed too."""
         if not initialized or not isinstance(params, Mapping) or not params.keys() <= _PARAMS:
             return None  # input responses, request state, a task: the SDK's path knows them
         name = params.get("name")
@@ -171,8 +173,8 @@ class FastRead:
         meta = params.get("_meta")
         if isinstance(meta, Mapping) and ("progressToken" in meta or "progress_token" in meta):
             return None  # progress may be streamed: the SDK's path reports it
-        if version in MODERN_PROTOCOL_VERSIONS and isinstance(meta, Mapping) and _askable(meta):
-            return None  # a backend could ask this client something: only the SDK's path suspends a call
+        if version in MODERN_PROTOCOL_VERSIONS and not suspendable and isinstance(meta, Mapping) and _askable(meta):
+            return None  # a backend could ask this client something: only a suspendable call can
         if isinstance(meta, Mapping) and LOG_LEVEL_META_KEY in meta:
             return None  # the call opted in to log messages on its request: the SDK's path relays them
         if isinstance(meta, Mapping) and KEY_META in meta:
@@ -186,15 +188,17 @@ class FastRead:
             return None  # a write, a held or unknown tool: the barrier's `call`
         return Read(tool, dict(arguments), version, version in MODERN_PROTOCOL_VERSIONS)
 
-    async def run(self, read: Read, session: Session) -> dict[str, Any]:
+    async def run(self, read: Read, session: Session, *, stamp: bool = True) -> dict[str, Any]:
         """The read's result, shaped for its client's era; a call that got none raises its wire
-        error (`MCPError`): the backend's as it sent it, or the proxy's own."""
+        error (`MCPError`): the backend's as it sent it, or the proxy's own. `stamp=False`: a
+        2026-07-28 result without the server's `serverInfo`, for the SDK's runner to stamp."""
         call = new_call_id()
         try:
             result = await self._front.proxy.barrier.read_json(session, read.tool, read.arguments, call)
         except (*CALL_FAILED, ShuttingDown) as exc:  # draining: nothing ran
             raise wire_error(exc, call) from exc
-        return self._for_client(result, read.version, read.modern, call)
+        out = self._for_client(result, read.version, read.modern, call)
+        return self.stamped(out) if stamp and read.modern else out
 
     def _for_client(self, result: WireResult, version: str, modern: bool, call: str) -> dict[str, Any]:
         out: dict[str, Any]
@@ -215,9 +219,21 @@ class FastRead:
             out.pop("resultType", None)
             return out
         out["resultType"] = "complete"
-        if meta.get(SERVER_INFO_META) is None:
-            meta[SERVER_INFO_META] = self._front.server.server_info_stamp
         return out
+
+    def stamped(self, out: dict[str, Any]) -> dict[str, Any]:
+        """A 2026-07-28 result with the server's `serverInfo` where it names none, stamped last, as the
+        SDK's runner stamps what a handler returns."""
+        meta = out.get("_meta")
+        if meta is None or (isinstance(meta, dict) and meta.get(SERVER_INFO_META) is None):
+            out["_meta"] = {**(meta or {}), SERVER_INFO_META: self._front.server.server_info_stamp}
+        return out
+
+    def waiting(self, result: InputRequiredResult, version: str) -> dict[str, Any]:
+        """A suspended read's `input_required` result, as the SDK's runner writes a handler's: dumped,
+        sieved for the era, and stamped."""
+        dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+        return self.stamped(methods.serialize_server_result("tools/call", version, dumped))
 
 
 def _askable(meta: Mapping[str, Any]) -> bool:

@@ -4,10 +4,10 @@ The stdio front takes a read off the wire before the SDK parses it (`stdio._Lean
 the same for streamable HTTP. `LeanHttp` sits where the SDK's session manager takes a request:
 past Starlette's routing, the bearer middleware of `auth:` (a forged token is refused there, as
 for every request) and the SDK's body size limit. A POST that is one JSON-RPC `tools/call` the lean
-path claims (`FastRead.claim`: a catalog read, no progress token, no idempotency key, not from a
-2026-07-28 client a backend could ask) is answered here — no memory streams, no dispatcher task, no
-per-request task group, no SSE machinery (a client that can be asked: one task group, and a stream
-once its backend asks) — with the bytes and headers the SDK writes for it:
+path claims (`FastRead.claim`: a catalog read, no progress token, no idempotency key, no answers
+or request state of a suspended call) is answered here — no memory streams, no dispatcher task, no
+per-request task group, no SSE machinery (a handshake-era client that can be asked: one task group,
+and a stream once its backend asks) — with the bytes and headers the SDK writes for it:
 
 * handshake era: a known, initialized `Mcp-Session-Id` whose owner is the caller (the manager's
   own check), the transport's DNS-rebinding, Content-Type and Accept checks passed (the client
@@ -28,7 +28,11 @@ once its backend asks) — with the bytes and headers the SDK writes for it:
   (`Mcp-Spec-Proxy-Session`, each principal's own), and the answer through the SDK's own writer:
   plain JSON with the status its table maps an error to, as the SDK answers a handler that
   emitted nothing; on a front that answers SSE, a read that outlasts the SDK's deferral window
-  gets its SSE stream, pings and all (`fronts/lean_modern.py`).
+  gets its SSE stream, pings and all (`fronts/lean_modern.py`). A client that declared sampling,
+  elicitation or roots is served too: its read runs as the SDK's path runs it, a call the front's
+  `Suspensions` host (a task of theirs), which comes back `input_required` with the questions if
+  its backend asks; the client's retry carries the `requestState`, takes the SDK's path and
+  resumes that very call.
 
 Everything else — another method, a batch, a write, a request any check would refuse — goes on to
 the SDK untouched, its body replayed. The read itself is the gate's, as on every path: the same
@@ -37,11 +41,12 @@ lookup, argument validation and audit line (`Barrier.read_json`).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import anyio.abc
@@ -62,6 +67,7 @@ from mcp_types import (
     DEFAULT_NEGOTIATED_VERSION,
     ClientCapabilities,
     ErrorData,
+    InputRequiredResult,
     JSONRPCError,
     JSONRPCMessage,
     JSONRPCResponse,
@@ -80,10 +86,11 @@ from mcp_spec_proxy.fronts.client_sessions import established
 from mcp_spec_proxy.fronts.fast_read import Read, input_schema
 from mcp_spec_proxy.fronts.lean_asks import AskingAnswer, LaneLink
 from mcp_spec_proxy.fronts.mcp import SESSION_KEY, McpFront
-from mcp_spec_proxy.fronts.relay import declares_any, mute_link
+from mcp_spec_proxy.fronts.relay import call_binding, declares_any, mute_link
 from mcp_spec_proxy.principal import principal_of
 from mcp_spec_proxy.sdk import front_of_sessions, holding, http_session
 from mcp_spec_proxy.sessions.barrier import Session
+from mcp_spec_proxy.sessions.named_sessions import session_name
 
 logger = logging.getLogger(__name__)
 
@@ -252,8 +259,7 @@ class LeanHttp:
         if not isinstance(params, Mapping) or _param_rejected(self._front, request, params):
             return False
         capabilities = _capabilities(route.client_capabilities)
-        if declares_any(capabilities):
-            return False  # a backend could ask this client: only a suspended call (the SDK's path) can
+        asks = declares_any(capabilities)  # a backend may ask this client: its read is a suspendable call
         version = route.protocol_version
         principal = principal_of(request)
         meta = params.get("_meta")
@@ -261,17 +267,36 @@ class LeanHttp:
         ref = front.client_sessions.modern(request, meta, capabilities) if front.client_sessions.needed else None
         try:
             with speaking(version), viewing(front.view_of(request)), serving(ref, principal):
-                read = self._fast.claim(params, version, initialized=True)
+                read = self._fast.claim(params, version, initialized=True, suspendable=asks)
                 if read is None:
                     return False
                 session = front.named.session(request, meta, principal)
-                running = self._run_muted(read, session)
+                if asks:
+                    unnamed = session_name(request, meta, None) is None  # a session of its own
+                    bound = call_binding(unnamed, session.id, params["name"], read.arguments)
+                    running = self._run_suspendable(read, session, capabilities, bound)
+                else:
+                    running = self._run_muted(read, session)
                 sse = not self._manager.json_response  # the SDK's SSE mode: a slow read's answer streams
                 await self._fast.modern_answers.write(data["id"], running, sse, request.scope, send)
         finally:
             if ref is not None and ref.ephemeral:
                 ref.end()  # a request that named no session was its own session: its pooled legs go back
         return True
+
+    async def _run_suspendable(
+        self, read: Read, session: Session, capabilities: ClientCapabilities | None, bound: tuple[str, str, str]
+    ) -> dict[str, Any]:
+        """The read as the SDK's path runs a 2026-07-28 call of a client that can be asked: a call the
+        front's `Suspensions` host, which comes back `input_required` if its backend asks, and which the
+        client's retry (on the SDK's path: it carries a `requestState`) resumes."""
+        front = self._front
+        # Unstamped: a call resumed on the SDK's path ends there, and its runner stamps what it returns.
+        run = functools.partial(self._fast.run, read, session, stamp=False)
+        outcome = await front.suspensions.call(session, capabilities, bound, run, front.audit_relay(session))
+        if isinstance(outcome, InputRequiredResult):
+            return self._fast.waiting(outcome, read.version)
+        return self._fast.stamped(cast(dict[str, Any], outcome))
 
     async def _run_muted(self, read: Read, session: Session) -> dict[str, Any]:
         token = CALLER.set(mute_link(session))  # only a suspended call can ask this era

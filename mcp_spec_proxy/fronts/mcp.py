@@ -53,7 +53,7 @@ from mcp_spec_proxy.backends.relay import CALLER
 from mcp_spec_proxy.calls.access import View, shown
 from mcp_spec_proxy.calls.results import CALL_META, new_call_id
 from mcp_spec_proxy.errors import BackendError, CallReplayed, ProxyError, ShuttingDown, StateError, ToolNotFound
-from mcp_spec_proxy.fronts import client_sessions, fast_read
+from mcp_spec_proxy.fronts import client_sessions, fast_read, relay
 from mcp_spec_proxy.fronts.approvals import Approvals, UserChannel, approval_of
 from mcp_spec_proxy.fronts.notices import Notices
 from mcp_spec_proxy.fronts.own_tools import OwnTools
@@ -67,7 +67,6 @@ from mcp_spec_proxy.sdk import server_connection
 from mcp_spec_proxy.sessions.barrier import Report, Session
 from mcp_spec_proxy.sessions.named_sessions import SESSION_HEADER as SESSION_HEADER  # where tests look for it
 from mcp_spec_proxy.sessions.named_sessions import NamedSessions, session_name
-from mcp_spec_proxy.tools.catalog import digest
 
 if TYPE_CHECKING:
     from mcp_spec_proxy.fronts.catalog_search import CatalogSearch
@@ -353,11 +352,10 @@ class McpFront:
         return tool.server, tool.original
 
     def _binding(self, ctx: Ctx, session: Session, what: str, arguments: Any) -> tuple[str, str, str]:
-        """What a `request_state` is bound to: the session (none for a 2026-07-28 request that names
-        none: it is a session of its own), the request, and a digest of its arguments."""
-        unnamed = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS and self.stdio_session is None
-        unnamed = unnamed and session_name(ctx.request, ctx.meta, None) is None
-        return ("" if unnamed else session.id, what, digest(arguments))
+        """What a `request_state` is bound to (`relay.call_binding`)."""
+        modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS and self.stdio_session is None
+        unnamed = modern and session_name(ctx.request, ctx.meta, None) is None
+        return relay.call_binding(unnamed, session.id, what, arguments)
 
     @contextmanager
     def calling(self, session: Session, ctx: Ctx | None) -> Iterator[None]:

@@ -49,6 +49,7 @@ from mcp_types import INVALID_REQUEST, REQUEST_TIMEOUT
 from pydantic import BaseModel, ConfigDict
 
 from mcp_spec_proxy.backends.relay import CALLER, CLIENT_ANSWERS, ClientLink, admits
+from mcp_spec_proxy.tools.catalog import digest
 
 logger = logging.getLogger(__name__)
 
@@ -280,6 +281,12 @@ class _SuspendingLink:
 
 
 Run = Callable[[], Awaitable[Any]]
+
+
+def call_binding(unnamed: bool, session: str, what: str, arguments: Any) -> tuple[str, str, str]:
+    """What a `request_state` is bound to: the session (none for a 2026-07-28 request that names
+    none: it is a session of its own), the request, and a digest of its arguments."""
+    return ("" if unnamed else session, what, digest(arguments))
 
 
 def answering(target: tuple[str, str] | None, answers: dict[str, Any] | None, run: Run) -> Run:
