@@ -108,10 +108,10 @@ class Person:
             role="assistant", content=types.TextContent(type="text", text=f"{self.name} says hi"), model="m"
         )
 
-    def client(self, url: str) -> Client:
+    def client(self, url: str, mode: str = "legacy") -> Client:
         return Client(
             url,
-            mode="legacy",
+            mode=mode,
             list_roots_callback=self.roots,
             elicitation_callback=self.elicitation,
             sampling_callback=self.sampling,

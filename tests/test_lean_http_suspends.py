@@ -17,7 +17,6 @@ from typing import Any
 
 import httpx
 import pytest
-from mcp import Client
 from mcp_types import CLIENT_CAPABILITIES_META_KEY, CLIENT_INFO_META_KEY, PROTOCOL_VERSION_META_KEY
 
 from mcp_spec_proxy.calls.audit import read_audit
@@ -30,21 +29,11 @@ pytestmark = pytest.mark.anyio
 MODERN = "2026-07-28"
 
 
-def modern_client(person: Person, url: str) -> Client:
-    return Client(
-        url,
-        mode=MODERN,
-        list_roots_callback=person.roots,
-        elicitation_callback=person.elicitation,
-        sampling_callback=person.sampling,
-    )
-
-
 async def test_a_2026_client_that_can_be_asked_gets_the_lane_and_its_backend_s_questions(tmp_path: Path) -> None:
     results: dict[bool, tuple[list[str], list[str], list[str]]] = {}
     for lean in (False, True):
         person = Person("ada")
-        async with front(tmp_path / str(lean), lean) as (url, lane), modern_client(person, url) as client:
+        async with front(tmp_path / str(lean), lean) as (url, lane), person.client(url, MODERN) as client:
             got = [
                 text_of(await client.call_tool("ask__ask_roots", {})),
                 text_of(await client.call_tool("ask__ask_user", {})),

@@ -15,8 +15,7 @@ without `serve_http`), a read gets a task group of its own, as on the SDK's path
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable
 from typing import Any
 
 import anyio
@@ -24,6 +23,7 @@ import anyio.abc
 from mcp_types import JSONRPCError, JSONRPCResponse, RequestId
 from starlette.types import Message, Scope, Send
 
+from mcp_spec_proxy.fronts.hosting import Host
 from mcp_spec_proxy.sdk import MODERN_SSE_HEADERS, modern_answer, modern_sse_event, modern_write
 
 PING_S: float = 15.0
@@ -37,18 +37,8 @@ class LeanAnswers:
     """Where the lane's 2026-07-28 reads are answered: see the module docstring."""
 
     def __init__(self) -> None:
-        self._host: anyio.abc.TaskGroup | None = None
-
-    @asynccontextmanager
-    async def hosting(self) -> AsyncIterator[None]:
-        """While the front serves: the pingers of reads that outlast the window run here."""
-        async with anyio.create_task_group() as host:
-            self._host = host
-            try:
-                yield
-            finally:
-                self._host = None
-                host.cancel_scope.cancel()
+        self._tasks = Host()
+        self.hosting = self._tasks.hosting  # while the front serves: the pingers of reads that outlast the window
 
     async def write(
         self, request_id: RequestId, run: Awaitable[dict[str, Any]], sse: bool, scope: Scope, send: Send
@@ -59,7 +49,7 @@ class LeanAnswers:
             await modern_write(await modern_answer(request_id, run), scope, _no_receive, send)
             return
         pings = _Pings(send)
-        host = self._host
+        host = self._tasks.group
         if host is not None:
             await pings.run(host, modern_answer(request_id, run), scope)
             return

@@ -32,8 +32,8 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager, suppress
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +49,7 @@ from mcp_types import INVALID_REQUEST, REQUEST_TIMEOUT
 from pydantic import BaseModel, ConfigDict
 
 from mcp_spec_proxy.backends.relay import CALLER, CLIENT_ANSWERS, ClientLink, admits
+from mcp_spec_proxy.fronts.hosting import Host
 from mcp_spec_proxy.tools.catalog import digest
 
 logger = logging.getLogger(__name__)
@@ -314,18 +315,8 @@ class Suspensions:
         self._ttl = ttl
         self._key = secrets.token_bytes(32)
         self._waiting: dict[str, _Suspended] = {}
-        self._host: anyio.abc.TaskGroup | None = None
-
-    @asynccontextmanager
-    async def hosting(self) -> AsyncIterator[None]:
-        """While the front serves: suspended calls run in this task group, and end with it."""
-        async with anyio.create_task_group() as host:
-            self._host = host
-            try:
-                yield
-            finally:
-                self._host = None
-                host.cancel_scope.cancel()
+        self._tasks = Host()
+        self.hosting = self._tasks.hosting  # while the front serves: suspended calls run there, and end with it
 
     def owns(self, state: str | None) -> bool:
         return bool(state) and str(state).startswith(STATE_PREFIX)
@@ -341,7 +332,7 @@ class Suspensions:
         """`run()`'s result, or `input_required` with the questions it asks the client first.
         Without a host (a front that is not serving) the call runs here, and its client is mute.
         Cancelled while it waits (the client cancelled, or left), the call is cancelled too."""
-        host = self._host
+        host = self._tasks.group
         if host is None or not declares_any(capabilities):
             token = CALLER.set(mute_link(client))
             try:
