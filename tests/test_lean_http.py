@@ -33,6 +33,7 @@ from mcp_spec_proxy.fronts.http import serve_http
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
 from tests.harness import recorded, toy, toy_twins
+from tests.lean_spy import spied_install
 from tests.oauth import authorization_server, unsigned
 
 pytestmark = pytest.mark.anyio
@@ -76,25 +77,8 @@ async def front(
     if auth is not None:
         raw["auth"] = auth
     lane = Lane()
-    install = lean_http.install
-
-    def spied(front: McpFront, manager: Any) -> None:
-        if not lean:
-            manager.json_response = json_mode
-            return  # every request takes the SDK's path
-        install(front, manager)
-        app = manager.asgi_app.app  # the lane, inside the SDK's body limit
-        took = app._took
-
-        async def counted(*args: Any) -> bool:
-            answered: bool = await took(*args)
-            lane.took.append(answered)
-            return answered
-
-        app._took = counted
-
     with anyio.fail_after(60), pytest.MonkeyPatch.context() as patch:
-        patch.setattr(lean_http, "install", spied)
+        patch.setattr(lean_http, "install", spied_install(lean, lane.took, json_mode=json_mode))
         config = ProxyConfig.model_validate(raw)
         async with (
             running_proxy(config, StatePaths(tmp_path / "state"), in_process=toy_twins(raw)) as proxy,

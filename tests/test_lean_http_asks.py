@@ -34,6 +34,7 @@ from mcp_spec_proxy.fronts.http import serve_http
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
 from tests.harness import text_of
+from tests.lean_spy import spied_install
 
 pytestmark = pytest.mark.anyio
 
@@ -57,26 +58,8 @@ async def front(
     backend = {"command": sys.executable, "args": [str(ASKING)], "isolation": "per_session", "env": env or {}}
     raw: dict[str, Any] = {"servers": {"ask": backend}, "review": {"default": "deny"}}
     lane = Lane()
-    install = lean_http.install
-
-    def spied(front: McpFront, manager: Any) -> None:
-        if not lean:
-            return  # every request takes the SDK's path
-        install(front, manager)
-        app = manager.asgi_app.app
-        took = app._took
-
-        async def counted(*args: Any) -> bool:
-            answered: bool = await took(*args)
-            lane.took.append(answered)
-            return answered
-
-        app._took = counted
-        if wrap is not None:
-            manager.asgi_app = wrap(manager.asgi_app)
-
     with anyio.fail_after(90), pytest.MonkeyPatch.context() as patch:
-        patch.setattr(lean_http, "install", spied)
+        patch.setattr(lean_http, "install", spied_install(lean, lane.took, wrap=wrap))
         async with (
             running_proxy(ProxyConfig.model_validate(raw), StatePaths(tmp_path / "state")) as proxy,
             anyio.create_task_group() as tg,

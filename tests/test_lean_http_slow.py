@@ -28,6 +28,7 @@ from mcp_spec_proxy.fronts import lean_http, lean_modern
 from mcp_spec_proxy.fronts.http import serve_http
 from mcp_spec_proxy.fronts.mcp import McpFront
 from mcp_spec_proxy.proxy import StatePaths, running_proxy
+from tests.lean_spy import spied_install
 from tests.test_lean_http import BOTH, ENVELOPE, MODERN, call
 
 pytestmark = pytest.mark.anyio
@@ -43,24 +44,8 @@ async def front(tmp_path: Path, lean: bool, release: Path) -> AsyncIterator[tupl
     backend = {"command": sys.executable, "args": [str(SLOW), str(release)]}
     raw: dict[str, Any] = {"servers": {"slow": backend}, "review": {"default": "deny"}}
     took: list[bool] = []
-    install = lean_http.install
-
-    def spied(front: McpFront, manager: Any) -> None:
-        if not lean:
-            return  # every request takes the SDK's path
-        install(front, manager)
-        app = manager.asgi_app.app
-        lane = app._took
-
-        async def counted(*args: Any) -> bool:
-            answered: bool = await lane(*args)
-            took.append(answered)
-            return answered
-
-        app._took = counted
-
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(lean_http, "install", spied)
+        patch.setattr(lean_http, "install", spied_install(lean, took))
         async with (
             running_proxy(ProxyConfig.model_validate(raw), StatePaths(tmp_path / "state")) as proxy,
             anyio.create_task_group() as tg,
