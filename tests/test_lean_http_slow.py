@@ -39,9 +39,13 @@ HEADERS = ("content-type", "cache-control", "connection", "x-accel-buffering")
 
 
 @asynccontextmanager
-async def front(tmp_path: Path, lean: bool, release: Path) -> AsyncIterator[tuple[str, list[bool]]]:
-    """A real HTTP front before the slow server; what the lane answered itself."""
-    backend = {"command": sys.executable, "args": [str(SLOW), str(release)]}
+async def front(
+    tmp_path: Path, lean: bool, release: Path, cancels: Path | None = None
+) -> AsyncIterator[tuple[str, list[bool]]]:
+    """A real HTTP front before the slow server (`cancels`: where it notes a read cancelled); what the
+    lane answered itself."""
+    env = {"SLOW_CANCELS": str(cancels)} if cancels is not None else {}
+    backend = {"command": sys.executable, "args": [str(SLOW), str(release)], "env": env}
     raw: dict[str, Any] = {"servers": {"slow": backend}, "review": {"default": "deny"}}
     took: list[bool] = []
     with pytest.MonkeyPatch.context() as patch:
@@ -99,3 +103,35 @@ async def test_a_slow_2026_read_answers_with_the_sdk_s_pings_and_stream(tmp_path
     status, headers, body = answers[True]
     assert (status, headers["content-type"]) == (200, "text/event-stream")
     assert body.startswith(b": ping\r\n\r\n") and b"done: go" in body
+
+
+async def test_a_2026_client_that_leaves_mid_read_cancels_it_at_the_backend(tmp_path: Path) -> None:
+    """As the SDK's path watches a request for its client's disconnect, the lane does once a read has
+    run `WATCH_S` (shortened here): the read is cancelled and the backend told, nothing answered."""
+    release, cancels = tmp_path / "release", tmp_path / "cancels"
+    os.mkfifo(release)
+    routing = {
+        "accept": BOTH,
+        "content-type": "application/json",
+        "mcp-protocol-version": MODERN,
+        "mcp-method": "tools/call",
+        "mcp-name": "slow__slow",
+    }
+    with pytest.MonkeyPatch.context() as patch, anyio.fail_after(60):
+        patch.setattr(lean_modern, "WATCH_S", 0.1)
+        async with front(tmp_path / "lean", True, release, cancels) as (url, took):
+            async with httpx.AsyncClient(timeout=30) as http, anyio.create_task_group() as tg:
+                tg.start_soon(lambda: http.post(url, json=call(1, "slow__slow", {}, ENVELOPE), headers=routing))
+                await anyio.sleep(1.0)  # the read waits at the backend, watched
+                tg.cancel_scope.cancel()  # the client leaves: its connection closes
+            while not cancels.exists():  # noqa: ASYNC110 -- the backend's own note, in its own process
+                await anyio.sleep(0.05)
+            assert took == [True], took
+            # The cancelled read's thread still waits at the pipe: this line is its. Then another read goes.
+            await anyio.to_thread.run_sync(release.write_text, "late\n")
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lambda: anyio.to_thread.run_sync(release.write_text, "go\n"))
+                async with httpx.AsyncClient(timeout=30) as http:
+                    answer = await http.post(url, json=call(2, "slow__slow", {}, ENVELOPE), headers=routing)
+    assert cancels.read_text() == "slow\n"
+    assert "done: go" in answer.text

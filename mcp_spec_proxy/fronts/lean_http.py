@@ -124,16 +124,22 @@ class LeanHttp:
             return
         first = await receive()
         body = first.get("body", b"") if first["type"] == "http.request" else b""
-        if first["type"] != "http.request" or first.get("more_body") or not await self._took(scope, body, send):
+        if (
+            first["type"] != "http.request"
+            or first.get("more_body")
+            or not await self._took(scope, body, send, receive)
+        ):
             await self._app(scope, _replaying(first, receive), send)
 
-    async def _took(self, scope: Scope, body: bytes, send: Send) -> bool:
+    async def _took(self, scope: Scope, body: bytes, send: Send, receive: Receive) -> bool:
         request = Request(scope)
         if await self._security.validate_request(request, is_post=True) is not None:
             return False  # the SDK refuses it, in its own words
         version = request.headers.get(_VERSION)
         if version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS:
-            return version in MODERN_PROTOCOL_VERSIONS and await self._modern(request, body, send)
+            return version in MODERN_PROTOCOL_VERSIONS and await self._modern(
+                request, body, (request.scope, receive, send)
+            )
         return await self._handshake(request, body, send)
 
     # -- the handshake era: an established session --------------------------------------------
@@ -245,7 +251,7 @@ class LeanHttp:
 
     # -- 2026-07-28: a self-contained request ------------------------------------------------
 
-    async def _modern(self, request: Request, body: bytes, send: Send) -> bool:
+    async def _modern(self, request: Request, body: bytes, exchange: tuple[Scope, Receive, Send]) -> bool:
         has_json, has_sse = check_accept_headers(request)
         if not has_json or not (self._manager.json_response or has_sse):
             return False
@@ -278,7 +284,7 @@ class LeanHttp:
                 else:
                     running = self._run_muted(read, session)
                 sse = not self._manager.json_response  # the SDK's SSE mode: a slow read's answer streams
-                await self._fast.modern_answers.write(data["id"], running, sse, request.scope, send)
+                await self._fast.modern_answers.write(data["id"], running, sse, exchange)
         finally:
             if ref is not None and ref.ephemeral:
                 ref.end()  # a request that named no session was its own session: its pooled legs go back

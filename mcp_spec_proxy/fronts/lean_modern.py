@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 import anyio.abc
 from mcp_types import JSONRPCError, JSONRPCResponse, RequestId
-from starlette.types import Message, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from mcp_spec_proxy.fronts.hosting import Host
 from mcp_spec_proxy.sdk import MODERN_SSE_HEADERS, modern_answer, modern_sse_event, modern_write
@@ -29,6 +29,10 @@ from mcp_spec_proxy.sdk import MODERN_SSE_HEADERS, modern_answer, modern_sse_eve
 PING_S: float = 15.0
 """The deferral window, and the interval of the pings after it: the SDK's (`_SSE_PING_INTERVAL`)."""
 PING = b": ping\r\n\r\n"
+WATCH_S: float = 1.0
+"""How long a read runs before the lane watches for its client to leave: a task from then on, from the
+front's host (most reads end sooner and never need one); a client gone cancels its read, backend and
+all, as the SDK's path cancels a request whose client disconnected."""
 
 Answer = JSONRPCResponse | JSONRPCError
 
@@ -41,20 +45,54 @@ class LeanAnswers:
         self.hosting = self._tasks.hosting  # while the front serves: the pingers of reads that outlast the window
 
     async def write(
-        self, request_id: RequestId, run: Awaitable[dict[str, Any]], sse: bool, scope: Scope, send: Send
+        self,
+        request_id: RequestId,
+        run: Awaitable[dict[str, Any]],
+        sse: bool,
+        exchange: tuple[Scope, Receive, Send],
     ) -> None:
-        """`run`'s answer to request `request_id`: a JSON body, or (`sse`: the front answers SSE) one
-        that outlasts the window as the SDK's SSE stream."""
+        """`run`'s answer to request `request_id` on the request's `exchange`: a JSON body, or (`sse`:
+        the front answers SSE) one that outlasts the window as the SDK's SSE stream; nothing where
+        the client left first (watched past `WATCH_S`)."""
+        scope, receive, send = exchange
+        host = self._tasks.group
+        answering = _unless_gone(modern_answer(request_id, run), receive, host)
         if not sse:
-            await modern_write(await modern_answer(request_id, run), scope, _no_receive, send)
+            message = await answering
+            if message is not None:
+                await modern_write(message, scope, _no_receive, send)
             return
         pings = _Pings(send)
-        host = self._tasks.group
         if host is not None:
-            await pings.run(host, modern_answer(request_id, run), scope)
+            await pings.run(host, answering, scope)
             return
         async with anyio.create_task_group() as own:
-            await pings.run(own, modern_answer(request_id, run), scope)
+            await pings.run(own, answering, scope)
+
+
+async def _unless_gone(
+    answering: Awaitable[Answer], receive: Receive, host: anyio.abc.TaskGroup | None
+) -> Answer | None:
+    """What `answering` gives; None where the client left first: past `WATCH_S` a watcher in `host`
+    waits for the disconnect and cancels the read. No host (a front not serving): not watched."""
+    if host is None:
+        return await answering
+    watch = anyio.CancelScope()
+    with anyio.CancelScope() as read:
+
+        async def watching() -> None:
+            with watch:
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                read.cancel()
+
+        timer = asyncio.get_running_loop().call_later(WATCH_S, host.start_soon, watching)
+        try:
+            return await answering
+        finally:
+            timer.cancel()
+            watch.cancel()
+    return None
 
 
 class _Pings:
@@ -67,7 +105,7 @@ class _Pings:
         self._committed = False  # the SSE head is out: the answer is its last event
         self._answered = False  # no ping may follow
 
-    async def run(self, host: anyio.abc.TaskGroup, answering: Awaitable[Answer], scope: Scope) -> None:
+    async def run(self, host: anyio.abc.TaskGroup, answering: Awaitable[Answer | None], scope: Scope) -> None:
         """Answer with what `answering` gives; past `PING_S`, pinging from `host` meanwhile (a timer
         until then, not a task: most reads end well before)."""
         timer = asyncio.get_running_loop().call_later(PING_S, host.start_soon, self._ping)
@@ -76,6 +114,8 @@ class _Pings:
         finally:
             timer.cancel()
             await self._stop()
+        if message is None:  # the client left: no one to answer
+            return
         if not self._committed:
             await modern_write(message, scope, _no_receive, self._send)
             return
