@@ -36,6 +36,13 @@ pytestmark = pytest.mark.anyio
 SLOW = Path(__file__).parent / "fixtures" / "slow_server.py"
 PINGS = re.compile(rb"(: ping\r\n\r\n)+")
 HEADERS = ("content-type", "cache-control", "connection", "x-accel-buffering")
+ROUTING = {  # a 2026-07-28 request's headers for `slow__slow`
+    "accept": BOTH,
+    "content-type": "application/json",
+    "mcp-protocol-version": MODERN,
+    "mcp-method": "tools/call",
+    "mcp-name": "slow__slow",
+}
 
 
 @asynccontextmanager
@@ -63,16 +70,9 @@ async def front(
 async def _slow_read(url: str, release: Path) -> tuple[int, dict[str, str], bytes]:
     """A 2026-07-28 read of `slow__slow` as sent, released once a ping has come (or at once, when
     its answer has started without one)."""
-    routing = {
-        "accept": BOTH,
-        "content-type": "application/json",
-        "mcp-protocol-version": MODERN,
-        "mcp-method": "tools/call",
-        "mcp-name": "slow__slow",
-    }
     async with (
         httpx.AsyncClient(timeout=30) as http,
-        http.stream("POST", url, json=call(1, "slow__slow", {}, ENVELOPE), headers=routing) as response,
+        http.stream("POST", url, json=call(1, "slow__slow", {}, ENVELOPE), headers=ROUTING) as response,
     ):
         body, released = b"", False
         async for chunk in response.aiter_raw():
@@ -110,18 +110,11 @@ async def test_a_2026_client_that_leaves_mid_read_cancels_it_at_the_backend(tmp_
     run `WATCH_S` (shortened here): the read is cancelled and the backend told, nothing answered."""
     release, cancels = tmp_path / "release", tmp_path / "cancels"
     os.mkfifo(release)
-    routing = {
-        "accept": BOTH,
-        "content-type": "application/json",
-        "mcp-protocol-version": MODERN,
-        "mcp-method": "tools/call",
-        "mcp-name": "slow__slow",
-    }
     with pytest.MonkeyPatch.context() as patch, anyio.fail_after(60):
         patch.setattr(lean_modern, "WATCH_S", 0.1)
         async with front(tmp_path / "lean", True, release, cancels) as (url, took):
             async with httpx.AsyncClient(timeout=30) as http, anyio.create_task_group() as tg:
-                tg.start_soon(lambda: http.post(url, json=call(1, "slow__slow", {}, ENVELOPE), headers=routing))
+                tg.start_soon(lambda: http.post(url, json=call(1, "slow__slow", {}, ENVELOPE), headers=ROUTING))
                 await anyio.sleep(1.0)  # the read waits at the backend, watched
                 tg.cancel_scope.cancel()  # the client leaves: its connection closes
             while not cancels.exists():  # noqa: ASYNC110 -- the backend's own note, in its own process
@@ -132,6 +125,6 @@ async def test_a_2026_client_that_leaves_mid_read_cancels_it_at_the_backend(tmp_
             async with anyio.create_task_group() as tg:
                 tg.start_soon(lambda: anyio.to_thread.run_sync(release.write_text, "go\n"))
                 async with httpx.AsyncClient(timeout=30) as http:
-                    answer = await http.post(url, json=call(2, "slow__slow", {}, ENVELOPE), headers=routing)
+                    answer = await http.post(url, json=call(2, "slow__slow", {}, ENVELOPE), headers=ROUTING)
     assert cancels.read_text() == "slow\n"
     assert "done: go" in answer.text
