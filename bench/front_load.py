@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.front_load [--calls 1000] [--levels 16,64] [--reads 20] [--rounds 2]
                                          [--era legacy] [--baseline DIR] [--roots] [--clients 4]
+                                         [--driver sdk|autocannon]
 
 Targets, each serving streamable HTTP on 127.0.0.1 in front of mcp-server-time over stdio:
 ours-http (mcp-spec-proxy, `review: {default: deny}`: reads go at once), ours-before-http (another
@@ -20,6 +21,8 @@ fastmcp-http and mcp-proxy-http (the peers bench/peers.py installs under `.bench
    and how busy the whole machine was: where the client processes, the target and its backend
    together fill the machine's cores, the figure is the machine's, and a ratio between targets tends
    to the ratio of their whole read's CPU (clients + target + backend), the client's included.
+   `--driver autocannon` reads with npm autocannon instead, replaying the read the SDK sent over one
+   connection a session (bench/front_cannon.py): a far lighter client, so the figure is the targets'.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import anyio.abc
 from mcp import Client
 
 from bench import peers
+from bench.front_cannon import cannon_level
 from bench.front_clients import ClientPool
 from bench.measure import machine_line
 from bench.overhead import (
@@ -172,23 +176,30 @@ def machine_ticks() -> tuple[int, int]:
 
 
 async def throughput(
-    pool: ClientPool, target: Served, backend: Backend, era: str, sessions: int, reads: int, roots: bool = False
+    pool: ClientPool | None, target: Served, backend: Backend, era: str, sessions: int, reads: int, roots: bool = False
 ) -> Rate:
-    """`sessions` client sessions, shared out among the pool's processes, reading at once from a common start;
-    reads per second from the first start to the last answer."""
+    """`sessions` client sessions reading at once from a common start, shared out among the pool's
+    processes (or, with no pool, autocannon's connections); reads per second from the first start to
+    the last answer."""
     order = {"url": target.url, "tool": target.tool, "arguments": backend.arguments, "era": era, "roots": roots}
     order["reads"] = reads
-    await pool.open(order, sessions)
+    if pool is not None:
+        await pool.open(order, sessions)
     pid = target.process.pid
     served, backed, ticks = cpu_seconds(pid), descendants_cpu(pid), machine_ticks()
-    shares = await pool.go()
+    if pool is not None:
+        shares = await pool.go()
+        done = sum(share.reads for share in shares)
+        wall = max(share.end for share in shares) - min(share.start for share in shares)
+        client_s = sum(share.cpu for share in shares)
+    else:
+        report = await cannon_level(order, sessions)
+        done, wall, client_s = report["reads"], report["seconds"], report["cpu"]
     served, backed = cpu_seconds(pid) - served, descendants_cpu(pid) - backed
     total, idle = (now - then for now, then in zip(machine_ticks(), ticks, strict=True))
-    done = sum(share.reads for share in shares)
-    wall = max(share.end for share in shares) - min(share.start for share in shares)
     per_read = 1000 / done
-    client = sum(share.cpu for share in shares) * per_read
-    return Rate(done / wall, client, served * per_read, backed * per_read, 100 * (total - idle) / max(total, 1))
+    busy = 100 * (total - idle) / max(total, 1)
+    return Rate(done / wall, client_s * per_read, served * per_read, backed * per_read, busy)
 
 
 async def run(args: argparse.Namespace, tmp: Path) -> None:
@@ -203,7 +214,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
     async with AsyncExitStack() as stack:
         served = [await start(stack, name, backend, tmp, args.baseline) for name in names]
         cpu = await cpu_per_reads(served, backend, args.era, args.calls, args.roots)
-        pool = await ClientPool.start(stack, args.clients)
+        pool = await ClientPool.start(stack, args.clients) if args.driver == "sdk" else None
         rates: dict[tuple[str, int], list[Rate]] = {}
         for _ in range(args.rounds):
             for level in args.levels:
@@ -215,7 +226,10 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
     best = {key: max(rounds, key=lambda rate: rate.reads_per_s) for key, rounds in rates.items()}
     roots = ", clients declare roots" if args.roots else ""
     print(f"\n{backend.label}, client era {args.era}{roots}, {args.calls} sequential reads per target for CPU,")
-    print(f"throughput sessions shared out among {args.clients} client processes\n")
+    if args.driver == "sdk":
+        print(f"throughput sessions shared out among {args.clients} client processes\n")
+    else:
+        print("throughput read by npm autocannon, one connection a session\n")
     levels = " | ".join(f"{n} sessions, reads/s" for n in args.levels)
     print(f"| target | CPU s per 1,000 reads | wall ms per read | {levels} |")
     print("|---|---|---|" + "---|" * len(args.levels))
@@ -244,7 +258,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=1000, help="sequential reads per target for CPU (default 1000)")
     parser.add_argument("--levels", default="16,64", help="concurrent sessions, comma-separated (default 16,64)")
-    parser.add_argument("--reads", type=int, default=20, help="reads per session at each level (default 20)")
+    parser.add_argument("--reads", type=int, help="reads per session at each level (default 20; autocannon 200)")
     parser.add_argument("--rounds", type=int, default=2, help="turns of every target at every level (default 2)")
     parser.add_argument("--era", choices=("legacy", "2026-07-28"), default="legacy", help="the clients' era")
     parser.add_argument("--baseline", type=Path, help="also measure ours from DIR/mcp_spec_proxy (ours-before-http)")
@@ -256,7 +270,17 @@ def main() -> None:
         default=CLIENTS,
         help=f"client processes the sessions are shared out among (default {CLIENTS})",
     )
+    parser.add_argument(
+        "--driver",
+        choices=("sdk", "autocannon"),
+        default="sdk",
+        help="who reads in the throughput levels: SDK clients (default) or npm autocannon (bench/front_cannon.py)",
+    )
     args = parser.parse_args()
+    if args.driver == "autocannon" and (why := peers.missing("autocannon")):
+        parser.error(f"--driver autocannon: {why}")
+    if args.reads is None:
+        args.reads = 20 if args.driver == "sdk" else 200
     try:
         args.levels = [int(n) for n in args.levels.split(",")]
     except ValueError:

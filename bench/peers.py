@@ -38,6 +38,12 @@ def mcp_proxy_entry() -> Path:
     return bench_dir() / "mcp-proxy" / "node_modules" / "mcp-proxy" / "dist" / "bin" / "mcp-proxy.mjs"
 
 
+def autocannon_dir() -> Path:
+    """npm autocannon, the load generator of `bench.front_load --driver autocannon`, where
+    scripts/install-test-backends.sh puts it beside the other real clients."""
+    return REPO / ".backends" / "clients"
+
+
 def node() -> str:
     """Node 22 from the test backends where it is there, else the system's `node`."""
     return str(NODE22) if NODE22.exists() else (shutil.which("node") or "node")
@@ -69,6 +75,8 @@ def missing(peer: str) -> str | None:
         return "installed without uvicorn's speed-ups, which ours is measured with (add --install-fastmcp)"
     if peer == "mcp-proxy" and not mcp_proxy_entry().exists():
         return f"not installed ({mcp_proxy_entry()} is missing; add --install-mcp-proxy)"
+    if peer == "autocannon" and not (entry := autocannon_dir() / "node_modules" / "autocannon").exists():
+        return f"not installed ({entry} is missing; run scripts/install-test-backends.sh)"
     return None
 
 

@@ -41,8 +41,9 @@ NODE_PKGS=(
 OAUTH_PKGS=("oauth2-mock-server@9.3.0")
 # The authorization server a URL backend's `auth: oauth` logs in to in Chromium: newest release on 2026-12-05.
 OIDC_PKGS=("oidc-provider@9.13.3")
-# Real clients of the HTTP front under `auth:`: mcp-remote's newest release on 2026-12-05.
-CLIENT_PKGS=("mcp-remote@0.15.1")
+# Real clients of the HTTP front under `auth:`: mcp-remote's newest release on 2026-12-05; and the
+# HTTP load generator `bench.front_load --driver autocannon` reads with (newest on 2026-12-06).
+CLIENT_PKGS=("mcp-remote@0.15.1" "autocannon@9.0.0")
 # The suite's `latest` tag (0.1.16) and its newest release (0.2.0-alpha.12) on 2026-12-01.
 CONFORMANCE_PKGS=(
   "conformance-0.1.16@npm:@modelcontextprotocol/conformance@0.1.16"
@@ -143,7 +144,7 @@ fi
 # --- real clients ----------------------------------------------------------------
 CLIENTS_DIR="$BACKENDS/clients"
 clients_spec="${CLIENT_PKGS[*]}"
-clients_files=("$CLIENTS_DIR/node_modules/mcp-remote/dist/proxy.js")
+clients_files=("$CLIENTS_DIR/node_modules/mcp-remote/dist/proxy.js" "$CLIENTS_DIR/node_modules/autocannon/autocannon.js")
 if ! stamp_ok clients "$clients_spec" "${clients_files[@]}"; then
   command -v npm >/dev/null 2>&1 || die "npm not found (install Node.js + npm)"
   log "npm install into .backends/clients: $clients_spec"

@@ -8,16 +8,20 @@ profiler was on. Real processes: the time backend, the bare hop, ours over strea
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
 import sys
+import threading
 from contextlib import AsyncExitStack
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 
-from bench import front_load, overhead
+from bench import front_cannon, front_load, overhead, peers
 from bench.front_clients import ClientPool
 
 REPO = Path(__file__).resolve().parent.parent
@@ -142,3 +146,111 @@ async def test_a_client_process_whose_read_fails_is_named_in_one_line(tmp_path: 
     said = str(raised.value)
     assert said.startswith("a client process (pid ") and said.endswith("Unknown tool: no_such_tool"), said
     assert "\n" not in said
+
+
+class _Answers(BaseHTTPRequestHandler):
+    """Answers each POST in turn from `ANSWERS`, noting the session header and the body it came with."""
+
+    protocol_version = "HTTP/1.1"
+    seen: ClassVar[list[tuple[str | None, dict[str, Any]]]] = []
+    RESULT = b'{"jsonrpc":"2.0","id":"x","result":{"content":[]}}'
+    ANSWERS: ClassVar[list[tuple[int, str, bytes]]] = [
+        (200, "application/json", RESULT),
+        (200, "text/event-stream", b"event: message\r\ndata: " + RESULT + b"\r\n\r\n"),
+        (200, "application/json", b'{"jsonrpc":"2.0","id":"x","result":{"content":[],"isError":true}}'),
+        (200, "application/json", b'{"jsonrpc":"2.0","id":"x","error":{"code":-32602,"message":"no"}}'),
+        (500, "text/plain", b"broken"),
+    ]
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        status, kind, answer = self.ANSWERS[len(self.seen) % len(self.ANSWERS)]
+        self.seen.append((self.headers.get("mcp-session-id"), body))
+        self.send_response(status)
+        self.send_header("content-type", kind)
+        self.send_header("content-length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_autocannon_counts_only_results_and_sends_each_read_with_its_own_id_and_its_session(tmp_path: Path) -> None:
+    """The autocannon driver's check, from outside: of ten answers cycling through a JSON result, an SSE
+    result, an isError result, a JSON-RPC error and a 500, four are reads; every request carried the
+    recorded body with an id of its own, and each connection its own session."""
+    if why := peers.missing("autocannon"):
+        pytest.skip(f"autocannon {why}")
+    _Answers.seen = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    call = {"jsonrpc": "2.0", "id": "[<id>]", "method": "tools/call", "params": {"name": "t", "arguments": {}}}
+    order = {
+        "autocannon": str(peers.autocannon_dir()),
+        "url": f"http://127.0.0.1:{server.server_address[1]}/mcp",
+        "headers": {"content-type": "application/json", "accept": "application/json, text/event-stream"},
+        "body": json.dumps(call),
+        "sessions": ["one", "two"],
+        "connections": 2,
+        "amount": 10,
+    }
+    (tmp_path / "order.json").write_text(json.dumps(order))
+    try:
+        done = subprocess.run(
+            [peers.node(), str(front_cannon.SCRIPT), str(tmp_path / "order.json")],
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        server.shutdown()
+    assert done.returncode == 0, done.stderr
+    report = front_cannon._report(done)
+    assert (report["reads"], report["bad"], report["errors"]) == (4, 6, 0), report
+    assert len(_Answers.seen) == 10
+    assert {session for session, _ in _Answers.seen} == {"one", "two"}
+    ids = [body.pop("id") for _, body in _Answers.seen]
+    assert len(set(ids)) == 10 and "[<id>]" not in ids, ids
+    assert all(body == {key: value for key, value in call.items() if key != "id"} for _, body in _Answers.seen)
+
+
+@pytest.mark.parametrize("era", ["legacy", "2026-07-28"])
+def test_front_load_driven_by_autocannon_reports_every_target_with_the_load_generators_cpu(
+    tmp_path: Path, era: str
+) -> None:
+    if why := peers.missing("autocannon"):
+        pytest.skip(f"autocannon {why}")
+    backend = _time_server()
+    code, report, err = run_bench(
+        "bench.front_load",
+        *("--driver", "autocannon", "--era", era, "--calls", "50", "--levels", "1,3", "--reads", "5"),
+        *("--rounds", "1", "--backend-command", str(backend)),
+        bench_dir=tmp_path,  # no peers
+    )
+    assert "Traceback" not in err, err
+    assert code == 0, err
+    lines = report.splitlines()
+    assert "throughput read by npm autocannon, one connection a session" in lines, report
+    levels = {(m[2], m[1]) for line in lines if (m := LEVEL_LINE.match(line))}
+    assert levels == {(name, level) for name in ("ours-http", "bare-http") for level in ("1", "3")}, report
+    shares = {(m[1], m[2]): m.groups()[2:] for line in lines if (m := SHARE_ROW.match(line))}
+    assert len(shares) == 4, report
+    for (name, level), (rate, clients, *_) in shares.items():
+        assert float(rate) > 0 and float(clients) > 0, (name, level, rate, clients)
+
+
+def test_the_autocannon_driver_not_installed_is_one_line_naming_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(peers, "autocannon_dir", lambda: tmp_path)
+    monkeypatch.setattr(sys, "argv", ["front_load", "--driver", "autocannon"])
+    with pytest.raises(SystemExit) as raised:
+        front_load.main()
+    assert raised.value.code == 2
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert said.endswith(
+        "--driver autocannon: not installed ("
+        + str(tmp_path / "node_modules" / "autocannon")
+        + " is missing; run scripts/install-test-backends.sh)"
+    ), said
