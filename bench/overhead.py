@@ -337,10 +337,12 @@ async def measure(
             for target in targets[turn:] + targets[:turn]:
                 call = clients[target]
                 samples = row.samples[target]
+                cpu = time.process_time()  # this process is the client of every target
                 for _ in range(block):
                     started = time.perf_counter()
                     await call()
                     samples.append((time.perf_counter() - started) * 1000)
+                row.client_cpu[target] += time.process_time() - cpu
             done += block
             rounds += 1
 

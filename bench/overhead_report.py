@@ -29,9 +29,15 @@ class Row:
     era: str
     targets: tuple[str, ...]
     samples: dict[str, list[float]] = field(default_factory=dict)
+    client_cpu: dict[str, float] = field(default_factory=dict)  # the client's own CPU seconds, per target
 
     def __post_init__(self) -> None:
         self.samples = {t: [] for t in self.targets}
+        self.client_cpu = dict.fromkeys(self.targets, 0.0)
+
+    def client_ms(self, target: str) -> float:
+        """The client's own CPU per call to `target`, ms: work on the call's path every target pays for."""
+        return self.client_cpu[target] / max(len(self.samples[target]), 1) * 1000
 
     def p(self, target: str, q: int) -> float:
         return percentile(self.samples[target], q)
@@ -120,6 +126,13 @@ def report(
         cells += [
             f"**{_x(row.ratio(a, b, 50))}** / {_x(row.ratio(a, b, 99))}" if row.has(a, b) else "—" for a, b in pairs
         ]
+        print("| " + " | ".join(cells) + " |")
+    targets = [t for t in ("direct", *order) if any(t in row.targets for row in rows)]
+    print("\nThe client's own CPU per call, ms (the SDK client, this process; what a target's bytes cost it):\n")
+    print("| backend | client era | " + " | ".join(targets) + " |")
+    print("|---|---|" + "---|" * len(targets))
+    for row in rows:
+        cells = [row.backend.label, row.era] + [f"{row.client_ms(t):.2f}" if row.has(t) else "—" for t in targets]
         print("| " + " | ".join(cells) + " |")
     if any(row.era not in row.backend.eras for row in rows):
         print("\n¹ the backend speaks only the handshake era: direct is measured with a legacy client;")

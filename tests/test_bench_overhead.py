@@ -79,6 +79,12 @@ def test_a_run_without_the_peers_reports_p50_and_p99_for_every_target_and_names_
         assert set(ratios) == {("ours", "bare"), ("ours-http", "bare-http")}, (label, era, ratios)
     assert "| ours / bare (p50 / p99) | ours-http / bare-http (p50 / p99) |" in report
     assert "fastmcp overhead" not in report and "mcp-proxy-http overhead" not in report
+    # The client's own CPU per call, a column for each target, every row: each call cost the client something.
+    assert "| backend | client era | direct | bare | ours | bare-http | ours-http |" in report, report
+    cpu_rows = [line for line in report.splitlines() if line.startswith("| ") and line.count("|") == 8]
+    cpu_rows = [line for line in cpu_rows if re.fullmatch(r"\| .+ \| (legacy|2026-07-28)( \| \d+\.\d\d){5} \|", line)]
+    assert len(cpu_rows) == 4, report
+    assert all(float(cell) > 0 for line in cpu_rows for cell in line.strip("| ").split(" | ")[2:]), cpu_rows
 
 
 def test_mcp_proxy_is_measured_in_front_of_stdio_backends_and_named_where_it_cannot_go() -> None:
