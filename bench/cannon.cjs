@@ -6,9 +6,10 @@
 //         "sessions": handshake-era session ids, one a connection, or null (2026-07-28: none),
 //         "connections", "amount": reads in all}
 // Prints one JSON line: {"reads", "bad", "errors", "non2xx", "seconds", "cpu", "p50_ms", "p99_ms"}, where
-// "reads" are the answers that carried a result without isError (a JSON body or the last `data:` line of an
-// SSE body), "bad" the others, "seconds" the wall time from the start (the connections opened) to the last
-// answer and "cpu" this process's own CPU seconds meanwhile (and until autocannon's next 1 s tick).
+// "reads" are the answers that carried a finished tools/call result (content, no isError, no resultType but
+// "complete"; a JSON body or the last event of an SSE body), "bad" the others, "seconds" the wall time from the
+// start (the connections opened) to the last answer and "cpu" this process's own CPU seconds meanwhile (and until
+// autocannon's next 1 s tick).
 'use strict'
 
 const fs = require('fs')
@@ -29,18 +30,26 @@ function answered (body) {
 }
 
 function carries (body) {
-  let text = body
-  if (!text.startsWith('{')) { // an SSE body: the answer is its last data line
-    const data = text.split(/\r?\n/).filter((line) => line.startsWith('data:'))
-    if (data.length === 0) return false
-    text = data[data.length - 1].slice(5)
-  }
+  let text = body.trimStart()
+  if (!text.startsWith('{')) text = lastEventData(text) // an SSE body: the answer is its last event
   try {
-    const message = JSON.parse(text)
-    return Boolean(message.result) && message.result.isError !== true
+    const result = JSON.parse(text).result
+    // a finished tools/call result: content, not an error, not a request for input (2026-07-28's input_required)
+    return Boolean(result) && Array.isArray(result.content) && result.isError !== true &&
+      (result.resultType === undefined || result.resultType === 'complete')
   } catch (error) {
     return false
   }
+}
+
+// The data of an SSE body's last event that has any: its data lines joined by newlines, as EventSource joins them.
+function lastEventData (text) {
+  let data = ''
+  for (const event of text.split(/\r?\n\r?\n/)) {
+    const lines = event.split(/\r?\n/).filter((line) => line.startsWith('data:'))
+    if (lines.length > 0) data = lines.map((line) => line.slice(line.startsWith('data: ') ? 6 : 5)).join('\n')
+  }
+  return data
 }
 
 let next = 0

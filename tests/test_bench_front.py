@@ -153,21 +153,36 @@ class _Answers(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     seen: ClassVar[list[tuple[str | None, dict[str, Any]]]] = []
+    turn: ClassVar[threading.Lock] = threading.Lock()
     RESULT = b'{"jsonrpc":"2.0","id":"x","result":{"content":[]}}'
     ANSWERS: ClassVar[list[tuple[int, str, bytes]]] = [
         (200, "application/json", RESULT),
-        (200, "text/event-stream", b"event: message\r\ndata: " + RESULT + b"\r\n\r\n"),
+        # A priming event before the answer, a comment after it.
+        (200, "text/event-stream", b"id: 0\r\ndata: \r\n\r\ndata: " + RESULT + b"\r\n\r\n: bye\r\n\r\n"),
+        # One message over two data lines, which EventSource joins with a newline.
+        (200, "text/event-stream", b'data: {"jsonrpc":"2.0","id":"x",\ndata: "result":{"content":[]}}\n\n'),
         (200, "application/json", b'{"jsonrpc":"2.0","id":"x","result":{"content":[],"isError":true}}'),
         (200, "application/json", b'{"jsonrpc":"2.0","id":"x","error":{"code":-32602,"message":"no"}}'),
         (500, "text/plain", b"broken"),
+        (200, "application/json", b'{"jsonrpc":"2.0","id":"x","result":{}}'),
+        (200, "application/json", b'{"jsonrpc":"2.0","id":"x","result":{"content":[],"resultType":"input_required"}}'),
+        (202, "application/json", b""),
     ]
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-        status, kind, answer = self.ANSWERS[len(self.seen) % len(self.ANSWERS)]
-        self.seen.append((self.headers.get("mcp-session-id"), body))
+        with self.turn:  # the connections' threads take the answers in turn
+            status, kind, answer = self.ANSWERS[len(self.seen) % len(self.ANSWERS)]
+            self.seen.append((self.headers.get("mcp-session-id"), body))
         self.send_response(status)
         self.send_header("content-type", kind)
+        if kind == "text/event-stream":  # as a stream is sent: chunked, here cut in the middle of its message
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            half = len(answer) // 2
+            for chunk in (answer[:half], answer[half:], b""):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            return
         self.send_header("content-length", str(len(answer)))
         self.end_headers()
         self.wfile.write(answer)
@@ -177,8 +192,9 @@ class _Answers(BaseHTTPRequestHandler):
 
 
 def test_autocannon_counts_only_results_and_sends_each_read_with_its_own_id_and_its_session(tmp_path: Path) -> None:
-    """The autocannon driver's check, from outside: of ten answers cycling through a JSON result, an SSE
-    result, an isError result, a JSON-RPC error and a 500, four are reads; every request carried the
+    """The autocannon driver's check, from outside: of eighteen answers cycling through a JSON result, an
+    SSE result after a priming event, one split over two data lines, an isError result, a JSON-RPC error,
+    a 500, an empty result, an input_required one and a 202, six are reads; every request carried the
     recorded body with an id of its own, and each connection its own session."""
     if why := peers.missing("autocannon"):
         pytest.skip(f"autocannon {why}")
@@ -193,7 +209,7 @@ def test_autocannon_counts_only_results_and_sends_each_read_with_its_own_id_and_
         "body": json.dumps(call),
         "sessions": ["one", "two"],
         "connections": 2,
-        "amount": 10,
+        "amount": 18,
     }
     (tmp_path / "order.json").write_text(json.dumps(order))
     try:
@@ -207,11 +223,11 @@ def test_autocannon_counts_only_results_and_sends_each_read_with_its_own_id_and_
         server.shutdown()
     assert done.returncode == 0, done.stderr
     report = front_cannon._report(done)
-    assert (report["reads"], report["bad"], report["errors"]) == (4, 6, 0), report
-    assert len(_Answers.seen) == 10
+    assert (report["reads"], report["bad"], report["errors"]) == (6, 12, 0), report
+    assert len(_Answers.seen) == 18
     assert {session for session, _ in _Answers.seen} == {"one", "two"}
     ids = [body.pop("id") for _, body in _Answers.seen]
-    assert len(set(ids)) == 10 and "[<id>]" not in ids, ids
+    assert len(set(ids)) == 18 and "[<id>]" not in ids, ids
     assert all(body == {key: value for key, value in call.items() if key != "id"} for _, body in _Answers.seen)
 
 
