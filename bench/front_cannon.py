@@ -69,34 +69,41 @@ async def _recorded_read(stack: AsyncExitStack, order: dict[str, Any]) -> tuple[
     return recorded.calls[-1]
 
 
-async def cannon_level(order: dict[str, Any], sessions: int) -> dict[str, Any]:
-    """One level: `sessions` connections reading `order["reads"]` each; autocannon's report (reads,
-    seconds, its own CPU seconds, latency p50/p99)."""
-    async with AsyncExitStack() as stack:
-        opened = sessions if order["era"] == "legacy" else 1
-        reads = [await _recorded_read(stack, order) for _ in range(opened)]
-        headers, body = reads[0]
-        ids = [sent.get("mcp-session-id") for sent, _ in reads] if order["era"] == "legacy" else None
-        if ids is not None and not all(ids):
-            raise SystemExit(f"{order['url']}: a handshake-era session sent its read without an Mcp-Session-Id")
-        order_file = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "order.json"
-        plan = {
-            "autocannon": str(peers.autocannon_dir()),
-            "url": order["url"],
-            "headers": {name: value for name, value in headers.items() if name not in DROPPED},
-            "body": json.dumps({**body, "id": "[<id>]"}, separators=(",", ":")),
-            "sessions": ids,
-            "connections": sessions,
-            "amount": sessions * order["reads"],
-        }
+async def open_level(stack: AsyncExitStack, order: dict[str, Any], sessions: int) -> dict[str, Any]:
+    """The level's sessions opened by the SDK, one read made on each, and autocannon's plan for `fire`.
+    The sessions stay open until `stack` closes, so a caller measuring the level leaves their handshakes,
+    first reads and closing out of it, as the SDK driver's pool opens its sessions before its start."""
+    opened = sessions if order["era"] == "legacy" else 1
+    reads = [await _recorded_read(stack, order) for _ in range(opened)]
+    headers, body = reads[0]
+    ids = [sent.get("mcp-session-id") for sent, _ in reads] if order["era"] == "legacy" else None
+    if ids is not None and not all(ids):
+        raise SystemExit(f"{order['url']}: a handshake-era session sent its read without an Mcp-Session-Id")
+    return {
+        "autocannon": str(peers.autocannon_dir()),
+        "url": order["url"],
+        "headers": {name: value for name, value in headers.items() if name not in DROPPED},
+        "body": json.dumps({**body, "id": "[<id>]"}, separators=(",", ":")),
+        "sessions": ids,
+        "connections": sessions,
+        "amount": sessions * order["reads"],
+    }
+
+
+async def fire(plan: dict[str, Any]) -> dict[str, Any]:
+    """autocannon reading as `plan` says; its report (reads, seconds, its own CPU seconds, latency
+    p50/p99), or one line saying why the level gives no figure."""
+    with tempfile.TemporaryDirectory() as folder:
+        order_file = Path(folder) / "order.json"
         order_file.write_text(json.dumps(plan))
         with anyio.fail_after(LEVEL_S):
             done = await anyio.run_process([peers.node(), str(SCRIPT), str(order_file)], check=False)
     report = _report(done)
-    if report["bad"] or report["errors"] or report["reads"] != plan["amount"]:
+    if report["bad"] or report["errors"] or report["non2xx"] or report["reads"] != plan["amount"]:
         raise SystemExit(
-            f"{order['url']}: {report['bad']} answers without a result, {report['errors']} connection errors,"
-            f" {report['reads']} of {plan['amount']} reads answered: no figure from this level"
+            f"{plan['url']}: {report['bad']} answers without a result, {report['errors']} connection errors,"
+            f" {report['non2xx']} answers not 2xx, {report['reads']} of {plan['amount']} reads answered:"
+            " no figure from this level"
         )
     return report
 

@@ -43,8 +43,7 @@ import anyio
 import anyio.abc
 from mcp import Client
 
-from bench import peers
-from bench.front_cannon import cannon_level
+from bench import front_cannon, peers
 from bench.front_clients import ClientPool
 from bench.measure import machine_line
 from bench.overhead import (
@@ -183,20 +182,23 @@ async def throughput(
     the last answer."""
     order = {"url": target.url, "tool": target.tool, "arguments": backend.arguments, "era": era, "roots": roots}
     order["reads"] = reads
-    if pool is not None:
-        await pool.open(order, sessions)
-    pid = target.process.pid
-    served, backed, ticks = cpu_seconds(pid), descendants_cpu(pid), machine_ticks()
-    if pool is not None:
-        shares = await pool.go()
-        done = sum(share.reads for share in shares)
-        wall = max(share.end for share in shares) - min(share.start for share in shares)
-        client_s = sum(share.cpu for share in shares)
-    else:
-        report = await cannon_level(order, sessions)
-        done, wall, client_s = report["reads"], report["seconds"], report["cpu"]
-    served, backed = cpu_seconds(pid) - served, descendants_cpu(pid) - backed
-    total, idle = (now - then for now, then in zip(machine_ticks(), ticks, strict=True))
+    async with AsyncExitStack() as level:  # the level's sessions, opened before its start, closed after its end
+        if pool is not None:
+            await pool.open(order, sessions)
+        else:
+            plan = await front_cannon.open_level(level, order, sessions)
+        pid = target.process.pid
+        served, backed, ticks = cpu_seconds(pid), descendants_cpu(pid), machine_ticks()
+        if pool is not None:
+            shares = await pool.go()
+            done = sum(share.reads for share in shares)
+            wall = max(share.end for share in shares) - min(share.start for share in shares)
+            client_s = sum(share.cpu for share in shares)
+        else:
+            report = await front_cannon.fire(plan)
+            done, wall, client_s = report["reads"], report["seconds"], report["cpu"]
+        served, backed = cpu_seconds(pid) - served, descendants_cpu(pid) - backed
+        total, idle = (now - then for now, then in zip(machine_ticks(), ticks, strict=True))
     per_read = 1000 / done
     busy = 100 * (total - idle) / max(total, 1)
     return Rate(done / wall, client_s * per_read, served * per_read, backed * per_read, busy)

@@ -17,11 +17,13 @@ import threading
 from contextlib import AsyncExitStack
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, ClassVar
+from types import SimpleNamespace
+from typing import Any, ClassVar, cast
 
+import anyio.abc
 import pytest
 
-from bench import front_cannon, front_load, overhead, peers
+from bench import front_cannon, front_load, overhead, overhead_report, peers
 from bench.front_clients import ClientPool
 
 REPO = Path(__file__).resolve().parent.parent
@@ -270,3 +272,73 @@ def test_the_autocannon_driver_not_installed_is_one_line_naming_the_fix(
         + str(tmp_path / "node_modules" / "autocannon")
         + " is missing; run scripts/install-test-backends.sh)"
     ), said
+
+
+class _Refusing(_Answers):
+    """A result in every body, under a 503: a read only by its body."""
+
+    seen: ClassVar[list[tuple[str | None, dict[str, Any]]]] = []
+    ANSWERS: ClassVar[list[tuple[int, str, bytes]]] = [(503, "application/json", _Answers.RESULT)]
+
+
+@pytest.mark.anyio
+async def test_an_autocannon_level_whose_answers_are_not_2xx_gives_no_figure_in_one_line() -> None:
+    if why := peers.missing("autocannon"):
+        pytest.skip(f"autocannon {why}")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/mcp"
+    call = {"jsonrpc": "2.0", "id": "[<id>]", "method": "tools/call", "params": {"name": "t", "arguments": {}}}
+    plan = {
+        "autocannon": str(peers.autocannon_dir()),
+        "url": url,
+        "headers": {"content-type": "application/json", "accept": "application/json, text/event-stream"},
+        "body": json.dumps(call),
+        "sessions": None,
+        "connections": 2,
+        "amount": 4,
+    }
+    try:
+        with pytest.raises(SystemExit) as raised:
+            await front_cannon.fire(plan)
+    finally:
+        server.shutdown()
+    said = str(raised.value)
+    assert len(_Refusing.seen) == 4
+    assert said == (
+        f"{url}: 0 answers without a result, 0 connection errors, 4 answers not 2xx, 4 of 4 reads answered:"
+        " no figure from this level"
+    ), said
+
+
+@pytest.mark.anyio
+async def test_an_autocannon_level_measures_the_target_after_its_sessions_open_and_before_they_close(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The SDK's handshakes, first reads and closing are not the level's: the target's CPU is read after
+    the sessions are open and again before they close, as the SDK driver's pool has them open first."""
+    happened: list[str] = []
+
+    async def open_level(stack: AsyncExitStack, order: dict[str, Any], sessions: int) -> dict[str, Any]:
+        happened.append("opened")
+        stack.callback(happened.append, "closed")
+        return {"amount": sessions * order["reads"]}
+
+    async def fire(plan: dict[str, Any]) -> dict[str, Any]:
+        happened.append("fired")
+        return {"reads": plan["amount"], "seconds": 1.0, "cpu": 0.5}
+
+    def cpu_seconds(pid: int) -> float:
+        happened.append("target CPU")
+        return 0.0
+
+    monkeypatch.setattr(front_cannon, "open_level", open_level)
+    monkeypatch.setattr(front_cannon, "fire", fire)
+    monkeypatch.setattr(front_load, "cpu_seconds", cpu_seconds)
+    monkeypatch.setattr(front_load, "descendants_cpu", lambda pid: 0.0)
+    process = cast(anyio.abc.Process, SimpleNamespace(pid=os.getpid()))
+    target = front_load.Served("ours-http", process, "http://127.0.0.1:1/mcp", "time__get_current_time")
+    backend = overhead_report.Backend("time", "time", ["t"], "get_current_time", {"timezone": "UTC"}, ("legacy",))
+    rate = await front_load.throughput(None, target, backend, "legacy", 4, 10)
+    assert happened == ["opened", "target CPU", "fired", "target CPU", "closed"], happened
+    assert rate.reads_per_s == 40.0
