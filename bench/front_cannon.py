@@ -12,10 +12,12 @@ generator) replays one read as the SDK sent it, so a level measures the targets,
    exists) and makes one read on each, recording the exact request it sent;
 2. autocannon (bench/cannon.cjs) sends that request, headers and body as the SDK sent them, the
    JSON-RPC id made unique each time, over one keep-alive connection a session, until the level's
-   reads are done, and checks every answer: a result without `isError`, as JSON or as the last
-   `data:` line of an SSE body. One answer that is not is a failed level, never a figure.
+   reads are done, and checks every answer: a 2xx carrying a finished tools/call result (content,
+   no `isError`, no `resultType` but "complete"), as JSON or as the last event of an SSE body. One
+   answer that is not is a failed level, never a figure.
 
-The SDK sessions stay open, idle, while autocannon reads on them, and close after the level.
+The SDK sessions stay open, idle, while autocannon reads on them: `open_level` opens them and
+`fire` reads, so a caller measuring the level leaves the sessions' opening and closing out of it.
 """
 
 from __future__ import annotations
