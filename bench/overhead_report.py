@@ -36,7 +36,10 @@ class Row:
         self.client_cpu = dict.fromkeys(self.targets, 0.0)
 
     def client_ms(self, target: str) -> float:
-        """The client's own CPU per call to `target`, ms: work on the call's path every target pays for."""
+        """The client's own CPU per call to `target`, ms, the mean: its framing depends on what the target
+        answers (an SSE body costs the client more than a JSON one), and a tenth or so of it comes after
+        the call has returned (the POST's stream closing) beside the next call, so against a p50 overhead
+        it is a close bound, not a strict floor."""
         return self.client_cpu[target] / max(len(self.samples[target]), 1) * 1000
 
     def p(self, target: str, q: int) -> float:
