@@ -1,6 +1,6 @@
 """A throughput level of bench/front_load.py driven by npm autocannon instead of SDK clients.
 
-    .venv/bin/python -m bench.front_load --driver autocannon [--install-autocannon] ...
+    .venv/bin/python -m bench.front_load --driver autocannon ...      (autocannon: scripts/install-test-backends.sh)
 
 An SDK `Client` read costs the client more CPU than a lean proxy spends serving it, so on a small
 machine the SDK-driven figure is mostly the client's: the ratio between two targets tends to the
